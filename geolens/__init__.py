@@ -1,0 +1,54 @@
+"""geolens: the geometry of attention in TransformerLens models (see SPEC.md).
+
+Core entry points::
+
+    import geolens
+    model = geolens.load_model()                      # SmolLM2-135M, offline
+    _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+    c = geolens.contribution_weights(model, cache, layer=5, mode="intra")
+    m = geolens.attention_metrics(model, cache, layer=5)
+"""
+
+from geolens.adapter import (
+    AttentionLayer,
+    get_attention_layer,
+    hook_name,
+    model_mode,
+    names_filter,
+    required_hook_names,
+)
+from geolens.contributions import (
+    AttentionMetrics,
+    InfluenceFactors,
+    ZeroNormOutputWarning,
+    attention_metrics,
+    contribution_weights,
+    head_outputs,
+    influence_factors,
+    layer_output,
+    per_source_totals,
+    projected_value_norms,
+)
+from geolens.models import load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionLayer",
+    "AttentionMetrics",
+    "InfluenceFactors",
+    "ZeroNormOutputWarning",
+    "attention_metrics",
+    "contribution_weights",
+    "get_attention_layer",
+    "head_outputs",
+    "hook_name",
+    "influence_factors",
+    "layer_output",
+    "load_model",
+    "model_mode",
+    "names_filter",
+    "per_source_totals",
+    "projected_value_norms",
+    "required_hook_names",
+]

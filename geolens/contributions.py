@@ -1,0 +1,290 @@
+"""Contribution weights and the attention baselines (SPEC §1–2, paper A §2.1–2.2).
+
+For layer l, head h, query i and source j, with projected value ṽ_j^h = v_j^h W_O^h and head
+output o_i^h = Σ_j α_ij^h ṽ_j^h:
+
+    c_ij = ⟨o_i, α_ij ṽ_j⟩ / ‖o_i‖² = α_ij · (‖ṽ_j‖ / ‖o_i‖) · cos(o_i, ṽ_j)
+
+- ``mode="intra"``: o_i is the head's own output o_i^h; Σ_j c_ij^h = 1 for each (h, i).
+- ``mode="inter"``: o_i is the layer output Σ_h o_i^h (``attn.hook_out`` − b_O); Σ_h Σ_j c_ij^h = 1
+  for each i, and the per-source totals are C_ij = Σ_h c_ij^h.
+
+Efficient form (SPEC §2): ``[head, query, key, d_model]`` is never built. With
+u_i^h = o_i W_O^{hT} the inner product is ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩, and with the Gram matrix
+G^h = W_O^h W_O^{hT} the norm is ‖ṽ_j^h‖² = v_j^h G^h v_j^{hT}. Cost is O(head·query·key·d_head)
+time and O(head·query·key) memory, the order of the attention pattern itself.
+
+A zero-norm output o_i (a head whose value vectors cancel, or all-zero values) has no direction:
+its row of contribution weights, relative norms and alignments is defined as 0 and a
+:class:`ZeroNormOutputWarning` says how many rows were affected. Nothing here returns NaN.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from geolens.adapter import AttentionLayer, get_attention_layer, model_mode
+
+Mode = Literal["intra", "inter"]
+
+
+class ZeroNormOutputWarning(UserWarning):
+    """Some attention outputs had zero norm; their rows were set to 0 instead of NaN."""
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("intra", "inter"):
+        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+
+
+def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head key"]:
+    """‖ṽ_j^h‖ = sqrt(v_j^h G^h v_j^{hT}) with G^h = W_O^h W_O^{hT} (SPEC §2, efficient form)."""
+    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    sq = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v)
+    return sq.clamp_min(0).sqrt()
+
+
+def head_outputs(layer: AttentionLayer) -> Float[Tensor, "batch query head d_model"]:
+    """o_i^h = z_i^h W_O^h, the per-head output before b_O (TL's ``hook_result`` minus b_O/H)."""
+    return torch.einsum("bqhd,hdm->bqhm", layer.z, layer.W_O)
+
+
+def layer_output(layer: AttentionLayer) -> Float[Tensor, "batch query d_model"]:
+    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, SPEC §1)."""
+    return torch.einsum("bqhd,hdm->bqm", layer.z, layer.W_O)
+
+
+@dataclass
+class _Geometry:
+    """Shared intermediate quantities for one layer and one mode."""
+
+    dot: Float[Tensor, "batch head query key"]  # ⟨o_i, ṽ_j^h⟩
+    out_norm: Float[Tensor, "batch head query"]  # ‖o_i‖ (head or layer output)
+    value_norm: Float[Tensor, "batch head key"]  # ‖ṽ_j^h‖
+    zero_rows: Float[Tensor, "batch head query"]  # bool: ‖o_i‖ == 0
+
+
+def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
+    _check_mode(mode)
+    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    if mode == "intra":
+        # u_i^h = o_i^h W_O^{hT} = z_i^h G^h
+        u = torch.einsum("bqhd,hde->bqhe", layer.z, gram)
+        out_sq = torch.einsum("bqhd,bqhd->bhq", u, layer.z)
+    else:
+        o = layer_output(layer)
+        u = torch.einsum("bqm,hdm->bqhd", o, layer.W_O)
+        out_sq = (o * o).sum(-1)[:, None, :].expand(-1, layer.n_heads, -1)
+    dot = torch.einsum("bqhd,bkhd->bhqk", u, layer.v)
+    value_sq = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v)
+    out_norm = out_sq.clamp_min(0).sqrt()
+    zero_rows = out_norm <= eps
+    if bool(zero_rows.any()):
+        n = int(zero_rows.sum()) if mode == "intra" else int(zero_rows[:, 0].sum())
+        what = "(batch, head, query) head outputs" if mode == "intra" else "(batch, query) layer outputs"
+        warnings.warn(
+            f"layer {layer.layer}: {n} {what} have zero norm (≤ {eps:g}); their contribution "
+            "weights, relative norms and alignments are set to 0",
+            ZeroNormOutputWarning,
+            stacklevel=3,
+        )
+    return _Geometry(dot=dot, out_norm=out_norm, value_norm=value_sq.clamp_min(0).sqrt(), zero_rows=zero_rows)
+
+
+def _safe_div(num: Tensor, den: Tensor, zero: Tensor) -> Tensor:
+    """num / den with rows flagged in ``zero`` set to 0 (never NaN or inf)."""
+    return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, torch.ones_like(den), den))
+
+
+@dataclass
+class InfluenceFactors:
+    """The three factors of paper A §2.1 for each (batch, head, query, key); c = α·rel·cos.
+
+    ``mode`` says which output o_i they refer to: the head's (intra) or the layer's (inter).
+    ``model_mode`` records the TransformerLens mode that produced the cache (TL-NOTES: the
+    compatibility mode changes ṽ for LayerNorm models).
+    """
+
+    attention: Float[Tensor, "batch head query key"]
+    relative_norm: Float[Tensor, "batch head query key"]  # ‖ṽ_j‖ / ‖o_i‖
+    alignment: Float[Tensor, "batch head query key"]  # cos(o_i, ṽ_j)
+    layer: int
+    mode: Mode
+    model_mode: str
+
+    @property
+    def contribution(self) -> Float[Tensor, "batch head query key"]:
+        return self.attention * self.relative_norm * self.alignment
+
+
+@dataclass
+class AttentionMetrics:
+    """Raw attention, the two value-weighted baselines and contribution weights, same shape.
+
+    - ``raw_attention``: α_ij
+    - ``value_weighted``: α_ij ‖ṽ_j‖ (Kobayashi et al. 2020)
+    - ``output_normalized``: α_ij ‖ṽ_j‖ / ‖o_i‖
+    - ``contribution``: c_ij = α_ij ‖ṽ_j‖/‖o_i‖ · cos(o_i, ṽ_j)
+    """
+
+    raw_attention: Float[Tensor, "batch head query key"]
+    value_weighted: Float[Tensor, "batch head query key"]
+    output_normalized: Float[Tensor, "batch head query key"]
+    contribution: Float[Tensor, "batch head query key"]
+    layer: int
+    mode: Mode
+    model_mode: str
+
+    METRIC_NAMES = ("raw_attention", "value_weighted", "output_normalized", "contribution")
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.METRIC_NAMES}
+
+
+def _metrics_from_layer(
+    layer: AttentionLayer, mode: Mode, eps: float, query_chunk_size: int | None = None
+) -> tuple[Tensor, ...]:
+    """(α, relative norm, cos, c, ‖ṽ‖) for a layer, computed over chunks of query positions.
+
+    Chunking bounds the temporaries to ``[batch, head, chunk, key]``; results are identical.
+    """
+    n_q = layer.pattern.shape[2]
+    if query_chunk_size is not None and query_chunk_size < n_q:
+        if query_chunk_size < 1:
+            raise ValueError("query_chunk_size must be a positive integer")
+        chunks = [
+            _metrics_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps)
+            for s in range(0, n_q, query_chunk_size)
+        ]
+        return tuple(torch.cat([c[k] for c in chunks], dim=2) for k in range(4)) + (chunks[0][4],)
+    g = _geometry(layer, mode, eps)
+    alpha = layer.pattern
+    zero = g.zero_rows[..., None].expand_as(alpha)
+    out_norm = g.out_norm[..., None]
+    value_norm = g.value_norm[:, :, None, :]
+    relative = _safe_div(value_norm.expand_as(alpha), out_norm.expand_as(alpha), zero)
+    cos = _safe_div(g.dot, (out_norm * value_norm).expand_as(alpha), zero | (value_norm == 0))
+    contribution = _safe_div(alpha * g.dot, (out_norm**2).expand_as(alpha), zero)
+    return alpha, relative, cos, contribution, value_norm
+
+
+def influence_factors(
+    model,
+    cache,
+    layer: int,
+    mode: Mode = "intra",
+    *,
+    dtype: torch.dtype = torch.float32,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+) -> InfluenceFactors:
+    """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (SPEC §1)."""
+    view = get_attention_layer(model, cache, layer, dtype=dtype)
+    alpha, relative, cos, _, _ = _metrics_from_layer(view, mode, eps, query_chunk_size)
+    return InfluenceFactors(alpha, relative, cos, layer, mode, model_mode(model))
+
+
+def contribution_weights_from_layer(
+    layer: AttentionLayer, mode: Mode = "intra", *, eps: float = 0.0, query_chunk_size: int | None = None
+) -> Float[Tensor, "batch head query key"]:
+    """c_ij for one :class:`AttentionLayer` (SPEC §2, efficient form), optionally query-chunked."""
+    if query_chunk_size is not None and query_chunk_size < layer.pattern.shape[2]:
+        if query_chunk_size < 1:
+            raise ValueError("query_chunk_size must be a positive integer")
+        return torch.cat(
+            [
+                contribution_weights_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps=eps)
+                for s in range(0, layer.pattern.shape[2], query_chunk_size)
+            ],
+            dim=2,
+        )
+    g = _geometry(layer, mode, eps)
+    den = (g.out_norm**2)[..., None].expand_as(g.dot)
+    return _safe_div(layer.pattern * g.dot, den, g.zero_rows[..., None].expand_as(g.dot))
+
+
+def _layers(model, layer: int | None) -> list[int]:
+    n_layers = model.cfg.n_layers
+    if layer is None:
+        return list(range(n_layers))
+    if not -n_layers <= layer < n_layers:
+        raise IndexError(f"layer {layer} out of range for a model with {n_layers} layers")
+    return [layer % n_layers]
+
+
+def contribution_weights(
+    model,
+    cache,
+    layer: int | None = None,
+    mode: Mode = "intra",
+    *,
+    dtype: torch.dtype = torch.float32,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+) -> Float[Tensor, "*layer batch head query key"]:
+    """Contribution weights c_ij (SPEC §2) from a TransformerLens ``ActivationCache``.
+
+    Args:
+        model: a ``TransformerBridge`` (TL 4.x) or ``HookedTransformer`` (TL 2.x/3.x).
+        cache: from ``model.run_with_cache(tokens, names_filter=geolens.names_filter(model))``.
+        layer: one layer index, or ``None`` for all layers (a leading ``layer`` axis is added).
+        mode: ``"intra"`` (Σ_j c = 1 per head and query) or ``"inter"`` (Σ_h Σ_j c = 1 per query).
+        dtype: compute dtype (float32 by default even for bf16/fp16 models; float64 on request).
+        eps: outputs with ‖o_i‖ ≤ eps count as zero-norm (rows set to 0, with a warning).
+        query_chunk_size: compute over chunks of this many query positions (bounded memory for
+            long sequences; identical results).
+
+    Returns:
+        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all.
+    """
+    _check_mode(mode)
+    out = [
+        contribution_weights_from_layer(
+            get_attention_layer(model, cache, l, dtype=dtype), mode, eps=eps, query_chunk_size=query_chunk_size
+        )
+        for l in _layers(model, layer)
+    ]
+    return out[0] if layer is not None else torch.stack(out)
+
+
+def per_source_totals(
+    inter_contributions: Float[Tensor, "*layer batch head query key"],
+) -> Float[Tensor, "*layer batch query key"]:
+    """C_ij = Σ_h c_ij^h for inter-head contribution weights (SPEC §2); Σ_j C_ij = 1."""
+    return inter_contributions.sum(dim=-3)
+
+
+def attention_metrics(
+    model,
+    cache,
+    layer: int,
+    mode: Mode = "intra",
+    *,
+    dtype: torch.dtype = torch.float32,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+) -> AttentionMetrics:
+    """Raw attention, value-weighted, output-normalised value-weighted and contribution weights.
+
+    All four are ``[batch, head, query, key]`` (SPEC §2 baselines). ``mode`` picks which output
+    norm ‖o_i‖ the output-normalised baseline and the contribution weights use: the head's
+    (``"intra"``) or the layer's (``"inter"``).
+    """
+    [l] = _layers(model, layer)
+    view = get_attention_layer(model, cache, l, dtype=dtype)
+    alpha, relative, _, contribution, value_norm = _metrics_from_layer(view, mode, eps, query_chunk_size)
+    return AttentionMetrics(
+        raw_attention=alpha,
+        value_weighted=alpha * value_norm,
+        output_normalized=alpha * relative,
+        contribution=contribution,
+        layer=l,
+        mode=mode,
+        model_mode=model_mode(model),
+    )

@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random models (offline, fast) for both TransformerLens families.
+
+In the TransformerLens 4.x environment the tiny models are ``TransformerBridge``s (GQA Llama, MHA
+GPT-2 with biases, Gemma 3 with a post-attention norm). In a TransformerLens 2.x/3.x environment
+(``.venvs/tl2``, run by ``.ci/run``) they are ``HookedTransformer``s; tests marked ``bridge_only``
+are skipped there.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `import reference`
+
+from geolens import names_filter  # noqa: E402
+from geolens.testing import tiny_tokens  # noqa: E402
+
+try:
+    from transformer_lens.model_bridge import TransformerBridge  # noqa: F401
+
+    HAS_BRIDGE = True
+except ImportError:
+    HAS_BRIDGE = False
+
+try:
+    from transformer_lens import HookedTransformer  # noqa: F401
+
+    HAS_HOOKED = True
+except ImportError:
+    HAS_HOOKED = False
+
+TINY_KINDS = ["gqa", "mha", "gemma"] if HAS_BRIDGE else ["gqa", "mha"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_BRIDGE:
+        return
+    skip = pytest.mark.skip(reason="needs TransformerLens 4.x TransformerBridge")
+    for item in items:
+        if "bridge_only" in item.keywords or "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_tiny(kind: str, *, compatibility_mode: bool = False, seed: int = 0, n_layers: int = 2):
+    if HAS_BRIDGE:
+        from geolens.testing import tiny_bridge
+
+        return tiny_bridge(kind, compatibility_mode=compatibility_mode, seed=seed, n_layers=n_layers)
+    from geolens.testing import tiny_hooked
+
+    return tiny_hooked(kind, seed=seed, n_layers=n_layers)
+
+
+@pytest.fixture(scope="session", params=TINY_KINDS)
+def tiny(request):
+    """(model, tokens, full cache) for each tiny architecture."""
+    torch.manual_seed(0)
+    model = make_tiny(request.param)
+    tokens = tiny_tokens(model, length=12)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    return model, tokens, cache
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa():
+    model = make_tiny("gqa")
+    tokens = tiny_tokens(model, length=12)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names_filter(model))
+    return model, tokens, cache

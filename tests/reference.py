@@ -1,0 +1,71 @@
+"""Naive float64 references that materialise ṽ explicitly (explicit loops, no shortcuts).
+
+These are deliberately slow and independent of geolens' efficient forms: they read hook_v and
+W_O straight from the cache and the model, build ṽ_j^h = v_j^h W_O^h as a d_model vector and
+apply the SPEC §1–2 definitions literally.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def raw_tensors(model, cache, layer):
+    """pattern [b,h,q,k], v [b,k,h,dh] (GQA expanded by explicit index), W_O [h,dh,dm], float64."""
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+    v_kv = cache[f"blocks.{layer}.attn.hook_v"].double()
+    n_heads = model.cfg.n_heads
+    group = n_heads // v_kv.shape[2]
+    v = torch.stack([v_kv[:, :, h // group] for h in range(n_heads)], dim=2)
+    W_O = model.blocks[layer].attn.W_O.detach().double()
+    return pattern, v, W_O
+
+
+def projected_values(model, cache, layer):
+    """ṽ [b, h, k, d_model], materialised."""
+    pattern, v, W_O = raw_tensors(model, cache, layer)
+    b, k, h, _ = v.shape
+    out = torch.zeros(b, h, k, W_O.shape[-1], dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for j in range(k):
+                out[bi, hi, j] = v[bi, j, hi] @ W_O[hi]
+    return out
+
+
+def contributions(model, cache, layer, mode):
+    """c [b,h,q,k] by the definition c_ij = <o_i, α_ij ṽ_j> / ||o_i||^2, with loops."""
+    pattern, _, _ = raw_tensors(model, cache, layer)
+    vt = projected_values(model, cache, layer)
+    b, h, q, k = pattern.shape
+    weighted = pattern[..., None] * vt[:, :, None, :, :]  # [b,h,q,k,dm]: fine for tiny models
+    head_out = weighted.sum(3)  # [b,h,q,dm]
+    layer_out = head_out.sum(1)  # [b,q,dm]
+    c = torch.zeros(b, h, q, k, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(q):
+                o = head_out[bi, hi, i] if mode == "intra" else layer_out[bi, i]
+                for j in range(k):
+                    c[bi, hi, i, j] = torch.dot(o, weighted[bi, hi, i, j]) / torch.dot(o, o)
+    return c
+
+
+def factors(model, cache, layer, mode):
+    """(relative norm ||ṽ_j||/||o_i||, cosine <o_i, ṽ_j>/(||o_i|| ||ṽ_j||)) [b,h,q,k], with loops."""
+    pattern, _, _ = raw_tensors(model, cache, layer)
+    vt = projected_values(model, cache, layer)
+    head_out = (pattern[..., None] * vt[:, :, None]).sum(3)  # [b,h,q,dm]
+    layer_out = head_out.sum(1)
+    b, h, q, k = pattern.shape
+    rel = torch.zeros(b, h, q, k, dtype=torch.float64)
+    cos = torch.zeros(b, h, q, k, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(q):
+                o = head_out[bi, hi, i] if mode == "intra" else layer_out[bi, i]
+                for j in range(k):
+                    w = vt[bi, hi, j]
+                    rel[bi, hi, i, j] = w.norm() / o.norm()
+                    cos[bi, hi, i, j] = torch.dot(o, w) / (o.norm() * w.norm())
+    return rel, cos
