@@ -73,3 +73,19 @@ def tiny_gqa():
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names_filter(model))
     return model, tokens, cache
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M bridge, loaded once per test session (slow tier)."""
+    from geolens import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokens(smollm2):
+    """``[4, 64]`` windows of the offline Lee corpus, BOS first."""
+    from geolens.data import corpus_windows
+
+    return corpus_windows(smollm2, "lee", seq_len=64, n_sequences=4)

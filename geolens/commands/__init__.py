@@ -1,0 +1,1 @@
+"""Subcommands of the ``geolens`` CLI, one module each (see :mod:`geolens.cli`)."""

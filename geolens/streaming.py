@@ -1,0 +1,167 @@
+"""Online accumulators for corpus-level statistics (bounded memory, mergeable, resumable).
+
+Every corpus analysis in geolens accumulates per-batch statistics into objects of this module
+instead of keeping caches: memory does not grow with the number of sequences, two accumulators of
+different shards merge exactly (data-parallel runs), and ``state_dict`` / ``load_state_dict``
+let a run be checkpointed and resumed.
+
+- :class:`Moments`: count, mean and variance (Welford / Chan et al. parallel update), elementwise
+  over a fixed shape (e.g. ``[layer, head]``).
+- :class:`Histogram`: fixed-edge counts (and per-bin sums of a second quantity) over a shape.
+- :class:`Sum`: running sums (exact for integers, float64 for floats).
+
+All tensors are kept in float64 on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def _f64(x) -> Tensor:
+    return torch.as_tensor(x).detach().to("cpu", torch.float64)
+
+
+class Accumulator:
+    """Protocol: ``update`` with data, ``merge`` another, ``state_dict``/``load_state_dict``."""
+
+    def merge(self, other: "Accumulator") -> "Accumulator":  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in vars(self).items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> "Accumulator":
+        for k, v in state.items():
+            setattr(self, k, v.clone() if isinstance(v, Tensor) else v)
+        return self
+
+
+class Moments(Accumulator):
+    """Elementwise count / mean / M2 over a fixed ``shape``; samples are reduced over ``dim``.
+
+    ``update(x, dim=0)`` adds the samples of ``x`` along ``dim`` (e.g. x ``[batch, layer, head]``
+    with ``dim=0``). NaNs are ignored (counted per element), so ragged data can be masked with NaN.
+    """
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.count = torch.zeros(shape, dtype=torch.float64)
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.m2 = torch.zeros(shape, dtype=torch.float64)
+
+    def update(self, x, dim: int | tuple[int, ...] = 0) -> "Moments":
+        x = _f64(x)
+        valid = ~torch.isnan(x)
+        n = valid.sum(dim)
+        safe = torch.where(valid, x, torch.zeros_like(x))
+        s = safe.sum(dim)
+        mean_b = torch.where(n > 0, s / n.clamp_min(1), torch.zeros_like(s))
+        keep = dim if isinstance(dim, tuple) else (dim,)
+        centred = torch.where(valid, x - _unsqueeze(mean_b, keep, x.ndim), torch.zeros_like(x))
+        m2_b = (centred**2).sum(dim)
+        return self._combine(n.to(torch.float64), mean_b, m2_b)
+
+    def _combine(self, n_b: Tensor, mean_b: Tensor, m2_b: Tensor) -> "Moments":
+        n_a = self.count
+        total = n_a + n_b
+        delta = mean_b - self.mean
+        w = torch.where(total > 0, n_b / total.clamp_min(1), torch.zeros_like(total))
+        self.mean = self.mean + delta * w
+        self.m2 = self.m2 + m2_b + delta**2 * n_a * w
+        self.count = total
+        return self
+
+    def merge(self, other: "Moments") -> "Moments":
+        return self._combine(other.count.clone(), other.mean.clone(), other.m2.clone())
+
+    @property
+    def var(self) -> Tensor:
+        """Unbiased sample variance (NaN where fewer than 2 samples)."""
+        return torch.where(self.count > 1, self.m2 / (self.count - 1).clamp_min(1), torch.full_like(self.m2, float("nan")))
+
+    @property
+    def std(self) -> Tensor:
+        return self.var.sqrt()
+
+    @property
+    def sem(self) -> Tensor:
+        """Standard error of the mean."""
+        return self.std / self.count.clamp_min(1).sqrt()
+
+
+def _unsqueeze(t: Tensor, dims: tuple[int, ...], ndim: int) -> Tensor:
+    for d in sorted(d % ndim for d in dims):
+        t = t.unsqueeze(d)
+    return t
+
+
+class Sum(Accumulator):
+    """Running elementwise sum of a fixed shape."""
+
+    def __init__(self, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float64):
+        self.total = torch.zeros(shape, dtype=dtype)
+
+    def update(self, x, dim: int | tuple[int, ...] | None = None) -> "Sum":
+        x = torch.as_tensor(x).detach().to("cpu", self.total.dtype)
+        self.total += x.sum(dim) if dim is not None else x
+        return self
+
+    def merge(self, other: "Sum") -> "Sum":
+        self.total += other.total
+        return self
+
+
+class Histogram(Accumulator):
+    """Counts of a value in fixed bins, elementwise over ``shape``, with per-bin sums of a payload.
+
+    ``update(values, payload=None, dim=0)``: ``values`` ``[..., *shape]`` reduced over ``dim``;
+    bins are ``edges[k] ≤ x < edges[k+1]`` (the last bin includes its right edge). ``payload``
+    (same shape as values) is summed and square-summed per bin, which gives per-bin means and
+    standard errors (e.g. mean output norm per sink-rate bin).
+    """
+
+    def __init__(self, edges, shape: tuple[int, ...] = ()):
+        self.edges = _f64(edges)
+        n_bins = self.edges.numel() - 1
+        self.counts = torch.zeros(shape + (n_bins,), dtype=torch.float64)
+        self.payload_sum = torch.zeros(shape + (n_bins,), dtype=torch.float64)
+        self.payload_sq = torch.zeros(shape + (n_bins,), dtype=torch.float64)
+
+    def bin_index(self, x: Tensor) -> Tensor:
+        n_bins = self.edges.numel() - 1
+        idx = torch.bucketize(x, self.edges, right=True) - 1
+        idx = torch.where(x == self.edges[-1], torch.full_like(idx, n_bins - 1), idx)
+        return idx
+
+    def update(self, values, payload=None, dim: int = 0) -> "Histogram":
+        x = _f64(values).movedim(dim, -1)  # [*shape, n]
+        p = _f64(payload).movedim(dim, -1) if payload is not None else torch.zeros_like(x)
+        idx = self.bin_index(x)
+        inside = (idx >= 0) & (idx < self.counts.shape[-1]) & ~torch.isnan(x)
+        idx = idx.clamp(0, self.counts.shape[-1] - 1)
+        ones = inside.to(torch.float64)
+        self.counts.scatter_add_(-1, idx, ones)
+        self.payload_sum.scatter_add_(-1, idx, p * ones)
+        self.payload_sq.scatter_add_(-1, idx, p * p * ones)
+        return self
+
+    def merge(self, other: "Histogram") -> "Histogram":
+        if not torch.equal(self.edges, other.edges):
+            raise ValueError("cannot merge histograms with different bin edges")
+        self.counts += other.counts
+        self.payload_sum += other.payload_sum
+        self.payload_sq += other.payload_sq
+        return self
+
+    @property
+    def payload_mean(self) -> Tensor:
+        return torch.where(self.counts > 0, self.payload_sum / self.counts.clamp_min(1), torch.full_like(self.counts, float("nan")))
+
+    @property
+    def payload_sem(self) -> Tensor:
+        n = self.counts
+        var = (self.payload_sq - n * self.payload_mean.nan_to_num() ** 2) / (n - 1).clamp_min(1)
+        return torch.where(n > 1, var.clamp_min(0).sqrt() / n.clamp_min(1).sqrt(), torch.full_like(n, float("nan")))
