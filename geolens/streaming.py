@@ -165,3 +165,42 @@ class Histogram(Accumulator):
         n = self.counts
         var = (self.payload_sq - n * self.payload_mean.nan_to_num() ** 2) / (n - 1).clamp_min(1)
         return torch.where(n > 1, var.clamp_min(0).sqrt() / n.clamp_min(1).sqrt(), torch.full_like(n, float("nan")))
+
+
+class CorpusAnalysis(Accumulator):
+    """A corpus-level analysis that streams over batches (the protocol of :mod:`geolens.runner`).
+
+    Subclasses hold only accumulators (no caches of earlier batches) and implement:
+
+    - ``hook_names(model) -> list[str]``: the cache entries ``update`` reads (the runner caches
+      only those, through ``names_filter``);
+    - ``update(model, cache, tokens)``: add one batch;
+    - ``merge(other)``: add another shard's state (data-parallel runs);
+    - ``result()``: the final numbers (tensors, dicts or pandas DataFrames).
+
+    ``state_dict``/``load_state_dict`` (inherited) must round-trip every accumulator: the default
+    copies all attributes, which works when they are tensors, numbers or Accumulators' states.
+    """
+
+    def hook_names(self, model) -> list[str]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def update(self, model, cache, tokens) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def result(self):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        out = {}
+        for k, v in vars(self).items():
+            out[k] = {"__acc__": v.state_dict()} if isinstance(v, Accumulator) else (v.clone() if isinstance(v, Tensor) else v)
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> "CorpusAnalysis":
+        for k, v in state.items():
+            if isinstance(v, dict) and "__acc__" in v:
+                getattr(self, k).load_state_dict(v["__acc__"])
+            else:
+                setattr(self, k, v.clone() if isinstance(v, Tensor) else v)
+        return self
