@@ -258,3 +258,19 @@ def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: in
             "not support padded batches: run sequences of equal length (geolens.data makes "
             "fixed-length windows) or one prompt at a time."
         )
+
+
+def logits_hook(model) -> str:
+    """The cache entry from which :func:`logits_from_cache` gets the logits.
+
+    TransformerBridge: ``unembed.hook_out`` (the logits themselves). HookedTransformer has no
+    hook after the unembedding, so its final normalised residual ``ln_final.hook_normalized``
+    is cached and unembedded.
+    """
+    return "unembed.hook_out" if is_bridge(model) else "ln_final.hook_normalized"
+
+
+def logits_from_cache(model, cache) -> Float[Tensor, "batch pos d_vocab"]:
+    """Logits of the cached forward pass (see :func:`logits_hook`)."""
+    x = _cache_get(cache, logits_hook(model))
+    return x if is_bridge(model) else model.unembed(x)
