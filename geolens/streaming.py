@@ -132,7 +132,7 @@ class Histogram(Accumulator):
 
     def bin_index(self, x: Tensor) -> Tensor:
         n_bins = self.edges.numel() - 1
-        idx = torch.bucketize(x, self.edges, right=True) - 1
+        idx = torch.bucketize(x.contiguous(), self.edges, right=True) - 1
         idx = torch.where(x == self.edges[-1], torch.full_like(idx, n_bins - 1), idx)
         return idx
 
@@ -179,7 +179,10 @@ class CorpusAnalysis(Accumulator):
     - ``result()``: the final numbers (tensors, dicts or pandas DataFrames).
 
     ``state_dict``/``load_state_dict`` (inherited) must round-trip every accumulator: the default
-    copies all attributes, which works when they are tensors, numbers or Accumulators' states.
+    copies all attributes, which works when they are tensors, numbers, strings, Accumulators, or
+    lists / tuples / dicts of these (packed recursively, so checkpoints load with
+    ``torch.load(weights_only=True)``). The default ``merge`` merges every Accumulator attribute
+    (also inside lists and dicts) and leaves the other attributes (configuration) as they are.
     """
 
     def hook_names(self, model) -> list[str]:  # pragma: no cover - interface
@@ -191,16 +194,121 @@ class CorpusAnalysis(Accumulator):
     def result(self):  # pragma: no cover - interface
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
-        out = {}
+    def merge(self, other: "CorpusAnalysis") -> "CorpusAnalysis":
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
         for k, v in vars(self).items():
-            out[k] = {"__acc__": v.state_dict()} if isinstance(v, Accumulator) else (v.clone() if isinstance(v, Tensor) else v)
-        return out
+            _merge_into(v, vars(other)[k], k)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: _pack(v) for k, v in vars(self).items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> "CorpusAnalysis":
         for k, v in state.items():
-            if isinstance(v, dict) and "__acc__" in v:
-                getattr(self, k).load_state_dict(v["__acc__"])
-            else:
-                setattr(self, k, v.clone() if isinstance(v, Tensor) else v)
+            setattr(self, k, _unpack(getattr(self, k, None), v))
         return self
+
+
+def _merge_into(mine, theirs, name: str) -> None:
+    if isinstance(mine, Accumulator):
+        mine.merge(theirs)
+    elif isinstance(mine, dict):
+        if mine.keys() != theirs.keys():
+            raise ValueError(f"cannot merge {name!r}: the two states have different keys")
+        for key in mine:
+            _merge_into(mine[key], theirs[key], f"{name}[{key!r}]")
+    elif isinstance(mine, (list, tuple)):
+        if len(mine) != len(theirs):
+            raise ValueError(f"cannot merge {name!r}: lengths {len(mine)} and {len(theirs)} differ")
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            _merge_into(a, b, f"{name}[{i}]")
+
+
+def _pack(v):
+    """State of one attribute in plain containers and tensors (Accumulators as {"__acc__": ...})."""
+    if isinstance(v, Accumulator):
+        return {"__acc__": v.state_dict()}
+    if isinstance(v, Tensor):
+        return v.clone()
+    if isinstance(v, dict):
+        return {k: _pack(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_pack(x) for x in v) if type(v) in (list, tuple) else v
+    return v
+
+
+def _unpack(current, saved):
+    if isinstance(saved, dict) and "__acc__" in saved:
+        if not isinstance(current, Accumulator):
+            raise ValueError("state holds an accumulator where the analysis has none: construct the analysis with the same arguments")
+        current.load_state_dict(saved["__acc__"])
+        return current
+    if isinstance(saved, Tensor):
+        return saved.clone()
+    if isinstance(saved, dict):
+        cur = current if isinstance(current, dict) else {}
+        return {k: _unpack(cur.get(k), x) for k, x in saved.items()}
+    if isinstance(saved, (list, tuple)) and type(saved) in (list, tuple):
+        cur = current if isinstance(current, (list, tuple)) and len(current) == len(saved) else [None] * len(saved)
+        return type(saved)(_unpack(c, x) for c, x in zip(cur, saved))
+    return saved
+
+
+class HeadSinkRate(CorpusAnalysis):
+    """Reference streaming analysis: per-head sink rate and output norm by sink-rate bin (SPEC §4).
+
+    For every layer l, head h and query i ≥ 1 (query 0 can only attend to itself) of every
+    sequence, with sink rate α_i0^h and head output norm ‖o_i^h‖ = sqrt(z_i^h G^h z_i^{hT})
+    (G^h = W_O^h W_O^{hT}, SPEC §2 efficient form):
+
+    - ``sink_rate``: :class:`Moments` ``[layer, head]`` of α_i0 (mean, variance, count);
+    - ``by_bin``: :class:`Histogram` ``[layer, head, bin]`` of α_i0 over ``edges`` with payload
+      ‖o_i^h‖ (mean output norm per sink-rate bin);
+    - ``n_tokens``: :class:`Sum` of the queries seen.
+
+    It is the protocol's worked example, used by the runner / checkpoint / distributed tests and
+    by ``benchmarks/corpus_scale.py``.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, edges=None, layers=None):
+        self.layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+        shape = (len(self.layers), n_heads)
+        self.sink_rate = Moments(shape)
+        self.by_bin = Histogram(torch.linspace(0, 1, 11) if edges is None else edges, shape)
+        self.n_tokens = Sum((), dtype=torch.int64)
+
+    @classmethod
+    def for_model(cls, model, **kwargs) -> "HeadSinkRate":
+        return cls(model.cfg.n_layers, model.cfg.n_heads, **kwargs)
+
+    def hook_names(self, model) -> list[str]:
+        from geolens.adapter import required_hook_names
+
+        return required_hook_names(model, self.layers)
+
+    def update(self, model, cache, tokens) -> None:
+        from geolens.adapter import get_attention_layer
+
+        rates, norms = [], []
+        for l in self.layers:
+            layer = get_attention_layer(model, cache, l)
+            gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+            z = layer.z[:, 1:]  # [b, q-1, h, d]
+            norms.append(torch.einsum("bqhd,hde,bqhe->bqh", z, gram, z).clamp_min(0).sqrt())
+            rates.append(layer.pattern[:, :, 1:, 0].transpose(1, 2))  # [b, q-1, h]
+        rate = torch.stack(rates, dim=2).flatten(0, 1)  # [b·(q-1), layer, head]
+        norm = torch.stack(norms, dim=2).flatten(0, 1)
+        self.sink_rate.update(rate, dim=0)
+        self.by_bin.update(rate, payload=norm, dim=0)
+        self.n_tokens.update(rate.shape[0])
+
+    def result(self) -> dict[str, Tensor]:
+        return {
+            "sink_rate_mean": self.sink_rate.mean,
+            "sink_rate_std": self.sink_rate.std,
+            "count": self.sink_rate.count,
+            "bin_counts": self.by_bin.counts,
+            "bin_output_norm": self.by_bin.payload_mean,
+            "n_tokens": self.n_tokens.total,
+        }
