@@ -1,0 +1,161 @@
+"""Token-type decomposition of log|c_ij| into its three factors (SPEC §4, paper A §3.2).
+
+Intra-head contribution weights factor exactly (SPEC §2):
+
+    X = log|c_ij| = A + R + C,   A = log α_ij,  R = log(‖ṽ_j‖/‖o_i‖),  C = log|cos(o_i, ṽ_j)|.
+
+For each source type — the sink (j = 0) and the tail (1 ≤ j ≤ i), over queries i ≥ 1 — the
+variance of X over the samples (sequence, query, source) splits additively:
+
+    Var X = Cov(X, A) + Cov(X, R) + Cov(X, C),
+
+so the **share** of factor F is Cov(X, F) / Var X; the three shares add up to 1 (a share can be
+negative when a factor varies against the others). The second, finer identity is also reported,
+
+    Var X = Var A + Var R + Var C + 2 Cov(A, R) + 2 Cov(A, C) + 2 Cov(R, C),
+
+with each term divided by Var X (``frac_*`` columns). Means of A, R, C say which factor sets
+the *level* of the contributions. Paper A's claim: the sink's contributions are governed by
+value geometry (R and C), the tail's by attention and alignment (A and C) jointly.
+
+Samples with α = 0, ‖ṽ_j‖ = 0, cos = 0 or ‖o_i‖ = 0 have no logarithm and are skipped.
+Streaming: covariances come from Welford variances of sums by polarisation,
+Cov(U, V) = (Var(U + V) − Var U − Var V) / 2, so the accumulators are plain
+:class:`~geolens.streaming.Moments` (mergeable, resumable). Statistics per (layer, head) and
+pooled over the heads of a layer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from geolens.adapter import PATTERN, VALUE, hook_name, model_mode
+from geolens.contributions import InfluenceFactors, ZeroNormOutputWarning, influence_factors
+from geolens.runner import run_corpus
+from geolens.sinks._accumulate import moments_add_at
+from geolens.streaming import CorpusAnalysis, Moments
+
+FACTORS = ("attention", "relnorm", "cosine")
+# the variables accumulated, as sums of (X, A, R, C) = indices (0, 1, 2, 3)
+_VARS = [(0,), (1,), (2,), (3,), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+SOURCE_TYPES = ("sink", "tail")
+
+
+def log_factors(factors: InfluenceFactors) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sink, tail) samples ``[n, head, 4]`` of (X, A, R, C) from intra-head factors; NaN where undefined.
+
+    Sink: j = 0 for queries i ≥ 1, ``n = batch·(query−1)``. Tail: 1 ≤ j ≤ i, NaN for the
+    causally masked j > i, ``n = batch·(query−1)·(key−1)``.
+    """
+    if factors.mode != "intra":
+        raise ValueError("the token-type decomposition uses intra-head factors (mode='intra')")
+    alpha, rel, cos = factors.attention, factors.relative_norm, factors.alignment
+    with torch.no_grad():
+        logs = torch.stack([alpha.log(), rel.log(), cos.abs().log()], dim=-1)  # [b,h,q,k,3]
+        logs = torch.cat([logs.sum(-1, keepdim=True), logs], dim=-1)
+        ok = torch.isfinite(logs).all(-1, keepdim=True)
+        q = torch.arange(alpha.shape[2])[:, None]
+        k = torch.arange(alpha.shape[3])[None, :]
+        ok = ok & (k <= q)[None, None, :, :, None]
+        logs = torch.where(ok, logs, torch.full_like(logs, float("nan")))
+    b, h = logs.shape[:2]
+    sink = logs[:, :, 1:, 0].permute(0, 2, 1, 3).reshape(-1, h, 4)
+    tail = logs[:, :, 1:, 1:].permute(0, 2, 3, 1, 4).reshape(-1, h, 4)
+    return sink, tail
+
+
+def _variables(x: torch.Tensor) -> torch.Tensor:
+    """``[..., 4]`` → ``[..., 10]``: X, A, R, C and the pairwise sums used by polarisation."""
+    return torch.stack([sum(x[..., i] for i in idx) for idx in _VARS], dim=-1)
+
+
+def decomposition_table(moments: Moments) -> dict[str, torch.Tensor]:
+    """Shares, fractions and means from accumulated ``[..., 10]`` moments (see module docstring)."""
+    var = moments.var
+    mean = moments.mean
+    V = {idx: var[..., n] for n, idx in enumerate(_VARS)}
+
+    def cov(i, j):
+        return (V[tuple(sorted((i, j)))] - V[(i,)] - V[(j,)]) / 2
+
+    total = V[(0,)]
+    out = {"n": moments.count[..., 0], "var_log_c": total, "mean_log_c": mean[..., 0]}
+    for f, name in enumerate(FACTORS, start=1):
+        out[f"share_{name}"] = cov(0, f) / total
+        out[f"frac_var_{name}"] = V[(f,)] / total
+        out[f"mean_log_{name}"] = mean[..., f]
+    for (i, a), (j, b) in [((1, "attention"), (2, "relnorm")), ((1, "attention"), (3, "cosine")), ((2, "relnorm"), (3, "cosine"))]:
+        out[f"frac_2cov_{a}_{b}"] = 2 * cov(i, j) / total
+    return out
+
+
+class TokenTypeDecomposition(CorpusAnalysis):
+    """Moments of (X, A, R, C) sums per (layer, head, source type) and per (layer, source type)."""
+
+    def __init__(self, n_layers: int, n_heads: int, *, layers=None):
+        self.n_layers, self.n_heads = int(n_layers), int(n_heads)
+        self.layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+        self.per_head = Moments((n_layers, 2, n_heads, len(_VARS)))
+        self.per_layer = Moments((n_layers, 2, len(_VARS)))
+        self.mode = ""
+
+    def hook_names(self, model) -> list[str]:
+        return [hook_name(l, n) for l in self.layers for n in (PATTERN, VALUE)]
+
+    def update(self, model, cache, tokens) -> None:
+        self.mode = model_mode(model)
+        for l in self.layers:
+            with warnings.catch_warnings():  # zero-norm rows are skipped (log 0), no need to warn
+                warnings.simplefilter("ignore", ZeroNormOutputWarning)
+                factors = influence_factors(model, cache, l, "intra", dtype=torch.float64)
+            for t, samples in enumerate(log_factors(factors)):
+                x = _variables(samples)  # [n, head, 10]
+                moments_add_at(self.per_head, (l, t), x, dim=0)
+                moments_add_at(self.per_layer, (l, t), x.reshape(-1, len(_VARS)), dim=0)
+
+    def merge(self, other: "TokenTypeDecomposition") -> "TokenTypeDecomposition":
+        self.per_head.merge(other.per_head)
+        self.per_layer.merge(other.per_layer)
+        return self
+
+    def result(self) -> "DecompositionResult":
+        head_t, layer_t = decomposition_table(self.per_head), decomposition_table(self.per_layer)
+        rows_h, rows_l = [], []
+        for l in self.layers:
+            for t, source in enumerate(SOURCE_TYPES):
+                rows_l.append({"layer": l, "source": source, **{k: float(v[l, t]) for k, v in layer_t.items()}})
+                for h in range(self.n_heads):
+                    rows_h.append({"layer": l, "head": h, "source": source, **{k: float(v[l, t, h]) for k, v in head_t.items()}})
+        heads, layers = pd.DataFrame(rows_h), pd.DataFrame(rows_l)
+        for df in (heads, layers):
+            df["n"] = df["n"].astype(int)
+        share_cols = [f"share_{f}" for f in FACTORS]
+        summary = heads.groupby("source")[share_cols + [f"mean_log_{f}" for f in FACTORS]].mean().reset_index()
+        return DecompositionResult(heads, layers, summary, self.mode)
+
+
+@dataclass
+class DecompositionResult:
+    """Tables of :func:`token_type_decomposition`.
+
+    ``heads`` (layer, head, source), ``layers`` (layer, source; samples pooled over heads) and
+    ``summary`` (per source type, the mean over all heads of the per-head shares and means).
+    Columns: ``n``, ``var_log_c``, ``mean_log_c``, ``share_{attention,relnorm,cosine}`` (sum to
+    1), ``frac_var_*`` and ``frac_2cov_*`` (sum to 1), ``mean_log_*``.
+    """
+
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    summary: pd.DataFrame
+    model_mode: str
+
+
+def token_type_decomposition(model, tokens: torch.Tensor, *, batch_size: int = 8, layers=None, progress: bool = False) -> DecompositionResult:
+    """Variance decomposition of log|c_ij| for sink vs tail sources (see the module docstring)."""
+    analysis = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads, layers=layers)
+    run_corpus(model, tokens, [analysis], batch_size=batch_size, progress=progress, desc="decomposition")
+    return analysis.result()

@@ -1,0 +1,185 @@
+"""Semantic drift under sink-value scaling (SPEC §4, paper A §3.3).
+
+For each λ of a grid in [0, 2], the model runs with v_0 ← λ v_0 in the chosen layers and kv
+heads (:mod:`geolens.interventions.sink_values`; all layers and heads by default, all at once).
+In that edited forward pass, per (layer, query head) and query i ≥ 1:
+
+- the head output norm ‖o_i^h‖ (o_i^h = Σ_j α_ij ṽ_j, with the edited v_0);
+- the cosine between o_i^h and the semantic-cone direction of that query,
+  s_i^h = (1/i) Σ_{j=1}^{i} ṽ_j^h, the mean of the non-sink projected values it can see
+  (causal, so the direction depends only on visible tokens); computed in d_head space with the
+  Gram matrix: cos = z_i G m_iᵀ / (‖z_i‖_G ‖m_i‖_G), m_i = (1/i) Σ_{j=1}^{i} v_j;
+- the mean non-sink projected value norm ‖ṽ_j^h‖, j ≥ 1 (for the low-norm rule);
+- the language-modelling loss (mean next-token NLL over all predicted positions) and
+  PPL = exp(NLL); ΔPPL(λ) = PPL(λ) − PPL(1).
+
+Low-norm heads (documented rule): at λ = 1, a head's relative output norm is
+r_h = mean_i ‖o_i^h‖ / mean_{j≥1} ‖ṽ_j^h‖ (how much of a typical value's norm survives the
+mixing). Heads in the edited layers with r_h at or below the ``low_norm_quantile`` (0.25 by
+default) of r over those heads are "low-norm". Paper A's claim: as λ → 0 the low-norm heads'
+outputs turn toward the semantic cone (cos rises) and perplexity rises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, logits_from_cache, logits_hook, model_mode
+from geolens.interventions.base import applied
+from geolens.interventions.sink_values import scale_sink_value
+from geolens.runner import run_corpus
+from geolens.sinks._accumulate import moments_add_at
+from geolens.streaming import CorpusAnalysis, Moments, Sum
+
+DEFAULT_LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def head_drift_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(‖o_i^h‖, cos(o_i^h, s_i^h)) ``[batch·(query−1), head]`` and ‖ṽ_j‖ ``[batch·(key−1), head]``."""
+    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    z = layer.z[:, 1:]  # [b, q-1, h, d], queries 1..q-1
+    vt = layer.v[:, 1:]  # [b, k-1, h, d], sources 1..k-1
+    counts = torch.arange(1, vt.shape[1] + 1, dtype=vt.dtype, device=vt.device)
+    m = vt.cumsum(dim=1) / counts[None, :, None, None]  # m_i = mean_{1≤j≤i} v_j
+    zG = torch.einsum("bqhd,hde->bqhe", z, gram)
+    z_norm = (zG * z).sum(-1).clamp_min(0).sqrt()
+    m_norm = torch.einsum("bqhd,hde,bqhe->bqh", m, gram, m).clamp_min(0).sqrt()
+    cos = (zG * m).sum(-1) / (z_norm * m_norm)
+    cos = torch.where(torch.isfinite(cos), cos, torch.full_like(cos, float("nan")))
+    v_norm = torch.einsum("bkhd,hde,bkhe->bkh", vt, gram, vt).clamp_min(0).sqrt()
+    h = z.shape[2]
+    return z_norm.reshape(-1, h), cos.reshape(-1, h), v_norm.reshape(-1, h)
+
+
+def next_token_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """−log p(t_{i+1} | t_≤i) for every predicted position, float64, ``[batch, seq−1]``."""
+    logp = torch.log_softmax(logits[:, :-1].to(torch.float64), dim=-1)
+    return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
+
+
+class DriftStatistics(CorpusAnalysis):
+    """Per (layer, head): moments of ‖o_i^h‖, cos(o_i^h, s_i^h), ‖ṽ_j‖; the summed NLL."""
+
+    def __init__(self, n_layers: int, n_heads: int, *, layers=None):
+        self.n_layers, self.n_heads = int(n_layers), int(n_heads)
+        self.layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+        self.out_norm = Moments((n_layers, n_heads))
+        self.cos_cone = Moments((n_layers, n_heads))
+        self.value_norm = Moments((n_layers, n_heads))
+        self.nll = Sum(())
+        self.n_tokens = Sum(())
+        self.mode = ""
+
+    def hook_names(self, model) -> list[str]:
+        return [hook_name(l, n) for l in self.layers for n in (PATTERN, VALUE)] + [logits_hook(model)]
+
+    def update(self, model, cache, tokens) -> None:
+        self.mode = model_mode(model)
+        for l in self.layers:
+            norm, cos, vnorm = head_drift_statistics(get_attention_layer(model, cache, l, dtype=torch.float64))
+            moments_add_at(self.out_norm, l, norm, dim=0)
+            moments_add_at(self.cos_cone, l, cos, dim=0)
+            moments_add_at(self.value_norm, l, vnorm, dim=0)
+        nll = next_token_nll(logits_from_cache(model, cache), tokens)
+        self.nll.update(nll.sum())
+        self.n_tokens.update(torch.tensor(float(nll.numel())))
+
+    def merge(self, other: "DriftStatistics") -> "DriftStatistics":
+        for name in ("out_norm", "cos_cone", "value_norm", "nll", "n_tokens"):
+            getattr(self, name).merge(getattr(other, name))
+        return self
+
+    @property
+    def mean_nll(self) -> float:
+        return float(self.nll.total / self.n_tokens.total)
+
+    def result(self) -> pd.DataFrame:
+        rows = [
+            {"layer": l, "head": h, "out_norm": float(self.out_norm.mean[l, h]), "out_norm_sem": float(self.out_norm.sem[l, h]),
+             "cos_cone": float(self.cos_cone.mean[l, h]), "cos_cone_sem": float(self.cos_cone.sem[l, h]),
+             "value_norm": float(self.value_norm.mean[l, h])}  # fmt: skip
+            for l in self.layers
+            for h in range(self.n_heads)
+        ]
+        df = pd.DataFrame(rows)
+        df["relative_out_norm"] = df["out_norm"] / df["value_norm"]
+        return df
+
+
+@dataclass
+class DriftResult:
+    """Tables of :func:`semantic_drift`.
+
+    - ``heads``: per (λ, layer, head): ``out_norm``, ``cos_cone`` (with sems), ``value_norm``,
+      ``relative_out_norm``, ``low_norm`` (the rule of the module docstring, decided at λ = 1);
+    - ``summary``: per λ: ``nll``, ``ppl``, ``delta_ppl`` (vs λ = 1), and the mean ``out_norm``
+      and ``cos_cone`` over low-norm heads and over the other edited heads;
+    - ``edited``: the edited layers, kv heads and the query heads that see the edit.
+    """
+
+    heads: pd.DataFrame
+    summary: pd.DataFrame
+    lambdas: tuple[float, ...]
+    low_norm_quantile: float
+    edited: dict
+    n_sequences: int
+    model_mode: str
+
+
+def low_norm_heads(baseline: pd.DataFrame, quantile: float = 0.25) -> pd.Series:
+    """Boolean per row of a λ = 1 head table: relative_out_norm ≤ its ``quantile`` over the rows."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"low_norm_quantile must be in (0, 1), got {quantile}")
+    threshold = np.nanquantile(baseline["relative_out_norm"].to_numpy(), quantile)
+    return baseline["relative_out_norm"] <= threshold
+
+
+def semantic_drift(
+    model,
+    tokens: torch.Tensor,
+    *,
+    lambdas: Sequence[float] = DEFAULT_LAMBDAS,
+    layers=None,
+    heads=None,
+    kv_heads=None,
+    low_norm_quantile: float = 0.25,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> DriftResult:
+    """Run the λ grid (λ = 1 is always added as the baseline) and tabulate the drift (module docstring).
+
+    ``layers``/``heads``/``kv_heads`` choose the edit as in
+    :func:`geolens.interventions.sink_values.scale_sink_value` (``heads`` must cover whole kv
+    groups); statistics are reported for the query heads of the edited layers that see the edit.
+    """
+    lambdas = tuple(sorted({float(x) for x in lambdas} | {1.0}))
+    if any(not np.isfinite(x) for x in lambdas):
+        raise ValueError("λ values must be finite")
+    tables, summary = {}, []
+    edit = None
+    for lam in lambdas:
+        edit = scale_sink_value(model, lam, layers=layers, heads=heads, kv_heads=kv_heads)
+        stats = DriftStatistics(model.cfg.n_layers, model.cfg.n_heads, layers=edit.layers)
+        with applied(model, edit.fwd_hooks):
+            run_corpus(model, tokens, [stats], batch_size=batch_size, progress=progress, desc=f"drift λ={lam:g}")
+        df = stats.result()
+        df = df[df["head"].isin(edit.query_heads)].reset_index(drop=True)
+        df.insert(0, "lambda", lam)
+        tables[lam] = df
+        summary.append({"lambda": lam, "nll": stats.mean_nll, "ppl": float(np.exp(stats.mean_nll))})
+    low = low_norm_heads(tables[1.0], low_norm_quantile).to_numpy()
+    for lam, df in tables.items():
+        df["low_norm"] = low
+    summary = pd.DataFrame(summary)
+    summary["delta_ppl"] = summary["ppl"] - float(summary.loc[summary["lambda"] == 1.0, "ppl"].iloc[0])
+    for group, mask in (("low_norm", True), ("other", False)):
+        for col in ("out_norm", "cos_cone", "relative_out_norm"):
+            summary[f"{col}_{group}"] = [float(tables[lam].loc[tables[lam]["low_norm"] == mask, col].mean()) for lam in summary["lambda"]]
+    heads_df = pd.concat([tables[lam] for lam in lambdas], ignore_index=True)
+    edited = {"layers": list(edit.layers), "kv_heads": list(edit.kv_heads), "query_heads": list(edit.query_heads)}
+    return DriftResult(heads_df, summary, lambdas, low_norm_quantile, edited, int(tokens.shape[0]), model_mode(model))
