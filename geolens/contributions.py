@@ -62,12 +62,21 @@ def layer_output(layer: AttentionLayer) -> Float[Tensor, "batch query d_model"]:
 
 @dataclass
 class _Geometry:
-    """Shared intermediate quantities for one layer and one mode."""
+    """Shared intermediate quantities for one layer and one mode.
+
+    The inverse norms are 0 where the norm is 0, so every ratio built from them is defined and
+    zero there (never NaN); the big ``[batch, head, query, key]`` tensors are only multiplied by
+    broadcast small ones.
+    """
 
     dot: Float[Tensor, "batch head query key"]  # ⟨o_i, ṽ_j^h⟩
-    out_norm: Float[Tensor, "batch head query"]  # ‖o_i‖ (head or layer output)
     value_norm: Float[Tensor, "batch head key"]  # ‖ṽ_j^h‖
-    zero_rows: Float[Tensor, "batch head query"]  # bool: ‖o_i‖ == 0
+    inv_out_norm: Float[Tensor, "batch head query"]  # 1/‖o_i‖ (head or layer output), 0 if ‖o_i‖ ≤ eps
+    inv_value_norm: Float[Tensor, "batch head key"]  # 1/‖ṽ_j^h‖, 0 if ‖ṽ_j^h‖ = 0
+
+
+def _inverse(x: Tensor, zero: Tensor) -> Tensor:
+    return torch.where(zero, torch.zeros_like(x), 1.0 / torch.where(zero, torch.ones_like(x), x))
 
 
 def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
@@ -82,7 +91,7 @@ def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
         u = torch.einsum("bqm,hdm->bqhd", o, layer.W_O)
         out_sq = (o * o).sum(-1)[:, None, :].expand(-1, layer.n_heads, -1)
     dot = torch.einsum("bqhd,bkhd->bhqk", u, layer.v)
-    value_sq = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v)
+    value_norm = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v).clamp_min(0).sqrt()
     out_norm = out_sq.clamp_min(0).sqrt()
     zero_rows = out_norm <= eps
     if bool(zero_rows.any()):
@@ -94,12 +103,12 @@ def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
             ZeroNormOutputWarning,
             stacklevel=3,
         )
-    return _Geometry(dot=dot, out_norm=out_norm, value_norm=value_sq.clamp_min(0).sqrt(), zero_rows=zero_rows)
-
-
-def _safe_div(num: Tensor, den: Tensor, zero: Tensor) -> Tensor:
-    """num / den with rows flagged in ``zero`` set to 0 (never NaN or inf)."""
-    return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, torch.ones_like(den), den))
+    return _Geometry(
+        dot=dot,
+        value_norm=value_norm,
+        inv_out_norm=_inverse(out_norm, zero_rows),
+        inv_value_norm=_inverse(value_norm, value_norm == 0),
+    )
 
 
 @dataclass
@@ -165,12 +174,11 @@ def _metrics_from_layer(
         return tuple(torch.cat([c[k] for c in chunks], dim=2) for k in range(4)) + (chunks[0][4],)
     g = _geometry(layer, mode, eps)
     alpha = layer.pattern
-    zero = g.zero_rows[..., None].expand_as(alpha)
-    out_norm = g.out_norm[..., None]
+    inv_out = g.inv_out_norm[..., None]
+    relative = g.value_norm[:, :, None, :] * inv_out
+    cos = g.dot * inv_out * g.inv_value_norm[:, :, None, :]
+    contribution = alpha * g.dot * (inv_out * inv_out)
     value_norm = g.value_norm[:, :, None, :]
-    relative = _safe_div(value_norm.expand_as(alpha), out_norm.expand_as(alpha), zero)
-    cos = _safe_div(g.dot, (out_norm * value_norm).expand_as(alpha), zero | (value_norm == 0))
-    contribution = _safe_div(alpha * g.dot, (out_norm**2).expand_as(alpha), zero)
     return alpha, relative, cos, contribution, value_norm
 
 
@@ -205,8 +213,7 @@ def contribution_weights_from_layer(
             dim=2,
         )
     g = _geometry(layer, mode, eps)
-    den = (g.out_norm**2)[..., None].expand_as(g.dot)
-    return _safe_div(layer.pattern * g.dot, den, g.zero_rows[..., None].expand_as(g.dot))
+    return g.dot.mul_(layer.pattern).mul_((g.inv_out_norm**2)[..., None])
 
 
 def _layers(model, layer: int | None) -> list[int]:

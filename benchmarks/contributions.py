@@ -1,0 +1,174 @@
+"""Benchmark: geolens contribution weights vs a forward pass and vs a naive materialising reference.
+
+On SmolLM2-135M (CPU), for sequence lengths 128 and 512 (batch 1), measures in one run:
+
+(a) a plain ``run_with_cache`` (all hooks cached);
+(b) geolens all-layer contribution weights (intra and inter) from that cache;
+(c) a naive reference that materialises α_ij ṽ_j as ``[query, key, d_model]`` per head and
+    projects it on o_i, timed on ``--naive-layers`` layers and scaled to all layers.
+
+and the extra peak memory of (b) when each layer's results are reduced before the next layer
+(RSS sampled every 2 ms while it runs, minus the RSS before, in a fresh subprocess whose large
+allocations are mmapped so that freed memory leaves RSS), compared with one layer's
+``[head, query, key]`` float32 pattern. Prints the ratios.
+
+    python benchmarks/contributions.py [--lengths 128 512] [--naive-layers 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+import torch
+
+import geolens
+from geolens.adapter import get_attention_layer
+from geolens.contributions import contribution_weights_from_layer
+
+
+def rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    """Samples RSS in a thread; ``extra`` = peak during the block minus RSS at its start."""
+
+    def __enter__(self):
+        self.start = rss_bytes()
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+        self.extra = self.peak - self.start
+
+
+def naive_layer(view, mode: str) -> torch.Tensor:
+    """c_ij with ṽ and α ṽ materialised, one head at a time ([query, key, d_model] each)."""
+    b, h, q, k = view.pattern.shape
+    out = torch.empty(b, h, q, k)
+    vt = torch.einsum("bkhd,hdm->bhkm", view.v, view.W_O)  # [b, h, k, d_model]
+    weighted_all = None
+    if mode == "inter":
+        layer_out = torch.einsum("bhqk,bhkm->bqm", view.pattern, vt)
+    for bi in range(b):
+        for hi in range(h):
+            weighted = view.pattern[bi, hi, :, :, None] * vt[bi, hi, None, :, :]  # [q, k, d_model]
+            o = weighted.sum(1) if mode == "intra" else layer_out[bi]
+            out[bi, hi] = torch.einsum("qkm,qm->qk", weighted, o) / (o * o).sum(-1, keepdim=True)
+            del weighted
+    del weighted_all
+    return out
+
+
+def timed(fn, repeats: int = 1):
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, result
+
+
+def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
+    from geolens.data import corpus_windows
+
+    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1)
+    n_layers = model.cfg.n_layers
+    with torch.no_grad():
+        model.run_with_cache(tokens)  # warm-up
+        t_a, (_, cache) = timed(lambda: model.run_with_cache(tokens), repeats)
+
+        def geolens_all():
+            out = []
+            for l in range(n_layers):
+                view = get_attention_layer(model, cache, l)
+                out.append((contribution_weights_from_layer(view, "intra"), contribution_weights_from_layer(view, "inter")))
+            return out
+
+        geolens_all()  # warm-up
+        t_b, result = timed(geolens_all, repeats)
+        result_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in result)
+        del result
+
+        views = [get_attention_layer(model, cache, l) for l in range(naive_layers)]
+        t = time.perf_counter()
+        for view in views:
+            naive_layer(view, "intra")
+            naive_layer(view, "inter")
+        t_c = (time.perf_counter() - t) * n_layers / naive_layers
+    pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
+    return dict(seq_len=seq_len, a=t_a, b=t_b, c=t_c, extra=memory_in_subprocess(seq_len), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+
+
+def memory_child(seq_len: int) -> None:
+    """Run in a fresh process: print the extra peak RSS of streaming all-layer contributions."""
+    from geolens.data import corpus_windows
+
+    model = geolens.load_model("smollm2-135m")
+    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+        with PeakRSS() as mem:
+            total = 0.0
+            for l in range(model.cfg.n_layers):
+                view = get_attention_layer(model, cache, l)
+                for mode in ("intra", "inter"):
+                    total += float(contribution_weights_from_layer(view, mode).sum())
+                del view
+    print(mem.extra)
+
+
+def memory_in_subprocess(seq_len: int) -> int:
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
+    out = subprocess.run([sys.executable, __file__, "--memory-child", str(seq_len)], env=env, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return int(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--naive-layers", type=int, default=1, help="layers timed for the naive reference")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child)
+        return
+    model = geolens.load_model("smollm2-135m")
+    print(f"SmolLM2-135M, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
+          "(b) = intra + inter contribution weights of all 30 layers")  # fmt: skip
+    print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(c) naive s':>12} {'b/a':>7} {'c/b':>8} "
+          f"{'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17}")  # fmt: skip
+    for n in args.lengths:
+        r = bench(model, n, args.naive_layers, args.repeats)
+        mib = 2**20
+        print(
+            f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
+            f"{r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f}"
+        )
+    print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
+          "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
+          "keeping every layer's two results costs on top.")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
