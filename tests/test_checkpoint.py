@@ -1,0 +1,208 @@
+"""Resumable runs (issue 7): atomic checkpoints, and a SIGKILLed run resumes to identical numbers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_tiny
+from geolens.checkpoint import atomic_torch_save, load_checkpoint
+from geolens.runner import run_corpus
+from geolens.streaming import CorpusAnalysis, HeadSinkRate, Moments
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def corpus_tokens(n=23, seq=14, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(4, 40, (n, seq), generator=g)
+    t[:, 0] = 0
+    return t
+
+
+def assert_identical(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k].nan_to_num(-7.0), b[k].nan_to_num(-7.0)), k
+
+
+@pytest.fixture(scope="module")
+def gqa():
+    return make_tiny("gqa")
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class _Crashing(HeadSinkRate):
+    """Raises when ``limit`` updates are done, as a KeyboardInterrupt / crash would.
+
+    ``calls`` is part of the state (it is saved and restored), ``limit`` is not (class attribute).
+    """
+
+    limit = 7
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def update(self, model, cache, tokens):
+        if self.calls == self.limit:
+            raise _Interrupt
+        self.calls += 1
+        super().update(model, cache, tokens)
+
+
+class _Random(CorpusAnalysis):
+    """Draws from the global torch generator in ``update`` (like a random-ranking control)."""
+
+    def __init__(self):
+        self.draws = Moments((3,))
+
+    def hook_names(self, model):
+        return []
+
+    def update(self, model, cache, tokens):
+        self.draws.update(torch.rand(tokens.shape[0], 3))
+
+    def result(self):
+        return self.draws.mean
+
+
+def test_interrupted_run_resumes_to_identical_numbers(gqa, tmp_path, monkeypatch):
+    tokens = corpus_tokens()
+    torch.manual_seed(5)
+    ref = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa), _Random()], batch_size=2, progress=False)
+    path = tmp_path / "run.pt"
+    torch.manual_seed(5)
+    crashing = _Crashing.for_model(gqa)
+    with pytest.raises(_Interrupt):
+        run_corpus(gqa, tokens, [crashing, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3)
+    assert load_checkpoint(path)["next_batch"] == 6  # the last multiple of 3 before the crash
+    torch.manual_seed(123)  # the checkpoint restores the generator, not the seed
+    monkeypatch.setattr(_Crashing, "limit", 10**9)
+    resumed = _Crashing.for_model(gqa)
+    run_corpus(gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3)
+    assert resumed.calls == 12  # 6 restored from the checkpoint + the 6 remaining batches
+    out = run_corpus(gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path)  # complete: no-op
+    assert_identical(out[0].result(), ref[0].result())
+    assert torch.equal(out[1].result(), ref[1].result())
+    assert load_checkpoint(path)["next_batch"] == 12
+
+
+def test_checkpoint_of_another_run_is_refused(gqa, tmp_path):
+    path = tmp_path / "run.pt"
+    tokens = corpus_tokens(n=6)
+    run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=path)
+    with pytest.raises(ValueError, match="tokens_sha256"):
+        run_corpus(gqa, corpus_tokens(n=6, seed=9), [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=path)
+    with pytest.raises(ValueError, match="batch_size"):
+        run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=3, progress=False, checkpoint=path)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt"):
+        run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=tmp_path / "junk.pt")
+
+
+def test_failed_rename_keeps_previous_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "state.pt"
+    atomic_torch_save({"version": 1}, path)
+
+    def boom(src, dst):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="simulated"):
+        atomic_torch_save({"version": 2, "big": torch.zeros(10_000)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"version": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+CRASH_BEFORE_RENAME = """
+import os, signal, sys, torch
+from geolens.checkpoint import atomic_torch_save
+path = sys.argv[1]
+atomic_torch_save({"version": 1, "x": torch.arange(5)}, path)
+def die(*args):  # the process dies after the temp file is written, before the rename
+    os.kill(os.getpid(), signal.SIGKILL)
+os.{hook} = die
+atomic_torch_save({"version": 2, "x": torch.zeros(2_000_000)}, path)
+"""
+
+
+@pytest.mark.parametrize("hook", ["replace", "fsync"])
+def test_process_killed_between_write_and_rename_never_leaves_a_half_file(tmp_path, hook):
+    path = tmp_path / "state.pt"
+    proc = subprocess.run([sys.executable, "-c", CRASH_BEFORE_RENAME.replace("{hook}", hook), str(path)], cwd=REPO, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    state = torch.load(path, weights_only=True)
+    assert state["version"] == 1 and torch.equal(state["x"], torch.arange(5))
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "state.pt"]
+    assert leftovers and all(p.name.startswith(".state.pt.") and p.name.endswith(".tmp") for p in leftovers)
+    atomic_torch_save({"version": 3}, path)  # a later save still works next to the stale temp file
+    assert torch.load(path, weights_only=True) == {"version": 3}
+
+
+CHILD = """
+import sys, time, torch
+from geolens.distributed import load_any_model
+from geolens.runner import run_corpus
+from geolens.streaming import HeadSinkRate
+
+tokens_path, ckpt, out, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+calls = 0
+
+class SlowSinkRate(HeadSinkRate):
+    def update(self, model, cache, tokens):
+        global calls
+        calls += 1
+        super().update(model, cache, tokens)
+        time.sleep(delay)
+
+model = load_any_model("tiny-gqa", "cpu")
+tokens = torch.load(tokens_path, weights_only=True)
+[a] = run_corpus(model, tokens, [SlowSinkRate.for_model(model)], batch_size=2, progress=False,
+                 checkpoint=ckpt, checkpoint_every=2)
+torch.save({"result": a.result(), "calls": calls}, out)
+"""
+
+
+def test_sigkilled_run_resumes_to_identical_numbers(tmp_path):
+    """Start a checkpointed run, SIGKILL it after its first checkpoint, rerun, compare."""
+    tokens = corpus_tokens(n=24)  # 12 batches of 2, a checkpoint every 2 batches
+    torch.save(tokens, tmp_path / "tokens.pt")
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(CHILD))
+
+    def child(ckpt, out, delay):
+        cmd = [sys.executable, str(script), str(tmp_path / "tokens.pt"), str(tmp_path / ckpt), str(tmp_path / out), str(delay)]
+        return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    proc = child("killed.pt", "killed-out.pt", 0.4)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "killed.pt").exists():
+        assert proc.poll() is None, "the child ended before writing a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint after 120 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert not (tmp_path / "killed-out.pt").exists()
+    done_before = load_checkpoint(tmp_path / "killed.pt")["next_batch"]
+    assert 2 <= done_before < 12
+
+    resumed = child("killed.pt", "killed-out.pt", 0.0)
+    uninterrupted = child("fresh.pt", "fresh-out.pt", 0.0)
+    assert resumed.wait(timeout=180) == 0 and uninterrupted.wait(timeout=180) == 0
+    a = torch.load(tmp_path / "killed-out.pt", weights_only=True)
+    b = torch.load(tmp_path / "fresh-out.pt", weights_only=True)
+    assert a["calls"] == 12 - done_before and b["calls"] == 12  # the rerun really resumed
+    assert_identical(a["result"], b["result"])
