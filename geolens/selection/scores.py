@@ -1,0 +1,255 @@
+"""Geometric precision, recall and extremal F_N of a head's token selection (SPEC §5, paper B).
+
+For one head and one query t over its visible sources T_t = {0 … t}, each source i contributes
+y_i = α_i u_i, with u the value vector before W_O (``space="value"``, paper B) or the projected
+value ṽ = v W_O (``space="projected"``). A ranking r (attention r_i = α_i, contribution norm
+r_i = ‖y_i‖, or a random ranking) selects S = top-N (ties by increasing index). With the
+aggregate s_N = Σ_{i∈S} y_i (its magnitude kept) and D_i = d(y_i, s_N), where
+d is Euclidean ‖x − y‖ or cosine 1 − ⟨x, y⟩ / (‖x‖‖y‖ + 1e-12):
+
+- ρ_max = max_{i∈S} D_i, ρ_min = min_{j∈T_t∖S} D_j;
+- precision P_N = N / (N + |{j ∉ S : D_j ≤ ρ_max}|)   (closed ball of outer radius ρ_max);
+- recall    R_N = |{i ∈ S : D_i < ρ_min}| / N        (open ball of inner radius ρ_min);
+- F_N = 2 P_N R_N / (P_N + R_N)  (0 when P_N + R_N = 0), defined for 1 ≤ N < |T_t|.
+
+The projected space is computed without building ṽ: with G = W_O W_Oᵀ, ‖(y_i − s) W_O‖² =
+(y_i − s) G (y_i − s)ᵀ and ⟨y_i W_O, s W_O⟩ = y_i G sᵀ (SPEC §2's efficient form).
+
+Caveats (SPEC §5, tested): with Euclidean distance F_1 = 1 for any selection rule (D_i = 0 for
+the single selected token); if s_N = 0 the cosine distance is 1 for every source, so R_N = F_N = 0;
+the metrics need not be monotone in N.
+
+Sink handling (``sink=``): ``"keep"`` (the sink competes like any source), ``"exclude"`` (the
+sink is removed from T_t: neither selected nor counted outside S) and ``"force"`` (the sink is
+always in S, with the top N − 1 other sources).
+
+Everything is vectorised over batch, heads, queries (and random draws); the only Python loop is
+over the few values of N. Queries can be chunked (``query_chunk_size``) to bound memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from geolens.selection.bounds import inversion_bounds
+
+Distance = Literal["euclidean", "cosine"]
+Space = Literal["value", "projected"]
+Sink = Literal["keep", "exclude", "force"]
+COSINE_EPS = 1e-12
+
+
+def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def power_of_two_sizes(max_n: int, *, cap: int = 256) -> list[int]:
+    """N ∈ {1, 2, 4, …} with N < max_n (the visible count) and N ≤ cap (the authors' protocol)."""
+    out, n = [], 1
+    while n < max_n and n <= cap:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def top_n_mask(
+    ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... key"], n: int
+) -> Bool[Tensor, "... key"]:
+    """S = the n visible sources with the largest ranking, ties broken by increasing index."""
+    masked = ranking.masked_fill(~visible, float("-inf"))
+    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    return (rank < n) & visible
+
+
+def distances(
+    y: Float[Tensor, "... key d"],
+    selected: Bool[Tensor, "... key"],
+    distance: Distance = "euclidean",
+    gram: Float[Tensor, "... d d"] | None = None,
+) -> Float[Tensor, "... key"]:
+    """D_i = d(y_i, s_N) with s_N = Σ_{i∈S} y_i, in the metric ⟨x, y⟩_G = x G yᵀ (G = I if None).
+
+    ``gram`` broadcasts against the leading axes of ``y`` (e.g. ``[head, 1, d, d]`` for y
+    ``[batch, head, query, key, d]``).
+    """
+    _check("distance", distance, ("euclidean", "cosine"))
+    s = (y * selected[..., None].to(y.dtype)).sum(dim=-2, keepdim=True)  # [..., 1, d]
+    if distance == "euclidean":
+        x = y - s
+        if gram is None:
+            return x.norm(dim=-1)
+        return torch.einsum("...kd,...de,...ke->...k", x, gram, x).clamp_min(0).sqrt()
+    if gram is None:
+        dot = (y * s).sum(-1)
+        y_norm, s_norm = y.norm(dim=-1), s.norm(dim=-1)
+    else:
+        sg = torch.einsum("...kd,...de->...ke", s, gram)
+        yg = torch.einsum("...kd,...de->...ke", y, gram)
+        dot = (y * sg).sum(-1)
+        y_norm = (y * yg).sum(-1).clamp_min(0).sqrt()
+        s_norm = (s * sg).sum(-1).clamp_min(0).sqrt()
+    return 1 - dot / (y_norm * s_norm + COSINE_EPS)
+
+
+@dataclass
+class Separation:
+    """P_N, R_N, F_N, the radii and the inversion bounds, each ``[...]`` (NaN where N ≥ |T_t|)."""
+
+    precision: Tensor
+    recall: Tensor
+    f: Tensor
+    rho_min: Tensor
+    rho_max: Tensor
+    ginv: Tensor
+    margin: Tensor
+    precision_bound: Tensor
+    recall_bound: Tensor
+
+    FIELDS = ("precision", "recall", "f", "rho_min", "rho_max", "ginv", "margin", "precision_bound", "recall_bound")
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+    @staticmethod
+    def stack(items: Sequence["Separation"], dim: int = -1) -> "Separation":
+        return Separation(**{k: torch.stack([getattr(s, k) for s in items], dim=dim) for k in Separation.FIELDS})
+
+
+def separation_from_distances(
+    D: Float[Tensor, "... key"], selected: Bool[Tensor, "... key"], visible: Bool[Tensor, "... key"]
+) -> Separation:
+    """P_N, R_N, F_N (SPEC §5) and the inversion bounds from distances and the selected set."""
+    n = selected.sum(-1).to(D.dtype)
+    outside = visible & ~selected
+    n_out = outside.sum(-1)
+    inf = torch.tensor(float("inf"), dtype=D.dtype, device=D.device)
+    rho_max = torch.where(selected, D, -inf).amax(-1)
+    rho_min = torch.where(outside, D, inf).amin(-1)
+    in_outer = (outside & (D <= rho_max[..., None])).sum(-1).to(D.dtype)
+    in_inner = (selected & (D < rho_min[..., None])).sum(-1).to(D.dtype)
+    precision = n / (n + in_outer)
+    recall = in_inner / n.clamp_min(1)
+    denom = precision + recall
+    f = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), torch.zeros_like(denom))
+    ginv, margin, p_bound, r_bound = inversion_bounds(D, selected, visible)
+    valid = (n >= 1) & (n_out >= 1)
+    nan = torch.full_like(precision, float("nan"))
+    out = [precision, recall, f, rho_min, rho_max, ginv, margin, p_bound, r_bound]
+    return Separation(*[torch.where(valid, x.to(D.dtype), nan) for x in out])
+
+
+def selection_scores(
+    y: Float[Tensor, "... key d"],
+    ranking: Float[Tensor, "... key"],
+    visible: Bool[Tensor, "... key"],
+    sizes: Sequence[int],
+    *,
+    distance: Distance = "euclidean",
+    gram: Tensor | None = None,
+    sink: Sink = "keep",
+) -> Separation:
+    """:class:`Separation` for each N in ``sizes``, stacked on a last axis ``[..., len(sizes)]``.
+
+    ``y`` are the contributions y_i (broadcastable against ``ranking``, e.g. shared by several
+    random rankings), ``visible`` marks T_t. Position 0 is the sink.
+    """
+    _check("sink", sink, ("keep", "exclude", "force"))
+    if any(int(n) < 1 for n in sizes):
+        raise ValueError(f"selection sizes must be ≥ 1, got {list(sizes)}")
+    ranking, visible = torch.broadcast_tensors(ranking, visible)
+    if sink == "exclude":
+        visible = visible.clone()
+        visible[..., 0] = False
+    elif sink == "force":
+        ranking = ranking.clone()
+        ranking[..., 0] = float("inf")
+    visible = visible & torch.ones(y.shape[:-1], dtype=torch.bool, device=y.device)
+    ranking = ranking.expand(visible.shape)
+    results = []
+    for n in sizes:
+        selected = top_n_mask(ranking, visible, int(n))
+        D = distances(y, selected, distance, gram)
+        results.append(separation_from_distances(D, selected, visible))
+    return Separation.stack(results)
+
+
+def causal_visibility(n_query: int, n_key: int, *, device=None) -> Bool[Tensor, "query key"]:
+    """T_t for the last ``n_query`` query positions of a causal window of ``n_key`` keys."""
+    q = torch.arange(n_key - n_query, n_key, device=device)[:, None]
+    return torch.arange(n_key, device=device)[None, :] <= q
+
+
+def layer_contributions(layer, queries: slice | None = None) -> tuple[Tensor, Tensor]:
+    """(y [batch, head, query, key, d_head] = α_ij v_j, visible [query, key]) of one layer."""
+    pattern = layer.pattern if queries is None else layer.pattern[:, :, queries]
+    n_q_all = layer.pattern.shape[2]
+    q_idx = torch.arange(n_q_all, device=pattern.device)
+    q_idx = q_idx if queries is None else q_idx[queries]
+    n_k = pattern.shape[-1]
+    visible = torch.arange(n_k, device=pattern.device)[None, :] <= (q_idx[:, None] + (n_k - n_q_all))
+    v = layer.v.permute(0, 2, 1, 3)  # [b, h, k, d]
+    y = pattern[..., None] * v[:, :, None]  # [b, h, q, k, d]
+    return y, visible
+
+
+def rankings(y_norm: Tensor, pattern: Tensor, by: str) -> Tensor:
+    """Ranking scores: ``"attention"`` → α_ij, ``"norm"`` → ‖y_ij‖ (contribution norm)."""
+    _check("by", by, ("attention", "norm"))
+    return pattern if by == "attention" else y_norm
+
+
+def head_selection_scores(
+    layer,
+    sizes: Sequence[int],
+    *,
+    space: Space = "value",
+    distance: Distance = "euclidean",
+    by: str = "attention",
+    sink: Sink = "keep",
+    queries: str | slice = "final",
+    query_chunk_size: int = 16,
+) -> Separation:
+    """Scores of every (batch, head, query) of one :class:`geolens.adapter.AttentionLayer`.
+
+    Returns a :class:`Separation` with fields ``[batch, head, query, len(sizes)]`` where query runs
+    over the final position (``queries="final"``, the authors' protocol), every position
+    (``"all"``) or a slice. ``by`` ranks by attention α or by contribution norm ‖α u‖ in the chosen
+    space.
+    """
+    _check("space", space, ("value", "projected"))
+    n_q = layer.pattern.shape[2]
+    if queries == "final":
+        q_slice = slice(n_q - 1, n_q)
+    elif queries == "all":
+        q_slice = slice(0, n_q)
+    elif isinstance(queries, slice):
+        q_slice = queries
+    else:
+        raise ValueError(f"queries must be 'final', 'all' or a slice, got {queries!r}")
+    gram = None
+    if space == "projected":
+        gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)[:, None]  # [h, 1, d, d]
+    start, stop, _ = q_slice.indices(n_q)
+    parts = []
+    for s in range(start, stop, query_chunk_size):
+        y, visible = layer_contributions(layer, slice(s, min(s + query_chunk_size, stop)))
+        y_norm = _norms(y, gram)
+        pattern = layer.pattern[:, :, s : min(s + query_chunk_size, stop)]
+        parts.append(
+            selection_scores(y, rankings(y_norm, pattern, by), visible, sizes, distance=distance, gram=gram, sink=sink)
+        )
+    return Separation(**{k: torch.cat([getattr(p, k) for p in parts], dim=2) for k in Separation.FIELDS})
+
+
+def _norms(y: Tensor, gram: Tensor | None) -> Tensor:
+    if gram is None:
+        return y.norm(dim=-1)
+    return torch.einsum("...kd,...de,...ke->...k", y, gram, y).clamp_min(0).sqrt()
