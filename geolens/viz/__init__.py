@@ -1,0 +1,30 @@
+"""Visualisations: circuitsvis views and matplotlib plots that display in notebooks and save.
+
+Every function returns a :class:`HTMLView` (circuitsvis components, rendered with the JS bundle
+shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matplotlib); both have
+``.save(path)`` and carry the numbers they show in ``.data``.
+
+- :mod:`geolens.viz.contributions`: signed contribution-weight heatmaps per head, attention vs
+  contribution colouring of one query's sources, sink attention vs contribution per layer.
+"""
+
+from geolens.viz.common import HTMLView, PlotView, circuitsvis_bundle, to_jsonable
+from geolens.viz.contributions import (
+    contribution_heatmaps,
+    signed_heatmaps,
+    sink_attention_vs_contribution_plot,
+    source_colors,
+    str_tokens,
+)
+
+__all__ = [
+    "HTMLView",
+    "PlotView",
+    "circuitsvis_bundle",
+    "contribution_heatmaps",
+    "signed_heatmaps",
+    "sink_attention_vs_contribution_plot",
+    "source_colors",
+    "str_tokens",
+    "to_jsonable",
+]

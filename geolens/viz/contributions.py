@@ -1,0 +1,245 @@
+"""Contribution weights next to attention, as circuitsvis views and matplotlib plots (SPEC §2).
+
+- :func:`signed_heatmaps`: any ``[head, query, key]`` tensor as circuitsvis ``AttentionHeads``
+  on a symmetric colour scale: positive values blue, negative values red, zero white. circuitsvis
+  colours a value v ≥ 0 by v / ``maxValue`` and v < 0 by v / ``minValue`` (its defaults are
+  ±1, so contribution weights above 1 would saturate): geolens passes ``maxValue = m`` and
+  ``minValue = −m`` with m = max |v|, so equal magnitudes get equal intensity whatever the sign.
+- :func:`contribution_heatmaps`: one layer's raw attention α_ij and contribution weights c_ij
+  (intra- or inter-head) per head, side by side, for one sequence.
+- :func:`source_colors`: the sources of one query coloured by attention and by contribution
+  (circuitsvis ``ColoredTokens``): per head (α_ij^h, intra c_ij^h) or for the whole layer (head
+  mean of α, and the per-source inter-head totals C_ij = Σ_h c_ij^h, which sum to 1 like α).
+- :func:`sink_attention_vs_contribution_plot`: per layer, the mean attention to the sink α_i0
+  against its mean contribution c_i0 (matplotlib).
+
+Every function returns an :class:`~geolens.viz.common.HTMLView` or
+:class:`~geolens.viz.common.PlotView`, which displays in a notebook, saves with ``.save(path)``
+and carries its numbers in ``.data``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from geolens.contributions import attention_metrics
+from geolens.viz.common import Component, HTMLView, PlotView, new_figure
+
+POSITIVE_COLOR = "blue"
+NEGATIVE_COLOR = "red"
+
+
+def str_tokens(model, tokens: Tensor) -> list[str]:
+    """One string per token id of a 1-D ``tokens`` tensor (decoded one at a time)."""
+    if tokens.ndim != 1:
+        raise ValueError(f"expected a 1-D tensor of token ids, got shape {tuple(tokens.shape)}")
+    return [model.tokenizer.decode([t]) for t in tokens.tolist()]
+
+
+def _symmetric_scale(values: Tensor) -> float:
+    """max |values| (1 when all are zero)."""
+    m = float(values.abs().max()) if values.numel() else 0.0
+    return m if m > 0 else 1.0
+
+
+def _heatmap_scale(values: Float[Tensor, "head query key"]) -> float:
+    """max |v| over queries ≥ 1: query 0 sees only itself (α_00 = c_00 = 1) and would set the scale."""
+    return _symmetric_scale(values[:, 1:] if values.shape[1] > 1 else values)
+
+
+def signed_heatmaps(
+    values: Float[Tensor, "head query key"],
+    tokens: Sequence[str],
+    *,
+    head_names: Sequence[str] | None = None,
+    max_abs: float | None = None,
+    title: str = "",
+    caption: str | None = None,
+    negative_color: str = NEGATIVE_COLOR,
+    positive_color: str = POSITIVE_COLOR,
+) -> HTMLView:
+    """circuitsvis ``AttentionHeads`` of signed values on the symmetric scale [−max_abs, max_abs].
+
+    ``max_abs`` defaults to max |values| over queries ≥ 1 (query 0 attends only to itself, so its
+    trivial value 1 would wash out the scale; values beyond the scale saturate). The causal upper
+    triangle is masked.
+    """
+    if values.ndim != 3 or values.shape[1] != values.shape[2]:
+        raise ValueError(f"values must be [head, query, key] with query == key, got {tuple(values.shape)}")
+    if len(tokens) != values.shape[-1]:
+        raise ValueError(f"{len(tokens)} tokens for {values.shape[-1]} positions")
+    values = values.detach().to("cpu", torch.float64)
+    if not torch.isfinite(values).all():
+        raise ValueError("values contain NaN or inf")
+    names = list(head_names) if head_names is not None else [f"Head {h}" for h in range(values.shape[0])]
+    if len(names) != values.shape[0]:
+        raise ValueError(f"{len(names)} head names for {values.shape[0]} heads")
+    m = _heatmap_scale(values) if max_abs is None else float(max_abs)
+    props = {
+        "attention": values,
+        "tokens": list(tokens),
+        "attentionHeadNames": names,
+        "maxValue": m,
+        "minValue": -m,
+        "negativeColor": negative_color,
+        "positiveColor": positive_color,
+        "maskUpperTri": True,
+    }
+    return HTMLView(
+        [Component("AttentionHeads", props, caption=caption)],
+        title=title,
+        data={"values": values, "tokens": list(tokens), "head_names": names, "max_abs": m},
+    )
+
+
+def _check_batch(tokens: Tensor, batch_index: int) -> Tensor:
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if not 0 <= batch_index < tokens.shape[0]:
+        raise IndexError(f"batch_index {batch_index} out of range for {tokens.shape[0]} sequences")
+    return tokens[batch_index]
+
+
+def contribution_heatmaps(
+    model,
+    cache,
+    tokens: Tensor,
+    layer: int,
+    *,
+    batch_index: int = 0,
+    mode: str = "intra",
+    heads: Sequence[int] | None = None,
+    metrics: Sequence[str] = ("raw_attention", "contribution"),
+) -> HTMLView:
+    """Raw attention and contribution weights of one layer, per head, for one sequence.
+
+    Each metric of :class:`geolens.AttentionMetrics` named in ``metrics`` becomes one
+    ``AttentionHeads`` component with its own symmetric scale (contribution weights can be
+    negative and can exceed 1; attention cannot). ``.data`` holds every value shown, the scales
+    and, for the contribution weights, the share of visible (query, source) pairs with c_ij < 0.
+    """
+    m = attention_metrics(model, cache, layer, mode)
+    seq = _check_batch(tokens, batch_index)
+    words = str_tokens(model, seq)
+    head_idx = list(range(model.cfg.n_heads)) if heads is None else [int(h) for h in heads]
+    names = [f"L{m.layer}H{h}" for h in head_idx]
+    components, data = [], {"layer": m.layer, "mode": mode, "model_mode": m.model_mode, "heads": head_idx, "tokens": words}
+    visible = torch.tril(torch.ones(len(words), len(words), dtype=torch.bool))
+    for name in metrics:
+        if name not in m.METRIC_NAMES:
+            raise ValueError(f"unknown metric {name!r}: use one of {m.METRIC_NAMES}")
+        values = getattr(m, name)[batch_index, head_idx].detach().double().cpu()
+        view = signed_heatmaps(values, words, head_names=names, caption=_CAPTIONS[name].format(mode=mode))
+        components += view.components
+        data[name] = values
+        data[f"{name}_max_abs"] = view.data["max_abs"]
+        if name == "contribution":
+            data["contribution_negative_share"] = float((values[:, visible] < 0).double().mean())
+    title = f"Layer {m.layer}: attention vs contribution weights ({mode}-head)"
+    return HTMLView(components, title=title, data=data)
+
+
+_CAPTIONS = {
+    "raw_attention": "raw attention α_ij (blue; scale 0 … max)",
+    "value_weighted": "value-weighted attention α_ij‖ṽ_j‖",
+    "output_normalized": "output-normalised value-weighted attention α_ij‖ṽ_j‖/‖o_i‖",
+    "contribution": "contribution weights c_ij ({mode}-head): blue positive, red negative (destructive)",
+}
+
+
+def source_colors(
+    model,
+    cache,
+    tokens: Tensor,
+    layer: int,
+    *,
+    query: int = -1,
+    head: int | None = None,
+    batch_index: int = 0,
+) -> HTMLView:
+    """Sources of one query coloured by attention and by contribution (circuitsvis ``ColoredTokens``).
+
+    ``head=h``: α_ij^h and the intra-head c_ij^h of that head. ``head=None``: the head mean of
+    α_ij and the inter-head per-source totals C_ij = Σ_h c_ij^h (both sum to 1 over sources).
+    Only the visible sources j ≤ i are shown; both rows use one symmetric scale each.
+    """
+    seq = _check_batch(tokens, batch_index)
+    words = str_tokens(model, seq)
+    n = len(words)
+    i = query % n if -n <= query < n else None
+    if i is None:
+        raise IndexError(f"query {query} out of range for {n} positions")
+    mode = "intra" if head is not None else "inter"
+    m = attention_metrics(model, cache, layer, mode)
+    alpha = m.raw_attention[batch_index, :, i, : i + 1].detach().double().cpu()
+    contrib = m.contribution[batch_index, :, i, : i + 1].detach().double().cpu()
+    if head is None:
+        attn_row, contrib_row, who = alpha.mean(0), contrib.sum(0), "layer (head mean α, Σ_h c)"
+    else:
+        if not 0 <= head < model.cfg.n_heads:
+            raise IndexError(f"head {head} out of range for {model.cfg.n_heads} heads")
+        attn_row, contrib_row, who = alpha[head], contrib[head], f"head {head}"
+    shown = words[: i + 1]
+    components = []
+    for label, row in (("attention", attn_row), ("contribution", contrib_row)):
+        scale = _symmetric_scale(row)
+        top = torch.argsort(row, descending=True, stable=True)[:3].tolist()
+        tops = ", ".join(f"{words[j]!r}@{j} {row[j]:+.3f}" for j in top)
+        props = {
+            "tokens": shown,
+            "values": row,
+            "minValue": -scale,
+            "maxValue": scale,
+            "negativeColor": NEGATIVE_COLOR,
+            "positiveColor": POSITIVE_COLOR,
+        }
+        components.append(Component("ColoredTokens", props, caption=f"{label} of each source (top: {tops})"))
+    title = f"Layer {m.layer}, {who}: sources of query {i} {words[i]!r}"
+    data = {
+        "layer": m.layer,
+        "head": head,
+        "query": i,
+        "tokens": shown,
+        "attention": attn_row,
+        "contribution": contrib_row,
+        "mode": mode,
+        "model_mode": m.model_mode,
+    }
+    return HTMLView(components, title=title, data=data)
+
+
+def sink_attention_vs_contribution_plot(
+    sink_attention: Float[Tensor, "layer"],
+    sink_contribution: Float[Tensor, "layer"],
+    *,
+    sink_attention_sem: Float[Tensor, "layer"] | None = None,
+    sink_contribution_sem: Float[Tensor, "layer"] | None = None,
+    title: str = "Sink: attention vs contribution",
+) -> PlotView:
+    """Per layer, mean α_i0 and mean c_i0 (with standard errors when given)."""
+    a = torch.as_tensor(sink_attention, dtype=torch.float64).cpu()
+    c = torch.as_tensor(sink_contribution, dtype=torch.float64).cpu()
+    if a.shape != c.shape or a.ndim != 1:
+        raise ValueError(f"expected two [layer] tensors of equal length, got {tuple(a.shape)} and {tuple(c.shape)}")
+    layers = torch.arange(a.numel())
+    fig = new_figure(figsize=(6.4, 3.4))
+    ax = fig.add_subplot(1, 1, 1)
+    for values, sem, label, color in (
+        (a, sink_attention_sem, "attention to sink α_i0", "tab:blue"),
+        (c, sink_contribution_sem, "contribution of sink c_i0 (intra)", "tab:red"),
+    ):
+        ax.plot(layers, values, marker="o", ms=3, label=label, color=color)
+        if sem is not None:
+            s = torch.as_tensor(sem, dtype=torch.float64).nan_to_num(0.0)
+            ax.fill_between(layers, values - 1.96 * s, values + 1.96 * s, color=color, alpha=0.2)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean over heads and queries")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    data = {"sink_attention": a, "sink_contribution": c, "sink_attention_sem": sink_attention_sem, "sink_contribution_sem": sink_contribution_sem}
+    return PlotView(fig, title=title, data=data)

@@ -1,0 +1,145 @@
+"""geolens.viz: the numbers each view shows, its circuitsvis props, and saving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import reference
+import torch
+
+from geolens import viz
+from geolens.viz.common import Component, HTMLView, PlotView, circuitsvis_bundle, to_jsonable
+
+
+def _props(component: Component) -> dict:
+    """The props as the page will read them (through the JSON in the script tag)."""
+    markup = component.markup()
+    body = re.search(r"CircuitsVis\.render\(\"[^\"]+\", CircuitsVis\.\w+, (.*)\);</script>", markup, re.S).group(1)
+    return json.loads(body.replace("<\\/", "</"))
+
+
+def test_contribution_heatmaps_show_the_reference_values_with_negatives(tiny):
+    model, tokens, cache = tiny
+    view = viz.contribution_heatmaps(model, cache, tokens, 1, batch_index=1, mode="intra")
+    ref = reference.contributions(model, cache, 1, "intra")[1]  # [h, q, k]
+    attn, contrib = view.components
+    assert attn.name == contrib.name == "AttentionHeads"
+    shown = torch.tensor(_props(contrib)["attention"], dtype=torch.float64)
+    torch.testing.assert_close(shown, ref, atol=2e-5, rtol=1e-4)
+    pattern, _, _ = reference.raw_tensors(model, cache, 1)
+    torch.testing.assert_close(torch.tensor(_props(attn)["attention"], dtype=torch.float64), pattern[1], atol=1e-6, rtol=0)
+    # the scale is symmetric and covers the largest magnitude (of either sign)
+    visible = torch.tril(torch.ones(ref.shape[-1], ref.shape[-1], dtype=torch.bool))
+    p = _props(contrib)
+    assert p["minValue"] == -p["maxValue"] and p["negativeColor"] == "red" and p["positiveColor"] == "blue"
+    assert p["maxValue"] == pytest.approx(ref[:, 1:].abs().max().item(), rel=1e-4)
+    share = (ref[:, visible] < 0).double().mean().item()
+    assert view.data["contribution_negative_share"] == pytest.approx(share, abs=1e-9)
+    assert p["tokens"] == [model.tokenizer.decode([t]) for t in tokens[1].tolist()]
+    assert p["attentionHeadNames"] == [f"L1H{h}" for h in range(model.cfg.n_heads)]
+
+
+def test_heatmap_data_has_negative_contributions_coloured_red(tiny_gqa):
+    model, tokens, cache = tiny_gqa
+    view = viz.contribution_heatmaps(model, cache, tokens, 1, mode="intra")
+    values = torch.tensor(_props(view.components[1])["attention"])
+    visible = torch.tril(torch.ones(values.shape[-1], values.shape[-1], dtype=torch.bool))
+    negative = values[:, visible] < 0
+    assert negative.any() and view.data["contribution_negative_share"] == pytest.approx(negative.double().mean().item())
+    p = _props(view.components[1])
+    assert p["minValue"] <= values[:, 1:].min().item() < 0 and p["negativeColor"] == "red"
+
+
+def test_contribution_heatmaps_subset_of_heads_and_bad_metric(tiny_gqa):
+    model, tokens, cache = tiny_gqa
+    view = viz.contribution_heatmaps(model, cache, tokens, 0, heads=[3, 1], metrics=["contribution"])
+    full = viz.contribution_heatmaps(model, cache, tokens, 0, metrics=["contribution"])
+    torch.testing.assert_close(view.data["contribution"], full.data["contribution"][[3, 1]])
+    with pytest.raises(ValueError, match="unknown metric"):
+        viz.contribution_heatmaps(model, cache, tokens, 0, metrics=["entropy"])
+    with pytest.raises(IndexError, match="batch_index"):
+        viz.contribution_heatmaps(model, cache, tokens, 0, batch_index=5)
+
+
+def test_source_colors_per_head_and_per_layer(tiny):
+    model, tokens, cache = tiny
+    i = 7
+    pattern, _, _ = reference.raw_tensors(model, cache, 1)
+    head = viz.source_colors(model, cache, tokens, 1, query=i, head=2)
+    c_intra = reference.contributions(model, cache, 1, "intra")[0, 2, i, : i + 1]
+    attn_c, contrib_c = head.components
+    assert attn_c.name == "ColoredTokens"
+    torch.testing.assert_close(torch.tensor(_props(attn_c)["values"], dtype=torch.float64), pattern[0, 2, i, : i + 1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(_props(contrib_c)["values"], dtype=torch.float64), c_intra, atol=2e-5, rtol=1e-4)
+    assert len(_props(contrib_c)["tokens"]) == i + 1
+
+    layer = viz.source_colors(model, cache, tokens, 1, query=-1)
+    c_inter = reference.contributions(model, cache, 1, "inter")[0, :, -1].sum(0)
+    torch.testing.assert_close(layer.data["contribution"], c_inter, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(layer.data["attention"], pattern[0, :, -1].mean(0), atol=1e-6, rtol=0)
+    assert layer.data["contribution"].sum().item() == pytest.approx(1.0, abs=1e-5)
+    p = _props(layer.components[1])
+    assert p["minValue"] == -p["maxValue"] == pytest.approx(-c_inter.abs().max().item(), rel=1e-4)
+    with pytest.raises(IndexError, match="query"):
+        viz.source_colors(model, cache, tokens, 1, query=99)
+    with pytest.raises(IndexError, match="head"):
+        viz.source_colors(model, cache, tokens, 1, head=model.cfg.n_heads)
+
+
+def test_signed_heatmaps_rejects_bad_input():
+    with pytest.raises(ValueError, match="query == key"):
+        viz.signed_heatmaps(torch.zeros(2, 3, 4), ["a"] * 4)
+    with pytest.raises(ValueError, match="tokens"):
+        viz.signed_heatmaps(torch.zeros(2, 3, 3), ["a"] * 4)
+    with pytest.raises(ValueError, match="NaN"):
+        viz.signed_heatmaps(torch.full((1, 2, 2), float("nan")), ["a", "b"])
+    v = viz.signed_heatmaps(torch.tensor([[[1.0, 0.0], [-3.0, 2.0]]]), ["a", "b"])
+    assert v.data["max_abs"] == 3.0  # query 0's trivial value does not set the scale
+
+
+def test_html_view_saves_a_self_contained_page(tiny_gqa, tmp_path):
+    model, tokens, cache = tiny_gqa
+    view = viz.contribution_heatmaps(model, cache, tokens, 1)
+    page = view.save(tmp_path / "heads.html").read_text(encoding="utf-8")
+    assert circuitsvis_bundle()[:2000] in page  # the local bundle, inlined
+    assert not re.search(r"<script[^>]+src=", page) and "unpkg.com" not in page
+    assert page.count('class="geolens-circuitsvis"') == 2
+    assert page.count("CircuitsVis.render(") == 2
+    # every component div is closed (circuitsvis' own markup leaves <div/> open)
+    assert re.search(r'<div id="geolens-cv-[0-9a-f]+"[^>]*></div>', page)
+    assert view._repr_html_().count("var CircuitsVis") == 1
+    numbers = json.loads(view.save(tmp_path / "heads.json").read_text())
+    assert numbers["layer"] == 1 and len(numbers["contribution"]) == model.cfg.n_heads
+
+
+def test_script_json_cannot_close_the_script_element():
+    comp = Component("ColoredTokens", {"tokens": ["</script><b>x"], "values": [1.0]})
+    assert "</script><b>" not in comp.markup().split("<script>", 1)[1][:-len("</script>")]
+    assert _props(comp)["tokens"] == ["</script><b>x"]
+
+
+def test_sink_plot_and_png_saving(tmp_path):
+    a, c = torch.tensor([0.5, 0.8, 0.9]), torch.tensor([0.1, -0.05, 0.02])
+    view = viz.sink_attention_vs_contribution_plot(a, c, sink_attention_sem=torch.tensor([0.01, 0.02, 0.0]))
+    assert isinstance(view, PlotView)
+    png = view.save(tmp_path / "sink.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png == view._repr_png_() or len(png) > 1000
+    assert view.to_base64_png()[:8] == "iVBORw0K"
+    torch.testing.assert_close(view.data["sink_contribution"], c.double())
+    with pytest.raises(ValueError, match="equal length"):
+        viz.sink_attention_vs_contribution_plot(a, c[:2])
+
+
+def test_to_jsonable_handles_tensors_nan_and_frames():
+    import pandas as pd
+
+    out = to_jsonable({"t": torch.tensor([1.0, float("nan")]), 3: torch.tensor(2), "df": pd.DataFrame({"a": [1]})})
+    assert out == {"t": [1.0, None], "3": 2, "df": {"columns": ["a"], "rows": [{"a": 1}]}}
+    json.dumps(out, allow_nan=False)
+
+
+def test_html_view_needs_components():
+    with pytest.raises(ValueError):
+        HTMLView([])
