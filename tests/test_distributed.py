@@ -1,0 +1,87 @@
+"""Data-parallel corpus runs: 2 gloo processes on CPU give the single-process numbers (issue 7)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_tiny
+from geolens.checkpoint import load_checkpoint
+from geolens.distributed import merge_states, rank_checkpoint, run_corpus_distributed
+from geolens.runner import n_batches, run_corpus, shard_bounds
+from geolens.streaming import HeadSinkRate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def corpus_tokens(n=21, seq=14, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(4, 40, (n, seq), generator=g)
+    t[:, 0] = 0
+    return t
+
+
+def assert_merged_equals_single(merged: dict, single: dict):
+    """Counts exactly; means, variances and per-bin means up to float64 merge rounding."""
+    assert merged.keys() == single.keys()
+    for k in ("count", "bin_counts", "n_tokens"):
+        assert torch.equal(merged[k], single[k]), k
+    for k in ("sink_rate_mean", "sink_rate_std", "bin_output_norm"):
+        torch.testing.assert_close(merged[k], single[k], rtol=1e-12, atol=1e-15, equal_nan=True)
+
+
+def test_merging_simulated_rank_states_equals_one_process():
+    model = make_tiny("gqa")
+    tokens = corpus_tokens()
+    [single] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
+    world = 3
+    states = []
+    for rank in range(world):
+        lo, hi = shard_bounds(tokens.shape[0], 4, rank, world)
+        [a] = run_corpus(model, tokens[lo:hi], [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
+        states.append([a.state_dict()])
+    [merged] = merge_states([HeadSinkRate.for_model(model)], states)
+    assert_merged_equals_single(merged.result(), single.result())
+    # no process group: run_corpus_distributed is run_corpus
+    [alone] = run_corpus_distributed(model, tokens, [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
+    assert torch.equal(alone.sink_rate.mean, single.sink_rate.mean)
+
+
+def _launch(args, tmp_path, timeout=150):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=env, timeout=timeout, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path):
+    tokens = corpus_tokens()
+    torch.save(tokens, tmp_path / "tokens.pt")
+    common = ["--model", "tiny-gqa", "--tokens", "tokens.pt", "--batch-size", "4", "--no-progress"]
+    _launch(["-m", "geolens.distributed", *common, "--out", "one.pt"], tmp_path)
+    # torchrun --standalone picks a free port itself (rendezvous on localhost:0)
+    _launch(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "geolens.distributed",
+         *common, "--backend", "gloo", "--checkpoint-dir", "ckpt", "--out", "two.pt"],
+        tmp_path,
+    )  # fmt: skip
+    one = torch.load(tmp_path / "one.pt", weights_only=True)
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    assert one["timing"]["world_size"] == 1 and two["timing"]["world_size"] == 2
+    model = make_tiny("gqa")
+    results = [HeadSinkRate.for_model(model).load_state_dict(x["states"][0]).result() for x in (one, two)]
+    assert_merged_equals_single(results[1], results[0])
+    # the single process of the launcher agrees with an in-process run (same batches)
+    [here] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
+    assert torch.equal(results[0]["count"], here.result()["count"])
+    torch.testing.assert_close(results[0]["sink_rate_mean"], here.result()["sink_rate_mean"], rtol=1e-6, atol=1e-9)
+    # each rank checkpointed its own shard: together they cover every batch once
+    done = [load_checkpoint(rank_checkpoint(tmp_path / "ckpt", r, 2))["next_batch"] for r in range(2)]
+    assert sum(done) == n_batches(tokens.shape[0], 4) and min(done) >= 1
