@@ -8,5 +8,5 @@ PY=${PYTHON:-python3}
 "$PY" -m pytest "$@"
 if [ -x .venvs/tl2/bin/python ]; then
   echo "== TransformerLens 2.18 HookedTransformer environment =="
-  .venvs/tl2/bin/python -m pytest -m "not slow and not bridge_only" "$@"
+  .venvs/tl2/bin/python -m pytest -m "(not slow or tl2_slow) and not bridge_only" "$@"
 fi

@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs TransformerLens 4.x TransformerBridge")
     for item in items:
-        if "bridge_only" in item.keywords or "slow" in item.keywords:
+        if "bridge_only" in item.keywords or ("slow" in item.keywords and "tl2_slow" not in item.keywords):
             item.add_marker(skip)
 
 
