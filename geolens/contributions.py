@@ -156,22 +156,89 @@ class AttentionMetrics:
         return {name: getattr(self, name) for name in self.METRIC_NAMES}
 
 
+def query_chunk_for_budget(
+    layer: AttentionLayer, memory_budget_bytes: int, *, n_temporaries: int = 3
+) -> int:
+    """Largest query chunk whose ``[batch, head, chunk, key]`` temporaries fit the budget.
+
+    One query row of one temporary takes ``batch · head · key · itemsize`` bytes; the efficient
+    form keeps at most ``n_temporaries`` such tensors alive at once (3 for contribution weights,
+    6 for :func:`attention_metrics`, measured in ``tests/test_long_context.py``). The outputs
+    themselves (``[batch, head, query, key]``, the size of the attention pattern) are not part of
+    the budget. Raises if even one query row does not fit.
+    """
+    b, h, n_q, n_k = layer.pattern.shape
+    row = b * h * n_k * torch.finfo(layer.pattern.dtype).bits // 8 * n_temporaries
+    chunk = int(memory_budget_bytes) // row
+    if chunk < 1:
+        raise ValueError(
+            f"memory_budget_bytes={memory_budget_bytes} is below the {row} bytes that one query row "
+            f"needs (batch {b} × head {h} × key {n_k} × {n_temporaries} float temporaries)"
+        )
+    return min(chunk, n_q)
+
+
+_CW_TEMPORARIES = 3
+_METRIC_TEMPORARIES = 6
+
+
+def iter_query_chunks(
+    layer: AttentionLayer,
+    *,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    n_temporaries: int = _CW_TEMPORARIES,
+):
+    """Yield ``(queries, sub_layer)``: the layer restricted to consecutive query ranges.
+
+    For reductions over very long sequences that should never hold a ``[batch, head, query,
+    key]`` result: compute and reduce per chunk, e.g. ``contribution_weights_from_layer(sub)``,
+    so the extra memory is one chunk's temporaries (the chunk size comes from
+    ``memory_budget_bytes`` through :func:`query_chunk_for_budget`, or is given).
+    """
+    n_q = layer.pattern.shape[2]
+    chunk = _resolve_chunk(layer, query_chunk_size, memory_budget_bytes, n_temporaries) or n_q
+    if chunk < 1:
+        raise ValueError("query_chunk_size must be a positive integer")
+    for s in range(0, n_q, chunk):
+        queries = slice(s, min(s + chunk, n_q))
+        yield queries, layer.query_slice(queries)
+
+
+def _resolve_chunk(layer: AttentionLayer, query_chunk_size, memory_budget_bytes, n_temporaries: int) -> int | None:
+    if memory_budget_bytes is None:
+        return query_chunk_size
+    if query_chunk_size is not None:
+        raise ValueError("pass either query_chunk_size or memory_budget_bytes, not both")
+    return query_chunk_for_budget(layer, memory_budget_bytes, n_temporaries=n_temporaries)
+
+
 def _metrics_from_layer(
-    layer: AttentionLayer, mode: Mode, eps: float, query_chunk_size: int | None = None
+    layer: AttentionLayer,
+    mode: Mode,
+    eps: float,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> tuple[Tensor, ...]:
     """(α, relative norm, cos, c, ‖ṽ‖) for a layer, computed over chunks of query positions.
 
-    Chunking bounds the temporaries to ``[batch, head, chunk, key]``; results are identical.
+    Chunking bounds the temporaries to ``[batch, head, chunk, key]``; each chunk is written into
+    preallocated outputs (α is the pattern itself), and results are identical.
+    ``memory_budget_bytes`` picks the chunk size (:func:`query_chunk_for_budget`).
     """
     n_q = layer.pattern.shape[2]
+    query_chunk_size = _resolve_chunk(layer, query_chunk_size, memory_budget_bytes, _METRIC_TEMPORARIES)
     if query_chunk_size is not None and query_chunk_size < n_q:
         if query_chunk_size < 1:
             raise ValueError("query_chunk_size must be a positive integer")
-        chunks = [
-            _metrics_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps)
-            for s in range(0, n_q, query_chunk_size)
-        ]
-        return tuple(torch.cat([c[k] for c in chunks], dim=2) for k in range(4)) + (chunks[0][4],)
+        outs = [torch.empty_like(layer.pattern) for _ in range(3)]
+        for s in range(0, n_q, query_chunk_size):
+            part = _metrics_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps)
+            for out, chunk in zip(outs, part[1:4]):
+                out[:, :, s : s + query_chunk_size] = chunk
+            value_norm = part[4]
+            del part
+        return (layer.pattern, *outs, value_norm)
     g = _geometry(layer, mode, eps)
     alpha = layer.pattern
     inv_out = g.inv_out_norm[..., None]
@@ -191,27 +258,38 @@ def influence_factors(
     dtype: torch.dtype = torch.float32,
     eps: float = 0.0,
     query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> InfluenceFactors:
     """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (SPEC §1)."""
     view = get_attention_layer(model, cache, layer, dtype=dtype)
-    alpha, relative, cos, _, _ = _metrics_from_layer(view, mode, eps, query_chunk_size)
+    alpha, relative, cos, _, _ = _metrics_from_layer(view, mode, eps, query_chunk_size, memory_budget_bytes)
     return InfluenceFactors(alpha, relative, cos, layer, mode, model_mode(model))
 
 
 def contribution_weights_from_layer(
-    layer: AttentionLayer, mode: Mode = "intra", *, eps: float = 0.0, query_chunk_size: int | None = None
+    layer: AttentionLayer,
+    mode: Mode = "intra",
+    *,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> Float[Tensor, "batch head query key"]:
-    """c_ij for one :class:`AttentionLayer` (SPEC §2, efficient form), optionally query-chunked."""
-    if query_chunk_size is not None and query_chunk_size < layer.pattern.shape[2]:
+    """c_ij for one :class:`AttentionLayer` (SPEC §2, efficient form), optionally query-chunked.
+
+    Chunks are written into one preallocated output, so the extra memory beyond the output is
+    one chunk's temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`).
+    """
+    n_q = layer.pattern.shape[2]
+    query_chunk_size = _resolve_chunk(layer, query_chunk_size, memory_budget_bytes, _CW_TEMPORARIES)
+    if query_chunk_size is not None and query_chunk_size < n_q:
         if query_chunk_size < 1:
             raise ValueError("query_chunk_size must be a positive integer")
-        return torch.cat(
-            [
-                contribution_weights_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps=eps)
-                for s in range(0, layer.pattern.shape[2], query_chunk_size)
-            ],
-            dim=2,
-        )
+        out = torch.empty_like(layer.pattern)
+        for s in range(0, n_q, query_chunk_size):
+            out[:, :, s : s + query_chunk_size] = contribution_weights_from_layer(
+                layer.query_slice(slice(s, s + query_chunk_size)), mode, eps=eps
+            )
+        return out
     g = _geometry(layer, mode, eps)
     return g.dot.mul_(layer.pattern).mul_((g.inv_out_norm**2)[..., None])
 
@@ -234,6 +312,7 @@ def contribution_weights(
     dtype: torch.dtype = torch.float32,
     eps: float = 0.0,
     query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> Float[Tensor, "*layer batch head query key"]:
     """Contribution weights c_ij (SPEC §2) from a TransformerLens ``ActivationCache``.
 
@@ -246,6 +325,9 @@ def contribution_weights(
         eps: outputs with ‖o_i‖ ≤ eps count as zero-norm (rows set to 0, with a warning).
         query_chunk_size: compute over chunks of this many query positions (bounded memory for
             long sequences; identical results).
+        memory_budget_bytes: instead of ``query_chunk_size``, the most bytes the temporaries
+            may take beyond the inputs and the output; the chunk size is derived from it
+            (:func:`query_chunk_for_budget`).
 
     Returns:
         ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all.
@@ -253,7 +335,11 @@ def contribution_weights(
     _check_mode(mode)
     out = [
         contribution_weights_from_layer(
-            get_attention_layer(model, cache, l, dtype=dtype), mode, eps=eps, query_chunk_size=query_chunk_size
+            get_attention_layer(model, cache, l, dtype=dtype),
+            mode,
+            eps=eps,
+            query_chunk_size=query_chunk_size,
+            memory_budget_bytes=memory_budget_bytes,
         )
         for l in _layers(model, layer)
     ]
@@ -276,6 +362,7 @@ def attention_metrics(
     dtype: torch.dtype = torch.float32,
     eps: float = 0.0,
     query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> AttentionMetrics:
     """Raw attention, value-weighted, output-normalised value-weighted and contribution weights.
 
@@ -285,7 +372,9 @@ def attention_metrics(
     """
     [l] = _layers(model, layer)
     view = get_attention_layer(model, cache, l, dtype=dtype)
-    alpha, relative, _, contribution, value_norm = _metrics_from_layer(view, mode, eps, query_chunk_size)
+    alpha, relative, _, contribution, value_norm = _metrics_from_layer(
+        view, mode, eps, query_chunk_size, memory_budget_bytes
+    )
     return AttentionMetrics(
         raw_attention=alpha,
         value_weighted=alpha * value_norm,
