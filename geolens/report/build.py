@@ -1,0 +1,152 @@
+"""Build a report: run each available section on one model and corpus, then write HTML and JSON.
+
+A section is listed only when the geolens modules it needs are installed (a section whose module
+does not exist is left out, never filled with placeholder numbers). Each section is a module of
+:mod:`geolens.report.sections` with
+
+- ``analyses(ctx) -> dict[str, CorpusAnalysis]`` (optional): the streaming corpus analyses it
+  needs. The analyses of all sections run together in **one** pass over the corpus
+  (:func:`geolens.runner.run_corpus`), so the model's forward passes are shared;
+- ``build(ctx, analyses) -> Section``: everything the section shows, computed in this run (its
+  own interventions or extra forwards included).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from geolens.runner import run_corpus
+from geolens.report.document import Report, Section, render_html, report_json, versions
+
+DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
+
+
+@dataclass
+class ReportConfig:
+    """Parameters of one report run (all recorded in the JSON).
+
+    ``quick`` shrinks every section's workload (fewer sequences, shorter windows, fewer
+    layers/fractions) so that the whole report finishes in under two minutes on a laptop CPU.
+    """
+
+    model: str = "smollm2-135m"
+    corpus: str = "lee"
+    n_sequences: int = 64
+    seq_len: int = 128
+    batch_size: int = 8
+    quick: bool = False
+    prompt: str = DEFAULT_PROMPT
+    example_layer: int | None = None
+    sections: list[str] | None = None
+    seed: int = 0
+
+    @classmethod
+    def quick_defaults(cls, **overrides) -> "ReportConfig":
+        base = dict(n_sequences=16, seq_len=64, quick=True)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass
+class ReportContext:
+    """What every section builder gets: the model, the corpus windows and the configuration."""
+
+    model: object
+    tokens: torch.Tensor  # [n_sequences, seq_len], BOS first
+    config: ReportConfig
+    progress: bool = True
+    shared: dict = field(default_factory=dict)  # results one section leaves for a later one
+
+    @property
+    def prompt_tokens(self) -> torch.Tensor:
+        return self.model.to_tokens(self.config.prompt, prepend_bos=True)
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    key: str
+    builder: str  # module of geolens.report.sections with a build(ctx) function
+    requires: tuple[str, ...] = ()
+
+    def available(self) -> bool:
+        return all(_module_exists(m) for m in self.requires)
+
+    def load(self):
+        return importlib.import_module(f"geolens.report.sections.{self.builder}")
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# In report order. A section appears only when every module it requires is installed.
+SECTIONS: list[SectionSpec] = [
+    SectionSpec("contributions", "contributions"),
+]
+
+
+def available_sections() -> list[str]:
+    return [s.key for s in SECTIONS if s.available()]
+
+
+def _select(keys: Sequence[str] | None) -> list[SectionSpec]:
+    specs = [s for s in SECTIONS if s.available()]
+    if keys is None:
+        return specs
+    known = {s.key for s in SECTIONS}
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValueError(f"unknown report sections {unknown}: choose from {[s.key for s in SECTIONS]}")
+    missing = [k for k in keys if k not in {s.key for s in specs}]
+    if missing:
+        raise ValueError(f"report sections {missing} need geolens modules that are not installed")
+    return [s for s in specs if s.key in keys]
+
+
+def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress: bool = True) -> Report:
+    """Run every selected, available section on ``model`` and ``tokens`` and collect the report."""
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be [n_sequences, seq_len ≥ 2], got {tuple(tokens.shape)}")
+    ctx = ReportContext(model=model, tokens=tokens, config=config, progress=progress)
+    specs = _select(config.sections)
+    modules = {spec.key: spec.load() for spec in specs}
+    wanted = {key: (m.analyses(ctx) if hasattr(m, "analyses") else {}) for key, m in modules.items()}
+    flat = [a for per_section in wanted.values() for a in per_section.values()]
+    start = time.perf_counter()
+    if flat:
+        run_corpus(model, tokens, flat, batch_size=config.batch_size, progress=progress, desc="corpus pass")
+    corpus_seconds = time.perf_counter() - start
+    sections = []
+    for key, module in modules.items():
+        start = time.perf_counter()
+        section = module.build(ctx, wanted[key])
+        section.seconds = time.perf_counter() - start
+        sections.append(section)
+    params = asdict(config)
+    params["corpus_pass_seconds"] = round(corpus_seconds, 2)
+    params["n_sequences"], params["seq_len"] = int(tokens.shape[0]), int(tokens.shape[1])
+    params["model_config"] = {
+        k: getattr(model.cfg, k, None) for k in ("n_layers", "n_heads", "d_model", "d_head", "n_key_value_heads")
+    }
+    return Report(sections=sections, params=params, versions=versions(model))
+
+
+def write_report(report: Report, out: str | Path) -> dict[str, Path]:
+    """Write ``report.html`` and ``report.json`` into the folder ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    html_path, json_path = out / "report.html", out / "report.json"
+    html_path.write_text(render_html(report), encoding="utf-8")
+    json_path.write_text(json.dumps(report_json(report), indent=1, allow_nan=False), encoding="utf-8")
+    return {"html": html_path, "json": json_path}

@@ -1,0 +1,1 @@
+"""One module per report section, each with ``build(ctx: ReportContext) -> Section``."""

@@ -1,0 +1,166 @@
+"""geolens.report: the attention-vs-contribution statistics against loops, and the report end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import reference
+import torch
+
+from geolens.report import (
+    ContributionContrast,
+    ReportConfig,
+    available_sections,
+    build_report,
+    contrast_samples,
+    render_html,
+    write_report,
+)
+from geolens.runner import run_corpus
+from geolens.testing import tiny_tokens
+from geolens.viz.common import circuitsvis_bundle
+
+
+def _naive_contrast(model, cache):
+    """Per (layer, head): lists of the four measures for every (sequence, query ≥ 1), by loops."""
+    out = {}
+    for l in range(model.cfg.n_layers):
+        pattern, _, _ = reference.raw_tensors(model, cache, l)
+        c = reference.contributions(model, cache, l, "intra")
+        b, h, n, _ = pattern.shape
+        for hi in range(h):
+            rows = {"sink_attention": [], "sink_contribution": [], "top1_agreement": [], "negative_share": []}
+            for bi in range(b):
+                for i in range(1, n):
+                    a_row, c_row = pattern[bi, hi, i, : i + 1].tolist(), c[bi, hi, i, : i + 1].tolist()
+                    best_a = max(range(i + 1), key=lambda j: (a_row[j], -j))
+                    best_c = max(range(i + 1), key=lambda j: (c_row[j], -j))
+                    rows["sink_attention"].append(a_row[0])
+                    rows["sink_contribution"].append(c_row[0])
+                    rows["top1_agreement"].append(float(best_a == best_c))
+                    rows["negative_share"].append(sum(v < 0 for v in c_row) / (i + 1))
+            out[l, hi] = rows
+    return out
+
+
+def test_contrast_matches_loops_and_streams_over_batches(tiny):
+    model, tokens, cache = tiny
+    naive = _naive_contrast(model, cache)
+    whole = ContributionContrast.for_model(model)
+    run_corpus(model, tokens, [whole], batch_size=1, progress=False)  # two batches of one sequence
+    frame = whole.per_head()
+    for (l, h), rows in naive.items():
+        got = frame[(frame["layer"] == l) & (frame["head"] == h)].iloc[0]
+        assert got["n_queries"] == len(rows["sink_attention"])
+        for name, values in rows.items():
+            # top-1 ties between float32 and float64 values are not an issue on random models
+            assert got[name] == pytest.approx(sum(values) / len(values), abs=2e-5), (l, h, name)
+    overall = whole.overall()
+    assert overall["sink_attention"] == pytest.approx(frame["sink_attention"].mean())
+    assert 0 <= overall["negative_share"] < 1
+
+
+def test_contrast_merge_and_state_round_trip(tiny_gqa):
+    model, tokens, _ = tiny_gqa
+    a, b, whole = (ContributionContrast.for_model(model) for _ in range(3))
+    run_corpus(model, tokens[:1], [a], progress=False)
+    run_corpus(model, tokens[1:], [b], progress=False)
+    run_corpus(model, tokens, [whole], progress=False)
+    a.merge(b)
+    for name in ("sink_attention", "top1_agreement"):
+        torch.testing.assert_close(getattr(a, name).mean, getattr(whole, name).mean)
+    restored = ContributionContrast.for_model(model).load_state_dict(a.state_dict())
+    torch.testing.assert_close(restored.negative_share.m2, a.negative_share.m2)
+    with pytest.raises(ValueError, match="different shapes"):
+        a.merge(ContributionContrast(3, 4))
+    with pytest.raises(ValueError, match="no batch"):
+        ContributionContrast(2, 4).overall()
+
+
+def test_contrast_samples_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="square"):
+        contrast_samples(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3))
+    with pytest.raises(ValueError, match="two positions"):
+        contrast_samples(torch.ones(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    from conftest import make_tiny
+
+    model = make_tiny("gqa")
+    tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!", "one two three"), length=16)
+    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, prompt="the cat sat on the mat", quick=True)
+    report = build_report(model, tokens, config, progress=False)
+    out = tmp_path_factory.mktemp("report")
+    paths = write_report(report, out)
+    return model, report, paths
+
+
+def test_report_is_self_contained(tiny_report):
+    _, report, paths = tiny_report
+    page = paths["html"].read_text(encoding="utf-8")
+    assert circuitsvis_bundle()[:5000] in page and page.count("var CircuitsVis") == 1
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page), "no script is fetched"
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page), "no external resource"
+    assert "unpkg.com" not in page
+    assert 'src="data:image/png;base64,' in page
+    assert page.count('class="geolens-circuitsvis"') >= 3
+    for s in report.sections:
+        assert f'<section id="{s.key}">' in page
+    assert page == render_html(report)
+
+
+def test_report_json_has_every_section_numbers_and_versions(tiny_report):
+    model, report, paths = tiny_report
+    data = json.loads(paths["json"].read_text())
+    for key in ("torch", "transformers", "transformer_lens", "geolens", "circuitsvis", "model_mode"):
+        assert data["versions"][key]
+    assert data["params"]["n_sequences"] == 3 and data["params"]["seq_len"] == 16
+    assert data["params"]["model_config"]["n_layers"] == model.cfg.n_layers
+    assert set(data["sections"]) == {s.key for s in report.sections} == set(available_sections())
+    for key, section in data["sections"].items():
+        assert section["numbers"], key
+        for fig in section["figures"]:
+            assert fig["data"], (key, fig["title"])
+    # the claim table is built from the section's measured numbers
+    contrib = data["sections"]["contributions"]
+    overall = contrib["numbers"]["overall"]
+    [sink] = [c for c in data["claims"] if c["source"] == "paper A §3.2"]
+    assert sink["numbers"]["mean_sink_attention"] == overall["sink_attention"]
+    assert sink["holds"] == (overall["sink_contribution"] < overall["sink_attention"])
+    assert f"{overall['sink_attention']:.3f}" in sink["measured"]
+    assert len(data["claims"]) == sum(len(s["claims"]) for s in data["sections"].values())
+
+
+def test_report_example_heatmaps_hold_the_prompt_contributions(tiny_report):
+    model, report, _ = tiny_report
+    import geolens
+
+    section = next(s for s in report.sections if s.key == "contributions")
+    heat = next(f for f in section.figures if getattr(f, "components", None) and f.components[0].name == "AttentionHeads")
+    prompt = model.to_tokens("the cat sat on the mat", prepend_bos=True)
+    _, cache = model.run_with_cache(prompt)
+    c = geolens.contribution_weights(model, cache, heat.data["layer"], mode="intra")[0]
+    torch.testing.assert_close(heat.data["contribution"], c.double(), atol=1e-6, rtol=0)
+
+
+def test_unknown_section_is_an_error(tiny_gqa):
+    model, tokens, _ = tiny_gqa
+    with pytest.raises(ValueError, match="unknown report sections"):
+        build_report(model, tokens, ReportConfig(sections=["nope"]), progress=False)
+    with pytest.raises(ValueError, match="seq_len"):
+        build_report(model, tokens[:, :1], ReportConfig(), progress=False)
+
+
+def test_report_command_is_registered(capsys):
+    from geolens.cli import build_parser, main
+
+    args = build_parser().parse_args(["report", "--quick", "--out", "x", "--n-sequences", "4"])
+    assert args.quick and args.n_sequences == 4 and args.out == "x"
+    assert main(["report", "--list-sections"]) == 0
+    assert "contributions" in capsys.readouterr().out.split()
+    config = ReportConfig.quick_defaults(n_sequences=4, seq_len=None)
+    assert config.quick and config.n_sequences == 4 and config.seq_len == ReportConfig.quick_defaults().seq_len
