@@ -128,6 +128,9 @@ def load_model(
     compatibility_mode: bool = False,
     device: str | torch.device | None = "cpu",
     dtype: torch.dtype = torch.float32,
+    device_map: str | dict | None = None,
+    n_devices: int | None = None,
+    max_memory: dict | None = None,
 ):
     """Load a model as a TransformerLens ``TransformerBridge``, offline for shipped models.
 
@@ -135,8 +138,13 @@ def load_model(
         name: ``"smollm2-135m"`` (default), ``"gemma3-270m"``, a local HF checkpoint folder, or
             any HF hub name (needs network access; the same code path as the local folder).
         compatibility_mode: call ``enable_compatibility_mode()`` (HookedTransformer numerics).
-        device: torch device for the model.
+        device: torch device for the model (ignored when ``device_map`` or ``n_devices`` is given).
         dtype: model dtype (geolens computes its metrics in float32 regardless).
+        device_map: split the model across devices with accelerate (``"auto"``, ``"balanced"``
+            or a module → device dict), passed to ``TransformerBridge.boot_transformers``,
+            which then loads the HF model itself. Needs ``pip install accelerate``.
+        n_devices: shortcut for a balanced split over this many CUDA devices.
+        max_memory: accelerate's per-device memory caps, e.g. ``{0: "70GiB", 1: "70GiB"}``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -146,6 +154,15 @@ def load_model(
         path = name
     else:
         raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     tok = AutoTokenizer.from_pretrained(path)
+    if device_map is not None or (n_devices or 1) > 1 or max_memory is not None:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        bridge = TransformerBridge.boot_transformers(
+            path, tokenizer=tok, dtype=dtype, device=None, device_map=device_map, n_devices=n_devices, max_memory=max_memory
+        )
+        if compatibility_mode:
+            bridge.enable_compatibility_mode(disable_warnings=True)
+        return bridge.eval()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     return _boot(path, hf, tok, compatibility_mode=compatibility_mode, device=device)

@@ -85,3 +85,23 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     # each rank checkpointed its own shard: together they cover every batch once
     done = [load_checkpoint(rank_checkpoint(tmp_path / "ckpt", r, 2))["next_batch"] for r in range(2)]
     assert sum(done) == n_batches(tokens.shape[0], 4) and min(done) >= 1
+
+
+@pytest.mark.bridge_only
+@pytest.mark.parametrize("device_map", ["auto", {"": "cpu"}])
+def test_load_model_device_map_goes_through_accelerate(tmp_path, device_map):
+    """device_map is handed to TransformerBridge.boot_transformers (only CPU targets here)."""
+    pytest.importorskip("accelerate")
+    from geolens.models import load_model
+    from geolens.testing import tiny_hf_model, tiny_tokenizer
+
+    tiny_hf_model("gqa").save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    plain = load_model(str(tmp_path))
+    mapped = load_model(str(tmp_path), device_map=device_map)
+    tokens = corpus_tokens(n=2, seq=10)
+    with torch.no_grad():
+        assert torch.equal(mapped(tokens), plain(tokens))
+    [a] = run_corpus(mapped, tokens, [HeadSinkRate.for_model(mapped)], batch_size=1, progress=False)
+    [b] = run_corpus(plain, tokens, [HeadSinkRate.for_model(plain)], batch_size=1, progress=False)
+    assert torch.equal(a.sink_rate.mean, b.sink_rate.mean)
