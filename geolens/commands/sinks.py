@@ -1,0 +1,154 @@
+"""``geolens sinks``: the attention-sink experiments of SPEC §4 on a corpus, tables and figures.
+
+One corpus pass computes the sink geometry, the token-type decomposition and the output-norm
+curve (:mod:`geolens.sinks`); then the semantic-drift experiment runs one pass per λ over the
+first ``--drift-sequences`` windows. Everything is written under ``--out``: CSV tables,
+``summary.json`` (headline numbers, settings and the command line) and PNG figures.
+
+Example (offline)::
+
+    geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_LAMBDAS = "0,0.25,0.5,0.75,1,1.5,2"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise SystemExit(f"geolens sinks: --lambdas must be comma-separated numbers ({e})")
+
+
+def _ints(text: str | None):
+    return None if text in (None, "", "all") else [int(x) for x in text.split(",")]
+
+
+def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
+    """The numbers the README quotes, from the result objects."""
+    h = geometry.heads
+    out = {
+        "gu_sink_rate": geometry.gu_sink_rate,
+        "mean_sink_rate": float(h.sink_rate.mean()),
+        "value_norm_ratio_median": float(h.value_norm_ratio.median()),
+        "proj_norm_ratio_median": float(h.proj_norm_ratio.median()),
+        "share_heads_value_norm_ratio_below_1": float((h.value_norm_ratio < 1).mean()),
+        "share_heads_value_norm_ratio_below_1_3": float((h.value_norm_ratio < 1 / 3).mean()),
+        "share_heads_proj_norm_ratio_below_1": float((h.proj_norm_ratio < 1).mean()),
+        "value_cos_tail_mean": float(h.value_cos_tail.mean()),
+        "proj_cos_tail_mean": float(h.proj_cos_tail.mean()),
+        "share_heads_value_cos_tail_negative": float((h.value_cos_tail < 0).mean()),
+        "share_heads_proj_cos_tail_negative": float((h.proj_cos_tail < 0).mean()),
+        "proj_cos_mean_dir_mean": float(h.proj_cos_mean_dir.mean()),
+        "share_heads_proj_cos_mean_dir_negative": float((h.proj_cos_mean_dir < 0).mean()),
+        "decomposition_mean_head_shares": {r.source: {k: float(v) for k, v in r.items() if k != "source"} for _, r in decomposition.summary.iterrows()},
+        "norm_curve": norm_curve.summary(),
+    }
+    # heads that really sink (Gu et al. in most sequences): the claims concern them
+    sinks = h[h.gu_sink_share > 0.5]
+    out["n_gu_sink_heads"] = int(len(sinks))
+    if len(sinks):
+        out["sink_heads_proj_norm_ratio_median"] = float(sinks.proj_norm_ratio.median())
+        out["sink_heads_value_norm_ratio_median"] = float(sinks.value_norm_ratio.median())
+        out["sink_heads_share_proj_cos_tail_negative"] = float((sinks.proj_cos_tail < 0).mean())
+    if drift is not None:
+        out["drift"] = drift.summary.to_dict(orient="records")
+        out["drift_edited"] = drift.edited
+        out["drift_n_sequences"] = drift.n_sequences
+    return out
+
+
+def run(args) -> int:
+    import torch
+
+    from geolens.data import corpus_windows
+    from geolens.models import load_model
+    from geolens.runner import run_corpus
+    from geolens.sinks import NormCurve, SinkGeometry, TokenTypeDecomposition, semantic_drift
+    from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_grad_enabled(False)
+    t0 = time.time()
+    model = load_model(args.model, compatibility_mode=args.compat)
+    tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    geometry = SinkGeometry(L, H, eps=args.eps, n_bins=args.n_bins)
+    decomposition = TokenTypeDecomposition(L, H)
+    norm = NormCurve(L, H, n_bins=args.n_bins)
+    run_corpus(model, tokens, [geometry, decomposition, norm], batch_size=args.batch_size, desc="sinks: corpus pass")
+    g, d, n = geometry.result(), decomposition.result(), norm.result(min_count=args.min_count)
+    g.heads.to_csv(out / "geometry_heads.csv", index=False, float_format="%.6g")
+    g.layers.to_csv(out / "geometry_layers.csv", index=False, float_format="%.6g")
+    g.sink_rate_hist.to_csv(out / "sink_rate_hist.csv", index=False, float_format="%.6g")
+    d.heads.to_csv(out / "decomposition_heads.csv", index=False, float_format="%.6g")
+    d.layers.to_csv(out / "decomposition_layers.csv", index=False, float_format="%.6g")
+    d.summary.to_csv(out / "decomposition_summary.csv", index=False, float_format="%.6g")
+    n.curves.to_csv(out / "norm_curves.csv", index=False, float_format="%.6g")
+    n.fits.to_csv(out / "norm_fits.csv", index=False, float_format="%.6g")
+    figures = [(sink_layer_bars(g), "sink_layers.png"), (decomposition_bars(d), "decomposition.png"), (norm_curve_plot(n), "norm_curve_layers.png")]
+    drift = None
+    if args.drift_sequences > 0:
+        drift_tokens = tokens[: args.drift_sequences]
+        drift = semantic_drift(
+            model, drift_tokens, lambdas=_floats(args.lambdas), layers=_ints(args.drift_layers),
+            kv_heads=_ints(args.drift_kv_heads), low_norm_quantile=args.low_norm_quantile,
+            batch_size=args.batch_size, progress=True,
+        )  # fmt: skip
+        drift.heads.to_csv(out / "drift_heads.csv", index=False, float_format="%.6g")
+        drift.summary.to_csv(out / "drift_summary.csv", index=False, float_format="%.6g")
+        figures.append((drift_plot(drift), "drift.png"))
+    for view, name in figures:
+        view.save(out / name, dpi=args.dpi)
+        view.close()
+    summary = {
+        "command": " ".join(["geolens"] + sys.argv[1:]),
+        "settings": {k: v for k, v in vars(args).items() if k != "func"},
+        "model_mode": g.model_mode,
+        "n_sequences": int(tokens.shape[0]),
+        "seq_len": int(tokens.shape[1]),
+        "seconds": round(time.time() - t0, 1),
+        **headline(g, d, n, drift),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
+    hl = summary
+    print(f"wrote {out}/ in {hl['seconds']} s")
+    print(f"Gu et al. sink rate (ε={args.eps}): {hl['gu_sink_rate']:.3f}; mean α_i0 {hl['mean_sink_rate']:.3f}")
+    print(f"median ‖ṽ_0‖/‖ṽ_j‖ {hl['proj_norm_ratio_median']:.3f}, ‖v_0‖/‖v_j‖ {hl['value_norm_ratio_median']:.3f}")
+    print(f"mean cos(ṽ_0, ṽ_j) {hl['proj_cos_tail_mean']:+.3f}; heads with negative mean: {hl['share_heads_proj_cos_tail_negative']:.0%}")
+    nc = hl["norm_curve"]
+    print(f"norm curve: convex with argmin in (0,1) for {nc['head_share_convex_argmin_inside']:.0%} of {nc['head_n_fitted']} heads")
+    if drift is not None:
+        print(drift.summary.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (SPEC §4)")
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, a folder or HF name")
+    p.add_argument("--corpus", default="lee", help="lee (default), enwiki, a local .txt/.jsonl file, or hf:<name>")
+    p.add_argument("--n-sequences", type=int, default=200, help="windows for the corpus pass (default 200)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per window, BOS included (default 128)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--eps", type=float, default=0.3, help="Gu et al. threshold on mean first-token attention")
+    p.add_argument("--n-bins", type=int, default=20, help="sink-rate bins on [0, 1]")
+    p.add_argument("--min-count", type=int, default=20, help="queries a bin needs to enter the quadratic fit")
+    p.add_argument("--lambdas", default=DEFAULT_LAMBDAS, help=f"λ grid for the drift experiment (default {DEFAULT_LAMBDAS})")
+    p.add_argument("--drift-sequences", type=int, default=48, help="first N windows used by the drift experiment (0: skip it)")
+    p.add_argument("--drift-layers", default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
+    p.add_argument("--drift-kv-heads", default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
+    p.add_argument("--low-norm-quantile", type=float, default=0.25, help="low-norm heads: relative output norm at or below this quantile")
+    p.add_argument("--dpi", type=int, default=90)
+    p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
+    p.add_argument("--out", default="docs/sinks", help="output folder (default docs/sinks)")
+    p.set_defaults(func=run)

@@ -1,0 +1,135 @@
+"""Matplotlib figures of the sink analyses (SPEC §4); each returns a :class:`PlotView`.
+
+A :class:`~geolens.viz.common.PlotView` wraps the matplotlib ``Figure`` (``.figure``), saves to
+PNG (``.save(path)``) and carries the numbers it shows in ``.data``.
+
+- :func:`sink_layer_bars`: per layer, mean sink rate and Gu et al. sink share, sink/non-sink norm
+  ratios, sink cosines (value and projected space);
+- :func:`decomposition_bars`: per layer, the variance shares of log|c| for sink and tail sources;
+- :func:`norm_curve_plot`: mean ‖o_i^h‖ per sink-rate bin with 95% CIs and the quadratic fit;
+- :func:`drift_plot`: cosine with the semantic cone, relative output norm and ΔPPL against λ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from geolens.viz.common import PlotView, new_figure
+
+
+def sink_layer_bars(geometry) -> PlotView:
+    """Four panels of per-layer bars from a :class:`~geolens.sinks.SinkGeometryResult`."""
+    df = geometry.layers
+    x = df["layer"].to_numpy()
+    fig = new_figure(figsize=(11, 6.5))
+    axes = fig.subplots(2, 2, sharex=True)
+    ax = axes[0, 0]
+    ax.bar(x - 0.2, df["sink_rate"], 0.4, label="mean α_i0 (i ≥ 1)")
+    ax.bar(x + 0.2, df["gu_sink_share"], 0.4, label=f"Gu et al. share of heads, ε={geometry.eps:g}")
+    ax.set_ylim(0, 1)
+    ax.set_title("sink rate")
+    ax.legend(fontsize=7)
+    ax = axes[0, 1]
+    ax.bar(x - 0.2, df["value_norm_ratio"], 0.4, label="‖v_0‖ / mean‖v_j‖")
+    ax.bar(x + 0.2, df["proj_norm_ratio"], 0.4, label="‖ṽ_0‖ / mean‖ṽ_j‖")
+    ax.axhline(1, color="k", lw=0.6)
+    ax.set_yscale("log")
+    ax.set_title("sink / non-sink value norm")
+    ax.legend(fontsize=7)
+    ax = axes[1, 0]
+    ax.bar(x - 0.2, df["value_cos_tail"], 0.4, label="cos(v_0, v_j)")
+    ax.bar(x + 0.2, df["proj_cos_tail"], 0.4, label="cos(ṽ_0, ṽ_j)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_title("sink cosine with non-sink values (mean over j > 0)")
+    ax.set_xlabel("layer")
+    ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    ax.bar(x - 0.2, df["value_cos_mean_dir"], 0.4, label="cos(v_0, mean v_j)")
+    ax.bar(x + 0.2, df["proj_cos_mean_dir"], 0.4, label="cos(ṽ_0, mean ṽ_j)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_title("sink cosine with the mean non-sink direction")
+    ax.set_xlabel("layer")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"Sink geometry per layer (mean over heads; {geometry.model_mode})")
+    fig.tight_layout()
+    return PlotView(fig, title="sink geometry per layer", data={"layers": df})
+
+
+def decomposition_bars(decomposition) -> PlotView:
+    """Stacked per-layer shares Cov(log|c|, F)/Var(log|c|), sink vs tail (pooled over heads)."""
+    df = decomposition.layers
+    fig = new_figure(figsize=(11, 5.5))
+    axes = fig.subplots(2, 1, sharex=True)
+    colors = {"attention": "tab:blue", "relnorm": "tab:orange", "cosine": "tab:green"}
+    for ax, source in zip(axes, ("sink", "tail")):
+        d = df[df.source == source]
+        x = d["layer"].to_numpy()
+        pos, neg = np.zeros(len(d)), np.zeros(len(d))
+        for f, c in colors.items():
+            v = d[f"share_{f}"].to_numpy()
+            base = np.where(v >= 0, pos, neg)
+            ax.bar(x, v, 0.8, bottom=base, color=c, label={"relnorm": "relative norm"}.get(f, f))
+            pos, neg = pos + np.clip(v, 0, None), neg + np.clip(v, None, 0)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.axhline(1, color="k", lw=0.4, ls=":")
+        ax.set_title(f"{source} sources: share of Var(log|c_ij|) (sums to 1)")
+        ax.legend(fontsize=7, ncol=3)
+    axes[-1].set_xlabel("layer")
+    fig.tight_layout()
+    return PlotView(fig, title="token-type decomposition", data={"layers": df})
+
+
+def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels: int = 12) -> PlotView:
+    """Mean ‖o_i^h‖ per sink-rate bin (95% CI) with the quadratic fit, one panel per layer."""
+    curves, fits = norm_curve.curves, norm_curve.fits
+    curves = curves[curves.scope == scope]
+    fits = fits[fits.scope == scope]
+    all_layers = sorted(curves.layer.unique())
+    if layers is None:
+        layers = all_layers if len(all_layers) <= max_panels else [all_layers[int(i)] for i in np.linspace(0, len(all_layers) - 1, max_panels)]
+    n = len(layers)
+    cols = min(4, n)
+    rows = int(np.ceil(n / cols))
+    fig = new_figure(figsize=(3.2 * cols, 2.6 * rows))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    for ax, l in zip(axes, layers):
+        c = curves[(curves.layer == l) & (curves["count"] >= norm_curve.min_count)]
+        ax.errorbar(c.sink_rate, c.mean_norm, yerr=[c.mean_norm - c.ci_lo, c.ci_hi - c.mean_norm], fmt="o", ms=3, capsize=2)
+        f = fits[fits.layer == l].iloc[0]
+        if np.isfinite(f.curvature):
+            xs = np.linspace(f.rate_lo, f.rate_hi, 50)
+            ax.plot(xs, f.curvature * xs**2 + f.slope * xs + f.intercept, "r-", lw=1)
+            if f.convex and np.isfinite(f["argmin"]):
+                ax.axvline(f["argmin"], color="r", ls=":", lw=0.8)
+        ax.set_title(f"layer {l}: a={f.curvature:.2g}" + (f", argmin={f['argmin']:.2f}" if f.convex else ""), fontsize=8)
+        ax.set_xlim(0, 1)
+        ax.tick_params(labelsize=7)
+    for ax in axes[n:]:
+        ax.axis("off")
+    fig.supxlabel("sink rate α_i0 (bin centre)")
+    fig.supylabel("mean ‖o_i^h‖")
+    fig.tight_layout()
+    return PlotView(fig, title="output norm vs sink rate", data={"curves": curves[curves.layer.isin(layers)], "fits": fits[fits.layer.isin(layers)]})
+
+
+def drift_plot(drift) -> PlotView:
+    """Three panels against λ: cos(o, cone), relative output norm (low-norm vs other heads), ΔPPL."""
+    heads, s = drift.heads, drift.summary
+    fig = new_figure(figsize=(12, 3.6))
+    axes = fig.subplots(1, 3)
+    for ax, col, title in ((axes[0], "cos_cone", "cos(o_i^h, semantic cone)"), (axes[1], "relative_out_norm", "‖o_i^h‖ / mean‖ṽ_j‖")):
+        for (l, h), g in heads.groupby(["layer", "head"]):
+            low = bool(g.low_norm.iloc[0])
+            ax.plot(g["lambda"], g[col], color="tab:red" if low else "tab:gray", alpha=0.25 if low else 0.08, lw=0.7)
+        ax.plot(s["lambda"], s[f"{col}_low_norm"], "o-", color="tab:red", lw=2, label="low-norm heads (mean)")
+        ax.plot(s["lambda"], s[f"{col}_other"], "s-", color="k", lw=2, label="other heads (mean)")
+        ax.set_xlabel("λ (v_0 ← λ v_0)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    axes[2].plot(s["lambda"], s["delta_ppl"], "o-")
+    axes[2].axhline(0, color="k", lw=0.6)
+    axes[2].set_xlabel("λ")
+    axes[2].set_title(f"ΔPPL vs λ = 1 (PPL(1) = {float(s.loc[s['lambda'] == 1.0, 'ppl'].iloc[0]):.2f})", fontsize=9)
+    fig.suptitle(f"Semantic drift ({drift.n_sequences} sequences; low-norm: bottom {drift.low_norm_quantile:.0%} of relative norm at λ = 1)", fontsize=10)
+    fig.tight_layout()
+    return PlotView(fig, title="semantic drift", data={"summary": s})
