@@ -274,3 +274,11 @@ def logits_from_cache(model, cache) -> Float[Tensor, "batch pos d_vocab"]:
     """Logits of the cached forward pass (see :func:`logits_hook`)."""
     x = _cache_get(cache, logits_hook(model))
     return x if is_bridge(model) else model.unembed(x)
+
+
+def unembed_input_hook(model) -> str:
+    """A hook whose activation ``[batch, pos, d_model]`` is followed only by position-wise maps
+    up to the logits (so slicing positions there slices the logits, and saves the unembedding of
+    the others): ``unembed.hook_in`` on a TransformerBridge, ``ln_final.hook_normalized`` on a
+    HookedTransformer (whose ``unembed`` has no input hook; only the norm weight follows)."""
+    return "unembed.hook_in" if is_bridge(model) else "ln_final.hook_normalized"
