@@ -134,18 +134,29 @@ def run_corpus_distributed(
 
 ANALYSES: dict[str, str] = {
     "head-sink-rate": "geolens.streaming:HeadSinkRate",
+    "sink-geometry": "geolens.sinks:SinkGeometry",
+    "norm-curve": "geolens.sinks:NormCurve",
+    "token-types": "geolens.sinks:TokenTypeDecomposition",
+    "taxonomy": "geolens.taxonomy:TaxonomyAnalysis",
 }
 
 
 def analysis_factory(spec: str) -> Callable:
-    """A name of :data:`ANALYSES` or ``module:attribute``; the attribute is called with the model
-    (``Class.for_model(model)`` when the class has that constructor)."""
+    """``model -> analysis`` for a name of :data:`ANALYSES` or ``module:attribute``.
+
+    A class with a ``for_model`` constructor is built with it; another :class:`CorpusAnalysis`
+    class with ``(n_layers, n_heads)``; any other attribute is called with the model.
+    """
     target = ANALYSES.get(spec, spec)
     if ":" not in target:
         raise ValueError(f"unknown analysis {spec!r}: use one of {sorted(ANALYSES)} or 'module:factory'")
     module, _, attr = target.partition(":")
     obj = getattr(importlib.import_module(module), attr)
-    return getattr(obj, "for_model", obj)
+    if hasattr(obj, "for_model"):
+        return obj.for_model
+    if isinstance(obj, type) and issubclass(obj, CorpusAnalysis):
+        return lambda model: obj(model.cfg.n_layers, model.cfg.n_heads)
+    return obj
 
 
 def load_any_model(name: str, device):
