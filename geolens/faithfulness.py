@@ -56,6 +56,8 @@ class Protocol:
         mode: which output norm ‖o_i‖ the output-normalised metric and c_ij use ("intra": the
             head's, matching per-head masks; "inter": the layer's).
         fractions: the removal fractions k.
+        n_scored: score ΔPPL / Δ log-prob on the last ``n_scored`` next-token predictions of
+            each sequence only (None: all); masks still apply to every query.
     """
 
     layers: tuple[int, ...] | None = None
@@ -63,6 +65,7 @@ class Protocol:
     allow_current: bool = False
     mode: str = "intra"
     fractions: tuple[float, ...] = FRACTIONS
+    n_scored: int | None = None
 
     def resolved_layers(self, model) -> tuple[int, ...]:
         n = model.cfg.n_layers
@@ -77,7 +80,7 @@ class Protocol:
         return (
             f"protocol: layers masked together = {span}; sink (pos 0) removable = {self.allow_sink}; "
             f"current token removable = {self.allow_current}; metric mode = {self.mode}; "
-            f"k = {list(self.fractions)}; no renormalisation of α"
+            f"k = {list(self.fractions)}; scored predictions = {self.n_scored or 'all'}; no renormalisation of α"
         )
 
     def to_dict(self, model=None) -> dict:
@@ -285,7 +288,8 @@ class FaithfulnessResult:
         return (
             f"protocol: layers masked together = {_span(p['layers'])}; sink (pos 0) removable = {p['allow_sink']}; "
             f"current token removable = {p['allow_current']}; metric mode = {p['mode']}; "
-            f"k = {list(p['fractions'])}; no renormalisation of α; "
+            f"k = {list(p['fractions'])}; scored predictions = {p.get('n_scored') or 'all'} per sequence; "
+            "no renormalisation of α; "
             f"{self.meta.get('n_sequences', '?')} sequences × {self.meta.get('seq_len', '?')} tokens"
         )
 
@@ -332,6 +336,8 @@ def faithfulness_curves(
         with torch.no_grad():
             logits, cache = model.run_with_cache(seq, names_filter=names_filter(model, layers))
         clean_nll = token_nll(logits, seq)[0]
+        if protocol.n_scored is not None:
+            clean_nll = clean_nll[-protocol.n_scored :]
         del logits
         clean_ppl = float(torch.exp(clean_nll.mean()))
         clean_lp = float(-clean_nll.mean())
@@ -340,7 +346,7 @@ def faithfulness_curves(
         del cache
         n_heads = model.cfg.n_heads  # VZ masks have head axis 1: broadcast before batching
         masks = torch.cat([curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1)
-        nll = masked_token_nll(model, seq, masks, layers, chunk_size=chunk_size)
+        nll = masked_token_nll(model, seq, masks, layers, chunk_size=chunk_size, n_scored=protocol.n_scored)
         ppl = torch.exp(nll.mean(-1))
         lp = -nll.mean(-1)
         removed = masks.flatten(2).sum(-1).sum(0)  # per mask, over layers/heads/queries

@@ -191,3 +191,17 @@ def test_smollm2_batched_masks_equal_single(smollm2, smollm2_tokens):
     assert torch.allclose(batched[0], clean[0], atol=1e-4)
     assert torch.allclose(batched[1], single[0], atol=1e-4)
     assert (batched[1].mean() - clean[0].mean()).abs() > 1e-3  # the mask does something
+
+
+def test_scoring_the_last_predictions_equals_the_tail_of_full_nll(tiny):
+    model, tokens, _ = tiny
+    seq = tokens[:1]
+    n = seq.shape[1]
+    remove = removal_mask(torch.rand(1, 1, model.cfg.n_heads, n, n, generator=torch.Generator().manual_seed(0)), 0.5)
+    remove = torch.cat([remove, ~remove], dim=1)
+    full = masked_token_nll(model, seq, remove, [0])
+    tail = masked_token_nll(model, seq, remove, [0], n_scored=4)
+    assert tail.shape == (2, 4)
+    assert torch.allclose(tail, full[:, -4:], atol=1e-5)
+    with pytest.raises(ValueError, match="n_scored"):
+        masked_token_nll(model, seq, remove, [0], n_scored=n)

@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from geolens.adapter import PATTERN, hook_name
+from geolens.adapter import PATTERN, hook_name, unembed_input_hook
 from geolens.interventions.base import FwdHooks, applied
 
 
@@ -148,7 +148,9 @@ def branch_hook(layer: int, n_rows: int) -> tuple[str, callable]:
     """A hook expanding a batch of one to ``n_rows`` identical rows at ``blocks.{layer}.hook_resid_pre``.
 
     Everything before ``layer`` then runs once; per-row interventions at ``layer`` and later see
-    ``n_rows`` copies. The logits come back with ``n_rows`` rows.
+    ``n_rows`` copies. The logits come back with ``n_rows`` rows. Only a batch of one can branch:
+    the TransformerBridge builds its attention mask with the input's batch size, which broadcasts
+    from 1 but not from B > 1.
     """
 
     def hook(resid: Tensor, hook) -> Tensor:
@@ -165,6 +167,22 @@ def token_nll(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "bat
     return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
 
 
+def last_predictions_hook(model, n_pos: int, n_scored: int) -> tuple[str, callable]:
+    """Keep only the positions whose logits predict the last ``n_scored`` tokens.
+
+    Sliced just before the unembedding (:func:`geolens.adapter.unembed_input_hook`): logits come
+    back as ``[batch, n_scored, vocab]`` for positions n_pos − 1 − n_scored … n_pos − 2, and the
+    unembedding of the other positions (a large share of a small model's forward) is skipped.
+    """
+    if not 1 <= n_scored <= n_pos - 1:
+        raise ValueError(f"n_scored must be in [1, {n_pos - 1}], got {n_scored}")
+
+    def hook(x: Tensor, hook) -> Tensor:
+        return x[:, n_pos - 1 - n_scored : n_pos - 1].contiguous()
+
+    return (unembed_input_hook(model), hook)
+
+
 def masked_token_nll(
     model,
     tokens: Int[Tensor, "1 pos"],
@@ -173,25 +191,29 @@ def masked_token_nll(
     *,
     chunk_size: int = 16,
     branch: bool = True,
-) -> Float[Tensor, "n_masks pos_minus_1"]:
+    n_scored: int | None = None,
+) -> Float[Tensor, "n_masks scored"]:
     """Next-token NLL of one sequence under each of ``n_masks`` masks, batched.
 
     Masks are run ``chunk_size`` at a time; with ``branch=True`` each chunk runs the prefix before
     the first masked layer once (:func:`branch_hook`), which gives identical results (tested) at a
-    fraction of the cost.
+    fraction of the cost. ``n_scored`` keeps only the last that many predictions (all pos − 1 by
+    default; see :func:`last_predictions_hook`).
     """
     if tokens.ndim != 2 or tokens.shape[0] != 1:
         raise ValueError(f"tokens must be one sequence [1, pos], got shape {tuple(tokens.shape)}")
     layers = [int(l) for l in layers]
     _check_remove(remove, layers, model.cfg.n_heads)
     n_masks = remove.shape[1]
+    n_pos = tokens.shape[1]
     first = min(layers) if layers else 0
+    tail = [] if n_scored is None else [last_predictions_hook(model, n_pos, n_scored)]
     out = []
     with torch.no_grad():
         for start in range(0, n_masks, chunk_size):
             chunk = remove[:, start : start + chunk_size]
             n = chunk.shape[1]
-            hooks = list(pattern_mask_hooks(model, chunk, layers))
+            hooks = list(pattern_mask_hooks(model, chunk, layers)) + tail
             if branch:
                 hooks = [branch_hook(first, n)] + hooks
                 inp = tokens
@@ -199,9 +221,19 @@ def masked_token_nll(
                 inp = tokens.expand(n, -1)
             with applied(model, hooks):
                 logits = model(inp, return_type="logits")
-            out.append(token_nll(logits, tokens.expand(n, -1)))
+            out.append(tail_nll(logits, tokens.expand(n, -1)))
             del logits
-    return torch.cat(out) if out else torch.zeros(0, tokens.shape[1] - 1)
+    return torch.cat(out) if out else torch.zeros(0, n_scored or n_pos - 1)
+
+
+def tail_nll(logits: Float[Tensor, "batch scored vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch scored"]:
+    """NLL of the last ``scored`` tokens from logits of the positions that predict them
+    (``scored = pos − 1`` is :func:`token_nll`)."""
+    n_scored = logits.shape[1]
+    if n_scored == tokens.shape[1]:  # full logits: drop the last position's prediction
+        return token_nll(logits, tokens)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, tokens[:, -n_scored:, None].to(logp.device)).squeeze(-1)
 
 
 def perplexity(nll: Float[Tensor, "... pos"]) -> Float[Tensor, "..."]:
