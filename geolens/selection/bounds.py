@@ -58,9 +58,9 @@ def bound_violations(sep, *, tol: float = 1e-9) -> dict[str, int]:
 
     - ``precision_bound``: P_N < N/(N + GInv_N); ``recall_bound``: R_N < max{0, 1 − GInv_N/N};
     - ``equivalence``: not (γ_N > 0 ⇔ GInv_N = 0 ⇔ F_N = 1).
-    NaN entries (N ≥ |T_t|) are skipped.
+    NaN entries (N ≥ |T_t|, or bounds not computed) are skipped.
     """
-    valid = ~torch.isnan(sep.f)
+    valid = ~torch.isnan(sep.f) & ~torch.isnan(sep.ginv)
     p_bad = valid & (sep.precision < sep.precision_bound - tol)
     r_bad = valid & (sep.recall < sep.recall_bound - tol)
     a = sep.margin > 0

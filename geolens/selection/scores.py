@@ -58,15 +58,28 @@ def power_of_two_sizes(max_n: int, *, cap: int = 256) -> list[int]:
     return out
 
 
-def top_n_mask(
-    ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... key"], n: int
-) -> Bool[Tensor, "... key"]:
-    """S = the n visible sources with the largest ranking, ties broken by increasing index."""
+def source_ranks(ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... key"]) -> Tensor:
+    """Position of each source in the descending ranking (0 = best; ties by increasing index;
+    invisible sources last). S = top-N is ``rank < N`` for every N, hence nested across N."""
     masked = ranking.masked_fill(~visible, float("-inf"))
     order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
-    return (rank < n) & visible
+    return rank
+
+
+def top_n_mask(
+    ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... key"], n: int
+) -> Bool[Tensor, "... key"]:
+    """S = the n visible sources with the largest ranking, ties broken by increasing index."""
+    return (source_ranks(ranking, visible) < n) & visible
+
+
+def _metric_dot(a: Tensor, b: Tensor, gram: Tensor | None) -> Tensor:
+    """⟨a, b⟩_G along the last axis (broadcasting), G = I when None."""
+    if gram is None:
+        return (a * b).sum(-1)
+    return (torch.einsum("...kd,...de->...ke", a, gram) * b).sum(-1)
 
 
 def distances(
@@ -74,29 +87,58 @@ def distances(
     selected: Bool[Tensor, "... key"],
     distance: Distance = "euclidean",
     gram: Float[Tensor, "... d d"] | None = None,
+    *,
+    y_sq: Tensor | None = None,
 ) -> Float[Tensor, "... key"]:
     """D_i = d(y_i, s_N) with s_N = Σ_{i∈S} y_i, in the metric ⟨x, y⟩_G = x G yᵀ (G = I if None).
 
-    ``gram`` broadcasts against the leading axes of ``y`` (e.g. ``[head, 1, d, d]`` for y
-    ``[batch, head, query, key, d]``).
+    Computed from inner products, d² = ‖y_i‖² − 2⟨y_i, s⟩ + ‖s‖² (Euclidean) and
+    1 − ⟨y_i, s⟩ / (‖y_i‖‖s‖ + 1e-12) (cosine), with matrix products: ``selected`` may carry
+    extra leading axes (e.g. random draws) that ``y`` lacks, and ``y`` is then never copied per
+    draw. Use float64 when exact near-ties matter (the expansion loses about half the digits of
+    small distances). ``gram`` broadcasts against the leading axes of ``y`` (e.g.
+    ``[head, 1, d, d]`` for y ``[batch, head, query, key, d]``); ``y_sq`` = ‖y_i‖²_G may be
+    passed when already known.
     """
-    _check("distance", distance, ("euclidean", "cosine"))
-    s = (y * selected[..., None].to(y.dtype)).sum(dim=-2, keepdim=True)  # [..., 1, d]
-    if distance == "euclidean":
-        x = y - s
-        if gram is None:
-            return x.norm(dim=-1)
-        return torch.einsum("...kd,...de,...ke->...k", x, gram, x).clamp_min(0).sqrt()
-    if gram is None:
-        dot = (y * s).sum(-1)
-        y_norm, s_norm = y.norm(dim=-1), s.norm(dim=-1)
+    return _distances(y, selected, (distance,), gram, y_sq)[distance]
+
+
+def _distances(y: Tensor, selected: Tensor, kinds: Sequence[str], gram: Tensor | None, y_sq: Tensor | None) -> dict[str, Tensor]:
+    """:func:`distances` for several distance kinds sharing s_N and ⟨y_i, s_N⟩."""
+    for kind in kinds:
+        _check("distance", kind, ("euclidean", "cosine"))
+    lead = y.ndim - 1  # axes of y before d, key included
+    extra = selected.ndim - lead
+    if extra < 0:
+        selected = selected.expand(y.shape[:-1])
+        extra = 0
+    sel = selected.to(y.dtype)
+    if extra:
+        # [*extra, *lead] -> [*lead_without_key, E, key]
+        E = int(torch.tensor(sel.shape[:extra]).prod())
+        sel = sel.reshape((E,) + tuple(sel.shape[extra:]))
+        sel = sel.movedim(0, -2)  # [..., E, key]
     else:
-        sg = torch.einsum("...kd,...de->...ke", s, gram)
-        yg = torch.einsum("...kd,...de->...ke", y, gram)
-        dot = (y * sg).sum(-1)
-        y_norm = (y * yg).sum(-1).clamp_min(0).sqrt()
-        s_norm = (s * sg).sum(-1).clamp_min(0).sqrt()
-    return 1 - dot / (y_norm * s_norm + COSINE_EPS)
+        sel = sel.unsqueeze(-2)  # [..., 1, key]
+    s = sel @ y  # [..., E, d]
+    yg = y if gram is None else torch.einsum("...kd,...de->...ke", y, gram)
+    dot = yg @ s.transpose(-1, -2)  # [..., key, E]
+    if y_sq is None:
+        y_sq = (yg * y).sum(-1)
+    s_sq = _metric_dot(s, s, gram)  # [..., E]
+    out = {}
+    for kind in kinds:
+        if kind == "euclidean":
+            D = (y_sq[..., None] - 2 * dot + s_sq[..., None, :]).clamp_min(0).sqrt()
+        else:
+            D = 1 - dot / (y_sq.clamp_min(0).sqrt()[..., None] * s_sq.clamp_min(0).sqrt()[..., None, :] + COSINE_EPS)
+        D = D.transpose(-1, -2)  # [..., E, key]
+        if extra:
+            D = D.movedim(-2, 0).reshape(tuple(selected.shape[:extra]) + tuple(D.shape[:-2]) + (D.shape[-1],))
+        else:
+            D = D.squeeze(-2)
+        out[kind] = D
+    return out
 
 
 @dataclass
@@ -124,9 +166,12 @@ class Separation:
 
 
 def separation_from_distances(
-    D: Float[Tensor, "... key"], selected: Bool[Tensor, "... key"], visible: Bool[Tensor, "... key"]
+    D: Float[Tensor, "... key"], selected: Bool[Tensor, "... key"], visible: Bool[Tensor, "... key"], *, bounds: bool = True
 ) -> Separation:
-    """P_N, R_N, F_N (SPEC §5) and the inversion bounds from distances and the selected set."""
+    """P_N, R_N, F_N (SPEC §5) and the inversion bounds from distances and the selected set.
+
+    ``bounds=False`` skips GInv_N and the two lower bounds (NaN), the most expensive part.
+    """
     n = selected.sum(-1).to(D.dtype)
     outside = visible & ~selected
     n_out = outside.sum(-1)
@@ -139,7 +184,11 @@ def separation_from_distances(
     recall = in_inner / n.clamp_min(1)
     denom = precision + recall
     f = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), torch.zeros_like(denom))
-    ginv, margin, p_bound, r_bound = inversion_bounds(D, selected, visible)
+    if bounds:
+        ginv, _, p_bound, r_bound = inversion_bounds(D, selected, visible)
+    else:
+        ginv = p_bound = r_bound = torch.full_like(precision, float("nan"))
+    margin = rho_min - rho_max
     valid = (n >= 1) & (n_out >= 1)
     nan = torch.full_like(precision, float("nan"))
     out = [precision, recall, f, rho_min, rho_max, ginv, margin, p_bound, r_bound]
@@ -158,12 +207,45 @@ def selection_scores(
 ) -> Separation:
     """:class:`Separation` for each N in ``sizes``, stacked on a last axis ``[..., len(sizes)]``.
 
-    ``y`` are the contributions y_i (broadcastable against ``ranking``, e.g. shared by several
-    random rankings), ``visible`` marks T_t. Position 0 is the sink.
+    ``y`` are the contributions y_i (``ranking`` may carry extra leading axes, e.g. random draws,
+    that share the same ``y``), ``visible`` marks T_t. Position 0 is the sink.
     """
-    _check("sink", sink, ("keep", "exclude", "force"))
+    return selection_scores_multi(y, ranking, visible, sizes, distances=(distance,), gram=gram, sink=sink)[distance]
+
+
+def selection_scores_multi(
+    y: Float[Tensor, "... key d"],
+    ranking: Float[Tensor, "... key"],
+    visible: Bool[Tensor, "... key"],
+    sizes: Sequence[int],
+    *,
+    distances: Sequence[Distance] = ("euclidean", "cosine"),
+    gram: Tensor | None = None,
+    sink: Sink = "keep",
+    bounds: bool = True,
+) -> dict[str, Separation]:
+    """:func:`selection_scores` for several distances at once (the sets and s_N are shared).
+
+    ``bounds=False`` leaves GInv_N and the lower bounds NaN (faster; the margin is kept)."""
     if any(int(n) < 1 for n in sizes):
         raise ValueError(f"selection sizes must be ≥ 1, got {list(sizes)}")
+    ranking, visible = apply_sink_mode(ranking, visible, sink)
+    extra = max(0, ranking.ndim - (y.ndim - 1))
+    visible = visible & torch.ones(ranking.shape[:extra] + y.shape[:-1], dtype=torch.bool, device=y.device)
+    ranking = ranking.expand(visible.shape)
+    rank = source_ranks(ranking, visible)
+    y_sq = _metric_dot(y, y, gram)
+    results: dict[str, list[Separation]] = {d: [] for d in distances}
+    for n in sizes:
+        selected = (rank < int(n)) & visible
+        for kind, D in _distances(y, selected, distances, gram, y_sq).items():
+            results[kind].append(separation_from_distances(D, selected, visible, bounds=bounds))
+    return {kind: Separation.stack(r) for kind, r in results.items()}
+
+
+def apply_sink_mode(ranking: Tensor, visible: Tensor, sink: Sink) -> tuple[Tensor, Tensor]:
+    """(ranking, visible) after the sink rule: ``exclude`` hides position 0, ``force`` ranks it first."""
+    _check("sink", sink, ("keep", "exclude", "force"))
     ranking, visible = torch.broadcast_tensors(ranking, visible)
     if sink == "exclude":
         visible = visible.clone()
@@ -171,14 +253,14 @@ def selection_scores(
     elif sink == "force":
         ranking = ranking.clone()
         ranking[..., 0] = float("inf")
-    visible = visible & torch.ones(y.shape[:-1], dtype=torch.bool, device=y.device)
-    ranking = ranking.expand(visible.shape)
-    results = []
-    for n in sizes:
-        selected = top_n_mask(ranking, visible, int(n))
-        D = distances(y, selected, distance, gram)
-        results.append(separation_from_distances(D, selected, visible))
-    return Separation.stack(results)
+    return ranking, visible
+
+
+def aggregate(y: Float[Tensor, "... key d"], ranking: Tensor, visible: Tensor, n: int, sink: Sink = "keep") -> Float[Tensor, "... d"]:
+    """s_N = Σ_{i∈S} y_i for the top-n set under the sink rule."""
+    ranking, visible = apply_sink_mode(ranking, visible, sink)
+    selected = top_n_mask(ranking, visible, int(n))
+    return (y * selected[..., None].to(y.dtype)).sum(-2)
 
 
 def causal_visibility(n_query: int, n_key: int, *, device=None) -> Bool[Tensor, "query key"]:
