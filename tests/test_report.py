@@ -128,7 +128,7 @@ def test_report_json_has_every_section_numbers_and_versions(tiny_report):
     # the claim table is built from the section's measured numbers
     contrib = data["sections"]["contributions"]
     overall = contrib["numbers"]["overall"]
-    [sink] = [c for c in data["claims"] if c["source"] == "paper A §3.2"]
+    [sink] = [c for c in data["claims"] if c["section"] == "contributions" and c["source"] == "paper A §3.2"]
     assert sink["numbers"]["mean_sink_attention"] == overall["sink_attention"]
     assert sink["holds"] == (overall["sink_contribution"] < overall["sink_attention"])
     assert f"{overall['sink_attention']:.3f}" in sink["measured"]
@@ -164,3 +164,21 @@ def test_report_command_is_registered(capsys):
     assert "contributions" in capsys.readouterr().out.split()
     config = ReportConfig.quick_defaults(n_sequences=4, seq_len=None)
     assert config.quick and config.n_sequences == 4 and config.seq_len == ReportConfig.quick_defaults().seq_len
+
+
+def test_sink_claims_follow_the_sink_numbers(tiny_report):
+    _, report, paths = tiny_report
+    data = json.loads(paths["json"].read_text())
+    if "sinks" not in data["sections"]:
+        pytest.skip("geolens.sinks is not installed")
+    import numpy as np
+
+    sec = data["sections"]["sinks"]
+    ratios = [r["value_norm_ratio"] for r in sec["numbers"]["geometry_heads"]["rows"]]
+    [norm_claim] = [c for c in sec["claims"] if "3–10×" in c["claim"]]
+    assert norm_claim["numbers"]["value_norm_ratio_median"] == pytest.approx(float(np.median(ratios)))
+    assert norm_claim["holds"] == (float(np.median(ratios)) <= 1 / 3)
+    [drift_claim] = [c for c in sec["claims"] if "semantic cone" in c["claim"]]
+    rows = {r["lambda"]: r for r in sec["numbers"]["drift_summary"]["rows"]}
+    assert drift_claim["numbers"]["delta_ppl"] == pytest.approx(rows[0.0]["delta_ppl"])
+    assert drift_claim["holds"] == (rows[0.0]["delta_ppl"] > 0 and rows[0.0]["cos_cone_low_norm"] > rows[1.0]["cos_cone_low_norm"])

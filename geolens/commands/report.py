@@ -3,7 +3,7 @@
 Runs every report section whose geolens modules are installed (see
 :mod:`geolens.report.build`) on ``--n-sequences`` windows of ``--corpus`` and writes
 ``report.html`` (self-contained) and ``report.json`` into ``--out``. ``--quick`` shrinks every
-section (16 windows of 64 tokens unless given, smaller grids) to finish in under two minutes.
+section (8 windows of 64 tokens unless given, smaller grids) to finish in under two minutes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="the full HTML + JSON report (offline, SmolLM2 by default)")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, a folder or HF name")
     p.add_argument("--corpus", default="lee", help="lee (default), enwiki, a .txt/.jsonl file or hf:<name>")
-    p.add_argument("--n-sequences", type=int, default=None, help="corpus windows (default 64; 16 with --quick)")
+    p.add_argument("--n-sequences", type=int, default=None, help="corpus windows (default 64; 8 with --quick)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per window incl. BOS (default 128; 64 with --quick)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default 8)")
     p.add_argument("--out", default="report", help="output folder (default: report/)")

@@ -50,7 +50,7 @@ class ReportConfig:
 
     @classmethod
     def quick_defaults(cls, **overrides) -> "ReportConfig":
-        base = dict(n_sequences=16, seq_len=64, quick=True)
+        base = dict(n_sequences=8, seq_len=64, quick=True)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -92,6 +92,7 @@ def _module_exists(name: str) -> bool:
 
 # In report order. A section appears only when every module it requires is installed.
 SECTIONS: list[SectionSpec] = [
+    SectionSpec("sinks", "sinks", requires=("geolens.sinks", "geolens.viz.sinks")),
     SectionSpec("contributions", "contributions"),
 ]
 
