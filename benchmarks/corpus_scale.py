@@ -3,7 +3,9 @@
 Part 1 — peak memory vs corpus size. For each size (default 50, 200 and 800 windows of 128
 tokens of the offline enwiki sample, SmolLM2-135M, CPU) a *fresh subprocess* loads the model,
 then streams the corpus through ``run_corpus`` with a streaming analysis (default: the sink
-geometry of :mod:`geolens.sinks`) while a thread samples its RSS every 5 ms. Printed per size:
+geometry of :mod:`geolens.sinks` on the first 6 layers, so that the forward passes stop after
+layer 5 and the 800-sequence run fits a shared 2-core CPU; ``--memory-layers 0`` analyses all
+30) while a thread samples its RSS every 5 ms. Printed per size:
 RSS before the run, peak RSS during the run, the process's lifetime peak (``ru_maxrss``), and
 the ratios largest / smallest size. Flat memory means ratios ≈ 1.
 
@@ -44,6 +46,7 @@ from geolens.distributed import analysis_factory
 from geolens.runner import run_corpus
 
 n, seq_len, corpus, spec, batch_size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+n_layers = int(sys.argv[6])
 
 def rss():
     with open(f"/proc/{os.getpid()}/statm") as f:
@@ -51,7 +54,8 @@ def rss():
 
 model = load_model("smollm2-135m")
 tokens = corpus_windows(model, corpus, seq_len, n)
-analysis = analysis_factory(spec)(model)
+layers = list(range(n_layers)) if n_layers > 0 else None
+analysis = analysis_factory(spec, layers=layers)(model)
 before = rss()
 peak, stop = [before], threading.Event()
 def poll():
@@ -81,7 +85,7 @@ def memory_part(args) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows = []
     for n in args.sizes:
-        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size)]
+        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size), str(args.memory_layers)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         row = json.loads(out.strip().splitlines()[-1])
         rows.append(row)
@@ -142,6 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--corpus", default="enwiki", help="offline corpus with enough 128-token windows (enwiki: 4314)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--memory-analysis", default="sink-geometry", help="geolens.distributed.ANALYSES name or module:factory")
+    p.add_argument("--memory-layers", type=int, default=6,
+                   help="analyse the first N layers (the forward pass stops after them); 0 = all 30")
     p.add_argument("--throughput-sequences", type=int, default=48)
     p.add_argument("--throughput-analyses", nargs="+", default=["sink-geometry", "taxonomy"])
     p.add_argument("--skip-memory", action="store_true")

@@ -141,11 +141,12 @@ ANALYSES: dict[str, str] = {
 }
 
 
-def analysis_factory(spec: str) -> Callable:
+def analysis_factory(spec: str, **kwargs) -> Callable:
     """``model -> analysis`` for a name of :data:`ANALYSES` or ``module:attribute``.
 
     A class with a ``for_model`` constructor is built with it; another :class:`CorpusAnalysis`
-    class with ``(n_layers, n_heads)``; any other attribute is called with the model.
+    class with ``(n_layers, n_heads)``; any other attribute is called with the model. ``kwargs``
+    (e.g. ``layers=[0, 1]``) are passed on.
     """
     target = ANALYSES.get(spec, spec)
     if ":" not in target:
@@ -153,10 +154,10 @@ def analysis_factory(spec: str) -> Callable:
     module, _, attr = target.partition(":")
     obj = getattr(importlib.import_module(module), attr)
     if hasattr(obj, "for_model"):
-        return obj.for_model
+        return lambda model: obj.for_model(model, **kwargs)
     if isinstance(obj, type) and issubclass(obj, CorpusAnalysis):
-        return lambda model: obj(model.cfg.n_layers, model.cfg.n_heads)
-    return obj
+        return lambda model: obj(model.cfg.n_layers, model.cfg.n_heads, **kwargs)
+    return lambda model: obj(model, **kwargs)
 
 
 def load_any_model(name: str, device):

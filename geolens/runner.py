@@ -16,6 +16,7 @@ contiguous shard of whole batches (:func:`shard_bounds`) and merges the states a
 from __future__ import annotations
 
 import os
+import re
 from typing import Sequence
 
 import torch
@@ -44,6 +45,28 @@ def shard_bounds(n_sequences: int, batch_size: int, rank: int, world_size: int) 
     first = rank * per + min(rank, extra)
     count = per + (1 if rank < extra else 0)
     return min(first * batch_size, n_sequences), min((first + count) * batch_size, n_sequences)
+
+
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def stop_layer(model, hook_names) -> int | None:
+    """The first layer no analysis reads, when all cached hooks are block hooks, else None.
+
+    The runner discards the logits, so the forward pass can stop there
+    (``run_with_cache(..., stop_at_layer=k)`` runs blocks ``0 … k−1``): an analysis of the
+    first layers costs only those layers.
+    """
+    layers = []
+    for name in hook_names:
+        match = _BLOCK_HOOK.match(name)
+        if match is None:
+            return None
+        layers.append(int(match.group(1)))
+    if not layers:
+        return None
+    stop = max(layers) + 1
+    return stop if stop < model.cfg.n_layers else None
 
 
 def model_device(model) -> torch.device:
@@ -87,6 +110,7 @@ def run_corpus(
     checkpoint_every: int = 1,
     trusted_checkpoint: bool = False,
     shard: tuple[int, int] = (0, 1),
+    stop_early: bool = True,
 ) -> Sequence[CorpusAnalysis]:
     """Run ``model`` over ``tokens`` ``[n, seq]`` in batches and update every analysis.
 
@@ -102,6 +126,8 @@ def run_corpus(
         trusted_checkpoint: allow states that hold arbitrary Python objects (pickle).
         shard: ``(rank, world_size)``, recorded in the checkpoint fingerprint (set by
             :mod:`geolens.distributed`; ``tokens`` is then already the rank's shard).
+        stop_early: stop each forward pass after the last layer whose hooks are read
+            (:func:`stop_layer`); the cached values are the same.
     """
     from geolens import checkpoint as ckpt_io
 
@@ -115,11 +141,13 @@ def run_corpus(
             start = ckpt_io.restore(checkpoint, analyses, fingerprint, trusted=trusted_checkpoint)
     wanted = frozenset(name for a in analyses for name in a.hook_names(model))
     device = model_device(model)
+    stop = stop_layer(model, wanted) if stop_early else None
+    extra = {} if stop is None else {"stop_at_layer": stop}
     bar = tqdm(total=total, initial=start, desc=desc, disable=not progress)
     for index in range(start, total):
         batch = as_token_tensor(tokens[index * batch_size : (index + 1) * batch_size]).to(device)
         with torch.no_grad():
-            _, cache = model.run_with_cache(batch, names_filter=lambda n: n in wanted)
+            _, cache = model.run_with_cache(batch, names_filter=lambda n: n in wanted, **extra)
         for a in analyses:
             a.update(model, cache, batch)
         del cache

@@ -101,3 +101,19 @@ def test_numpy_memmap_tokens(gqa, tmp_path):
     [a] = run_corpus(gqa, ro, [HeadSinkRate.for_model(gqa)], batch_size=4, progress=False)
     [b] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=4, progress=False)
     assert torch.equal(a.sink_rate.mean, b.sink_rate.mean)
+
+
+def test_forward_stops_after_the_last_layer_read_with_identical_results():
+    from geolens.runner import stop_layer
+
+    model = make_tiny("gqa", n_layers=3)
+    early = HeadSinkRate(3, model.cfg.n_heads, layers=[0, 1])
+    assert stop_layer(model, early.hook_names(model)) == 2
+    assert stop_layer(model, HeadSinkRate.for_model(model).hook_names(model)) is None  # needs the last layer
+    assert stop_layer(model, ["blocks.0.attn.hook_v", "ln_final.hook_normalized"]) is None  # not a block hook
+    assert stop_layer(model, []) is None
+    tokens = corpus_tokens(n=5, seq=12)
+    [a] = run_corpus(model, tokens, [early], batch_size=2, progress=False)
+    [b] = run_corpus(model, tokens, [HeadSinkRate(3, model.cfg.n_heads, layers=[0, 1])], batch_size=2, progress=False, stop_early=False)
+    for x, y in zip(a.result().values(), b.result().values()):
+        assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0))
