@@ -52,3 +52,9 @@ __all__ = [
     "projected_value_norms",
     "required_hook_names",
 ]
+
+from geolens import checkpoint, distributed, runner, streaming  # noqa: E402  (issue 7: scale)
+from geolens.distributed import run_corpus_distributed  # noqa: E402
+from geolens.runner import run_corpus  # noqa: E402
+
+__all__ += ["run_corpus", "run_corpus_distributed"]
