@@ -182,3 +182,29 @@ def test_sink_claims_follow_the_sink_numbers(tiny_report):
     rows = {r["lambda"]: r for r in sec["numbers"]["drift_summary"]["rows"]}
     assert drift_claim["numbers"]["delta_ppl"] == pytest.approx(rows[0.0]["delta_ppl"])
     assert drift_claim["holds"] == (rows[0.0]["delta_ppl"] > 0 and rows[0.0]["cos_cone_low_norm"] > rows[1.0]["cos_cone_low_norm"])
+
+
+def test_every_claim_carries_its_numbers_and_a_criterion(tiny_report):
+    _, report, _ = tiny_report
+    assert report.claims
+    for c in report.claims:
+        assert c.numbers and c.criterion and c.measured, c.claim
+        assert c.holds in (True, False, None)
+
+
+def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report):
+    _, report, _ = tiny_report
+    sections = {s.key: s for s in report.sections}
+    if "faithfulness" in sections:
+        auc = sections["faithfulness"].numbers["auc"]
+        comp = auc[(auc.direction == "comprehensiveness") & (auc.quantity == "delta_ppl")].set_index("metric")["auc"]
+        order = [comp[m] for m in ("raw_attention", "value_weighted", "output_normalized", "contribution")]
+        [claim] = [c for c in sections["faithfulness"].claims if "(comprehensiveness)" in c.claim]
+        assert claim.holds == all(a < b for a, b in zip(order, order[1:]))
+    if "pruning" in sections:
+        df = sections["pruning"].numbers["curves"]
+        mean = df.groupby("order").delta_ppl.mean()
+        random_mean = mean[[o for o in mean.index if o.startswith("random")]].mean()
+        [claim] = sections["pruning"].claims
+        assert claim.holds == (mean["regime"] < random_mean)
+        assert claim.numbers["regime"] == pytest.approx(mean["regime"])

@@ -94,6 +94,10 @@ def _module_exists(name: str) -> bool:
 SECTIONS: list[SectionSpec] = [
     SectionSpec("sinks", "sinks", requires=("geolens.sinks", "geolens.viz.sinks")),
     SectionSpec("contributions", "contributions"),
+    SectionSpec("selection", "selection", requires=("geolens.selection.analysis", "geolens.viz.selection")),
+    SectionSpec("taxonomy", "taxonomy", requires=("geolens.taxonomy", "geolens.viz.taxonomy")),
+    SectionSpec("faithfulness", "faithfulness", requires=("geolens.faithfulness", "geolens.viz.faithfulness")),
+    SectionSpec("pruning", "pruning", requires=("geolens.pruning", "geolens.taxonomy", "geolens.viz.faithfulness")),
 ]
 
 
