@@ -243,3 +243,14 @@ def test_padded_or_too_short_input_is_refused():
     tokens = tiny_tokens(model, length=1)
     with pytest.raises(ValueError, match="at least 2"):
         sink_geometry(model, tokens)
+
+
+def test_decomposition_max_sequences_uses_only_the_first_windows(corpus):
+    model, tokens, _ = corpus
+    capped = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads, max_sequences=3)
+    run_corpus(model, tokens.repeat(2, 1), [capped], batch_size=2, progress=False)  # cut inside batch 2
+    ref = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads)
+    run_corpus(model, tokens, [ref], batch_size=2, progress=False)
+    assert capped.n_sequences == 3
+    torch.testing.assert_close(capped.per_head.count, ref.per_head.count)
+    torch.testing.assert_close(capped.per_head.mean, ref.per_head.mean)

@@ -84,7 +84,7 @@ def run(args) -> int:
     tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     geometry = SinkGeometry(L, H, eps=args.eps, n_bins=args.n_bins)
-    decomposition = TokenTypeDecomposition(L, H)
+    decomposition = TokenTypeDecomposition(L, H, max_sequences=args.decomposition_sequences or None)
     norm = NormCurve(L, H, n_bins=args.n_bins)
     run_corpus(model, tokens, [geometry, decomposition, norm], batch_size=args.batch_size, desc="sinks: corpus pass")
     g, d, n = geometry.result(), decomposition.result(), norm.result(min_count=args.min_count)
@@ -118,6 +118,7 @@ def run(args) -> int:
         "n_sequences": int(tokens.shape[0]),
         "seq_len": int(tokens.shape[1]),
         "seconds": round(time.time() - t0, 1),
+        "decomposition_n_sequences": d.n_sequences,
         **headline(g, d, n, drift),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
@@ -143,6 +144,7 @@ def register(subparsers) -> None:
     p.add_argument("--eps", type=float, default=0.3, help="Gu et al. threshold on mean first-token attention")
     p.add_argument("--n-bins", type=int, default=20, help="sink-rate bins on [0, 1]")
     p.add_argument("--min-count", type=int, default=20, help="queries a bin needs to enter the quadratic fit")
+    p.add_argument("--decomposition-sequences", type=int, default=0, help="use only the first N windows for the decomposition (0: all)")
     p.add_argument("--lambdas", default=DEFAULT_LAMBDAS, help=f"λ grid for the drift experiment (default {DEFAULT_LAMBDAS})")
     p.add_argument("--drift-sequences", type=int, default=48, help="first N windows used by the drift experiment (0: skip it)")
     p.add_argument("--drift-layers", default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")

@@ -19,6 +19,13 @@ def moments_add_at(acc: Moments, index, x, dim=0) -> None:
     acc.merge(full)
 
 
+def add_moments_at(acc: Moments, index, part: Moments) -> None:
+    """``acc[index]`` ← ``acc[index]`` merged with the accumulator ``part`` (shape of the slice)."""
+    full = Moments(tuple(acc.mean.shape))
+    full.count[index], full.mean[index], full.m2[index] = part.count, part.mean, part.m2
+    acc.merge(full)
+
+
 def histogram_add_at(acc: Histogram, index, values, payload=None, dim=0) -> None:
     """``acc[index]`` ← ``acc[index]`` plus the counts (and payload sums) of ``values``."""
     shape = tuple(acc.counts[index].shape[:-1])

@@ -36,7 +36,7 @@ import torch
 from geolens.adapter import PATTERN, VALUE, hook_name, model_mode
 from geolens.contributions import InfluenceFactors, ZeroNormOutputWarning, influence_factors
 from geolens.runner import run_corpus
-from geolens.sinks._accumulate import moments_add_at
+from geolens.sinks._accumulate import add_moments_at
 from geolens.streaming import CorpusAnalysis, Moments
 
 FACTORS = ("attention", "relnorm", "cosine")
@@ -46,31 +46,56 @@ SOURCE_TYPES = ("sink", "tail")
 
 
 def log_factors(factors: InfluenceFactors) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sink, tail) samples ``[n, head, 4]`` of (X, A, R, C) from intra-head factors; NaN where undefined.
+    """(sink, tail) samples ``[batch, head, n, 4]`` of (X, A, R, C) from intra-head factors.
 
-    Sink: j = 0 for queries i ≥ 1, ``n = batch·(query−1)``. Tail: 1 ≤ j ≤ i, NaN for the
-    causally masked j > i, ``n = batch·(query−1)·(key−1)``.
+    Sink: j = 0 for queries i ≥ 1 (``n = query − 1``). Tail: the causal pairs 1 ≤ j ≤ i
+    (``n = (query − 1) query / 2``). Undefined samples (a zero factor) are NaN.
     """
     if factors.mode != "intra":
         raise ValueError("the token-type decomposition uses intra-head factors (mode='intra')")
     alpha, rel, cos = factors.attention, factors.relative_norm, factors.alignment
-    with torch.no_grad():
-        logs = torch.stack([alpha.log(), rel.log(), cos.abs().log()], dim=-1)  # [b,h,q,k,3]
-        logs = torch.cat([logs.sum(-1, keepdim=True), logs], dim=-1)
-        ok = torch.isfinite(logs).all(-1, keepdim=True)
-        q = torch.arange(alpha.shape[2])[:, None]
-        k = torch.arange(alpha.shape[3])[None, :]
-        ok = ok & (k <= q)[None, None, :, :, None]
-        logs = torch.where(ok, logs, torch.full_like(logs, float("nan")))
-    b, h = logs.shape[:2]
-    sink = logs[:, :, 1:, 0].permute(0, 2, 1, 3).reshape(-1, h, 4)
-    tail = logs[:, :, 1:, 1:].permute(0, 2, 3, 1, 4).reshape(-1, h, 4)
-    return sink, tail
+    q = alpha.shape[2]
+    qi, kj = torch.tril_indices(q - 1, q - 1, device=alpha.device) + 1  # 1 ≤ j ≤ i ≤ q-1
+    out = []
+    for qs, ks in ((slice(1, None), 0), (qi, kj)):
+        a = alpha[:, :, qs, ks]
+        f = torch.stack([a.log(), rel[:, :, qs, ks].log(), cos[:, :, qs, ks].abs().log()], dim=-1)
+        f = torch.cat([f.sum(-1, keepdim=True), f], dim=-1)
+        ok = torch.isfinite(f).all(-1, keepdim=True)
+        out.append(torch.where(ok, f, torch.full_like(f, float("nan"))))
+    return out[0], out[1]
 
 
-def _variables(x: torch.Tensor) -> torch.Tensor:
-    """``[..., 4]`` → ``[..., 10]``: X, A, R, C and the pairwise sums used by polarisation."""
-    return torch.stack([sum(x[..., i] for i in idx) for idx in _VARS], dim=-1)
+def scatter_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per head: count ``[head]``, mean ``[head, 4]`` and scatter matrix ``[head, 4, 4]`` of
+    samples ``x`` ``[batch, head, n, 4]`` of (X, A, R, C); rows with a NaN are skipped."""
+    ok = ~torch.isnan(x).any(-1)
+    w = ok.to(x.dtype)
+    x = torch.where(ok[..., None], x, torch.zeros_like(x))
+    n = w.sum((0, 2))
+    mean = x.sum((0, 2)) / n.clamp_min(1)[:, None]
+    c = (x - mean[None, :, None]) * w[..., None]
+    return n, mean, torch.einsum("bhnf,bhng->hfg", c, c)
+
+
+def pool_heads(n, mean, S) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pool per-head (count, mean, scatter) into one: S = Σ_h S_h + Σ_h n_h (μ_h − μ)(μ_h − μ)ᵀ."""
+    total = n.sum()
+    mu = (n[:, None] * mean).sum(0) / total.clamp_min(1)
+    d = mean - mu
+    return total, mu, S.sum(0) + torch.einsum("h,hf,hg->fg", n, d, d)
+
+
+def variables_moments(n, mean, S) -> Moments:
+    """:class:`Moments` of the 10 variables of ``_VARS`` from (count, mean, scatter matrix).
+
+    The sum U + V of samples has mean μ_U + μ_V and M2 = S_UU + S_VV + 2 S_UV.
+    """
+    m = Moments(tuple(n.shape) + (len(_VARS),))
+    m.count = n[..., None].expand(*n.shape, len(_VARS)).clone()
+    m.mean = torch.stack([sum(mean[..., i] for i in idx) for idx in _VARS], dim=-1)
+    m.m2 = torch.stack([sum(S[..., i, j] for i in idx for j in idx) for idx in _VARS], dim=-1)
+    return m
 
 
 def decomposition_table(moments: Moments) -> dict[str, torch.Tensor]:
@@ -96,8 +121,12 @@ def decomposition_table(moments: Moments) -> dict[str, torch.Tensor]:
 class TokenTypeDecomposition(CorpusAnalysis):
     """Moments of (X, A, R, C) sums per (layer, head, source type) and per (layer, source type)."""
 
-    def __init__(self, n_layers: int, n_heads: int, *, layers=None):
+    def __init__(self, n_layers: int, n_heads: int, *, layers=None, max_sequences: int | None = None):
+        """``max_sequences``: use only the first N sequences streamed (later batches are skipped,
+        a batch crossing the limit is cut), to bound the cost on long corpora."""
         self.n_layers, self.n_heads = int(n_layers), int(n_heads)
+        self.max_sequences = max_sequences
+        self.n_sequences = 0
         self.layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
         self.per_head = Moments((n_layers, 2, n_heads, len(_VARS)))
         self.per_layer = Moments((n_layers, 2, len(_VARS)))
@@ -108,18 +137,25 @@ class TokenTypeDecomposition(CorpusAnalysis):
 
     def update(self, model, cache, tokens) -> None:
         self.mode = model_mode(model)
+        keep = tokens.shape[0] if self.max_sequences is None else min(tokens.shape[0], self.max_sequences - self.n_sequences)
+        if keep <= 0:
+            return
+        if keep < tokens.shape[0]:
+            cache = {name: cache[name][:keep] for name in self.hook_names(model)}
+        self.n_sequences += keep
         for l in self.layers:
             with warnings.catch_warnings():  # zero-norm rows are skipped (log 0), no need to warn
                 warnings.simplefilter("ignore", ZeroNormOutputWarning)
                 factors = influence_factors(model, cache, l, "intra", dtype=torch.float64)
-            for t, samples in enumerate(log_factors(factors)):
-                x = _variables(samples)  # [n, head, 10]
-                moments_add_at(self.per_head, (l, t), x, dim=0)
-                moments_add_at(self.per_layer, (l, t), x.reshape(-1, len(_VARS)), dim=0)
+            for t, samples in enumerate(log_factors(factors)):  # [batch, head, n, 4]
+                stats = scatter_statistics(samples)
+                add_moments_at(self.per_head, (l, t), variables_moments(*stats))
+                add_moments_at(self.per_layer, (l, t), variables_moments(*pool_heads(*stats)))
 
     def merge(self, other: "TokenTypeDecomposition") -> "TokenTypeDecomposition":
         self.per_head.merge(other.per_head)
         self.per_layer.merge(other.per_layer)
+        self.n_sequences += other.n_sequences
         return self
 
     def result(self) -> "DecompositionResult":
@@ -135,7 +171,7 @@ class TokenTypeDecomposition(CorpusAnalysis):
             df["n"] = df["n"].astype(int)
         share_cols = [f"share_{f}" for f in FACTORS]
         summary = heads.groupby("source")[share_cols + [f"mean_log_{f}" for f in FACTORS]].mean().reset_index()
-        return DecompositionResult(heads, layers, summary, self.mode)
+        return DecompositionResult(heads, layers, summary, self.mode, self.n_sequences)
 
 
 @dataclass
@@ -152,6 +188,7 @@ class DecompositionResult:
     layers: pd.DataFrame
     summary: pd.DataFrame
     model_mode: str
+    n_sequences: int = 0
 
 
 def token_type_decomposition(model, tokens: torch.Tensor, *, batch_size: int = 8, layers=None, progress: bool = False) -> DecompositionResult:
