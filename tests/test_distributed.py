@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_tiny
 from geolens.checkpoint import load_checkpoint
-from geolens.distributed import merge_states, rank_checkpoint, run_corpus_distributed
+from geolens.distributed import analysis_factory, merge_states, rank_checkpoint, run_corpus_distributed
 from geolens.runner import n_batches, run_corpus, shard_bounds
 from geolens.streaming import HeadSinkRate
 
@@ -52,6 +52,15 @@ def test_merging_simulated_rank_states_equals_one_process():
     assert torch.equal(alone.sink_rate.mean, single.sink_rate.mean)
 
 
+def flat_tensors(state, prefix=""):
+    """{path: tensor} of every tensor in a nested state_dict."""
+    if isinstance(state, dict):
+        return {k2: v2 for k, v in state.items() for k2, v2 in flat_tensors(v, f"{prefix}/{k}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k2: v2 for i, v in enumerate(state) for k2, v2 in flat_tensors(v, f"{prefix}/{i}").items()}
+    return {prefix: state} if isinstance(state, torch.Tensor) else {}
+
+
 def _launch(args, tmp_path, timeout=150):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -64,24 +73,36 @@ def _launch(args, tmp_path, timeout=150):
 def test_two_gloo_processes_equal_one_process(tmp_path):
     tokens = corpus_tokens()
     torch.save(tokens, tmp_path / "tokens.pt")
+    analyses = ["head-sink-rate", "sink-geometry", "taxonomy"]  # the latter two: geolens.sinks, geolens.taxonomy
     common = ["--model", "tiny-gqa", "--tokens", "tokens.pt", "--batch-size", "4", "--no-progress"]
-    _launch(["-m", "geolens.distributed", *common, "--out", "one.pt"], tmp_path)
+    common += [arg for spec in analyses for arg in ("--analysis", spec)]
     # torchrun --standalone picks a free port itself (rendezvous on localhost:0)
     _launch(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "geolens.distributed",
          *common, "--backend", "gloo", "--checkpoint-dir", "ckpt", "--out", "two.pt"],
         tmp_path,
     )  # fmt: skip
-    one = torch.load(tmp_path / "one.pt", weights_only=True)
     two = torch.load(tmp_path / "two.pt", weights_only=True)
-    assert one["timing"]["world_size"] == 1 and two["timing"]["world_size"] == 2
+    assert two["timing"]["world_size"] == 2 and two["analyses"] == ["HeadSinkRate", "SinkGeometry", "TaxonomyAnalysis"]
+    # the single-process reference, in this process with one thread like each rank (OMP_NUM_THREADS=1)
     model = make_tiny("gqa")
-    results = [HeadSinkRate.for_model(model).load_state_dict(x["states"][0]).result() for x in (one, two)]
-    assert_merged_equals_single(results[1], results[0])
-    # the single process of the launcher agrees with an in-process run (same batches)
-    [here] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
-    assert torch.equal(results[0]["count"], here.result()["count"])
-    torch.testing.assert_close(results[0]["sink_rate_mean"], here.result()["sink_rate_mean"], rtol=1e-6, atol=1e-9)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = run_corpus(model, tokens, [analysis_factory(spec)(model) for spec in analyses], batch_size=4, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    merged = HeadSinkRate.for_model(model).load_state_dict(two["states"][0]).result()
+    assert_merged_equals_single(merged, single[0].result())
+    for k, spec in enumerate(analyses[1:], start=1):  # sink geometry and taxonomy states
+        a, b = flat_tensors(two["states"][k]), flat_tensors(single[k].state_dict())
+        assert a.keys() == b.keys() and a, spec
+        for name in a:
+            if a[name].is_floating_point():
+                torch.testing.assert_close(a[name], b[name], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{spec} {name}")
+            else:
+                assert torch.equal(a[name], b[name]), f"{spec} {name}"
+        analysis_factory(spec)(model).load_state_dict(two["states"][k]).result()  # the merged state gives a result
     # each rank checkpointed its own shard: together they cover every batch once
     done = [load_checkpoint(rank_checkpoint(tmp_path / "ckpt", r, 2))["next_batch"] for r in range(2)]
     assert sum(done) == n_batches(tokens.shape[0], 4) and min(done) >= 1
