@@ -6,6 +6,8 @@ shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matpl
 
 - :mod:`geolens.viz.contributions`: signed contribution-weight heatmaps per head, attention vs
   contribution colouring of one query's sources, sink attention vs contribution per layer.
+- :mod:`geolens.viz.sinks`: sink-norm/cosine bars, token-type decomposition, output norm vs sink
+  rate, semantic drift.
 """
 
 from geolens.viz.common import HTMLView, PlotView, circuitsvis_bundle, to_jsonable
@@ -16,12 +18,17 @@ from geolens.viz.contributions import (
     source_colors,
     str_tokens,
 )
+from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
 
 __all__ = [
     "HTMLView",
     "PlotView",
     "circuitsvis_bundle",
     "contribution_heatmaps",
+    "decomposition_bars",
+    "drift_plot",
+    "norm_curve_plot",
+    "sink_layer_bars",
     "signed_heatmaps",
     "sink_attention_vs_contribution_plot",
     "source_colors",
