@@ -235,12 +235,13 @@ def selection_scores_multi(
     ranking = ranking.expand(visible.shape)
     rank = source_ranks(ranking, visible)
     y_sq = _metric_dot(y, y, gram)
-    results: dict[str, list[Separation]] = {d: [] for d in distances}
-    for n in sizes:
-        selected = (rank < int(n)) & visible
-        for kind, D in _distances(y, selected, distances, gram, y_sq).items():
-            results[kind].append(separation_from_distances(D, selected, visible, bounds=bounds))
-    return {kind: Separation.stack(r) for kind, r in results.items()}
+    n_t = torch.tensor([int(n) for n in sizes], device=rank.device).reshape((-1,) + (1,) * rank.ndim)
+    selected = (rank[None] < n_t) & visible[None]  # [N, ..., key]: every size at once
+    out = {}
+    for kind, D in _distances(y, selected, distances, gram, y_sq).items():
+        sep = separation_from_distances(D, selected, visible[None], bounds=bounds)
+        out[kind] = Separation(**{k: getattr(sep, k).movedim(0, -1) for k in Separation.FIELDS})
+    return out
 
 
 def apply_sink_mode(ranking: Tensor, visible: Tensor, sink: Sink) -> tuple[Tensor, Tensor]:

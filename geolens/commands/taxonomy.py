@@ -1,0 +1,88 @@
+"""``geolens taxonomy``: the Retriever / Mixer / Reset head taxonomy on one or more corpora (SPEC §6).
+
+For each corpus: the per-head table (shares of sink / current / other winners of
+argmax_j α_ij‖v_j‖, regime, mean sink and current-token alignment), the regime distribution and
+the head count per regime and layer; across the first two corpora: the agreement rate, the
+regime shares side by side, the confusion table and the correlation of each share over heads.
+Figures: ``regime_grid.png`` (layer × head, one panel per corpus) and ``regime_grid.html``.
+
+Example (offline)::
+
+    geolens taxonomy --model smollm2-135m --corpora lee enwiki --n-sequences 200 --seq-len 128 --out docs/taxonomy
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def run(args) -> int:
+    import torch
+
+    from geolens.data import corpus_windows
+    from geolens.distributed import load_any_model
+    from geolens.runner import run_corpus
+    from geolens.taxonomy import REGIMES, TaxonomyAnalysis, compare_taxonomies
+    from geolens.viz.taxonomy import regime_grid_plot, save_regime_grid_html
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    model = load_any_model(args.model, "cpu")
+    results = {}
+    for name in args.corpora:
+        tokens = corpus_windows(model, name, args.seq_len, args.n_sequences)
+        analysis = TaxonomyAnalysis.for_model(model, space=args.space)
+        run_corpus(model, tokens, [analysis], batch_size=args.batch_size, desc=f"taxonomy {name}")
+        res = analysis.result()
+        results[name] = res
+        res.table.to_csv(out / f"heads_{name}.csv", index=False, float_format="%.6g")
+        res.per_layer().to_csv(out / f"per_layer_{name}.csv")
+    summary = {
+        "command": "geolens " + " ".join(sys.argv[1:]),
+        "settings": {k: v for k, v in vars(args).items() if k != "func"},
+        "model_mode": next(iter(results.values())).model_mode,
+        "rule": "winner w_i = argmax_{j<=i} alpha_ij ||v_j|| (queries i>=1); regime = largest share: sink->Mixer, current->Retriever, other->Reset; no threshold",
+        "distribution": {name: r.distribution for name, r in results.items()},
+        "n_heads": {name: int(r.regimes.size) for name, r in results.items()},
+        "retriever_heads": {name: r.table.query("regime == 'Retriever'")[["layer", "head"]].values.tolist() for name, r in results.items()},
+        "mean_shares": {name: r.table[["share_sink", "share_current", "share_other"]].mean().to_dict() for name, r in results.items()},
+    }
+    names = list(results)
+    if len(names) >= 2:
+        cmp = compare_taxonomies(results[names[0]], results[names[1]], (names[0], names[1]))
+        cmp["distribution"].to_csv(out / "distribution_side_by_side.csv", float_format="%.6g")
+        cmp["confusion"].to_csv(out / "confusion.csv")
+        summary["stability"] = {"corpora": names[:2], "agreement": cmp["agreement"], "share_correlation": cmp["share_correlation"], "confusion": cmp["confusion"].to_dict()}
+    title = f"{args.model}: head regimes ({args.n_sequences} × {args.seq_len} tokens, {args.space} space)"
+    plot = regime_grid_plot(results, title=title)
+    plot.save(out / "regime_grid.png", dpi=110)
+    plot.close()
+    note = summary["rule"] + (f"; agreement between {names[0]} and {names[1]}: {100 * summary['stability']['agreement']:.1f}%" if len(names) >= 2 else "")
+    save_regime_grid_html(results, out / "regime_grid.html", title=title, note=note)
+    summary["seconds"] = round(time.time() - t0, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+    for name, r in results.items():
+        print(f"{name}: " + ", ".join(f"{k} {100 * r.distribution[k]:.1f}%" for k in REGIMES))
+    if "stability" in summary:
+        print(f"agreement {names[0]} vs {names[1]}: {100 * summary['stability']['agreement']:.1f}%")
+    print(f"wrote {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (SPEC §6)")
+    p.add_argument("--model", default="smollm2-135m", help="load_model name (smollm2-135m, gemma3-270m, a folder) or tiny-gqa/tiny-mha/tiny-gemma")
+    p.add_argument("--corpora", nargs="+", default=["lee", "enwiki"], help="offline corpus names or files")
+    p.add_argument("--n-sequences", type=int, default=200)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--space", choices=["value", "projected"], default="value", help="‖v‖ (paper B) or ‖v W_O‖")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared CPU; 0 = torch default)")
+    p.add_argument("--out", default="docs/taxonomy")
+    p.set_defaults(func=run)
