@@ -58,3 +58,8 @@ from geolens.distributed import run_corpus_distributed  # noqa: E402
 from geolens.runner import run_corpus  # noqa: E402
 
 __all__ += ["run_corpus", "run_corpus_distributed"]
+
+from geolens import selection, taxonomy  # noqa: E402  (issue 4: token selection and head taxonomy)
+from geolens.taxonomy import head_taxonomy  # noqa: E402
+
+__all__ += ["head_taxonomy"]
