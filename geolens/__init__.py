@@ -59,6 +59,11 @@ from geolens.runner import run_corpus  # noqa: E402
 
 __all__ += ["run_corpus", "run_corpus_distributed"]
 
+from geolens import faithfulness, multiple_choice, pruning  # noqa: E402  (issue 5: causal evaluation)
+from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing  # noqa: E402
+
+__all__ += ["Protocol", "faithfulness_curves", "value_zeroing"]
+
 from geolens import selection, taxonomy  # noqa: E402  (issue 4: token selection and head taxonomy)
 from geolens.taxonomy import head_taxonomy  # noqa: E402
 
