@@ -106,7 +106,7 @@ def run(args) -> int:
             view.close()
     if args.nstar_sequences > 0:
         tokens = corpus_windows(model, args.nstar_corpus, args.seq_len, args.nstar_sequences)
-        eff = effective_set_size(model, tokens, batch_size=args.batch_size)
+        eff = effective_set_size(model, tokens, sizes=[int(n) for n in args.nstar_sizes.split(",")], batch_size=args.batch_size)
         eff["nll"].to_csv(out / "nstar_nll.csv", index=False, float_format="%.6g")
         eff["n_star"].to_csv(out / "nstar.csv", index=False)
         summary["n_star"] = {"corpus": args.nstar_corpus, "n_sequences": args.nstar_sequences, "table": eff["n_star"].to_dict(orient="records"),
@@ -131,6 +131,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nstar-corpus", default="lee")
     p.add_argument("--nstar-sequences", type=int, default=32, help="windows for N* (0 = skip)")
+    p.add_argument("--nstar-sizes", default="1,2,4,8,12,16,24,32,48,64,96", help="grid of N for N* (comma-separated)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared CPU; 0 = torch default)")
     p.add_argument("--out", default="docs/selection")
     p.set_defaults(func=run)
