@@ -6,6 +6,8 @@ Each function returns a :class:`geolens.viz.common.PlotView` carrying the plotte
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 
@@ -46,7 +48,8 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if subtitle:
-        fig.suptitle(subtitle, fontsize=8)
+        fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
+    fig.tight_layout()
     return PlotView(fig, title=f"faithfulness curves ({quantity})", data=data)
 
 
@@ -69,7 +72,8 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
     axes[0].set_ylabel("accuracy")
     axes[0].legend(fontsize=8)
     if subtitle:
-        fig.suptitle(subtitle, fontsize=8)
+        fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
+    fig.tight_layout()
     return PlotView(fig, title="multiple-choice accuracy under masks", data=data)
 
 
@@ -97,7 +101,7 @@ def pruning_curves_plot(df: pd.DataFrame, *, subtitle: str = "", log: bool = Tru
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if subtitle:
-        ax.set_title(subtitle, fontsize=8)
+        ax.set_title(textwrap.fill(subtitle, 90), fontsize=7)
     return PlotView(fig, title="pruning curves", data=data)
 
 
@@ -114,5 +118,5 @@ def sensitivity_map_plot(delta_ppl: np.ndarray, critical: pd.DataFrame | None = 
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     if subtitle:
-        ax.set_title(subtitle, fontsize=8)
+        ax.set_title(textwrap.fill(subtitle, 60), fontsize=7)
     return PlotView(fig, title="single-head sensitivity", data=dict(delta_ppl=delta_ppl))
