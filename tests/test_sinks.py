@@ -253,4 +253,5 @@ def test_decomposition_max_sequences_uses_only_the_first_windows(corpus):
     run_corpus(model, tokens, [ref], batch_size=2, progress=False)
     assert capped.n_sequences == 3
     torch.testing.assert_close(capped.per_head.count, ref.per_head.count)
-    torch.testing.assert_close(capped.per_head.mean, ref.per_head.mean)
+    # the float32 forward pass depends slightly on the batch composition ([seq 3, seq 1] vs [seq 3])
+    torch.testing.assert_close(capped.per_head.mean, ref.per_head.mean, rtol=1e-4, atol=1e-6)
