@@ -206,3 +206,22 @@ def test_sigkilled_run_resumes_to_identical_numbers(tmp_path):
     b = torch.load(tmp_path / "fresh-out.pt", weights_only=True)
     assert a["calls"] == 12 - done_before and b["calls"] == 12  # the rerun really resumed
     assert_identical(a["result"], b["result"])
+
+
+@pytest.mark.slow
+def test_smollm2_resumed_run_is_identical(smollm2, smollm2_tokens, tmp_path, monkeypatch):
+    """Real model: the first 3 layers' sink rates, interrupted after 2 of 4 batches and resumed."""
+    make = lambda: HeadSinkRate(smollm2.cfg.n_layers, smollm2.cfg.n_heads, layers=[0, 1, 2])  # noqa: E731
+    [ref] = run_corpus(smollm2, smollm2_tokens, [make()], batch_size=1, progress=False)
+    monkeypatch.setattr(_Crashing, "limit", 2)
+    crashing = _Crashing(smollm2.cfg.n_layers, smollm2.cfg.n_heads, layers=[0, 1, 2])
+    path = tmp_path / "smollm2.pt"
+    with pytest.raises(_Interrupt):
+        run_corpus(smollm2, smollm2_tokens, [crashing], batch_size=1, progress=False, checkpoint=path)
+    assert load_checkpoint(path)["next_batch"] == 2
+    monkeypatch.setattr(_Crashing, "limit", 10**9)
+    resumed = _Crashing(smollm2.cfg.n_layers, smollm2.cfg.n_heads, layers=[0, 1, 2])
+    run_corpus(smollm2, smollm2_tokens, [resumed], batch_size=1, progress=False, checkpoint=path)
+    assert resumed.calls == 4
+    assert_identical(resumed.result(), ref.result())
+    assert torch.equal(ref.sink_rate.count, torch.full((3, 9), 4.0 * 63, dtype=torch.float64))  # queries 1..63 of 4 rows
