@@ -53,11 +53,10 @@ __all__ = [
     "required_hook_names",
 ]
 
-from geolens import checkpoint, distributed, runner, streaming  # noqa: E402  (issue 7: scale)
-from geolens.distributed import run_corpus_distributed  # noqa: E402
+from geolens import checkpoint, runner, streaming  # noqa: E402  (issue 7; geolens.distributed is imported on use)
 from geolens.runner import run_corpus  # noqa: E402
 
-__all__ += ["run_corpus", "run_corpus_distributed"]
+__all__ += ["run_corpus"]
 
 from geolens import faithfulness, multiple_choice, pruning  # noqa: E402  (issue 5: causal evaluation)
 from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing  # noqa: E402

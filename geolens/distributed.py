@@ -160,8 +160,12 @@ def analysis_factory(spec: str, **kwargs) -> Callable:
     return lambda model: obj(model, **kwargs)
 
 
-def load_any_model(name: str, device):
-    """``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (random, seeded) or a :func:`load_model` name."""
+def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = torch.float32):
+    """``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (random, seeded) or a :func:`load_model` name.
+
+    With ``device_map`` (e.g. ``"auto"``) the model is split by accelerate over the GPUs this
+    process sees (set ``CUDA_VISIBLE_DEVICES`` per process when several processes share a node).
+    """
     if name.startswith("tiny-"):
         kind = name[len("tiny-") :]
         try:
@@ -174,7 +178,9 @@ def load_any_model(name: str, device):
             return tiny_hooked(kind).to(device)
     from geolens.models import load_model
 
-    return load_model(name, device=device)
+    if device_map is not None:
+        return load_model(name, device=None, device_map=device_map, dtype=dtype)
+    return load_model(name, device=device, dtype=dtype)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -188,8 +194,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--checkpoint-dir", default=None, help="resumable run: one state file per rank in this folder")
     p.add_argument("--checkpoint-every", type=int, default=1, help="batches between checkpoints")
+    p.add_argument("--device-map", default=None, help='split each process\'s model over its visible GPUs ("auto", "balanced")')
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype")
     p.add_argument("--backend", default=None, help="gloo / nccl (default: nccl with CUDA, else gloo)")
-    p.add_argument("--out", required=True, help="rank 0 writes {'states', 'results', 'timing'} here (torch.save)")
+    p.add_argument("--out", required=True, help="rank 0 writes {'analyses', 'states', 'timing'} here (torch.save)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="do not run one untimed forward pass first")
     return p
@@ -199,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     rank, size, device = init_from_env(args.backend)
     try:
-        model = load_any_model(args.model, device)
+        model = load_any_model(args.model, device, device_map=args.device_map, dtype=getattr(torch, args.dtype))
         if args.tokens:
             tokens = torch.load(args.tokens, weights_only=True)
         else:
