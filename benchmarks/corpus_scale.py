@@ -9,7 +9,10 @@ layer 5 and the 800-sequence run fits a shared 2-core CPU; ``--memory-layers 0``
 RSS before the run, peak RSS during the run, the process's lifetime peak (``ru_maxrss``), and
 the ratios largest / smallest size. Flat memory means ratios ≈ 1.
 
-Part 2 — throughput, sequences per second, for the sink-geometry and taxonomy analyses on the
+Part 2 — long context: the extra peak RSS of contribution weights and attention metrics on one
+4096-token layer, unchunked vs with ``memory_budget_bytes`` (16 MiB), in a fresh subprocess.
+
+Part 3 — throughput, sequences per second, for the sink-geometry and taxonomy analyses on the
 same windows: one process (all cores), one process with one thread, and two processes with one
 thread each (``torchrun --standalone --nproc-per-node 2``, gloo), each timed inside the launcher
 after an untimed warm-up pass and excluding model loading. Prints the 2-process / 1-process ratio.
@@ -73,6 +76,75 @@ print(json.dumps({"n_sequences": n, "rss_before": before, "run_peak": peak[0],
                   "process_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "seconds": seconds}))
 """
+
+
+LONG_CONTEXT_CHILD = """
+import json, os, sys, threading, time
+import torch
+from geolens.adapter import AttentionLayer
+from geolens.contributions import _metrics_from_layer, contribution_weights_from_layer, iter_query_chunks
+
+torch.set_num_threads(1)
+B, H, Q, D, M = 1, 4, int(sys.argv[1]), 8, 32
+g = torch.Generator().manual_seed(0)
+pattern = torch.softmax(torch.randn(B, H, Q, Q, generator=g).tril_() + torch.triu(torch.full((Q, Q), -1e9), 1), -1)
+layer = AttentionLayer(0, pattern, torch.randn(B, Q, H, D, generator=g), torch.randn(H, D, M, generator=g),
+                       torch.zeros(M), 2, "test")
+layer.z  # part of the inputs (small: [batch, query, head, d_head])
+
+def rss():
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+def extra(fn):
+    start, peak, stop = rss(), [rss()], threading.Event()
+    def poll():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss()); time.sleep(0.001)
+    t = threading.Thread(target=poll); t.start()
+    out = fn()
+    stop.set(); t.join()
+    peak[0] = max(peak[0], rss())
+    del out
+    return peak[0] - start
+
+budget = int(sys.argv[2])
+def streamed():
+    total = torch.zeros(B, H, Q)
+    for _, sub in iter_query_chunks(layer, memory_budget_bytes=budget):
+        total += contribution_weights_from_layer(sub, "intra").sum(2)
+    return total
+
+res = {
+    "pattern_bytes": pattern.numel() * 4,
+    "cw_full": extra(lambda: contribution_weights_from_layer(layer, "intra")),
+    "cw_budget": extra(lambda: contribution_weights_from_layer(layer, "intra", memory_budget_bytes=budget)),
+    "metrics_full": extra(lambda: _metrics_from_layer(layer, "intra", 0.0)),
+    "metrics_budget": extra(lambda: _metrics_from_layer(layer, "intra", 0.0, memory_budget_bytes=budget)),
+    "streamed": extra(streamed),
+}
+print(json.dumps(res))
+"""
+
+
+def long_context_part(args) -> dict:
+    """Extra peak RSS of contribution weights / metrics on one synthetic 4096-token layer."""
+    script = Path(tempfile.mkdtemp()) / "long_context_child.py"
+    script.write_text(textwrap.dedent(LONG_CONTEXT_CHILD))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    budget = args.memory_budget_mib * 2**20
+    out = subprocess.run([sys.executable, str(script), str(args.long_length), str(budget)], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    r = json.loads(out.strip().splitlines()[-1])
+    print(f"long context: batch 1, 4 heads, {args.long_length} tokens; one [b, h, q, k] float32 tensor = {mib(r['pattern_bytes'])}; "
+          f"memory_budget_bytes = {args.memory_budget_mib} MiB", flush=True)  # fmt: skip
+    for key, label, outputs in [
+        ("cw_full", "contribution weights, unchunked", 1), ("cw_budget", "contribution weights, budgeted", 1),
+        ("metrics_full", "attention_metrics, unchunked", 3), ("metrics_budget", "attention_metrics, budgeted", 3),
+        ("streamed", "iter_query_chunks, reduced per chunk", 0),
+    ]:  # fmt: skip
+        print(f"  {label:40s} extra peak RSS {mib(r[key])}, beyond its {outputs} output(s) {mib(r[key] - outputs * r['pattern_bytes'])}", flush=True)
+    return r
 
 
 def mib(x: float) -> str:
@@ -151,6 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--throughput-sequences", type=int, default=48)
     p.add_argument("--throughput-analyses", nargs="+", default=["sink-geometry", "taxonomy"])
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--skip-long-context", action="store_true")
+    p.add_argument("--long-length", type=int, default=4096)
+    p.add_argument("--memory-budget-mib", type=int, default=16)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args(argv)
@@ -158,6 +233,8 @@ def main(argv=None) -> int:
     results = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if not args.skip_memory:
         results["memory"] = memory_part(args)
+    if not args.skip_long_context:
+        results["long_context"] = long_context_part(args)
     if not args.skip_throughput:
         results["throughput"] = throughput_part(args)
     if args.json:
