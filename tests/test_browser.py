@@ -38,7 +38,7 @@ def report_page(tmp_path_factory):
 
     model = make_tiny("gqa")
     tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!"), length=16)
-    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, prompt="the cat sat on the mat", quick=True)
+    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
     report = build_report(model, tokens, config, progress=False)
     out = tmp_path_factory.mktemp("browser")
     return report, write_report(report, out)["html"], out

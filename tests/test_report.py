@@ -92,7 +92,7 @@ def tiny_report(tmp_path_factory):
 
     model = make_tiny("gqa")
     tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!", "one two three"), length=16)
-    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, prompt="the cat sat on the mat", quick=True)
+    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
     report = build_report(model, tokens, config, progress=False)
     out = tmp_path_factory.mktemp("report")
     paths = write_report(report, out)
@@ -118,7 +118,7 @@ def test_report_json_has_every_section_numbers_and_versions(tiny_report):
     data = json.loads(paths["json"].read_text())
     for key in ("torch", "transformers", "transformer_lens", "geolens", "circuitsvis", "model_mode"):
         assert data["versions"][key]
-    assert data["params"]["n_sequences"] == 3 and data["params"]["seq_len"] == 16
+    assert data["params"]["n_sequences"] == 2 and data["params"]["n_heldout"] == 1 and data["params"]["seq_len"] == 16
     assert data["params"]["model_config"]["n_layers"] == model.cfg.n_layers
     assert set(data["sections"]) == {s.key for s in report.sections} == set(available_sections())
     for key, section in data["sections"].items():
@@ -153,6 +153,8 @@ def test_unknown_section_is_an_error(tiny_gqa):
         build_report(model, tokens, ReportConfig(sections=["nope"]), progress=False)
     with pytest.raises(ValueError, match="seq_len"):
         build_report(model, tokens[:, :1], ReportConfig(), progress=False)
+    with pytest.raises(ValueError, match="n_heldout"):
+        build_report(model, tokens, ReportConfig(n_heldout=2), progress=False)
 
 
 def test_report_command_is_registered(capsys):

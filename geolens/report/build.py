@@ -35,11 +35,14 @@ class ReportConfig:
 
     ``quick`` shrinks every section's workload (fewer sequences, shorter windows, fewer
     layers/fractions) so that the whole report finishes in under two minutes on a laptop CPU.
+    ``n_heldout`` windows (after the ``n_sequences`` of the corpus pass) are kept apart for the
+    interventions that need data not used to build their references (faithfulness, pruning).
     """
 
     model: str = "smollm2-135m"
     corpus: str = "lee"
     n_sequences: int = 64
+    n_heldout: int = 8
     seq_len: int = 128
     batch_size: int = 8
     quick: bool = False
@@ -50,7 +53,7 @@ class ReportConfig:
 
     @classmethod
     def quick_defaults(cls, **overrides) -> "ReportConfig":
-        base = dict(n_sequences=8, seq_len=64, quick=True)
+        base = dict(n_sequences=8, n_heldout=1, seq_len=64, quick=True)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -60,7 +63,8 @@ class ReportContext:
     """What every section builder gets: the model, the corpus windows and the configuration."""
 
     model: object
-    tokens: torch.Tensor  # [n_sequences, seq_len], BOS first
+    tokens: torch.Tensor  # [n_sequences, seq_len], BOS first: the shared corpus pass
+    heldout: torch.Tensor  # [n_heldout, seq_len]: windows the corpus pass never sees
     config: ReportConfig
     progress: bool = True
     shared: dict = field(default_factory=dict)  # results one section leaves for a later one
@@ -120,17 +124,25 @@ def _select(keys: Sequence[str] | None) -> list[SectionSpec]:
 
 
 def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress: bool = True) -> Report:
-    """Run every selected, available section on ``model`` and ``tokens`` and collect the report."""
+    """Run every selected, available section on ``model`` and ``tokens`` and collect the report.
+
+    The last ``config.n_heldout`` windows of ``tokens`` are held out of the corpus pass
+    (:attr:`ReportContext.heldout`); the others are the corpus (:attr:`ReportContext.tokens`).
+    """
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [n_sequences, seq_len ≥ 2], got {tuple(tokens.shape)}")
-    ctx = ReportContext(model=model, tokens=tokens, config=config, progress=progress)
     specs = _select(config.sections)
+    h = int(config.n_heldout)
+    if h < 1 or tokens.shape[0] <= h:
+        raise ValueError(f"need more windows ({tokens.shape[0]}) than n_heldout={h} (≥ 1)")
+    corpus, heldout = tokens[:-h], tokens[-h:]
+    ctx = ReportContext(model=model, tokens=corpus, heldout=heldout, config=config, progress=progress)
     modules = {spec.key: spec.load() for spec in specs}
     wanted = {key: (m.analyses(ctx) if hasattr(m, "analyses") else {}) for key, m in modules.items()}
     flat = [a for per_section in wanted.values() for a in per_section.values()]
     start = time.perf_counter()
     if flat:
-        run_corpus(model, tokens, flat, batch_size=config.batch_size, progress=progress, desc="corpus pass")
+        run_corpus(model, corpus, flat, batch_size=config.batch_size, progress=progress, desc="corpus pass")
     corpus_seconds = time.perf_counter() - start
     sections = []
     for key, module in modules.items():
@@ -140,7 +152,7 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
         sections.append(section)
     params = asdict(config)
     params["corpus_pass_seconds"] = round(corpus_seconds, 2)
-    params["n_sequences"], params["seq_len"] = int(tokens.shape[0]), int(tokens.shape[1])
+    params["n_sequences"], params["seq_len"] = int(corpus.shape[0]), int(tokens.shape[1])
     params["model_config"] = {
         k: getattr(model.cfg, k, None) for k in ("n_layers", "n_heads", "d_model", "d_head", "n_key_value_heads")
     }

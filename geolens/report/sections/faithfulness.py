@@ -3,8 +3,8 @@
 :func:`geolens.faithfulness.faithfulness_curves` removes the α_ij ṽ_j terms of the top-k
 (comprehensiveness) or bottom-k (sufficiency) sources of each (layer, head, query) by each metric,
 in all layers at once, sink and current token protected (the default :class:`Protocol`), and
-measures ΔPPL. It runs on the first windows of the corpus: 2 windows and k ∈ {0.2, 0.5, 0.8} in
-quick mode, 8 windows and k ∈ {0.1, …, 0.9} otherwise.
+measures ΔPPL. It runs on the report's held-out windows (up to 8; in quick mode 1 window, k ∈ {0.25, 0.75} and no
+Value Zeroing, which costs one forward per source); k ∈ {0.1, …, 0.9} and all metrics otherwise.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ ORDER = ("raw_attention", "value_weighted", "output_normalized", "contribution")
 
 
 def settings(ctx) -> dict:
-    n = ctx.tokens.shape[0]
+    n = ctx.heldout.shape[0]
     if ctx.config.quick:
-        return {"n_sequences": min(2, n), "fractions": (0.2, 0.5, 0.8), "n_boot": 200}
-    return {"n_sequences": min(8, n), "fractions": FRACTIONS, "n_boot": 1000}
+        metrics = tuple(m for m in ALL_METRICS if m != "value_zeroing")  # VZ costs a forward per source
+        return {"n_sequences": min(1, n), "fractions": (0.25, 0.75), "n_boot": 200, "metrics": metrics, "chunk_size": 20}
+    return {"n_sequences": min(8, n), "fractions": FRACTIONS, "n_boot": 1000, "metrics": ALL_METRICS, "chunk_size": 18}
 
 
 def claims_from(auc) -> list[Claim]:
@@ -69,8 +70,8 @@ def build(ctx, analyses: dict) -> Section:
     s = settings(ctx)
     protocol = Protocol(fractions=tuple(s["fractions"]))
     result = faithfulness_curves(
-        ctx.model, ctx.tokens[: s["n_sequences"]], protocol, ALL_METRICS,
-        seed=ctx.config.seed, progress=ctx.progress, n_boot=s["n_boot"],
+        ctx.model, ctx.heldout[: s["n_sequences"]], protocol, s["metrics"],
+        chunk_size=s["chunk_size"], seed=ctx.config.seed, progress=ctx.progress, n_boot=s["n_boot"],
     )  # fmt: skip
     auc = result.auc()
     text = result.protocol_text()
@@ -88,5 +89,5 @@ def build(ctx, analyses: dict) -> Section:
         tables=[("area under the curve (bootstrap 95% CI over sequences)", auc)],
         numbers={"curves": result.curves, "auc": auc, "clean": result.clean, "protocol": result.protocol},
         claims=claims_from(auc),
-        params={"protocol": result.protocol, "n_sequences": s["n_sequences"], "metrics": list(ALL_METRICS), "n_boot": s["n_boot"]},
+        params={"protocol": result.protocol, "n_sequences": s["n_sequences"], "metrics": list(s["metrics"]), "n_boot": s["n_boot"]},
     )

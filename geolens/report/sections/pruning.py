@@ -1,8 +1,8 @@
 """Report section: head pruning by regime vs baselines (SPEC §6, paper B).
 
-References (head taxonomy, attention entropy, mean ``hook_z`` for mean-ablation) come from the
-corpus windows *not* used for evaluation; ΔPPL is measured on the last windows (2 in quick mode,
-8 otherwise) for each order of :func:`geolens.pruning.pruning_orders` (regime: Reset → Mixer →
+References (head taxonomy, attention entropy, mean ``hook_z`` for mean-ablation) are streamed in
+the report's shared corpus pass; ΔPPL is measured on the held-out windows, which that pass never
+sees, for each order of :func:`geolens.pruning.pruning_orders` (regime: Reset → Mixer →
 Retriever; weight magnitude; attention entropy; random seeds) at each retention level.
 """
 
@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from geolens.interventions.ablation import mean_head_z
+from geolens.interventions.ablation import MeanHeadZ
 from geolens.pruning import RETENTION, AttentionEntropy, pruning_curves, pruning_orders
 from geolens.report.document import Claim, Section
-from geolens.runner import run_corpus
 from geolens.taxonomy import TaxonomyAnalysis
 from geolens.viz.faithfulness import pruning_curves_plot
 
 
 def settings(ctx) -> dict:
-    n = ctx.tokens.shape[0]
-    if n < 2:
-        raise ValueError("the pruning section needs at least 2 windows (references and evaluation)")
     if ctx.config.quick:
-        return {"n_eval": min(2, n // 2), "retention": (0.9, 0.7, 0.5), "seeds": (0,)}
-    return {"n_eval": min(8, n // 2), "retention": RETENTION, "seeds": (0, 1, 2)}
+        return {"retention": (0.8, 0.5), "seeds": (0,)}
+    return {"retention": RETENTION, "seeds": (0, 1, 2)}
+
+
+def analyses(ctx) -> dict:
+    L, H = ctx.model.cfg.n_layers, ctx.model.cfg.n_heads
+    return {"taxonomy": TaxonomyAnalysis(L, H), "entropy": AttentionEntropy(L, H), "mean_z": MeanHeadZ.for_model(ctx.model)}
 
 
 def claims_from(df) -> list[Claim]:
@@ -50,17 +51,16 @@ def claims_from(df) -> list[Claim]:
 def build(ctx, analyses: dict) -> Section:
     model, cfg = ctx.model, ctx.config
     s = settings(ctx)
-    evaluation, ref = ctx.tokens[-s["n_eval"] :], ctx.tokens[: -s["n_eval"]]
-    tax_a = TaxonomyAnalysis.for_model(model)
-    ent_a = AttentionEntropy(model.cfg.n_layers, model.cfg.n_heads)
-    run_corpus(model, ref, [tax_a, ent_a], batch_size=cfg.batch_size, progress=ctx.progress, desc="pruning references")
-    tax = tax_a.result()
-    orders = pruning_orders(model, ref, taxonomy_table=tax.table, entropy=ent_a.result(), seeds=s["seeds"], batch_size=cfg.batch_size)
-    means = mean_head_z(model, ref, batch_size=cfg.batch_size)
+    ref, evaluation = ctx.tokens, ctx.heldout
+    tax = analyses["taxonomy"].result()
+    orders = pruning_orders(
+        model, ref, taxonomy_table=tax.table, entropy=analyses["entropy"].result(), seeds=s["seeds"], batch_size=cfg.batch_size
+    )
+    means = analyses["mean_z"].result()
     df = pruning_curves(model, evaluation, orders, s["retention"], mode="mean", means=means, batch_size=cfg.batch_size, progress=ctx.progress)
     desc = (
-        f"mean-ablation of hook_z; references on {ref.shape[0]} windows, ΔPPL on {evaluation.shape[0]} other windows "
-        f"× {evaluation.shape[1]} tokens"
+        f"mean-ablation of hook_z; references (taxonomy, entropy, mean z) on the {ref.shape[0]} corpus-pass windows, "
+        f"ΔPPL on {evaluation.shape[0]} held-out windows × {evaluation.shape[1]} tokens"
     )
     fig = pruning_curves_plot(df, subtitle=desc)
     wide = df.pivot_table(index="order", columns="retention", values="delta_ppl", sort=False).reset_index()
