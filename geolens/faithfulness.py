@@ -371,17 +371,29 @@ def faithfulness_curves(
     )
 
 
-def claimed_order_holds(auc: pd.DataFrame, direction: str = "comprehensiveness", quantity: str = "delta_ppl") -> dict:
+def claimed_order_holds(
+    auc: pd.DataFrame, direction: str = "comprehensiveness", quantity: str = "delta_ppl", *, rtol: float = 1e-9
+) -> dict:
     """Whether paper A's order raw < value-weighted < output-normalised < contribution holds.
 
     For comprehensiveness a more faithful metric has a larger ΔPPL AUC; for sufficiency a smaller
-    one (so the order is checked on −AUC). Δ log-prob flips the sign again.
+    one (so the order is checked on −AUC). Δ log-prob flips the sign again. Each adjacent pair is
+    reported as ``"holds"``, ``"tie"`` (equal AUCs: with per-row rankings, α‖ṽ‖ and α‖ṽ‖/‖o_i‖
+    rank the sources of a row identically, since ‖o_i‖ is constant along the row) or
+    ``"reversed"``; ``holds`` is True only when every pair holds strictly.
     """
     order = ["raw_attention", "value_weighted", "output_normalized", "contribution"]
     sub = auc[(auc.direction == direction) & (auc.quantity == quantity)].set_index("metric")["auc"]
     sign = 1.0 if direction == "comprehensiveness" else -1.0
     if quantity == "delta_logprob":
         sign = -sign
-    faith = [sign * float(sub[m]) for m in order if m in sub.index]
-    pairs = {f"{a} < {b}": bool(x < y) for a, b, x, y in zip(order, order[1:], faith, faith[1:])}
-    return dict(direction=direction, quantity=quantity, holds=all(pairs.values()), pairs=pairs)
+    present = [m for m in order if m in sub.index]
+    faith = [sign * float(sub[m]) for m in present]
+
+    def relation(x: float, y: float) -> str:
+        if abs(x - y) <= rtol * max(abs(x), abs(y), 1e-300):
+            return "tie"
+        return "holds" if x < y else "reversed"
+
+    pairs = {f"{a} < {b}": relation(x, y) for a, b, x, y in zip(present, present[1:], faith, faith[1:])}
+    return dict(direction=direction, quantity=quantity, holds=all(v == "holds" for v in pairs.values()), pairs=pairs)

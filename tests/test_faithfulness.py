@@ -123,7 +123,23 @@ def test_faithfulness_curves_end_to_end(tiny_gqa):
     text = str(res)
     assert "layers masked together = 1" in text and "sink (pos 0) removable = False" in text
     order = claimed_order_holds(auc)
+    assert set(order["pairs"].values()) <= {"holds", "tie", "reversed"}
+    # per-row rankings: value-weighted and output-normalised remove the same sources
+    vw = df[df.metric == "value_weighted"].delta_ppl.to_numpy()
+    assert np.allclose(vw, df[df.metric == "output_normalized"].delta_ppl.to_numpy(), atol=1e-6)
     assert set(order["pairs"]) == {"raw_attention < value_weighted", "value_weighted < output_normalized", "output_normalized < contribution"}
+
+
+def test_claimed_order_by_hand():
+    import pandas as pd
+
+    rows = [dict(metric=m, direction=d, quantity=q, auc=a) for d in ("comprehensiveness", "sufficiency")
+            for q in ("delta_ppl",) for m, a in zip(["raw_attention", "value_weighted", "output_normalized", "contribution"], [1.0, 2.0, 2.0, 3.0])]  # fmt: skip
+    auc = pd.DataFrame(rows)
+    comp = claimed_order_holds(auc, "comprehensiveness")
+    assert comp["pairs"] == {"raw_attention < value_weighted": "holds", "value_weighted < output_normalized": "tie", "output_normalized < contribution": "holds"}
+    assert not comp["holds"]
+    assert set(claimed_order_holds(auc, "sufficiency")["pairs"].values()) == {"reversed", "tie"}
 
 
 def test_protocol_errors(tiny_gqa):
