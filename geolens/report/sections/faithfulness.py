@@ -36,13 +36,13 @@ def claims_from(auc) -> list[Claim]:
     }
     largest = max(gains, key=gains.get)
     tie = ""
-    if values["value_weighted"] == values["output_normalized"]:
+    if order["pairs"].get("value_weighted < output_normalized") == "tie":
         tie = " (value-weighted = output-normalised: dividing one (head, query) row by ‖o_i‖ cannot change its ranking)"
     return [
         Claim(
             claim="Faithfulness order raw attention < value-weighted < output-normalised < contribution weights (comprehensiveness)",
             source="paper A §3.1",
-            measured="ΔPPL AUC " + ", ".join(f"{m} {values[m]:.3g}" for m in ORDER) + tie,
+            measured="ΔPPL AUC " + ", ".join(f"{m} {values[m]:.3g}" for m in ORDER) + "; pairs " + ", ".join(f"{k}: {v}" for k, v in order["pairs"].items()) + tie,
             holds=bool(order["holds"]),
             criterion="each step of the order has a strictly larger comprehensiveness ΔPPL AUC",
             numbers={"auc": values, "pairs": order["pairs"]},
@@ -50,7 +50,7 @@ def claims_from(auc) -> list[Claim]:
         Claim(
             claim="The same order under sufficiency (removing the least important sources hurts least for contribution weights)",
             source="paper A §3.1",
-            measured="pairs " + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in suff["pairs"].items()),
+            measured="pairs " + ", ".join(f"{k}: {v}" for k, v in suff["pairs"].items()),
             holds=bool(suff["holds"]),
             criterion="each step of the order has a smaller sufficiency ΔPPL AUC",
             numbers={"pairs": suff["pairs"]},
