@@ -8,6 +8,11 @@ shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matpl
   contribution colouring of one query's sources, sink attention vs contribution per layer.
 - :mod:`geolens.viz.sinks`: sink-norm/cosine bars, token-type decomposition, output norm vs sink
   rate, semantic drift.
+- :mod:`geolens.viz.selection`: F_N vs N (top-N vs random, with/without the sink), per layer,
+  similarity decay.
+- :mod:`geolens.viz.taxonomy`: the layer × head regime grid (PNG and HTML).
+- :mod:`geolens.viz.faithfulness`: faithfulness curves, MC accuracy, pruning curves, single-head
+  sensitivity map.
 """
 
 from geolens.viz.common import HTMLView, PlotView, circuitsvis_bundle, to_jsonable
@@ -18,7 +23,10 @@ from geolens.viz.contributions import (
     source_colors,
     str_tokens,
 )
+from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot, pruning_curves_plot, sensitivity_map_plot
+from geolens.viz.selection import f_by_layer_plot, f_vs_n_plot, similarity_decay_plot
 from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
+from geolens.viz.taxonomy import regime_grid_html, regime_grid_plot, save_regime_grid_html
 
 __all__ = [
     "HTMLView",
@@ -26,6 +34,16 @@ __all__ = [
     "circuitsvis_bundle",
     "contribution_heatmaps",
     "decomposition_bars",
+    "f_by_layer_plot",
+    "f_vs_n_plot",
+    "faithfulness_curves_plot",
+    "mc_accuracy_plot",
+    "pruning_curves_plot",
+    "regime_grid_html",
+    "regime_grid_plot",
+    "save_regime_grid_html",
+    "sensitivity_map_plot",
+    "similarity_decay_plot",
     "drift_plot",
     "norm_curve_plot",
     "sink_layer_bars",
