@@ -165,3 +165,23 @@ def test_smollm2_comprehensiveness_hurts_more_than_random(smollm2, smollm2_token
     df = res.per_sequence.groupby(["metric", "direction"]).delta_ppl.mean()
     assert df["contribution", "comprehensiveness"] > df["random", "comprehensiveness"]
     assert df["contribution", "sufficiency"] < df["contribution", "comprehensiveness"]
+
+
+def test_paired_auc_difference_by_hand():
+    import pandas as pd
+
+    from geolens.faithfulness import FaithfulnessResult, paired_auc_differences
+
+    fr = (0.1, 0.5)
+    rows = []
+    for s, shift in enumerate([0.0, 10.0, 20.0]):  # large between-sequence spread, constant paired gap
+        for d in ("comprehensiveness", "sufficiency"):
+            for k in fr:
+                rows.append(dict(sequence=s, metric="raw_attention", direction=d, fraction=k, delta_ppl=shift + k, delta_logprob=0.0))
+                rows.append(dict(sequence=s, metric="contribution", direction=d, fraction=k, delta_ppl=shift + k + 1.0, delta_logprob=0.0))
+    res = FaithfulnessResult(protocol=dict(fractions=fr, layers=[0], allow_sink=False, allow_current=False, mode="intra"),
+                             per_sequence=pd.DataFrame(rows), clean=pd.DataFrame())  # fmt: skip
+    out = paired_auc_differences(res, n_boot=200)
+    row = out[(out.direction == "comprehensiveness") & (out.quantity == "delta_ppl")].iloc[0]
+    assert row.auc_difference == pytest.approx(0.4 * 1.0)  # constant gap 1 over a span of 0.4
+    assert row.ci_low == pytest.approx(0.4) and row.ci_high == pytest.approx(0.4)

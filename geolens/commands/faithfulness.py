@@ -45,7 +45,7 @@ def auc_markdown(auc: pd.DataFrame) -> str:
 
 def _save_all(result, out: Path) -> None:
     """Tables, AUC (markdown too), the claimed-order check and both curve figures."""
-    from geolens.faithfulness import claimed_order_holds
+    from geolens.faithfulness import claimed_order_holds, paired_auc_differences
     from geolens.viz.faithfulness import faithfulness_curves_plot
 
     result.save(out)
@@ -53,6 +53,21 @@ def _save_all(result, out: Path) -> None:
     (out / "auc.md").write_text(result.protocol_text() + "\n\n" + auc_markdown(auc), encoding="utf-8")
     checks = [claimed_order_holds(auc, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
     (out / "claimed_order.json").write_text(json.dumps(checks, indent=2))
+    paired = paired_auc_differences(result, n_boot=result.n_boot)
+    paired.to_csv(out / "auc_paired_vs_raw.csv", index=False)
+    lines = ["| metric − raw attention | direction | quantity | ΔAUC | 95% paired CI |", "|---|---|---|---:|---|"]
+    lines += [f"| {r.metric} | {r.direction} | {r.quantity} | {r.auc_difference:+.4f} | [{r.ci_low:+.4f}, {r.ci_high:+.4f}] |" for r in paired.itertuples()]
+    (out / "auc_paired_vs_raw.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if (out / "mc.csv").exists():
+        from geolens.viz.faithfulness import mc_accuracy_plot
+
+        mc = pd.read_csv(out / "mc.csv")
+        info = json.loads((out / "mc_protocol.json").read_text()) if (out / "mc_protocol.json").exists() else {}
+        p = info.get("protocol", {})
+        view = mc_accuracy_plot(mc, subtitle=f"{info.get('task', '')}, {info.get('n_questions', '?')} questions; layers masked {p.get('layers')}, "
+                                f"sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
+        view.save(out / "mc.png", dpi=80)
+        view.close()
     for q in ("delta_ppl", "delta_logprob"):
         view = faithfulness_curves_plot(result.curves, q, subtitle=result.protocol_text())
         view.save(out / f"curves_{q}.png", dpi=80)
@@ -99,6 +114,14 @@ def run(args) -> int:
     from geolens.models import load_model
     from geolens.viz.faithfulness import mc_accuracy_plot
 
+    if args.replot:  # tables and figures again from the saved per-sequence results, no model
+        from geolens.faithfulness import FaithfulnessResult
+
+        result = FaithfulnessResult.load(args.out, n_boot=args.n_boot)
+        for c in _save_all(result, Path(args.out)):
+            print(c)
+        print(result)
+        return 0
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -161,5 +184,6 @@ def register(subparsers) -> None:
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
     p.add_argument("--out", default="docs/faithfulness")
     p.set_defaults(func=run)
