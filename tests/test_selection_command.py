@@ -15,8 +15,11 @@ from geolens.selection.effective_set import effective_set_size
 
 def test_selection_command_writes_tables_and_figures(tmp_path):
     out = tmp_path / "sel"
+    from test_taxonomy_command import write_corpus
+
+    lee = write_corpus(tmp_path / "lee.txt", 0)
     rc = main([
-        "selection", "--model", "tiny-gqa", "--corpora", "lee", "--n-sequences", "3", "--seq-len", "16",
+        "selection", "--model", "tiny-gqa", "--corpora", lee, "--nstar-corpus", lee, "--n-sequences", "3", "--seq-len", "16",
         "--n-random", "4", "--n-boot", "50", "--nstar-sequences", "2", "--out", str(out),
     ])  # fmt: skip
     assert rc == 0
@@ -36,11 +39,10 @@ def test_selection_command_writes_tables_and_figures(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_effective_set_size_is_consistent(smollm2, smollm2_tokens):
-    tokens = smollm2_tokens[:2, :32]
-    res = effective_set_size(smollm2, tokens, sizes=[1, 8, 32], rankings=("attention",), batch_size=2, progress=False)
+    tokens = smollm2_tokens[:1, :32]
+    res = effective_set_size(smollm2, tokens, sizes=[1, 32], rankings=("attention",), batch_size=1, progress=False)
     nll = res["nll"].set_index("N")
     assert nll.loc[32, "relative_increase"] == pytest.approx(0.0, abs=1e-6)  # N = window keeps everything
-    assert nll.loc[1, "relative_increase"] > nll.loc[8, "relative_increase"] > -0.05
+    assert nll.loc[1, "relative_increase"] > 0.1  # one source per head and query is far too few
     assert np.isfinite(nll.nll).all()
-    ns = res["n_star"].set_index("tolerance")
-    assert ns.loc[0.10, "n_star"] <= ns.loc[0.01, "n_star"]
+    assert (res["n_star"].n_star == 32).all()

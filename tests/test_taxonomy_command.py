@@ -13,9 +13,18 @@ from geolens.cli import main
 from geolens.viz.taxonomy import regime_grid_html, regime_grid_plot
 
 
+def write_corpus(path, seed):
+    """A small local text corpus (blank-line separated documents; works without gensim)."""
+    rng = np.random.default_rng(seed)
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "news", "today"]
+    path.write_text("\n\n".join(" ".join(rng.choice(words, 40)) + "." for _ in range(6)), encoding="utf-8")
+    return str(path)
+
+
 def test_taxonomy_command_writes_tables_and_figures(tmp_path):
     out = tmp_path / "tax"
-    rc = main(["taxonomy", "--model", "tiny-gqa", "--corpora", "lee", "enwiki", "--n-sequences", "4", "--seq-len", "16", "--out", str(out)])
+    lee, enwiki = write_corpus(tmp_path / "lee.txt", 0), write_corpus(tmp_path / "enwiki.txt", 1)
+    rc = main(["taxonomy", "--model", "tiny-gqa", "--corpora", lee, enwiki, "--n-sequences", "4", "--seq-len", "16", "--out", str(out)])
     assert rc == 0
     heads = pd.read_csv(out / "heads_lee.csv")
     assert len(heads) == 2 * 4 and (heads.n_queries == 4 * 15).all()

@@ -60,6 +60,11 @@ def headline(res: dict, regime: dict) -> dict:
     return out
 
 
+def corpus_label(corpus: str) -> str:
+    """File-name label of a corpus: the name itself, or the stem of a corpus file path."""
+    return Path(corpus).stem if ("/" in corpus or Path(corpus).suffix) else corpus
+
+
 def run(args) -> int:
     import torch
 
@@ -84,8 +89,9 @@ def run(args) -> int:
         "averages: repeats -> heads and layers within a document (window) -> documents; percentile bootstrap over documents",
         "corpora": {},
     }
-    for name in args.corpora:
-        tokens = corpus_windows(model, name, args.seq_len, args.n_sequences)
+    for corpus in args.corpora:
+        name = corpus_label(corpus)
+        tokens = corpus_windows(model, corpus, args.seq_len, args.n_sequences)
         sel = SelectionAnalysis.for_model(model, args.seq_len, max_n=args.max_n, n_random=args.n_random, queries=args.queries, seed=args.seed)
         reg = RegimeAnalysis.for_model(model, args.seq_len)
         run_corpus(model, tokens, [sel, reg], batch_size=args.batch_size, desc=f"selection {name}")

@@ -19,6 +19,11 @@ import time
 from pathlib import Path
 
 
+def corpus_label(corpus: str) -> str:
+    """File-name label of a corpus: the name itself, or the stem of a corpus file path."""
+    return Path(corpus).stem if ("/" in corpus or Path(corpus).suffix) else corpus
+
+
 def run(args) -> int:
     import torch
 
@@ -35,8 +40,9 @@ def run(args) -> int:
     t0 = time.time()
     model = load_any_model(args.model, "cpu")
     results = {}
-    for name in args.corpora:
-        tokens = corpus_windows(model, name, args.seq_len, args.n_sequences)
+    for corpus in args.corpora:
+        name = corpus_label(corpus)
+        tokens = corpus_windows(model, corpus, args.seq_len, args.n_sequences)
         analysis = TaxonomyAnalysis.for_model(model, space=args.space)
         run_corpus(model, tokens, [analysis], batch_size=args.batch_size, desc=f"taxonomy {name}")
         res = analysis.result()
