@@ -107,6 +107,11 @@ def load_corpus(name: str = "lee", *, split: str = "train", one_per_line: bool =
     return docs[:max_docs] if max_docs else docs
 
 
+def corpus_label(corpus: str) -> str:
+    """File-name label of a corpus: the name itself, or the stem of a corpus file path."""
+    return Path(corpus).stem if ("/" in corpus or Path(corpus).suffix) else corpus
+
+
 def bos_token_id(model) -> int:
     tok = model.tokenizer
     if tok.bos_token_id is not None:

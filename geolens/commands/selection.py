@@ -60,9 +60,7 @@ def headline(res: dict, regime: dict) -> dict:
     return out
 
 
-def corpus_label(corpus: str) -> str:
-    """File-name label of a corpus: the name itself, or the stem of a corpus file path."""
-    return Path(corpus).stem if ("/" in corpus or Path(corpus).suffix) else corpus
+from geolens.data import corpus_label
 
 
 def run(args) -> int:
