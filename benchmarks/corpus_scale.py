@@ -78,64 +78,11 @@ print(json.dumps({"n_sequences": n, "rss_before": before, "run_peak": peak[0],
 """
 
 
-LONG_CONTEXT_CHILD = """
-import json, os, sys, threading, time
-import torch
-from geolens.adapter import AttentionLayer
-from geolens.contributions import _metrics_from_layer, contribution_weights_from_layer, iter_query_chunks
-
-torch.set_num_threads(1)
-B, H, Q, D, M = 1, 4, int(sys.argv[1]), 8, 32
-g = torch.Generator().manual_seed(0)
-pattern = torch.softmax(torch.randn(B, H, Q, Q, generator=g).tril_() + torch.triu(torch.full((Q, Q), -1e9), 1), -1)
-layer = AttentionLayer(0, pattern, torch.randn(B, Q, H, D, generator=g), torch.randn(H, D, M, generator=g),
-                       torch.zeros(M), 2, "test")
-layer.z  # part of the inputs (small: [batch, query, head, d_head])
-
-def rss():
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-def extra(fn):
-    start, peak, stop = rss(), [rss()], threading.Event()
-    def poll():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss()); time.sleep(0.001)
-    t = threading.Thread(target=poll); t.start()
-    out = fn()
-    stop.set(); t.join()
-    peak[0] = max(peak[0], rss())
-    del out
-    return peak[0] - start
-
-budget = int(sys.argv[2])
-def streamed():
-    total = torch.zeros(B, H, Q)
-    for _, sub in iter_query_chunks(layer, memory_budget_bytes=budget):
-        total += contribution_weights_from_layer(sub, "intra").sum(2)
-    return total
-
-res = {
-    "pattern_bytes": pattern.numel() * 4,
-    "cw_full": extra(lambda: contribution_weights_from_layer(layer, "intra")),
-    "cw_budget": extra(lambda: contribution_weights_from_layer(layer, "intra", memory_budget_bytes=budget)),
-    "metrics_full": extra(lambda: _metrics_from_layer(layer, "intra", 0.0)),
-    "metrics_budget": extra(lambda: _metrics_from_layer(layer, "intra", 0.0, memory_budget_bytes=budget)),
-    "streamed": extra(streamed),
-}
-print(json.dumps(res))
-"""
-
-
 def long_context_part(args) -> dict:
     """Extra peak RSS of contribution weights / metrics on one synthetic 4096-token layer."""
-    script = Path(tempfile.mkdtemp()) / "long_context_child.py"
-    script.write_text(textwrap.dedent(LONG_CONTEXT_CHILD))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    budget = args.memory_budget_mib * 2**20
-    out = subprocess.run([sys.executable, str(script), str(args.long_length), str(budget)], env=env,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    r = json.loads(out.strip().splitlines()[-1])
+    from geolens._long_context_probe import measure_in_subprocess
+
+    r = measure_in_subprocess(args.long_length, args.memory_budget_mib * 2**20)
     print(f"long context: batch 1, 4 heads, {args.long_length} tokens; one [b, h, q, k] float32 tensor = {mib(r['pattern_bytes'])}; "
           f"memory_budget_bytes = {args.memory_budget_mib} MiB", flush=True)  # fmt: skip
     for key, label, outputs in [

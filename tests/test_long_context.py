@@ -3,25 +3,17 @@ extra memory beyond inputs and outputs stays within the budget."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 
 import geolens
-from geolens.adapter import AttentionLayer
+from geolens._long_context_probe import measure_in_subprocess
 from geolens.contributions import (
     contribution_weights_from_layer,
     iter_query_chunks,
     query_chunk_for_budget,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 LONG = 4096
 
 
@@ -92,56 +84,7 @@ def test_budget_errors_name_the_problem(tiny_gqa):
     assert query_chunk_for_budget(view, 10**12) == view.pattern.shape[2]  # never more than the queries
 
 
-MEASURE = """
-import json, os, sys, threading, time
-import torch
-from geolens.adapter import AttentionLayer
-from geolens.contributions import _metrics_from_layer, contribution_weights_from_layer, iter_query_chunks
-
-torch.set_num_threads(1)
-B, H, Q, D, M = 1, 4, int(sys.argv[1]), 8, 32
-g = torch.Generator().manual_seed(0)
-pattern = torch.softmax(torch.randn(B, H, Q, Q, generator=g).tril_() + torch.triu(torch.full((Q, Q), -1e9), 1), -1)
-layer = AttentionLayer(0, pattern, torch.randn(B, Q, H, D, generator=g), torch.randn(H, D, M, generator=g),
-                       torch.zeros(M), 2, "test")
-layer.z  # part of the inputs (small: [batch, query, head, d_head])
-
-def rss():
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-def extra(fn):
-    start, peak, stop = rss(), [rss()], threading.Event()
-    def poll():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss()); time.sleep(0.001)
-    t = threading.Thread(target=poll); t.start()
-    out = fn()
-    stop.set(); t.join()
-    peak[0] = max(peak[0], rss())
-    del out
-    return peak[0] - start
-
-budget = int(sys.argv[2])
-def streamed():
-    total = torch.zeros(B, H, Q)
-    for _, sub in iter_query_chunks(layer, memory_budget_bytes=budget):
-        total += contribution_weights_from_layer(sub, "intra").sum(2)
-    return total
-
-res = {
-    "pattern_bytes": pattern.numel() * 4,
-    "cw_full": extra(lambda: contribution_weights_from_layer(layer, "intra")),
-    "cw_budget": extra(lambda: contribution_weights_from_layer(layer, "intra", memory_budget_bytes=budget)),
-    "metrics_full": extra(lambda: _metrics_from_layer(layer, "intra", 0.0)),
-    "metrics_budget": extra(lambda: _metrics_from_layer(layer, "intra", 0.0, memory_budget_bytes=budget)),
-    "streamed": extra(streamed),
-}
-print(json.dumps(res))
-"""
-
-
-def test_peak_extra_memory_stays_within_budget(tmp_path):
+def test_peak_extra_memory_stays_within_budget():
     """RSS sampled every ms in a fresh process (large allocations mmapped, so frees leave RSS).
 
     Outputs are counted apart: contribution weights return one ``[b, h, q, k]`` tensor, metrics
@@ -149,13 +92,7 @@ def test_peak_extra_memory_stays_within_budget(tmp_path):
     a fixed allowance (allocator and thread slack), while unchunked metrics exceed it.
     """
     budget, slack = 16 * 2**20, 12 * 2**20
-    script = tmp_path / "measure.py"
-    script.write_text(textwrap.dedent(MEASURE))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(LONG), str(budget)], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = measure_in_subprocess(LONG, budget, timeout=300)
     out = r["pattern_bytes"]  # 256 MiB: one [1, 4, 4096, 4096] float32 tensor
     assert r["cw_budget"] - out <= budget + slack, r
     assert r["metrics_budget"] - 3 * out <= budget + slack, r
