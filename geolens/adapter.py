@@ -28,8 +28,10 @@ from functools import cached_property
 from typing import Callable, Iterable
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
+
+from geolens.validation import check_attention_mask, check_cache_layers, check_dtype, check_layer
 
 PATTERN = "attn.hook_pattern"
 VALUE = "attn.hook_v"
@@ -164,6 +166,10 @@ class AttentionLayer:
     b_O: Float[Tensor, "d_model"]
     n_kv_heads: int
     model_mode: str
+    # Real-token masks (True = real) of the query and key positions, or None for an unpadded batch.
+    # Padded positions already hold α = 0 and v = 0, so every quantity is 0 there.
+    query_mask: Bool[Tensor, "batch query"] | None = None
+    key_mask: Bool[Tensor, "batch key"] | None = None
 
     @property
     def n_heads(self) -> int:
@@ -177,18 +183,41 @@ class AttentionLayer:
     def query_slice(self, queries: slice) -> "AttentionLayer":
         """The same layer restricted to a range of query positions (for chunked computation)."""
         return AttentionLayer(
-            self.layer, self.pattern[:, :, queries], self.v, self.W_O, self.b_O, self.n_kv_heads, self.model_mode
+            self.layer,
+            self.pattern[:, :, queries],
+            self.v,
+            self.W_O,
+            self.b_O,
+            self.n_kv_heads,
+            self.model_mode,
+            None if self.query_mask is None else self.query_mask[:, queries],
+            self.key_mask,
         )
 
 
-def get_attention_layer(model, cache, layer: int, *, dtype: torch.dtype = torch.float32) -> AttentionLayer:
-    """Read pattern, v, W_O and b_O of ``layer`` from ``cache`` and check their shapes.
+def get_attention_layer(
+    model,
+    cache,
+    layer: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> AttentionLayer:
+    """Read pattern, v, W_O and b_O of ``layer`` from ``cache`` and check them against the model.
 
-    Values are cast to ``dtype`` (float32 by default, also for bf16/fp16 models).
+    Values are cast to ``dtype`` (float32 by default, also for bf16/fp16 models). ``layer`` may
+    be negative (``-1`` = last layer). The cached shapes must match the model (layers, heads,
+    kv heads, d_head): a cache of another architecture is refused.
+
+    ``attention_mask`` (``[batch, pos]``, 1 = real token, TransformerLens' convention) is the
+    mask the cache was run with (``model.run_with_cache(tokens, attention_mask=mask)``): padded
+    query rows and key columns are set to 0 (α and v), so every quantity is 0 there and the real
+    positions equal each prompt run alone. Without it, a batch that looks padded is refused.
     """
     cfg = model.cfg
-    if not 0 <= layer < cfg.n_layers:
-        raise IndexError(f"layer {layer} out of range for a model with {cfg.n_layers} layers")
+    layer = check_layer(layer, cfg.n_layers)
+    dtype = check_dtype(dtype)
+    check_cache_layers(model, cache)
     pattern = _cache_get(cache, hook_name(layer, PATTERN))
     v = _cache_get(cache, hook_name(layer, VALUE))
     if pattern.ndim != 4 or v.ndim != 4:
@@ -204,19 +233,43 @@ def get_attention_layer(model, cache, layer: int, *, dtype: torch.dtype = torch.
             f"layer {layer}: hook_v {tuple(v.shape)} does not match hook_pattern {tuple(pattern.shape)} "
             "on batch and key positions"
         )
+    if v.shape[2] != n_kv_heads(model) or v.shape[3] != cfg.d_head:
+        raise ValueError(
+            f"layer {layer}: hook_v has {v.shape[2]} kv heads of size {v.shape[3]}, the model has "
+            f"{n_kv_heads(model)} kv heads of size {cfg.d_head}: the cache comes from another model"
+        )
     W_O, b_O = output_weights(model, layer)
     if W_O.shape != (n_heads, v.shape[3], cfg.d_model):
         raise ValueError(f"layer {layer}: W_O has shape {tuple(W_O.shape)}, expected {(n_heads, v.shape[3], cfg.d_model)}")
-    check_unpadded(pattern, window=sliding_window(model, layer), layer=layer)
     device = pattern.device
+    pattern = pattern.to(dtype)
+    v = expand_kv_heads(v.to(dtype), n_heads)
+    query_mask = key_mask = None
+    if attention_mask is None:
+        check_unpadded(pattern, window=sliding_window(model, layer), layer=layer)
+    else:
+        mask = check_attention_mask(attention_mask, batch, n_k).to(device)
+        if n_q != n_k:
+            raise ValueError(f"layer {layer}: attention_mask needs a square pattern, got {n_q} queries and {n_k} keys")
+        query_mask = key_mask = mask
+        leaked = pattern * (mask[:, None, :, None] & ~mask[:, None, None, :])
+        if bool((leaked > 1e-4).any()):
+            raise ValueError(
+                f"layer {layer}: real queries attend to positions that attention_mask marks as padding: "
+                "run the model with the same mask (model.run_with_cache(tokens, attention_mask=mask))"
+            )
+        pattern = pattern * (mask[:, None, :, None] & mask[:, None, None, :])
+        v = v * mask[:, :, None, None]
     return AttentionLayer(
         layer=layer,
-        pattern=pattern.to(dtype),
-        v=expand_kv_heads(v.to(dtype), n_heads),
+        pattern=pattern,
+        v=v,
         W_O=W_O.detach().to(device=device, dtype=dtype),
         b_O=b_O.detach().to(device=device, dtype=dtype),
-        n_kv_heads=v.shape[2],
+        n_kv_heads=n_kv_heads(model),
         model_mode=model_mode(model),
+        query_mask=query_mask,
+        key_mask=key_mask,
     )
 
 
@@ -240,7 +293,7 @@ def sliding_window(model, layer: int) -> int | None:
 
 
 def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: int | None = None, layer: int = 0) -> None:
-    """Refuse padded batches: the sink must be position 0 of every row (SPEC §0).
+    """Refuse a padded batch given without its ``attention_mask``.
 
     The final query of a causal row sees every key (within its sliding window). A key it gives
     exactly zero attention in every head was masked out, i.e. the row is padded (left padding
@@ -254,9 +307,9 @@ def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: in
         rows = masked.any(dim=-1).nonzero().flatten().tolist()
         raise ValueError(
             f"layer {layer}: batch rows {rows[:8]} look padded (the final query gives exactly zero "
-            "attention to some key in every head). geolens places the sink at position 0 and does "
-            "not support padded batches: run sequences of equal length (geolens.data makes "
-            "fixed-length windows) or one prompt at a time."
+            "attention to some key in every head): pass the mask the model was run with, "
+            "attention_mask= (1 = real token), so that padded positions are excluded and each row's "
+            "first real token is its sink."
         )
 
 

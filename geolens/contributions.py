@@ -23,24 +23,34 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter import AttentionLayer, get_attention_layer, model_mode
+from geolens.validation import check_eps, check_layer
 
 Mode = Literal["intra", "inter"]
+ContributionMode = Literal["intra", "inter", "both"]
 
 
 class ZeroNormOutputWarning(UserWarning):
     """Some attention outputs had zero norm; their rows were set to 0 instead of NaN."""
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in ("intra", "inter"):
-        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+def _check_mode(mode: str, *, allow_both: bool = False) -> None:
+    allowed = ("intra", "inter", "both") if allow_both else ("intra", "inter")
+    if mode not in allowed:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, allowed))}, got {mode!r}")
+
+
+class ContributionPair(NamedTuple):
+    """Intra- and inter-head contribution weights of one pass (``mode="both"``)."""
+
+    intra: Float[Tensor, "*layer batch head query key"]
+    inter: Float[Tensor, "*layer batch head query key"]
 
 
 def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head key"]:
@@ -79,29 +89,52 @@ def _inverse(x: Tensor, zero: Tensor) -> Tensor:
     return torch.where(zero, torch.zeros_like(x), 1.0 / torch.where(zero, torch.ones_like(x), x))
 
 
-def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
-    _check_mode(mode)
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+def _projection(layer: AttentionLayer, mode: Mode, gram: Tensor) -> tuple[Tensor, Tensor]:
+    """(u [batch, query, head, d_head], ‖o_i‖² [batch, head, query]) with ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩."""
     if mode == "intra":
         # u_i^h = o_i^h W_O^{hT} = z_i^h G^h
         u = torch.einsum("bqhd,hde->bqhe", layer.z, gram)
-        out_sq = torch.einsum("bqhd,bqhd->bhq", u, layer.z)
-    else:
-        o = layer_output(layer)
-        u = torch.einsum("bqm,hdm->bqhd", o, layer.W_O)
-        out_sq = (o * o).sum(-1)[:, None, :].expand(-1, layer.n_heads, -1)
+        return u, torch.einsum("bqhd,bqhd->bhq", u, layer.z)
+    o = layer_output(layer)
+    u = torch.einsum("bqm,hdm->bqhd", o, layer.W_O)
+    return u, (o * o).sum(-1)[:, None, :].expand(-1, layer.n_heads, -1)
+
+
+def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
+    _check_mode(mode)
+    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    u, out_sq = _projection(layer, mode, gram)
     dot = torch.einsum("bqhd,bkhd->bhqk", u, layer.v)
     value_norm = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v).clamp_min(0).sqrt()
+    return _finish_geometry(layer, mode, eps, dot, value_norm, out_sq)
+
+
+def _geometry_both(layer: AttentionLayer, eps: float) -> tuple[_Geometry, _Geometry]:
+    """Intra and inter geometry in one pass: the Gram matrix, the value norms and the read of v
+    are shared, and both inner products come from one batched matmul over the two projections."""
+    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    (u_a, sq_a), (u_e, sq_e) = (_projection(layer, m, gram) for m in ("intra", "inter"))
+    dots = torch.einsum("sbqhd,bkhd->sbhqk", torch.stack([u_a, u_e]), layer.v)
+    value_norm = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v).clamp_min(0).sqrt()
+    return (
+        _finish_geometry(layer, "intra", eps, dots[0], value_norm, sq_a),
+        _finish_geometry(layer, "inter", eps, dots[1], value_norm, sq_e),
+    )
+
+
+def _finish_geometry(layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor, value_norm: Tensor, out_sq: Tensor) -> _Geometry:
     out_norm = out_sq.clamp_min(0).sqrt()
     zero_rows = out_norm <= eps
-    if bool(zero_rows.any()):
-        n = int(zero_rows.sum()) if mode == "intra" else int(zero_rows[:, 0].sum())
+    # padded queries (α = 0 by construction) are zero rows by design, not worth a warning
+    real_zero = zero_rows if layer.query_mask is None else zero_rows & layer.query_mask[:, None, :]
+    if bool(real_zero.any()):
+        n = int(real_zero.sum()) if mode == "intra" else int(real_zero[:, 0].sum())
         what = "(batch, head, query) head outputs" if mode == "intra" else "(batch, query) layer outputs"
         warnings.warn(
             f"layer {layer.layer}: {n} {what} have zero norm (≤ {eps:g}); their contribution "
             "weights, relative norms and alignments are set to 0",
             ZeroNormOutputWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     return _Geometry(
         dot=dot,
@@ -259,68 +292,86 @@ def influence_factors(
     eps: float = 0.0,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
+    attention_mask: Tensor | None = None,
 ) -> InfluenceFactors:
-    """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (SPEC §1)."""
-    view = get_attention_layer(model, cache, layer, dtype=dtype)
-    alpha, relative, cos, _, _ = _metrics_from_layer(view, mode, eps, query_chunk_size, memory_budget_bytes)
-    return InfluenceFactors(alpha, relative, cos, layer, mode, model_mode(model))
+    """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (SPEC §1).
+
+    Arguments as in :func:`contribution_weights`; padded positions (``attention_mask``) are 0.
+    """
+    _check_mode(mode)
+    [l] = _layers(model, layer)
+    view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
+    alpha, relative, cos, _, _ = _metrics_from_layer(view, mode, check_eps(eps), query_chunk_size, memory_budget_bytes)
+    return InfluenceFactors(alpha, relative, cos, l, mode, model_mode(model))
 
 
 def contribution_weights_from_layer(
     layer: AttentionLayer,
-    mode: Mode = "intra",
+    mode: ContributionMode = "intra",
     *,
     eps: float = 0.0,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
-) -> Float[Tensor, "batch head query key"]:
+) -> Float[Tensor, "batch head query key"] | ContributionPair:
     """c_ij for one :class:`AttentionLayer` (SPEC §2, efficient form), optionally query-chunked.
 
-    Chunks are written into one preallocated output, so the extra memory beyond the output is
-    one chunk's temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`).
+    Chunks are written into preallocated outputs, so the extra memory beyond the output is
+    one chunk's temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`;
+    ``mode="both"`` counts twice the temporaries of one mode). ``mode="both"`` returns a
+    :class:`ContributionPair` computed in one pass.
     """
+    _check_mode(mode, allow_both=True)
+    both = mode == "both"
     n_q = layer.pattern.shape[2]
-    query_chunk_size = _resolve_chunk(layer, query_chunk_size, memory_budget_bytes, _CW_TEMPORARIES)
+    query_chunk_size = _resolve_chunk(
+        layer, query_chunk_size, memory_budget_bytes, _CW_TEMPORARIES * (2 if both else 1)
+    )
     if query_chunk_size is not None and query_chunk_size < n_q:
         if query_chunk_size < 1:
             raise ValueError("query_chunk_size must be a positive integer")
-        out = torch.empty_like(layer.pattern)
+        outs = [torch.empty_like(layer.pattern) for _ in range(2 if both else 1)]
         for s in range(0, n_q, query_chunk_size):
-            out[:, :, s : s + query_chunk_size] = contribution_weights_from_layer(
-                layer.query_slice(slice(s, s + query_chunk_size)), mode, eps=eps
-            )
-        return out
-    g = _geometry(layer, mode, eps)
+            part = contribution_weights_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps=eps)
+            for out, chunk in zip(outs, part if both else (part,)):
+                out[:, :, s : s + query_chunk_size] = chunk
+        return ContributionPair(*outs) if both else outs[0]
+    if both:
+        return ContributionPair(*(_contribution(layer, g) for g in _geometry_both(layer, eps)))
+    return _contribution(layer, _geometry(layer, mode, eps))
+
+
+def _contribution(layer: AttentionLayer, g: _Geometry) -> Tensor:
+    """c = α · ⟨o_i, ṽ_j⟩ / ‖o_i‖², in place on the inner products."""
     return g.dot.mul_(layer.pattern).mul_((g.inv_out_norm**2)[..., None])
 
 
 def _layers(model, layer: int | None) -> list[int]:
-    n_layers = model.cfg.n_layers
     if layer is None:
-        return list(range(n_layers))
-    if not -n_layers <= layer < n_layers:
-        raise IndexError(f"layer {layer} out of range for a model with {n_layers} layers")
-    return [layer % n_layers]
+        return list(range(model.cfg.n_layers))
+    return [check_layer(layer, model.cfg.n_layers)]
 
 
 def contribution_weights(
     model,
     cache,
     layer: int | None = None,
-    mode: Mode = "intra",
+    mode: ContributionMode = "intra",
     *,
     dtype: torch.dtype = torch.float32,
     eps: float = 0.0,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
-) -> Float[Tensor, "*layer batch head query key"]:
+    attention_mask: Tensor | None = None,
+) -> Float[Tensor, "*layer batch head query key"] | ContributionPair:
     """Contribution weights c_ij (SPEC §2) from a TransformerLens ``ActivationCache``.
 
     Args:
         model: a ``TransformerBridge`` (TL 4.x) or ``HookedTransformer`` (TL 2.x/3.x).
         cache: from ``model.run_with_cache(tokens, names_filter=geolens.names_filter(model))``.
         layer: one layer index, or ``None`` for all layers (a leading ``layer`` axis is added).
-        mode: ``"intra"`` (Σ_j c = 1 per head and query) or ``"inter"`` (Σ_h Σ_j c = 1 per query).
+        mode: ``"intra"`` (Σ_j c = 1 per head and query), ``"inter"`` (Σ_h Σ_j c = 1 per query),
+            or ``"both"``: a :class:`ContributionPair` ``(intra, inter)`` computed in one pass that
+            shares the value norms, the Gram products and the pattern read.
         dtype: compute dtype (float32 by default even for bf16/fp16 models; float64 on request).
         eps: outputs with ‖o_i‖ ≤ eps count as zero-norm (rows set to 0, with a warning).
         query_chunk_size: compute over chunks of this many query positions (bounded memory for
@@ -328,14 +379,27 @@ def contribution_weights(
         memory_budget_bytes: instead of ``query_chunk_size``, the most bytes the temporaries
             may take beyond the inputs and the output; the chunk size is derived from it
             (:func:`query_chunk_for_budget`).
+        attention_mask: ``[batch, pos]``, 1 = real token (TransformerLens' convention), the mask the
+            cache was run with. Padded queries and keys get 0; real positions equal each prompt
+            run alone. Without it a batch that looks padded is refused.
 
     Returns:
-        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all.
+        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all
+        (for ``mode="both"``, a :class:`ContributionPair` of two such tensors).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> c = contribution_weights(model, cache, layer=0)
+    >>> tuple(c.shape), round(float(c[0, 0, 5].sum()), 4)
+    ((2, 4, 20, 20), 1.0)
     """
-    _check_mode(mode)
+    _check_mode(mode, allow_both=True)
+    eps = check_eps(eps)
     out = [
         contribution_weights_from_layer(
-            get_attention_layer(model, cache, l, dtype=dtype),
+            get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask),
             mode,
             eps=eps,
             query_chunk_size=query_chunk_size,
@@ -343,7 +407,11 @@ def contribution_weights(
         )
         for l in _layers(model, layer)
     ]
-    return out[0] if layer is not None else torch.stack(out)
+    if layer is not None:
+        return out[0]
+    if mode == "both":
+        return ContributionPair(torch.stack([o.intra for o in out]), torch.stack([o.inter for o in out]))
+    return torch.stack(out)
 
 
 def per_source_totals(
@@ -363,17 +431,20 @@ def attention_metrics(
     eps: float = 0.0,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
+    attention_mask: Tensor | None = None,
 ) -> AttentionMetrics:
     """Raw attention, value-weighted, output-normalised value-weighted and contribution weights.
 
     All four are ``[batch, head, query, key]`` (SPEC §2 baselines). ``mode`` picks which output
     norm ‖o_i‖ the output-normalised baseline and the contribution weights use: the head's
-    (``"intra"``) or the layer's (``"inter"``).
+    (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`
+    (``attention_mask``: padded positions are 0 in all four).
     """
+    _check_mode(mode)
     [l] = _layers(model, layer)
-    view = get_attention_layer(model, cache, l, dtype=dtype)
+    view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
     alpha, relative, _, contribution, value_norm = _metrics_from_layer(
-        view, mode, eps, query_chunk_size, memory_budget_bytes
+        view, mode, check_eps(eps), query_chunk_size, memory_budget_bytes
     )
     return AttentionMetrics(
         raw_attention=alpha,

@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens.streaming import CorpusAnalysis
+from geolens.validation import check_attention_mask, refuse_unmasked_padding
 
 
 def n_batches(n_sequences: int, batch_size: int) -> int:
@@ -86,6 +87,32 @@ def as_token_tensor(rows) -> torch.Tensor:
     return torch.from_numpy(np.array(rows, dtype=np.int64))
 
 
+def unpadded_groups(model, batch: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """The rows of a batch without their padding, as sub-batches of equal real length.
+
+    Without a mask the batch is returned whole, after refusing one that looks padded
+    (:func:`geolens.validation.refuse_unmasked_padding`). With a mask each row's real tokens
+    must be contiguous (left or right padding); rows of equal length keep their order.
+    """
+    if attention_mask is None:
+        refuse_unmasked_padding(model, batch)
+        return [batch]
+    if bool(attention_mask.all()):
+        return [batch]
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    first = mask.int().argmax(1)
+    stripped = []
+    for row, (start, n) in enumerate(zip(first.tolist(), lengths.tolist())):
+        if not bool(mask[row, start : start + n].all()):
+            raise ValueError(f"attention_mask row {row} has padding between real tokens; only left or right padding is supported")
+        stripped.append(batch[row, start : start + n])
+    groups: dict[int, list[torch.Tensor]] = {}
+    for row in stripped:
+        groups.setdefault(len(row), []).append(row)
+    return [torch.stack(rows) for rows in groups.values()]
+
+
 def _check_inputs(tokens, analyses, batch_size: int, checkpoint_every: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
@@ -111,6 +138,7 @@ def run_corpus(
     trusted_checkpoint: bool = False,
     shard: tuple[int, int] = (0, 1),
     stop_early: bool = True,
+    attention_mask: torch.Tensor | None = None,
 ) -> Sequence[CorpusAnalysis]:
     """Run ``model`` over ``tokens`` ``[n, seq]`` in batches and update every analysis.
 
@@ -128,10 +156,28 @@ def run_corpus(
             :mod:`geolens.distributed`; ``tokens`` is then already the rank's shard).
         stop_early: stop each forward pass after the last layer whose hooks are read
             (:func:`stop_layer`); the cached values are the same.
+        attention_mask: ``[n_sequences, seq_len]``, 1 = real token (TransformerLens' convention),
+            for padded token rows (left or right padding). Each row's padding is stripped and
+            rows of equal real length in a batch run together, so every analysis sees only real
+            tokens, each row's first real token is its sink, and results equal each prompt run
+            alone. Without it, a batch that looks padded (rows starting or ending with different
+            numbers of the tokenizer's pad id) is refused.
+
+    >>> import geolens
+    >>> from geolens.streaming import HeadSinkRate
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = model.to_tokens(["a cat", "the dog sat"], padding_side="left")
+    >>> mask = (tokens != model.tokenizer.pad_token_id).long()
+    >>> [rates] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], attention_mask=mask, progress=False)
+    >>> int(rates.sink_rate.count[0, 0])  # queries 1… of each prompt: 5 + 11
+    16
     """
     from geolens import checkpoint as ckpt_io
 
     _check_inputs(tokens, analyses, batch_size, checkpoint_every)
+    if attention_mask is not None:
+        attention_mask = check_attention_mask(as_token_tensor(attention_mask), *map(int, tokens.shape))
     total = n_batches(int(tokens.shape[0]), batch_size)
     start = 0
     fingerprint = None
@@ -145,12 +191,15 @@ def run_corpus(
     extra = {} if stop is None else {"stop_at_layer": stop}
     bar = tqdm(total=total, initial=start, desc=desc, disable=not progress)
     for index in range(start, total):
-        batch = as_token_tensor(tokens[index * batch_size : (index + 1) * batch_size]).to(device)
-        with torch.no_grad():
-            _, cache = model.run_with_cache(batch, names_filter=lambda n: n in wanted, **extra)
-        for a in analyses:
-            a.update(model, cache, batch)
-        del cache
+        rows = slice(index * batch_size, (index + 1) * batch_size)
+        batch = as_token_tensor(tokens[rows])
+        for group in unpadded_groups(model, batch, None if attention_mask is None else attention_mask[rows]):
+            group = group.to(device)
+            with torch.no_grad():
+                _, cache = model.run_with_cache(group, names_filter=lambda n: n in wanted, **extra)
+            for a in analyses:
+                a.update(model, cache, group)
+            del cache
         bar.update(1)
         done = index + 1
         if checkpoint is not None and (done % checkpoint_every == 0 or done == total):

@@ -1,0 +1,156 @@
+"""Argument checks shared by every public function: one place, one-line messages.
+
+Each check either returns the normalised value or raises a ``ValueError`` / ``TypeError`` whose
+message names the argument and the problem, so that bad input never turns into a plausible but
+wrong number (a wrapped layer index, NaN rows from a negative eps, silent zeros from an integer
+dtype, a padded batch read as real tokens).
+
+>>> check_layer(-1, 30)
+29
+>>> check_eps(1e-6)
+1e-06
+>>> check_dtype(torch.float64)
+torch.float64
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from typing import Mapping
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+
+def check_layer(layer, n_layers: int, *, name: str = "layer", allow_negative: bool = True) -> int:
+    """An integer layer index in ``[-n_layers, n_layers)``, returned in ``[0, n_layers)``.
+
+    Negative indices count from the end, as in Python (``-1`` is the last layer), everywhere in
+    the API; the command line passes ``allow_negative=False`` (it never wraps). ``True``,
+    ``1.0`` or ``"1"`` are refused rather than coerced.
+
+    >>> check_layer(3, 30)
+    3
+    """
+    if isinstance(layer, bool) or isinstance(layer, float):
+        raise TypeError(f"{name} must be an integer layer index, got {layer!r}")
+    try:
+        index = operator.index(layer)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer layer index, got {layer!r}") from None
+    low = -n_layers if allow_negative else 0
+    if not low <= index < n_layers:
+        span = f"-{n_layers}…{n_layers - 1}" if allow_negative else f"0…{n_layers - 1}"
+        raise IndexError(f"{name}={index} is out of range for a model with {n_layers} layers ({span})")
+    return index % n_layers
+
+
+def check_eps(eps, *, name: str = "eps") -> float:
+    """A finite, non-negative float (a zero-norm threshold).
+
+    >>> check_eps(0)
+    0.0
+    """
+    if isinstance(eps, bool):
+        raise TypeError(f"{name} must be a finite number ≥ 0, got {eps!r}")
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a finite number ≥ 0, got {eps!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {eps!r}")
+    return value
+
+
+def check_dtype(dtype, *, name: str = "dtype") -> torch.dtype:
+    """A floating-point ``torch.dtype`` (an integer dtype would truncate every ratio to 0).
+
+    >>> check_dtype(torch.float32)
+    torch.float32
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a torch floating dtype such as torch.float32, got {dtype!r}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point dtype (torch.float32 or torch.float64), got {dtype}")
+    return dtype
+
+
+def check_attention_mask(attention_mask, batch: int, n_pos: int) -> Bool[Tensor, "batch pos"]:
+    """``attention_mask`` as a bool ``[batch, pos]`` tensor (True = real token, TL's convention).
+
+    Every row needs at least one real token; values must be 0/1 (or bool).
+
+    >>> check_attention_mask(torch.tensor([[0, 1, 1]]), 1, 3).tolist()
+    [[False, True, True]]
+    """
+    mask = torch.as_tensor(attention_mask)
+    if tuple(mask.shape) != (batch, n_pos):
+        raise ValueError(
+            f"attention_mask has shape {tuple(mask.shape)}, expected [batch, pos] = {(batch, n_pos)}"
+        )
+    if mask.dtype != torch.bool:
+        if mask.is_floating_point() or mask.is_complex():
+            if not bool(((mask == 0) | (mask == 1)).all()):
+                raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+        elif not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+        mask = mask != 0
+    if not bool(mask.any(dim=1).all()):
+        rows = (~mask.any(dim=1)).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask rows {rows[:8]} have no real token")
+    return mask
+
+
+def pad_runs(tokens: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Per row, the length of the leading and of the trailing run of ``pad_id`` tokens."""
+    is_pad = tokens == pad_id
+    n = tokens.shape[1]
+    lead = torch.where(is_pad.all(1), n, (~is_pad).int().argmax(1))
+    trail = torch.where(is_pad.all(1), n, (~is_pad).flip(1).int().argmax(1))
+    return lead, trail
+
+
+def refuse_unmasked_padding(model, tokens: Tensor) -> None:
+    """Refuse a batch that looks padded when no ``attention_mask`` was given.
+
+    A batch is padded when its rows differ in how many pad tokens (the tokenizer's pad id) they
+    start or end with, as ``model.to_tokens([...])`` makes them. When the pad id is also the BOS
+    id (GPT-2), one leading pad token is the BOS itself. Without the mask those pad tokens would
+    be read as real tokens (and the first of them as the sink).
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None or tokens.ndim != 2 or tokens.shape[0] < 2:
+        return
+    lead, trail = pad_runs(tokens, int(pad_id))
+    if getattr(tokenizer, "bos_token_id", None) == pad_id:
+        lead = (lead - 1).clamp_min(0)
+    if bool((lead != lead[0]).any() or (trail != trail[0]).any()):
+        rows = ((lead != lead.min()) | (trail != trail.min())).nonzero().flatten().tolist()
+        raise ValueError(
+            f"the batch looks padded (rows {rows[:8]} start or end with more pad tokens, id {pad_id}, "
+            "than the others) and no attention_mask was given: pass attention_mask= (1 = real token, "
+            "as model.to_tokens / the tokenizer returns it) so that pad tokens are excluded and each "
+            "row's first real token is its sink"
+        )
+
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def check_cache_layers(model, cache: Mapping) -> None:
+    """Refuse a cache holding blocks the model does not have (a cache of another model)."""
+    try:
+        keys = list(cache.keys())
+    except AttributeError:
+        return
+    n_layers = model.cfg.n_layers
+    found = [int(m.group(1)) for k in keys if (m := _BLOCK.match(str(k)))]
+    if found and max(found) >= n_layers:
+        raise ValueError(
+            f"the cache holds layer {max(found)} but the model has {n_layers} layers: the cache comes "
+            "from another model"
+        )
