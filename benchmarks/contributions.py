@@ -3,7 +3,9 @@
 On SmolLM2-135M (CPU), for sequence lengths 128 and 512 (batch 1), measures in one run:
 
 (a) a plain ``run_with_cache`` (all hooks cached);
-(b) geolens all-layer contribution weights (intra and inter) from that cache;
+(b) geolens all-layer contribution weights, intra and inter together in one pass
+    (``mode="both"``: shared Gram products, value norms and pattern read) from that cache;
+(b2) the same two results as two single-mode passes (the previous way), side by side;
 (c) a naive reference that materialises α_ij ṽ_j as ``[query, key, d_model]`` per head and
     projects it on o_i, timed on ``--naive-layers`` layers and scaled to all layers.
 
@@ -12,7 +14,15 @@ and the extra peak memory of (b) when each layer's results are reduced before th
 allocations are mmapped so that freed memory leaves RSS), compared with one layer's
 ``[head, query, key]`` float32 pattern. Prints the ratios.
 
-    python benchmarks/contributions.py [--lengths 128 512] [--naive-layers 1]
+Scaling (``--scaling 128 512 1024 2048 4096``): a full cache of every layer's pattern does not
+fit in memory at 4096 tokens (30 × 9 × 4096² floats = 18 GiB), so there geolens runs *inside*
+the forward pass: hooks on ``hook_v`` / ``hook_pattern`` compute both modes for each layer as it
+is produced, query-chunked under a memory budget, reduce them and drop them. The table gives,
+per length, the plain forward time, the geolens time spent in those hooks, their ratio and the
+peak RSS of the hooked forward (fresh subprocess), then the least-squares exponent of geolens
+time against length (log-log).
+
+    python benchmarks/contributions.py [--lengths 128 512] [--naive-layers 1] [--scaling 128 512 1024 2048 4096]
 """
 
 from __future__ import annotations
@@ -94,6 +104,9 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
         t_a, (_, cache) = timed(lambda: model.run_with_cache(tokens), repeats)
 
         def geolens_all():
+            return [tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both")) for l in range(n_layers)]
+
+        def geolens_two_passes():
             out = []
             for l in range(n_layers):
                 view = get_attention_layer(model, cache, l)
@@ -105,6 +118,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
 
         geolens_all()  # warm-up
         t_b, result = timed(geolens_all, repeats)
+        t_b2, _ = timed(geolens_two_passes, repeats)
         t_b1, _ = timed(geolens_intra, repeats)
         result_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in result)
         del result
@@ -116,7 +130,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b1=t_b1, c=t_c, extra=memory_in_subprocess(seq_len), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, extra=memory_in_subprocess(seq_len), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
 def memory_child(seq_len: int) -> None:
@@ -131,10 +145,90 @@ def memory_child(seq_len: int) -> None:
             total = 0.0
             for l in range(model.cfg.n_layers):
                 view = get_attention_layer(model, cache, l)
-                for mode in ("intra", "inter"):
-                    total += float(contribution_weights_from_layer(view, mode).sum())
+                total += sum(float(c.sum()) for c in contribution_weights_from_layer(view, "both"))
                 del view
     print(mem.extra)
+
+
+# --- scaling with length: geolens inside the forward pass ------------------------------------
+
+BUDGET = 256 * 2**20  # bytes of query-chunk temporaries per layer
+
+
+def streamed_forward(model, tokens, *, with_geolens: bool) -> float:
+    """Seconds spent in geolens hooks (both modes, all layers, reduced per chunk) during one forward."""
+    from geolens.adapter import PATTERN, VALUE, hook_name
+    from geolens.contributions import iter_query_chunks
+    from geolens.interventions.base import applied
+
+    spent = [0.0]
+    seen: dict[int, dict] = {}
+
+    def grab(layer: int, name: str):
+        def hook(x, hook):
+            t = time.perf_counter()
+            got = seen.setdefault(layer, {})
+            got[hook_name(layer, name)] = x.detach()
+            if len(got) == 2:
+                view = get_attention_layer(model, seen.pop(layer), layer)
+                acc = 0.0
+                for _, sub in iter_query_chunks(view, memory_budget_bytes=BUDGET, n_temporaries=6):
+                    intra, inter = contribution_weights_from_layer(sub, "both")
+                    acc += float(intra.sum()) + float(inter.sum())
+                del view
+            spent[0] += time.perf_counter() - t
+            return x
+
+        return hook
+
+    hooks = [] if not with_geolens else [
+        (hook_name(l, n), grab(l, n)) for l in range(model.cfg.n_layers) for n in (VALUE, PATTERN)
+    ]
+    with torch.no_grad(), applied(model, hooks):
+        model(tokens, return_type=None)
+    return spent[0]
+
+
+def scaling_child(seq_len: int, repeats: int) -> None:
+    """Fresh process: print forward seconds, geolens seconds and the hooked forward's peak extra RSS."""
+    from geolens.data import corpus_windows
+
+    model = geolens.load_model("smollm2-135m")
+    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1)
+    streamed_forward(model, tokens[:, :64], with_geolens=True)  # warm-up
+    # plain forward time, measured around the call (streamed_forward returns hook time only)
+    best_fwd = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        streamed_forward(model, tokens, with_geolens=False)
+        best_fwd = min(best_fwd, time.perf_counter() - t)
+    best_geo = float("inf")
+    with PeakRSS() as mem:
+        for _ in range(repeats):
+            best_geo = min(best_geo, streamed_forward(model, tokens, with_geolens=True))
+    print(best_fwd, best_geo, mem.extra)
+
+
+def scaling(lengths, repeats: int) -> None:
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
+    print(f"\nScaling: geolens (both modes, all layers) inside the forward, query chunks under {BUDGET // 2**20} MiB")
+    print(f"{'seq':>5} {'forward s':>10} {'geolens s':>10} {'geolens/fwd':>12} {'peak extra MiB':>15}")
+    rows = []
+    for n in lengths:
+        out = subprocess.run([sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats)], env=env,
+                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+        fwd, geo, extra = map(float, out.strip().splitlines()[-1].split())
+        rows.append((n, fwd, geo))
+        print(f"{n:>5} {fwd:>10.3f} {geo:>10.3f} {geo / fwd:>12.3f} {extra / 2**20:>15.1f}")
+    if len(rows) >= 2:
+        x, y = np.log([r[0] for r in rows]), np.log([r[2] for r in rows])
+        slope = float(np.polyfit(x, y, 1)[0])
+        print(f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}")
 
 
 def memory_in_subprocess(seq_len: int) -> int:
@@ -152,26 +246,35 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--naive-layers", type=int, default=1, help="layers timed for the naive reference")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scaling", type=int, nargs="*", default=[], help="lengths of the scaling table")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child)
         return
+    if args.scaling_child:
+        scaling_child(args.scaling_child, args.repeats)
+        return
     model = geolens.load_model("smollm2-135m")
     print(f"SmolLM2-135M, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
-          "(b) = intra + inter contribution weights of all 30 layers")  # fmt: skip
-    print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(c) naive s':>12} {'b/a':>7} {'c/b':>8} "
-          f"{'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17}")  # fmt: skip
+          "(b) = intra + inter contribution weights of all 30 layers in one pass (mode='both'), "
+          "(b2) = the same as two single-mode passes")  # fmt: skip
+    print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
+          f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17}")  # fmt: skip
     for n in args.lengths:
         r = bench(model, n, args.naive_layers, args.repeats)
         mib = 2**20
         print(
-            f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
+            f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['b2']:>16.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} "
+            f"{r['b2'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
             f"{r['b1'] / r['a']:>10.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f}"
         )
     print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
           "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
           "keeping every layer's two results costs on top.")  # fmt: skip
+    if args.scaling:
+        scaling(args.scaling, args.repeats)
 
 
 if __name__ == "__main__":
