@@ -76,6 +76,14 @@ def out(tmp_path):
     return str(tmp_path / "out")
 
 
+@pytest.fixture
+def docs(tmp_path):
+    """A small local corpus file (the offline corpora need the gensim wheel, absent in .venvs/tl2)."""
+    path = tmp_path / "docs.txt"
+    path.write_text("The first document.\n\nThe second one, a bit longer.\n", encoding="utf-8")
+    return str(path)
+
+
 # --- corpora ------------------------------------------------------------------------------------
 
 
@@ -194,13 +202,13 @@ def test_report_out_with_a_folder_where_the_html_goes(capsys, tmp_path):
     usage_error(["report", "--out", str(tmp_path / "report")], capsys, "report.html")
 
 
-def test_valid_arguments_reach_the_model(tmp_path):
+def test_valid_arguments_reach_the_model(tmp_path, docs):
     """The validators do not refuse good input: these calls get as far as loading the model."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('{"text": "one document"}\n{"text": "another one"}\n', encoding="utf-8")
     for argv in (["report", "--corpus", str(corpus), "--sections", "sinks,contributions", "--example-layer", "-1"],
-                 ["sinks", "--drift-layers", "0,1", "--lambdas", "0,2"],
-                 ["taxonomy", "--model", "tiny-gqa", "--corpora", "lee", str(corpus)],
+                 ["sinks", "--corpus", docs, "--drift-layers", "0,1", "--lambdas", "0,2"],
+                 ["taxonomy", "--model", "tiny-gqa", "--corpora", docs, str(corpus)],
                  ["analyze", "some text", "--layer", "-1", "--top", "3"]):  # fmt: skip
         with pytest.raises(ModelLoaded):
             main([*argv, "--out", str(tmp_path / "out")] if argv[0] != "analyze" else argv)
@@ -209,30 +217,30 @@ def test_valid_arguments_reach_the_model(tmp_path):
 # --- layer indices: checked right after loading, never wrapped ---------------------------------------
 
 
-def test_report_example_layer_out_of_range(tiny_model, capsys, out):
-    usage_error(["report", "--example-layer", "99", "--out", out], capsys, "--example-layer 99", "2 layers")
-    usage_error(["report", "--example-layer", "-3", "--out", out], capsys, "--example-layer -3")
+def test_report_example_layer_out_of_range(tiny_model, capsys, out, docs):
+    usage_error(["report", "--corpus", docs, "--example-layer", "99", "--out", out], capsys, "--example-layer 99", "2 layers")
+    usage_error(["report", "--corpus", docs, "--example-layer", "-3", "--out", out], capsys, "--example-layer -3")
 
 
 def test_analyze_layer_out_of_range(tiny_model, capsys):
     usage_error(["analyze", "some text", "--layer", "2"], capsys, "--layer 2", "2 layers")
 
 
-def test_faithfulness_layers_out_of_range(tiny_model, capsys, out):
-    usage_error(["faithfulness", "--layers", "0-5", "--mc-task", "", "--out", out], capsys, "--layers 5", "2 layers")
-    usage_error(["faithfulness", "--layers=-3", "--mc-task", "", "--out", out], capsys, "--layers -3")
+def test_faithfulness_layers_out_of_range(tiny_model, capsys, out, docs):
+    usage_error(["faithfulness", "--corpus", docs, "--layers", "0-5", "--mc-task", "", "--out", out], capsys, "--layers 5", "2 layers")
+    usage_error(["faithfulness", "--corpus", docs, "--layers=-3", "--mc-task", "", "--out", out], capsys, "--layers -3")
 
 
-def test_sinks_drift_layers_and_kv_heads_out_of_range(tiny_model, capsys, out):
-    usage_error(["sinks", "--drift-layers", "7", "--out", out], capsys, "--drift-layers 7", "2 layers")
-    usage_error(["sinks", "--drift-kv-heads", "0,5", "--out", out], capsys, "--drift-kv-heads 5", "kv heads")
+def test_sinks_drift_layers_and_kv_heads_out_of_range(tiny_model, capsys, out, docs):
+    usage_error(["sinks", "--corpus", docs, "--drift-layers", "7", "--out", out], capsys, "--drift-layers 7", "2 layers")
+    usage_error(["sinks", "--corpus", docs, "--drift-kv-heads", "0,5", "--out", out], capsys, "--drift-kv-heads 5", "kv heads")
 
 
-def test_layers_in_range_reach_the_corpus(tiny_model, out):
+def test_layers_in_range_reach_the_corpus(tiny_model, out, docs):
     with pytest.raises(CorpusWorkStarted):
-        main(["report", "--example-layer", "-2", "--out", out])
+        main(["report", "--corpus", docs, "--example-layer", "-2", "--out", out])
     with pytest.raises(CorpusWorkStarted):
-        main(["faithfulness", "--layers=-2,-1", "--mc-task", "", "--out", out])
+        main(["faithfulness", "--corpus", docs, "--layers=-2,-1", "--mc-task", "", "--out", out])
 
 
 def test_too_few_windows_is_a_usage_error(monkeypatch, capsys, tmp_path):
