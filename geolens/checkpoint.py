@@ -5,8 +5,11 @@ A checkpoint is one ``torch.save`` file holding
 - ``next_batch``: the index of the first batch not yet folded into the states;
 - ``states``: ``[analysis.state_dict() for analysis in analyses]``;
 - ``fingerprint``: what the run was over (number of sequences, sequence length, batch size, a
-  hash of the token ids, the analyses' class names, the shard) — resuming against other data
-  would silently give wrong numbers, so a mismatch raises;
+  hash of the token ids, the shard), which model (:func:`model_fingerprint`: name, shape of its
+  config, TL mode and a SHA-256 of a few weight tensors) and which analyses (class names and
+  constructor arguments, ``CorpusAnalysis.config()``) — resuming against other data, another
+  model or other analysis arguments would silently give wrong numbers, so a mismatch raises,
+  naming the field, before any state is loaded;
 - ``torch_rng``: the CPU generator state, so that analyses that draw random numbers (random
   controls) continue the same stream after a resume.
 
@@ -15,6 +18,10 @@ Writes are atomic: the file is written to a temporary file *in the same folder*,
 paths on one file system). A crash at any point leaves either the previous complete checkpoint
 or the new complete one, never a half-written file; a stale temporary file from a crash is
 ignored by :func:`load_checkpoint` and overwritten later.
+
+Before the first batch :func:`check_writable` makes sure the checkpoint can be written (a
+read-only folder fails at once, not after the work), and :func:`load_checkpoint` refuses a file
+that is not a geolens checkpoint without ever suggesting to unpickle it.
 
 Because the accumulators of :mod:`geolens.streaming` are float64 and deterministic, a run that
 is killed and resumed from a checkpoint gives bit-identical final numbers to an uninterrupted
@@ -27,12 +34,13 @@ import hashlib
 import io
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the fingerprint holds the model and the analyses' arguments
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -91,17 +99,89 @@ def tokens_fingerprint(tokens, *, block: int = 4096) -> str:
     return h.hexdigest()[:16]
 
 
-def run_fingerprint(tokens, analyses: Sequence, batch_size: int, shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+MODEL_CONFIG_FIELDS = (
+    "n_layers", "n_heads", "n_key_value_heads", "d_model", "d_head", "d_mlp", "d_vocab", "n_ctx",
+    "act_fn", "normalization_type", "positional_embedding_type",
+)  # fmt: skip
+
+
+def _weights_sha256(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu", torch.float32).contiguous()
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def model_fingerprint(model) -> dict[str, Any]:
+    """The model's identity: name, config shape, TL mode and a checksum of a few weights.
+
+    The checksum covers ``W_O`` of the first and last layers and the first 16 rows of the
+    embedding, so two models of the same architecture with other weights (another seed, another
+    checkpoint, compatibility mode's centred ``W_O``) differ.
+    """
+    from geolens.adapter import model_mode, output_weights
+
+    cfg = model.cfg
+    out: dict[str, Any] = {"name": str(getattr(cfg, "model_name", type(model).__name__))}
+    for key in MODEL_CONFIG_FIELDS:
+        value = getattr(cfg, key, None)
+        out[key] = value if value is None or isinstance(value, (bool, int, float)) else str(value)
+    out["mode"] = model_mode(model)
+    tensors = [output_weights(model, 0)[0], output_weights(model, int(cfg.n_layers) - 1)[0]]
+    try:
+        tensors.append(model.embed.W_E[:16])
+    except AttributeError:
+        pass
+    out["weights_sha256"] = _weights_sha256(tensors)
+    return out
+
+
+def analyses_fingerprint(analyses: Sequence) -> list[dict[str, Any]]:
+    """Class name and constructor arguments (``config()``) of every analysis, in order."""
+    from geolens.streaming import plain_config
+
+    out = []
+    for a in analyses:
+        config = a.config() if callable(getattr(a, "config", None)) else {}
+        out.append({"class": type(a).__qualname__, "args": plain_config(config)})
+    return out
+
+
+def run_fingerprint(tokens, analyses: Sequence, batch_size: int, shard: tuple[int, int] = (0, 1), model=None) -> dict[str, Any]:
     """What a checkpoint must agree with to be resumed (see module docstring)."""
     shape = tuple(int(s) for s in tokens.shape)
-    return {
+    out = {
         "n_sequences": shape[0],
         "seq_len": shape[1] if len(shape) > 1 else None,
         "batch_size": int(batch_size),
         "tokens_sha256": tokens_fingerprint(tokens),
-        "analyses": [type(a).__qualname__ for a in analyses],
+        "analyses": analyses_fingerprint(analyses),
         "shard": [int(shard[0]), int(shard[1])],
     }
+    if model is not None:
+        out["model"] = model_fingerprint(model)
+    return out
+
+
+def check_writable(path) -> None:
+    """Make sure a checkpoint can be written at ``path`` (its folder is created if needed).
+
+    A probe file is created and removed in the folder, which tests what :func:`save_checkpoint`
+    will do (permission bits alone say nothing for root or on read-only mounts).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a folder; pass a file path")
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as err:
+        raise ValueError(f"checkpoint folder {folder} is not writable ({err.strerror or type(err).__name__})") from err
+    os.close(fd)
+    os.unlink(probe)
 
 
 def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict[str, Any]) -> None:
@@ -118,30 +198,54 @@ def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict
     )
 
 
+def _not_a_checkpoint(path, reason: str) -> ValueError:
+    return ValueError(f"{path} is not a readable geolens checkpoint ({reason}); delete it or pass another checkpoint path")
+
+
 def load_checkpoint(path, *, trusted: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`.
 
     By default only tensors and plain containers are unpickled (``weights_only=True``); pass
     ``trusted=True`` for states that hold other Python objects (only for files you wrote).
+    A file that is not a ``torch.save`` archive, or cannot be read, is refused as such: the
+    message never suggests ``trusted=True`` for it.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a folder; pass a file path")
+    if not zipfile.is_zipfile(path):
+        raise _not_a_checkpoint(path, "not a torch.save archive")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=not trusted)
     except Exception as err:  # noqa: BLE001 - re-raised with the file named
-        if not trusted and "weights_only" in str(err):
+        text = str(err)
+        if not trusted and "Unsupported global" in text:  # a real archive with Python objects in it
+            name = text.split("Unsupported global:", 1)[1].split(" was not", 1)[0].strip()
             raise ValueError(
-                f"checkpoint {path} holds objects other than tensors and plain containers; if you "
-                "wrote it yourself, load it with trusted=True (run_corpus(..., trusted_checkpoint=True))"
+                f"checkpoint {path} holds Python objects ({name}) besides tensors and plain containers; "
+                "if you wrote it yourself, load it with trusted=True (run_corpus(..., trusted_checkpoint=True))"
             ) from err
-        raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {err})") from err
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{path} is not a geolens checkpoint (format {FORMAT_VERSION})")
+        reason = type(err).__name__ if "weights_only" in text else f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+        raise _not_a_checkpoint(path, reason) from err
+    if not isinstance(ckpt, dict) or "format" not in ckpt:
+        raise _not_a_checkpoint(path, "no geolens checkpoint format")
+    if ckpt.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {path} has format {ckpt.get('format')!r}, this geolens writes format {FORMAT_VERSION} "
+            "(it records the model and the analyses' arguments); delete it to start again"
+        )
     return ckpt
 
 
 def check_fingerprint(path, saved: dict[str, Any], expected: dict[str, Any]) -> None:
     """Raise a ValueError naming every field where the checkpoint disagrees with this run."""
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in expected.items() if saved.get(k) != v]
+    from geolens.streaming import config_differences
+
+    def short(value) -> str:
+        text = repr(value)
+        return text if len(text) <= 120 else text[:119] + "…"
+
+    diffs = [f"{p}: checkpoint {short(a)}, this run {short(b)}" for p, a, b in config_differences(saved, expected)]
     if diffs:
         raise ValueError(
             f"checkpoint {path} was written by a different run ({'; '.join(diffs)}); delete it or "

@@ -2,6 +2,9 @@
 
 Each module ``geolens/commands/<name>.py`` defines ``register(subparsers)`` (adds its parser
 and sets ``func``), so capabilities add commands without touching this file.
+
+User errors (:class:`geolens.commands._options.UsageError`, argparse errors included) are printed
+as one line ``geolens <command>: error: <message>`` on stderr, with exit code 2 and no traceback.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ import pkgutil
 import sys
 
 import geolens.commands
+from geolens.commands._options import ArgumentParser, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="geolens", description="Geometry of attention for TransformerLens models.")
+    parser = ArgumentParser(prog="geolens", description="Geometry of attention for TransformerLens models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(geolens.commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
@@ -25,11 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            command = getattr(args, "command", None)
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}", prog=f"geolens {command}" if command else None)
+    except UsageError as err:
+        print(f"{err.prog or parser.prog}: error: {err}", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        print(f"{err.prog or f'geolens {args.command}'}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

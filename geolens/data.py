@@ -96,15 +96,45 @@ def load_corpus(name: str = "lee", *, split: str = "train", one_per_line: bool =
                 f"corpus {name!r} is neither an offline corpus ({sorted(OFFLINE_CORPORA)}), nor a "
                 "local file, nor 'hf:<dataset>[:<config>]'"
             )
+        text = _read_text_file(path, name)
         if path.suffix == ".jsonl":
-            docs = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            docs = _jsonl_texts(text, name)
         else:
-            text = path.read_text(encoding="utf-8")
             parts = text.splitlines() if one_per_line else re.split(r"\n\s*\n", text)
             docs = [p.strip() for p in parts if p.strip()]
     if not docs:
         raise ValueError(f"corpus {name!r} has no documents")
     return docs[:max_docs] if max_docs else docs
+
+
+def _read_text_file(path: Path, name: str) -> str:
+    """A corpus file's text; a folder, binary data or non-UTF-8 bytes are a ValueError."""
+    if path.is_dir():
+        raise ValueError(f"corpus {name!r} is a folder, not a .txt or .jsonl file")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise ValueError(f"corpus file {name!r} is binary (it holds NUL bytes), not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"corpus file {name!r} is not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start})") from None
+
+
+def _jsonl_texts(text: str, name: str) -> list[str]:
+    """The ``"text"`` field of every non-empty line; a line without one is a ValueError."""
+    docs = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"corpus file {name!r}, line {number}: not JSON ({err.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f'corpus file {name!r}, line {number}: expected an object with a string "text" field')
+        if row["text"].strip():
+            docs.append(row["text"])
+    return docs
 
 
 def corpus_label(corpus: str) -> str:

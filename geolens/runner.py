@@ -149,8 +149,9 @@ def run_corpus(
         analyses: :class:`CorpusAnalysis` objects, updated in place and returned.
         batch_size: sequences per forward pass.
         checkpoint: file to save the states to every ``checkpoint_every`` batches; if it exists
-            the run resumes from it (its fingerprint must match this run's tokens, batch size
-            and analyses).
+            the run resumes from it (its fingerprint must match this run's tokens, batch size,
+            model and analyses with their constructor arguments). Its folder must be writable:
+            this is checked before the first batch.
         trusted_checkpoint: allow states that hold arbitrary Python objects (pickle).
         shard: ``(rank, world_size)``, recorded in the checkpoint fingerprint (set by
             :mod:`geolens.distributed`; ``tokens`` is then already the rank's shard).
@@ -182,7 +183,8 @@ def run_corpus(
     start = 0
     fingerprint = None
     if checkpoint is not None:
-        fingerprint = ckpt_io.run_fingerprint(tokens, analyses, batch_size, shard)
+        ckpt_io.check_writable(checkpoint)  # a read-only folder fails now, not after the work
+        fingerprint = ckpt_io.run_fingerprint(tokens, analyses, batch_size, shard, model=model)
         if os.path.exists(checkpoint):
             start = ckpt_io.restore(checkpoint, analyses, fingerprint, trusted=trusted_checkpoint)
     wanted = frozenset(name for a in analyses for name in a.hook_names(model))

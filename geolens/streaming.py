@@ -15,6 +15,12 @@ All tensors are kept in float64 on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
+import hashlib
+import inspect
+import math
 from typing import Any
 
 import torch
@@ -183,7 +189,24 @@ class CorpusAnalysis(Accumulator):
     lists / tuples / dicts of these (packed recursively, so checkpoints load with
     ``torch.load(weights_only=True)``). The default ``merge`` merges every Accumulator attribute
     (also inside lists and dicts) and leaves the other attributes (configuration) as they are.
+
+    Configuration: the arguments a subclass's ``__init__`` was called with are recorded
+    automatically (``config()``, defaults filled in, as plain JSON-like values) and saved in the
+    state under ``_init_config``. ``load_state_dict`` and ``merge`` refuse a state or a shard built
+    with other arguments, naming the argument, so loading never replaces an analysis's
+    configuration (e.g. its ``layers``); checkpoints record ``config()`` in their fingerprint.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _recording_init(cls.__dict__["__init__"])
+        if "load_state_dict" in cls.__dict__:
+            cls.load_state_dict = _checked_load(cls.__dict__["load_state_dict"])
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments of this analysis (defaults included) as plain values."""
+        return vars(self).get(CONFIG_KEY, {})
 
     def hook_names(self, model) -> list[str]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -197,17 +220,136 @@ class CorpusAnalysis(Accumulator):
     def merge(self, other: "CorpusAnalysis") -> "CorpusAnalysis":
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        check_config(self, other.config(), "the other shard")
         for k, v in vars(self).items():
-            _merge_into(v, vars(other)[k], k)
+            if k != CONFIG_KEY:
+                _merge_into(v, vars(other)[k], k)
         return self
 
     def state_dict(self) -> dict[str, Any]:
         return {k: _pack(v) for k, v in vars(self).items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> "CorpusAnalysis":
+        check_config(self, state.get(CONFIG_KEY), "the state")
         for k, v in state.items():
-            setattr(self, k, _unpack(getattr(self, k, None), v))
+            if k != CONFIG_KEY:
+                setattr(self, k, _unpack(getattr(self, k, None), v))
         return self
+
+
+CONFIG_KEY = "_init_config"
+
+
+def plain_config(value) -> Any:
+    """A constructor argument as a plain, comparable value that ``torch.load(weights_only=True)``
+    reads back equal: numbers, strings, lists and dicts (tensors by value when small, else by
+    SHA-256; dataclasses and named tuples field by field; NaN and ±inf as strings)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # numpy scalars and arrays
+        return plain_config(value.tolist())
+    if isinstance(value, Tensor):
+        t = value.detach().cpu()
+        if t.numel() <= 64:
+            return {"tensor": plain_config(t.tolist()), "dtype": str(t.dtype)}
+        data = t.contiguous().view(-1).view(torch.uint8) if t.numel() else t
+        digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
+        return {"tensor_sha256": digest, "shape": list(t.shape), "dtype": str(t.dtype)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"class": type(value).__qualname__, **{f.name: plain_config(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {"class": type(value).__qualname__, **{k: plain_config(v) for k, v in value._asdict().items()}}
+    if isinstance(value, dict):
+        return {str(k): plain_config(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, range)):
+        return [plain_config(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((plain_config(v) for v in value), key=repr)
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    text = repr(value)
+    return type(value).__qualname__ if " at 0x" in text else text
+
+
+def _recording_init(init):
+    """Wrap a subclass ``__init__`` so that its bound arguments are kept (see ``config()``).
+
+    The outermost ``__init__`` finishes last, so a subclass that calls ``super().__init__``
+    records its own arguments.
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        config = {}
+        for i, (name, value) in enumerate(bound.arguments.items()):
+            if i == 0:
+                continue  # self
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                config.update({str(k): plain_config(v) for k, v in value.items()})
+            else:
+                config[name] = plain_config(value)
+        self.__dict__[CONFIG_KEY] = config
+
+    return __init__
+
+
+def _checked_load(load):
+    """Wrap a subclass ``load_state_dict``: refuse a state built with other arguments, keep ours."""
+
+    @functools.wraps(load)
+    def load_state_dict(self, state):
+        check_config(self, state.get(CONFIG_KEY) if isinstance(state, dict) else None, "the state")
+        mine = vars(self).get(CONFIG_KEY)
+        out = load(self, state)
+        if mine is not None:
+            self.__dict__[CONFIG_KEY] = mine
+        return out
+
+    return load_state_dict
+
+
+def config_differences(saved: Any, current: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """``(path, saved, current)`` for every leaf where two plain values differ."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for k in list(current) + [k for k in saved if k not in current]:
+            out += config_differences(saved.get(k, "<absent>"), current.get(k, "<absent>"), f"{path}.{k}" if path else str(k))
+        return out
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        return [d for i, (a, b) in enumerate(zip(saved, current)) for d in config_differences(a, b, f"{path}[{i}]")]
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (saved, current))
+    if saved != current or (type(saved) is not type(current) and not numbers):
+        return [(path or "value", saved, current)]
+    return []
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_config(analysis, saved: dict[str, Any] | None, what: str) -> None:
+    """Raise a ValueError naming every constructor argument where ``saved`` differs."""
+    if saved is None:  # a state saved before configurations were recorded
+        return
+    diffs = config_differences(saved, analysis.config())
+    if diffs:
+        detail = "; ".join(f"{p}={_short(a)} there, {_short(b)} here" for p, a, b in diffs)
+        raise ValueError(
+            f"{type(analysis).__name__}: {what} was built with other constructor arguments ({detail}); "
+            "construct the analysis with the same arguments"
+        )
 
 
 def _merge_into(mine, theirs, name: str) -> None:

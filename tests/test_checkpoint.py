@@ -225,3 +225,110 @@ def test_smollm2_resumed_run_is_identical(smollm2, smollm2_tokens, tmp_path, mon
     assert resumed.calls == 4
     assert_identical(resumed.result(), ref.result())
     assert torch.equal(ref.sink_rate.count, torch.full((3, 9), 4.0 * 63, dtype=torch.float64))  # queries 1..63 of 4 rows
+
+
+# --- issue 12: fingerprints of the model and of the analyses' arguments; checkpoint safety ----------
+
+
+class _Counting(HeadSinkRate):
+    """Counts its updates, so a test can assert that no batch ran."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def update(self, model, cache, tokens):
+        self.calls += 1
+        super().update(model, cache, tokens)
+
+
+def test_checkpoint_of_another_model_is_refused(gqa, tmp_path):
+    """Same architecture, other weights (another seed): the weight checksum names the difference."""
+    path = tmp_path / "run.pt"
+    tokens = corpus_tokens(n=4)
+    run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=path)
+    other = make_tiny("gqa", seed=1)
+    resumed = _Counting.for_model(other)
+    with pytest.raises(ValueError, match=r"model\.weights_sha256"):
+        run_corpus(other, tokens, [HeadSinkRate.for_model(other)], batch_size=2, progress=False, checkpoint=path)
+    deeper = make_tiny("gqa", n_layers=3)
+    with pytest.raises(ValueError, match=r"model\.n_layers: checkpoint 2, this run 3"):
+        run_corpus(deeper, tokens, [HeadSinkRate(3, deeper.cfg.n_heads, layers=[0, 1])], batch_size=2, progress=False, checkpoint=path)
+    assert resumed.calls == 0
+
+
+def test_checkpoint_with_other_analysis_arguments_is_refused_and_keeps_the_configuration(gqa, tmp_path):
+    path = tmp_path / "run.pt"
+    tokens = corpus_tokens(n=4)
+    run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa, layers=[0])], batch_size=2, progress=False, checkpoint=path)
+    other = HeadSinkRate.for_model(gqa, layers=[1])
+    with pytest.raises(ValueError, match=r"analyses\[0\]\.args\.layers"):
+        run_corpus(gqa, tokens, [other], batch_size=2, progress=False, checkpoint=path)
+    assert other.layers == [1] and other.sink_rate.count.sum() == 0
+    edges = HeadSinkRate.for_model(gqa, layers=[0], edges=torch.linspace(0, 1, 5))
+    with pytest.raises(ValueError, match=r"analyses\[0\]\.args\.edges"):
+        run_corpus(gqa, tokens, [edges], batch_size=2, progress=False, checkpoint=path)
+    # the same arguments resume (the run is complete: nothing left to do, same numbers)
+    [same] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa, layers=[0])], batch_size=2, progress=False, checkpoint=path)
+    [ref] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa, layers=[0])], batch_size=2, progress=False)
+    assert_identical(same.result(), ref.result())
+
+
+def test_load_state_dict_and_merge_never_replace_the_configuration():
+    from geolens.taxonomy import TaxonomyAnalysis
+
+    a, b = HeadSinkRate(2, 4, layers=[0]), HeadSinkRate(2, 4, layers=[1])
+    with pytest.raises(ValueError, match=r"layers\[0\]=1 there, 0 here"):
+        a.load_state_dict(b.state_dict())
+    assert a.layers == [0]
+    with pytest.raises(ValueError, match="layers"):
+        a.merge(b)
+    assert a.config() == {"n_layers": 2, "n_heads": 4, "edges": None, "layers": [0]}
+    t = TaxonomyAnalysis(2, 4, space="projected")
+    with pytest.raises(ValueError, match="space"):
+        t.load_state_dict(TaxonomyAnalysis(2, 4).state_dict())
+    assert t.space == "projected"
+    a.load_state_dict(HeadSinkRate(2, 4, layers=[0]).state_dict())  # same arguments: fine
+
+
+def test_subclass_load_state_dict_overrides_are_checked_too():
+    from geolens.selection.regime import RegimeAnalysis
+
+    r = RegimeAnalysis(2, 4, 16, space="projected")
+    with pytest.raises(ValueError, match="seq_len=12 there, 16 here"):
+        r.load_state_dict(RegimeAnalysis(2, 4, 12, space="projected").state_dict())
+    assert r.seq_len == 16 and r.config()["seq_len"] == 16
+
+
+def test_garbage_checkpoint_is_refused_without_suggesting_trusted(gqa, tmp_path):
+    import random
+
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(random.Random(0).randbytes(4096))
+    for call in (lambda: load_checkpoint(path), lambda: run_corpus(gqa, corpus_tokens(n=4), [HeadSinkRate.for_model(gqa)],
+                                                                     batch_size=2, progress=False, checkpoint=path)):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            call()
+        message = str(err.value)
+        assert "garbage.pt" in message and "not a readable geolens checkpoint" in message
+        assert "trusted" not in message and "weights_only" not in message
+
+
+def test_checkpoint_folder_that_cannot_be_written_fails_before_the_first_batch(gqa, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    analysis = _Counting.for_model(gqa)
+    with pytest.raises(ValueError, match="not writable"):
+        run_corpus(gqa, corpus_tokens(n=4), [analysis], batch_size=2, progress=False, checkpoint=blocker / "run.pt")
+    assert analysis.calls == 0
+    with pytest.raises(ValueError, match="is a folder"):
+        run_corpus(gqa, corpus_tokens(n=4), [analysis], batch_size=2, progress=False, checkpoint=tmp_path)
+    assert analysis.calls == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (read-only even for root)")
+def test_read_only_checkpoint_folder_fails_before_the_first_batch(gqa):
+    analysis = _Counting.for_model(gqa)
+    with pytest.raises(ValueError, match="checkpoint folder /proc is not writable"):
+        run_corpus(gqa, corpus_tokens(n=4), [analysis], batch_size=2, progress=False, checkpoint="/proc/geolens-run.pt")
+    assert analysis.calls == 0

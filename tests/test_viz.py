@@ -17,7 +17,7 @@ def _props(component: Component) -> dict:
     """The props as the page will read them (through the JSON in the script tag)."""
     markup = component.markup()
     body = re.search(r"CircuitsVis\.render\(\"[^\"]+\", CircuitsVis\.\w+, (.*)\);</script>", markup, re.S).group(1)
-    return json.loads(body.replace("<\\/", "</"))
+    return json.loads(body)
 
 
 def test_contribution_heatmaps_show_the_reference_values_with_negatives(tiny):
@@ -118,6 +118,15 @@ def test_script_json_cannot_close_the_script_element():
     comp = Component("ColoredTokens", {"tokens": ["</script><b>x"], "values": [1.0]})
     assert "</script><b>" not in comp.markup().split("<script>", 1)[1][:-len("</script>")]
     assert _props(comp)["tokens"] == ["</script><b>x"]
+
+
+def test_script_json_escapes_comment_openers_and_every_angle_bracket():
+    """``<!--`` inside a script switches the HTML parser to its escaped state (issue 12)."""
+    tokens = ["<!--", "<script>", "a<b", "\u2028"]
+    comp = Component("ColoredTokens", {"tokens": tokens, "values": [1.0, 2.0, 3.0, 4.0]})
+    body = comp.markup().split("<script>", 1)[1].rsplit("</script>", 1)[0]
+    assert "<" not in body and "\u2028" not in body
+    assert _props(comp)["tokens"] == tokens
 
 
 def test_sink_plot_and_png_saving(tmp_path):

@@ -48,14 +48,16 @@ def top_sources(model, tokens, layer_view, k: int = 5) -> list[tuple[str, list[t
 
 
 def run(args) -> int:
+    from geolens.commands._options import UsageError, check_index, check_model_name
     from geolens.models import load_model
 
     if not args.text.strip():
-        raise SystemExit("geolens analyze: the text is empty")
-    model = load_model(args.model, compatibility_mode=args.compat)
+        raise UsageError("the text is empty")
+    model = load_model(check_model_name(args.model), compatibility_mode=args.compat)
+    layer = check_index(args.layer, model.cfg.n_layers, "layers", "--layer")
     tokens = model.to_tokens(args.text, prepend_bos=True)
     if tokens.shape[1] < 2:
-        raise SystemExit("geolens analyze: the text gives no token after BOS")
+        raise UsageError("the text gives no token after BOS")
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names_filter(model))
     n_layers = model.cfg.n_layers
@@ -64,7 +66,6 @@ def run(args) -> int:
     print(f"{'layer':>5} {'sink rate':>10} {'‖ṽ0‖/‖ṽj‖':>11} {'cos(ṽ0,ṽj)':>11}")
     for l, s in enumerate(rows):
         print(f"{l:>5} {s['sink_rate']:>10.3f} {s['sink_norm_ratio']:>11.3f} {s['sink_cosine']:>11.3f}")
-    layer = args.layer % n_layers
     print(f"\nlast token {model.tokenizer.decode([tokens[0, -1].item()])!r}, layer {layer}: top sources")
     for name, rows in top_sources(model, tokens, get_attention_layer(model, cache, layer), args.top):
         print(f"  by {name}:")
@@ -74,10 +75,12 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from geolens.commands._options import add_model, positive_int
+
     p = subparsers.add_parser("analyze", help="per-layer sinks and the last token's top sources for one text")
     p.add_argument("text", help="the text to analyse (BOS is prepended)")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, a folder or HF name")
-    p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default: last)")
-    p.add_argument("--top", type=int, default=5, help="how many sources to list")
+    add_model(p)
+    p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default -1: the last)")
+    p.add_argument("--top", type=positive_int, default=5, help="how many sources to list")
     p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
     p.set_defaults(func=run)

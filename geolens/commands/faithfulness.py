@@ -22,18 +22,10 @@ import pandas as pd
 
 
 def parse_layers(text: str, n_layers: int) -> tuple[int, ...] | None:
-    """``"all"``, ``"28,29"``, ``"20-29"`` or negative indices (``"-2,-1"``)."""
-    if text == "all":
-        return None
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if "-" in part[1:]:
-            a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
-            out += range(int(a) % n_layers, int(b) % n_layers + 1)
-        else:
-            out.append(int(part) % n_layers)
-    return tuple(sorted(set(out)))
+    """``"all"``, ``"28,29"``, ``"20-29"`` or negative indices (``"-2,-1"``), checked, never wrapped."""
+    from geolens.commands._options import resolve_layers
+
+    return resolve_layers(text, n_layers, "--layers")
 
 
 def auc_markdown(auc: pd.DataFrame) -> str:
@@ -76,10 +68,10 @@ def _save_all(result, out: Path) -> None:
 
 
 def _language_modelling(model, args, protocol, metrics, out: Path) -> None:
-    from geolens.data import corpus_windows
+    from geolens.commands._options import corpus_windows
     from geolens.faithfulness import FaithfulnessResult, faithfulness_curves
 
-    tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
+    tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)  # UsageError if too few
     t0 = time.time()
     parts, cleans = [], []
     for start in range(0, tokens.shape[0], args.block):
@@ -110,6 +102,7 @@ def _language_modelling(model, args, protocol, metrics, out: Path) -> None:
 def run(args) -> int:
     import torch
 
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, check_out_dir
     from geolens.faithfulness import ALL_METRICS, Protocol
     from geolens.models import load_model
     from geolens.viz.faithfulness import mc_accuracy_plot
@@ -117,37 +110,50 @@ def run(args) -> int:
     if args.replot:  # tables and figures again from the saved per-sequence results, no model
         from geolens.faithfulness import FaithfulnessResult
 
+        missing = [n for n in ("protocol.json", "per_sequence.csv", "clean.csv") if not (Path(args.out) / n).is_file()]
+        if missing:
+            raise UsageError(f"--replot: {args.out} holds no saved results (missing {', '.join(missing)})")
+        check_out_dir(args.out)
         result = FaithfulnessResult.load(args.out, n_boot=args.n_boot)
         for c in _save_all(result, Path(args.out)):
             print(c)
         print(result)
         return 0
+    model_name = check_model_name(args.model)
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else ALL_METRICS
+    unknown = [m for m in metrics if m not in ALL_METRICS]
+    if unknown:
+        raise UsageError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(ALL_METRICS)})")
+    out = check_out_dir(args.out)
+    if args.n_sequences > 0:
+        check_corpus(args.corpus)
+    questions = None
+    if args.mc_task and args.mc_questions > 0:
+        questions = check_multiple_choice(args.mc_task)[: args.mc_questions]
+        if not questions:
+            raise UsageError(f"--mc-task {args.mc_task}: no question")
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = load_model(args.model)
-    metrics = tuple(args.metrics.split(",")) if args.metrics else ALL_METRICS
+    model = load_model(model_name)
     protocol = Protocol(
         layers=parse_layers(args.layers, model.cfg.n_layers),
         allow_sink=args.allow_sink,
         allow_current=args.allow_current,
         mode=args.mode,
-        fractions=tuple(float(k) for k in args.fractions.split(",")),
+        fractions=tuple(args.fractions),
         n_scored=args.n_scored or None,
     )
     print(protocol.describe(model))
     print(f"model {args.model}, corpus {args.corpus}: {args.n_sequences} sequences × {args.seq_len} tokens; metrics {list(metrics)}")
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
-    if args.mc_task and args.mc_questions > 0:
-        from geolens.multiple_choice import load_questions, mc_accuracy_under_masks
+    if questions:
+        from geolens.multiple_choice import mc_accuracy_under_masks
 
-        questions = load_questions(args.mc_task, max_questions=args.mc_questions)
         mc_protocol = Protocol(
             layers=protocol.layers, allow_sink=protocol.allow_sink, allow_current=protocol.allow_current,
-            mode=protocol.mode, fractions=tuple(float(k) for k in args.mc_fractions.split(",")),
+            mode=protocol.mode, fractions=tuple(args.mc_fractions),
         )  # fmt: skip
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
@@ -163,27 +169,29 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from geolens.commands._options import add_corpus, add_model, add_out, add_threads, float_list, layer_spec, non_negative_int, positive_int, seq_len_int
+
     p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (SPEC §3)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--corpus", default="lee", help="offline corpus (lee, enwiki), a file, or hf:<name>")
-    p.add_argument("--n-sequences", type=int, default=100, help="0 skips the language-modelling curves")
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--layers", default="-1", help="layers masked together: 'all', '28,29', '20-29', '=-2,-1' (default: the last layer)")
-    p.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
+    add_model(p)
+    add_corpus(p)
+    p.add_argument("--n-sequences", type=non_negative_int, default=100, help="0 skips the language-modelling curves")
+    p.add_argument("--seq-len", type=seq_len_int, default=128)
+    p.add_argument("--layers", type=layer_spec, default="-1", help="layers masked together: 'all', '28,29', '20-29', '=-2,-1' (default: the last layer)")
+    p.add_argument("--fractions", type=float_list(0, 1), default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], help="removal fractions in [0, 1] (default 0.1,…,0.9)")
     p.add_argument("--metrics", default="", help="comma-separated subset of the six metrics (default: all)")
     p.add_argument("--mode", default="intra", choices=["intra", "inter"], help="output norm of c and the output-normalised metric")
     p.add_argument("--allow-sink", action="store_true", help="let position 0 be removed")
     p.add_argument("--allow-current", action="store_true", help="let the query's own token be removed")
-    p.add_argument("--n-scored", type=int, default=16, help="score only the last N predictions of each sequence (0: all)")
+    p.add_argument("--n-scored", type=non_negative_int, default=16, help="score only the last N predictions of each sequence (0: all)")
     p.add_argument("--mc-task", default="bigbench:general_knowledge", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, or '' to skip")
-    p.add_argument("--mc-questions", type=int, default=25)
-    p.add_argument("--mc-fractions", default="0.1,0.5,0.9")
-    p.add_argument("--chunk-size", type=int, default=108, help="masks per batched forward (108 = a whole curve set)")
-    p.add_argument("--mc-chunk-size", type=int, default=60)
-    p.add_argument("--block", type=int, default=10, help="sequences per saved block")
-    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--mc-questions", type=non_negative_int, default=25)
+    p.add_argument("--mc-fractions", type=float_list(0, 1), default=[0.1, 0.5, 0.9], help="removal fractions of the multiple-choice part (default 0.1,0.5,0.9)")
+    p.add_argument("--chunk-size", type=positive_int, default=108, help="masks per batched forward (108 = a whole curve set)")
+    p.add_argument("--mc-chunk-size", type=positive_int, default=60)
+    p.add_argument("--block", type=positive_int, default=10, help="sequences per saved block")
+    p.add_argument("--n-boot", type=positive_int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_threads(p, default=0)
     p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
-    p.add_argument("--out", default="docs/faithfulness")
+    add_out(p, default="docs/faithfulness")
     p.set_defaults(func=run)

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 
 def run(args) -> int:
     import torch
 
-    from geolens.data import corpus_windows
     from geolens.interventions.ablation import MeanHeadZ
     from geolens.models import load_model
     from geolens.pruning import RETENTION, AttentionEntropy, head_sensitivity, pruning_curves, pruning_orders
@@ -30,19 +28,22 @@ def run(args) -> int:
     from geolens.taxonomy import TaxonomyAnalysis
     from geolens.viz.faithfulness import pruning_curves_plot, sensitivity_map_plot
 
+    from geolens.commands._options import check_corpus, check_model_name, check_out_dir, corpus_windows
+
+    model_name = check_model_name(args.model)
+    out = check_out_dir(args.out)
+    check_corpus(args.corpus)
+    retention = tuple(args.retention) if args.retention else RETENTION
+    seeds = tuple(args.seeds)
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = load_model(args.model)
+    model = load_model(model_name)
     cfg = model.cfg
     n_eval, n_ref = args.n_sequences, args.ref_sequences
     tokens = corpus_windows(model, args.corpus, args.seq_len, n_eval + n_ref)
     ref, evaluation = tokens[n_eval:], tokens[:n_eval]
     scan = evaluation[: args.scan_sequences]
-    retention = tuple(float(r) for r in args.retention.split(",")) if args.retention else RETENTION
-    seeds = tuple(int(s) for s in args.seeds.split(","))
     desc = (
         f"{args.model}; {args.mode}-ablation of hook_z; references (taxonomy, entropy, means) on {n_ref} windows, "
         f"ΔPPL on {n_eval} other windows × {args.seq_len} tokens of {args.corpus}"
@@ -88,19 +89,27 @@ def run(args) -> int:
     return 0
 
 
+def _retention(text: str):
+    from geolens.commands._options import float_list
+
+    return [] if text == "" else float_list(0, 1, low_open=True)(text)
+
+
 def register(subparsers) -> None:
+    from geolens.commands._options import add_corpus, add_model, add_out, add_threads, int_list, non_negative_int, positive_int, seq_len_int
+
     p = subparsers.add_parser("pruning", help="head pruning by regime vs baselines, and the single-head sensitivity scan (SPEC §6)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--corpus", default="lee")
-    p.add_argument("--n-sequences", type=int, default=4, help="evaluation windows for ΔPPL")
-    p.add_argument("--ref-sequences", type=int, default=8, help="windows for the taxonomy, entropy and mean-ablation references")
-    p.add_argument("--scan-sequences", type=int, default=1, help="windows for the single-head scan (0: skip)")
-    p.add_argument("--seq-len", type=int, default=64)
+    add_model(p)
+    add_corpus(p)
+    p.add_argument("--n-sequences", type=positive_int, default=4, help="evaluation windows for ΔPPL")
+    p.add_argument("--ref-sequences", type=positive_int, default=8, help="windows for the taxonomy, entropy and mean-ablation references")
+    p.add_argument("--scan-sequences", type=non_negative_int, default=1, help="windows for the single-head scan (0: skip)")
+    p.add_argument("--seq-len", type=seq_len_int, default=64)
     p.add_argument("--mode", default="mean", choices=["mean", "zero"])
-    p.add_argument("--retention", default="", help="comma-separated retention levels (default 0.9 … 0.1)")
-    p.add_argument("--seeds", default="0,1,2", help="seeds of the random orders")
-    p.add_argument("--n-scored", type=int, default=None, help="score only the last N predictions of each window")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--out", default="docs/pruning")
+    p.add_argument("--retention", type=_retention, default=[], help="comma-separated retention levels in (0, 1] (default 0.9 … 0.1)")
+    p.add_argument("--seeds", type=int_list(), default=[0, 1, 2], help="seeds of the random orders (default 0,1,2)")
+    p.add_argument("--n-scored", type=positive_int, default=None, help="score only the last N predictions of each window")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    add_threads(p, default=0)
+    add_out(p, default="docs/pruning")
     p.set_defaults(func=run)

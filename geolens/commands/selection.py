@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -66,7 +65,6 @@ from geolens.data import corpus_label
 def run(args) -> int:
     import torch
 
-    from geolens.data import corpus_windows
     from geolens.distributed import load_any_model
     from geolens.runner import run_corpus
     from geolens.selection.analysis import SelectionAnalysis
@@ -74,12 +72,19 @@ def run(args) -> int:
     from geolens.selection.regime import RegimeAnalysis
     from geolens.viz.selection import f_by_layer_plot, f_vs_n_plot, similarity_decay_plot
 
+    from geolens.commands._options import check_corpus, check_model_name, check_out_dir
+    from geolens.commands._options import corpus_windows as windows
+
+    model_name = check_model_name(args.model, tiny=True)
+    out = check_out_dir(args.out)
+    for corpus in args.corpora:
+        check_corpus(corpus, "--corpora")
+    if args.nstar_sequences > 0:
+        check_corpus(args.nstar_corpus, "--nstar-corpus")
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = load_any_model(args.model, "cpu")
+    model = load_any_model(model_name, "cpu")
     summary = {
         "command": "geolens " + " ".join(sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},
@@ -89,7 +94,7 @@ def run(args) -> int:
     }
     for corpus in args.corpora:
         name = corpus_label(corpus)
-        tokens = corpus_windows(model, corpus, args.seq_len, args.n_sequences)
+        tokens = windows(model, corpus, args.seq_len, args.n_sequences, "--corpora")
         sel = SelectionAnalysis.for_model(model, args.seq_len, max_n=args.max_n, n_random=args.n_random, queries=args.queries, seed=args.seed)
         reg = RegimeAnalysis.for_model(model, args.seq_len)
         run_corpus(model, tokens, [sel, reg], batch_size=args.batch_size, desc=f"selection {name}")
@@ -109,8 +114,8 @@ def run(args) -> int:
             view.save(out / fname, dpi=100)
             view.close()
     if args.nstar_sequences > 0:
-        tokens = corpus_windows(model, args.nstar_corpus, args.seq_len, args.nstar_sequences)
-        eff = effective_set_size(model, tokens, sizes=[int(n) for n in args.nstar_sizes.split(",")], batch_size=args.batch_size)
+        tokens = windows(model, args.nstar_corpus, args.seq_len, args.nstar_sequences, "--nstar-corpus")
+        eff = effective_set_size(model, tokens, sizes=args.nstar_sizes, batch_size=args.batch_size)
         eff["nll"].to_csv(out / "nstar_nll.csv", index=False, float_format="%.6g")
         eff["n_star"].to_csv(out / "nstar.csv", index=False)
         summary["n_star"] = {"corpus": args.nstar_corpus, "n_sequences": args.nstar_sequences, "table": eff["n_star"].to_dict(orient="records"),
@@ -122,20 +127,20 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from geolens.commands._options import add_model, add_out, add_threads, add_window_options, int_list, non_negative_int, positive_int
+
     p = subparsers.add_parser("selection", help="token-selection geometry, random baseline, sink regime and N* (SPEC §5-6)")
-    p.add_argument("--model", default="smollm2-135m", help="load_model name (smollm2-135m, gemma3-270m, a folder) or tiny-gqa/tiny-mha/tiny-gemma")
+    add_model(p, tiny=True)
     p.add_argument("--corpora", nargs="*", default=["lee", "enwiki"], help="corpora (none: only N*)")
-    p.add_argument("--n-sequences", type=int, default=200)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-n", type=int, default=256, help="largest N of {1,2,4,...} (always below the visible count)")
-    p.add_argument("--n-random", type=int, default=16)
-    p.add_argument("--n-boot", type=int, default=2000)
+    add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)
+    p.add_argument("--max-n", type=positive_int, default=256, help="largest N of {1,2,4,...} (always below the visible count)")
+    p.add_argument("--n-random", type=positive_int, default=16)
+    p.add_argument("--n-boot", type=positive_int, default=2000)
     p.add_argument("--queries", choices=["final", "all"], default="final")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nstar-corpus", default="lee")
-    p.add_argument("--nstar-sequences", type=int, default=32, help="windows for N* (0 = skip)")
-    p.add_argument("--nstar-sizes", default="1,2,4,8,12,16,24,32,48,64,96", help="grid of N for N* (comma-separated)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared CPU; 0 = torch default)")
-    p.add_argument("--out", default="docs/selection")
+    p.add_argument("--nstar-sequences", type=non_negative_int, default=32, help="windows for N* (0 = skip)")
+    p.add_argument("--nstar-sizes", type=int_list(1), default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96], help="grid of N for N* (comma-separated; default 1,2,4,8,12,16,24,32,48,64,96)")
+    add_threads(p, default=1)
+    add_out(p, default="docs/selection")
     p.set_defaults(func=run)

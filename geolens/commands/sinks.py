@@ -15,22 +15,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 DEFAULT_LAMBDAS = "0,0.25,0.5,0.75,1,1.5,2"
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise SystemExit(f"geolens sinks: --lambdas must be comma-separated numbers ({e})")
-
-
-def _ints(text: str | None):
-    return None if text in (None, "", "all") else [int(x) for x in text.split(",")]
 
 
 def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
@@ -76,12 +64,18 @@ def run(args) -> int:
     from geolens.sinks import NormCurve, SinkGeometry, TokenTypeDecomposition, semantic_drift
     from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from geolens.adapter import n_kv_heads
+    from geolens.commands._options import check_corpus, check_indices, check_model_name, check_out_dir
+
+    model_name = check_model_name(args.model)
+    out = check_out_dir(args.out)
+    check_corpus(args.corpus)
     torch.set_grad_enabled(False)
     t0 = time.time()
-    model = load_model(args.model, compatibility_mode=args.compat)
-    tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
+    model = load_model(model_name, compatibility_mode=args.compat)
+    drift_layers = check_indices(args.drift_layers, model.cfg.n_layers, "layers", "--drift-layers")
+    drift_kv_heads = check_indices(args.drift_kv_heads, n_kv_heads(model), "kv heads", "--drift-kv-heads")
+    tokens = _windows(model, args.corpus, args.seq_len, args.n_sequences)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     geometry = SinkGeometry(L, H, eps=args.eps, n_bins=args.n_bins)
     decomposition = TokenTypeDecomposition(L, H, max_sequences=args.decomposition_sequences or None)
@@ -101,8 +95,8 @@ def run(args) -> int:
     if args.drift_sequences > 0:
         drift_tokens = tokens[: args.drift_sequences]
         drift = semantic_drift(
-            model, drift_tokens, lambdas=_floats(args.lambdas), layers=_ints(args.drift_layers),
-            kv_heads=_ints(args.drift_kv_heads), low_norm_quantile=args.low_norm_quantile,
+            model, drift_tokens, lambdas=args.lambdas, layers=drift_layers,
+            kv_heads=drift_kv_heads, low_norm_quantile=args.low_norm_quantile,
             batch_size=args.batch_size, progress=True,
         )  # fmt: skip
         drift.heads.to_csv(out / "drift_heads.csv", index=False, float_format="%.6g")
@@ -134,23 +128,40 @@ def run(args) -> int:
     return 0
 
 
+def _windows(model, corpus, seq_len, n_sequences):
+    """Corpus windows (looked up at call time, so tests can replace ``geolens.data.corpus_windows``)."""
+    from geolens.commands._options import corpus_windows
+
+    return corpus_windows(model, corpus, seq_len, n_sequences)
+
+
+def _all_or_ints(text: str):
+    """argparse type of --drift-layers / --drift-kv-heads: 'all' (None) or comma-separated integers."""
+    from geolens.commands._options import int_list
+
+    return None if text in ("", "all") else int_list()(text)
+
+
 def register(subparsers) -> None:
+    from geolens.commands._options import (
+        add_corpus, add_model, add_out, add_window_options, float_in, float_list, non_negative_int,
+        positive_int,
+    )  # fmt: skip
+
     p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (SPEC §4)")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, a folder or HF name")
-    p.add_argument("--corpus", default="lee", help="lee (default), enwiki, a local .txt/.jsonl file, or hf:<name>")
-    p.add_argument("--n-sequences", type=int, default=200, help="windows for the corpus pass (default 200)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per window, BOS included (default 128)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--eps", type=float, default=0.3, help="Gu et al. threshold on mean first-token attention")
-    p.add_argument("--n-bins", type=int, default=20, help="sink-rate bins on [0, 1]")
-    p.add_argument("--min-count", type=int, default=20, help="queries a bin needs to enter the quadratic fit")
-    p.add_argument("--decomposition-sequences", type=int, default=0, help="use only the first N windows for the decomposition (0: all)")
-    p.add_argument("--lambdas", default=DEFAULT_LAMBDAS, help=f"λ grid for the drift experiment (default {DEFAULT_LAMBDAS})")
-    p.add_argument("--drift-sequences", type=int, default=48, help="first N windows used by the drift experiment (0: skip it)")
-    p.add_argument("--drift-layers", default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
-    p.add_argument("--drift-kv-heads", default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
-    p.add_argument("--low-norm-quantile", type=float, default=0.25, help="low-norm heads: relative output norm at or below this quantile")
-    p.add_argument("--dpi", type=int, default=90)
+    add_model(p)
+    add_corpus(p)
+    add_window_options(p, n_sequences=200, seq_len=128, batch_size=8, n_help="windows for the corpus pass (default 200)")
+    p.add_argument("--eps", type=float_in(0, 1), default=0.3, help="Gu et al. threshold on mean first-token attention")
+    p.add_argument("--n-bins", type=positive_int, default=20, help="sink-rate bins on [0, 1]")
+    p.add_argument("--min-count", type=positive_int, default=20, help="queries a bin needs to enter the quadratic fit")
+    p.add_argument("--decomposition-sequences", type=non_negative_int, default=0, help="use only the first N windows for the decomposition (0: all)")
+    p.add_argument("--lambdas", type=float_list(0), default=float_list(0)(DEFAULT_LAMBDAS), help=f"λ grid for the drift experiment (default {DEFAULT_LAMBDAS})")
+    p.add_argument("--drift-sequences", type=non_negative_int, default=48, help="first N windows used by the drift experiment (0: skip it)")
+    p.add_argument("--drift-layers", type=_all_or_ints, default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
+    p.add_argument("--drift-kv-heads", type=_all_or_ints, default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
+    p.add_argument("--low-norm-quantile", type=float_in(0, 1), default=0.25, help="low-norm heads: relative output norm at or below this quantile")
+    p.add_argument("--dpi", type=positive_int, default=90)
     p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
-    p.add_argument("--out", default="docs/sinks", help="output folder (default docs/sinks)")
+    add_out(p, default="docs/sinks")
     p.set_defaults(func=run)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
-
 
 from geolens.data import corpus_label
 
@@ -25,22 +23,26 @@ from geolens.data import corpus_label
 def run(args) -> int:
     import torch
 
-    from geolens.data import corpus_windows
     from geolens.distributed import load_any_model
     from geolens.runner import run_corpus
     from geolens.taxonomy import REGIMES, TaxonomyAnalysis, compare_taxonomies
     from geolens.viz.taxonomy import regime_grid_plot, save_regime_grid_html
 
+    from geolens.commands._options import check_corpus, check_model_name, check_out_dir
+    from geolens.commands._options import corpus_windows as windows
+
+    model_name = check_model_name(args.model, tiny=True)
+    out = check_out_dir(args.out)
+    for corpus in args.corpora:
+        check_corpus(corpus, "--corpora")
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = load_any_model(args.model, "cpu")
+    model = load_any_model(model_name, "cpu")
     results = {}
     for corpus in args.corpora:
         name = corpus_label(corpus)
-        tokens = corpus_windows(model, corpus, args.seq_len, args.n_sequences)
+        tokens = windows(model, corpus, args.seq_len, args.n_sequences, "--corpora")
         analysis = TaxonomyAnalysis.for_model(model, space=args.space)
         run_corpus(model, tokens, [analysis], batch_size=args.batch_size, desc=f"taxonomy {name}")
         res = analysis.result()
@@ -80,13 +82,13 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from geolens.commands._options import add_model, add_out, add_threads, add_window_options
+
     p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (SPEC §6)")
-    p.add_argument("--model", default="smollm2-135m", help="load_model name (smollm2-135m, gemma3-270m, a folder) or tiny-gqa/tiny-mha/tiny-gemma")
+    add_model(p, tiny=True)
     p.add_argument("--corpora", nargs="+", default=["lee", "enwiki"], help="offline corpus names or files")
-    p.add_argument("--n-sequences", type=int, default=200)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=8)
+    add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)
     p.add_argument("--space", choices=["value", "projected"], default="value", help="‖v‖ (paper B) or ‖v W_O‖")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared CPU; 0 = torch default)")
-    p.add_argument("--out", default="docs/taxonomy")
+    add_threads(p, default=1)
+    add_out(p, default="docs/taxonomy")
     p.set_defaults(func=run)

@@ -132,6 +132,9 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [n_sequences, seq_len ≥ 2], got {tuple(tokens.shape)}")
     specs = _select(config.sections)
+    n_layers = int(model.cfg.n_layers)
+    if config.example_layer is not None and not -n_layers <= config.example_layer < n_layers:
+        raise ValueError(f"example_layer {config.example_layer} is out of range: the model has {n_layers} layers")
     h = int(config.n_heldout)
     if h < 1 or tokens.shape[0] <= h:
         raise ValueError(f"need more windows ({tokens.shape[0]}) than n_heldout={h} (≥ 1)")

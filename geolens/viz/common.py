@@ -92,9 +92,15 @@ def to_jsonable(x: Any) -> Any:
 
 
 def _script_json(props: dict[str, Any]) -> str:
-    """JSON for a ``<script>`` body: ``</`` escaped so that no token can close the element."""
+    """JSON for a ``<script>`` body, with every ``<`` written ``\\u003c``.
+
+    So no text (a token ``</script>``, ``<!--``, ``<script``) can close the element or switch
+    the HTML parser into its escaped-script states; U+2028/U+2029 are escaped for older JS
+    parsers. The value JavaScript reads is unchanged.
+    """
     clean = {k: to_jsonable(v) for k, v in props.items() if v is not None}
-    return json.dumps(clean, allow_nan=False).replace("</", "<\\/")
+    text = json.dumps(clean, allow_nan=False)
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 @dataclass

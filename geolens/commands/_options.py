@@ -1,0 +1,314 @@
+"""Shared options and validators of the ``geolens`` commands, and :class:`UsageError`.
+
+Every user error of a command is a :class:`UsageError`: :func:`geolens.cli.main` prints it as one
+line ``geolens <command>: error: <message>`` on stderr and returns 2, without a traceback.
+Commands validate everything that does not need the model *before* loading it (numbers through
+the argparse ``type=`` functions below, model names, corpora, output folders, sections), and
+everything that does (layer indices, the corpus's window count) right after loading it, before
+any corpus work. Layer indices are checked, never wrapped: ``-1`` is the last layer, ``99`` of a
+ten-layer model is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+TINY_MODELS = ("tiny-gqa", "tiny-mha", "tiny-gemma")
+
+
+class UsageError(Exception):
+    """A user error of a command: bad argument, missing file, unwritable output, ...
+
+    Raised by the validators of this module (and by commands), caught by :func:`geolens.cli.main`.
+    """
+
+    def __init__(self, message: str, *, prog: str | None = None):
+        super().__init__(" ".join(str(message).split()))  # always one line
+        self.prog = prog
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are :class:`UsageError` (one line, no usage dump)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse API
+        raise UsageError(message, prog=self.prog)
+
+
+# --- numbers (argparse ``type=`` functions: the message names the option) -------------------------
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer ≥ ``minimum``."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int_at_least_{minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+seq_len_int = int_at_least(2)  # BOS and one token
+
+
+def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite number in the interval [low, high] (ends open on request)."""
+
+    def parse(text: str) -> float:
+        value = _float(text)
+        if value < low or value > high or (low_open and value == low) or (high_open and value == high):
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
+        return value
+
+    return parse
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {text}")
+    return value
+
+
+def float_list(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Callable[[str], list[float]]:
+    """argparse type: comma-separated finite numbers, each in [low, high] (``(low`` on request)."""
+
+    def parse(text: str) -> list[float]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        values = []
+        for part in parts:
+            value = _float(part)
+            if (low is not None and (value < low or (low_open and value == low))) or (high is not None and value > high):
+                interval = f"{'(' if low_open else '['}{low:g}, {high:g}]" if high is not None else f"≥ {low:g}"
+                raise argparse.ArgumentTypeError(f"every value must be in {interval}, got {part}")
+            values.append(value)
+        return values
+
+    return parse
+
+
+def int_list(minimum: int | None = None) -> Callable[[str], list[int]]:
+    """argparse type: comma-separated integers (each ≥ ``minimum`` when given)."""
+
+    def parse(text: str) -> list[int]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        values = [_int(p) for p in parts]
+        bad = [v for v in values if minimum is not None and v < minimum]
+        if bad:
+            raise argparse.ArgumentTypeError(f"every value must be at least {minimum}, got {bad[0]}")
+        return values
+
+    return parse
+
+
+# --- layer and head indices (checked against the model, never wrapped) ----------------------------
+
+_LAYER_ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+))?$")
+
+
+def layer_spec(text: str) -> str:
+    """argparse type: ``all`` or comma-separated layers / ranges (``28,29``, ``20-29``, ``-2,-1``).
+
+    Only the syntax is checked here; :func:`resolve_layers` checks the range once the model is known.
+    """
+    if text.strip() != "all":
+        for part in text.split(","):
+            if not _LAYER_ITEM.match(part.strip()):
+                raise argparse.ArgumentTypeError(f"expected 'all' or layers like '3', '-1', '2,5', '20-29', got {text!r}")
+    return text.strip()
+
+
+def check_index(value: int, count: int, what: str, option: str) -> int:
+    """``value`` as an index in ``[0, count)``; negative values count from the end; else UsageError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{option} must be an integer, got {value!r}")
+    if not -count <= value < count:
+        raise UsageError(f"{option} {value} is out of range: the model has {count} {what} (0…{count - 1}, or -{count}…-1 from the end)")
+    return value % count
+
+
+def resolve_layers(text: str, n_layers: int, option: str = "--layers") -> tuple[int, ...] | None:
+    """Layers of a :func:`layer_spec` for a model of ``n_layers`` (``None`` for ``all``), sorted."""
+    if text == "all":
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        match = _LAYER_ITEM.match(part.strip())
+        if not match:
+            raise UsageError(f"{option}: expected 'all' or layers like '3', '-1', '2,5', '20-29', got {text!r}")
+        first = check_index(int(match.group(1)), n_layers, "layers", option)
+        last = check_index(int(match.group(2)), n_layers, "layers", option) if match.group(2) is not None else first
+        if last < first:
+            raise UsageError(f"{option}: the range {part.strip()!r} is empty (layers {first} to {last})")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))
+
+
+def check_indices(values: Sequence[int] | None, count: int, what: str, option: str) -> list[int] | None:
+    """Each of ``values`` checked by :func:`check_index` (``None`` stays ``None``)."""
+    return None if values is None else [check_index(v, count, what, option) for v in values]
+
+
+# --- models ----------------------------------------------------------------------------------------
+
+
+def _hub_cached(name: str) -> bool:
+    """Whether a hub name has its config in the local Hugging Face cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - an invalid repo id, or no huggingface_hub: not cached
+        return False
+    return isinstance(found, str)
+
+
+def check_model_name(name: str, *, tiny: bool = False) -> str:
+    """A model argument that :func:`geolens.models.load_model` can load without the network.
+
+    Known names (``geolens.models.MODELS``), ``tiny-*`` when the command allows them, a local
+    checkpoint folder (with ``config.json``), or a hub name already in the local Hugging Face
+    cache. Anything else is refused at once (a hub lookup offline retries for about a minute).
+    """
+    from geolens.models import MODELS
+
+    known = sorted(MODELS) + (list(TINY_MODELS) if tiny else [])
+    if name in known:
+        return name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {name}: the folder has no config.json (not a Hugging Face checkpoint folder)")
+        return str(path)
+    if "/" in name and not path.exists() and _hub_cached(name):
+        return name
+    hint = f"known names: {', '.join(known)}; or a local checkpoint folder"
+    if "/" in name:
+        raise UsageError(
+            f"--model {name}: no such local folder, and not in the local Hugging Face cache ({hint}; "
+            f"hub models must be downloaded first, e.g. huggingface-cli download {name})"
+        )
+    raise UsageError(f"--model {name}: unknown model ({hint})")
+
+
+# --- corpora and files -----------------------------------------------------------------------------
+
+
+def check_corpus(name: str, option: str = "--corpus") -> str:
+    """Refuse a corpus that cannot give documents, before the model loads.
+
+    Offline names need the gensim wheel's data; ``hf:`` names are left to ``datasets`` (network);
+    a local file is read once with :func:`geolens.data.load_corpus` (missing, a folder, empty,
+    binary, not UTF-8, a ``.jsonl`` line without ``"text"``: all refused, naming the problem).
+    """
+    from geolens import data
+
+    if name.startswith("hf:"):
+        if len(name) <= 3:
+            raise UsageError(f"{option} {name!r}: expected hf:<dataset>[:<config>]")
+        return name
+    try:
+        if name in data.OFFLINE_CORPORA:
+            path = data._gensim_test_data() / data.OFFLINE_CORPORA[name]
+            if not path.is_file():
+                raise UsageError(f"{option} {name}: the gensim wheel is installed without {path.name}")
+        else:
+            data.load_corpus(name)
+    except (OSError, ValueError, ModuleNotFoundError) as err:
+        raise UsageError(f"{option} {name}: {err}") from err
+    return name
+
+
+def check_multiple_choice(name: str, option: str = "--mc-task"):
+    """Load a multiple-choice set (:func:`geolens.multiple_choice.load_questions`) or UsageError."""
+    from geolens.multiple_choice import load_questions
+
+    try:
+        return load_questions(name)
+    except (OSError, ValueError, KeyError, TypeError, ModuleNotFoundError, json.JSONDecodeError) as err:
+        raise UsageError(f"{option} {name}: {type(err).__name__}: {err} ({option} '' skips it)") from err
+
+
+def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Create the output folder (if needed) and make sure files can be written in it."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {out}: is an existing file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".geolens-", suffix=".probe", dir=out)
+    except OSError as err:
+        raise UsageError(f"{option} {out}: cannot write there ({err.strerror or type(err).__name__})") from err
+    os.close(fd)
+    os.unlink(probe)
+    return out
+
+
+def corpus_windows(model, corpus: str, seq_len: int, n_sequences: int | None, option: str = "--corpus"):
+    """:func:`geolens.data.corpus_windows`, with "too few windows" as a UsageError."""
+    from geolens import data
+
+    try:
+        return data.corpus_windows(model, corpus, seq_len, n_sequences)
+    except ValueError as err:
+        raise UsageError(f"{option} {corpus}: {err}") from err
+
+
+# --- shared option declarations ------------------------------------------------------------------
+
+
+def add_model(p, *, default: str = "smollm2-135m", tiny: bool = False) -> None:
+    extra = ", tiny-gqa/tiny-mha/tiny-gemma" if tiny else ""
+    p.add_argument("--model", default=default, help=f"smollm2-135m (default), gemma3-270m{extra}, a local folder or a cached HF name")
+
+
+def add_corpus(p, *, default: str = "lee") -> None:
+    p.add_argument("--corpus", default=default, help=f"{default} (default), lee, enwiki, a local .txt/.jsonl file, or hf:<name>")
+
+
+def add_window_options(p, *, n_sequences: int | None, seq_len: int | None, batch_size: int | None = None, n_help: str | None = None) -> None:
+    """``--n-sequences``, ``--seq-len`` and (when ``batch_size`` is not None) ``--batch-size``."""
+    p.add_argument("--n-sequences", type=positive_int, default=n_sequences, help=n_help or "corpus windows")
+    p.add_argument("--seq-len", type=seq_len_int, default=seq_len, help="tokens per window, BOS included")
+    if batch_size is not None:
+        p.add_argument("--batch-size", type=positive_int, default=batch_size, help="sequences per forward pass")
+
+
+def add_threads(p, *, default: int) -> None:
+    p.add_argument("--threads", type=non_negative_int, default=default, help="torch threads (0: torch's default)")
+
+
+def add_out(p, *, default: str, help: str = "output folder") -> None:
+    p.add_argument("--out", default=default, help=f"{help} (default {default})")
