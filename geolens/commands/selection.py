@@ -1,4 +1,4 @@
-"""``geolens selection``: token-selection geometry with the authors' protocol (SPEC §5–6).
+"""``geolens selection``: token-selection geometry with the authors' protocol (docs/method.md §5–6).
 
 For each corpus, one pass computes (:class:`geolens.selection.analysis.SelectionAnalysis`) P_N,
 R_N, F_N of the final query of every window for all layers × query heads and N ∈ {1, 2, 4, …}
@@ -122,7 +122,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("selection", help="token-selection geometry, random baseline, sink regime and N* (SPEC §5-6)")
+    p = subparsers.add_parser("selection", help="token-selection geometry, random baseline, sink regime and N* (docs/method.md §5-6)")
     p.add_argument("--model", default="smollm2-135m", help="load_model name (smollm2-135m, gemma3-270m, a folder) or tiny-gqa/tiny-mha/tiny-gemma")
     p.add_argument("--corpora", nargs="*", default=["lee", "enwiki"], help="corpora (none: only N*)")
     p.add_argument("--n-sequences", type=int, default=200)

@@ -1,4 +1,4 @@
-"""``geolens sinks``: the attention-sink experiments of SPEC §4 on a corpus, tables and figures.
+"""``geolens sinks``: the attention-sink experiments of docs/method.md §4 on a corpus, tables and figures.
 
 One corpus pass computes the sink geometry, the token-type decomposition and the output-norm
 curve (:mod:`geolens.sinks`); then the semantic-drift experiment runs one pass per λ over the
@@ -135,7 +135,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (SPEC §4)")
+    p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, a folder or HF name")
     p.add_argument("--corpus", default="lee", help="lee (default), enwiki, a local .txt/.jsonl file, or hf:<name>")
     p.add_argument("--n-sequences", type=int, default=200, help="windows for the corpus pass (default 200)")

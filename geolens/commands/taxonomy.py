@@ -1,4 +1,4 @@
-"""``geolens taxonomy``: the Retriever / Mixer / Reset head taxonomy on one or more corpora (SPEC §6).
+"""``geolens taxonomy``: the Retriever / Mixer / Reset head taxonomy on one or more corpora (docs/method.md §6).
 
 For each corpus: the per-head table (shares of sink / current / other winners of
 argmax_j α_ij‖v_j‖, regime, mean sink and current-token alignment), the regime distribution and
@@ -80,7 +80,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (SPEC §6)")
+    p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (docs/method.md §6)")
     p.add_argument("--model", default="smollm2-135m", help="load_model name (smollm2-135m, gemma3-270m, a folder) or tiny-gqa/tiny-mha/tiny-gemma")
     p.add_argument("--corpora", nargs="+", default=["lee", "enwiki"], help="offline corpus names or files")
     p.add_argument("--n-sequences", type=int, default=200)

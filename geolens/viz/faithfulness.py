@@ -1,4 +1,4 @@
-"""Matplotlib figures of the causal evaluation (SPEC §3, §6): faithfulness curves, multiple-choice
+"""Matplotlib figures of the causal evaluation (docs/method.md §3, §6): faithfulness curves, multiple-choice
 accuracy under masks, pruning curves and the single-head sensitivity map.
 
 Each function returns a :class:`geolens.viz.common.PlotView` carrying the plotted numbers.

@@ -1,4 +1,4 @@
-"""Matplotlib figures of the sink analyses (SPEC §4); each returns a :class:`PlotView`.
+"""Matplotlib figures of the sink analyses (docs/method.md §4); each returns a :class:`PlotView`.
 
 A :class:`~geolens.viz.common.PlotView` wraps the matplotlib ``Figure`` (``.figure``), saves to
 PNG (``.save(path)``) and carries the numbers it shows in ``.data``.

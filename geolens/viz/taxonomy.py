@@ -1,4 +1,4 @@
-"""Layer × head grid of the Retriever / Mixer / Reset regimes (SPEC §6): a PNG and an HTML view.
+"""Layer × head grid of the Retriever / Mixer / Reset regimes (docs/method.md §6): a PNG and an HTML view.
 
 - :func:`regime_grid_plot`: matplotlib grid, one cell per head coloured by regime, shaded by the
   winning share; one panel per corpus when several taxonomies are given.
