@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--n-sequences", type=int, default=None, help="corpus windows (default 64; 8 with --quick)")
     p.add_argument("--n-heldout", type=int, default=None, help="extra windows for faithfulness and pruning (default 8; 1 with --quick)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per window incl. BOS (default 128; 64 with --quick)")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default 8)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default 8; 2 with --quick)")
     p.add_argument("--out", default="report", help="output folder (default: report/)")
     p.add_argument("--quick", action="store_true", help="small workload, under two minutes on a CPU")
     p.add_argument("--prompt", default=None, help="prompt of the example heatmaps")
