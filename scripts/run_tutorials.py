@@ -8,7 +8,9 @@ temporary working directory, then is written back with its outputs so that a rea
 results without running anything. Kept small and stable for review:
 
 - the per-cell execution timestamps nbclient adds are dropped;
-- progress-bar streams keep only their final state (tqdm rewrites one line with carriage returns);
+- consecutive stream outputs are merged and keep only their final state (tqdm rewrites one line
+  with carriage returns), without tqdm's "IProgress not found" warning (ipywidgets is not
+  installed, so bars are plain text);
 - a circuitsvis view inlines its 1.3 MB JavaScript bundle; in the stored notebook it is replaced by
   a one-line note (run the notebook, or ``.save()`` the view, to see it). GitHub does not run that
   JavaScript anyway.
@@ -58,7 +60,24 @@ def kernel_name() -> str:
 
 def _final_line_state(text: str) -> str:
     """What a terminal shows after carriage returns: the last segment of every line."""
-    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
+    return "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "") for line in text.split("\n"))
+
+
+TQDM_WIDGET_WARNING = re.compile(r"^.*TqdmWarning: IProgress not found.*\n(?:\s+from \.autonotebook import .*\n)?", re.M)
+
+
+def _merged_streams(outputs: list) -> list:
+    """Consecutive stream outputs of the same name joined into one, as a terminal shows them."""
+    merged = []
+    for out in outputs:
+        if out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream" and merged[-1].get("name") == out.get("name"):
+            merged[-1]["text"] = merged[-1].get("text", "") + out.get("text", "")
+        else:
+            merged.append(out)
+    for out in merged:
+        if out.get("output_type") == "stream":
+            out["text"] = _final_line_state(TQDM_WIDGET_WARNING.sub("", out.get("text", "")))
+    return [o for o in merged if o.get("output_type") != "stream" or o["text"].strip()]
 
 
 def clean_outputs(nb) -> None:
@@ -67,9 +86,8 @@ def clean_outputs(nb) -> None:
         if cell.cell_type != "code":
             continue
         cell.metadata.pop("execution", None)
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
-                out["text"] = _final_line_state(out.get("text", ""))
+        cell.outputs = _merged_streams(cell.get("outputs", []))
+        for out in cell.outputs:
             data = out.get("data", {})
             html_text = data.get("text/html", "")
             if isinstance(html_text, list):
