@@ -1,4 +1,4 @@
-"""geolens: the geometry of attention in TransformerLens models (see SPEC.md).
+"""geolens: the geometry of attention in TransformerLens models (see docs/method.md).
 
 Core entry points::
 

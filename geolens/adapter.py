@@ -1,4 +1,4 @@
-"""The one module that knows TransformerLens versions (SPEC §0).
+"""The one module that knows TransformerLens versions (docs/method.md §0).
 
 geolens reads three things from a forward pass, per layer, in TransformerLens layouts:
 
@@ -13,7 +13,7 @@ attention output. Two model families are supported:
 
 - TransformerLens 4.x ``TransformerBridge`` (its pre-norm attention output is
   ``blocks.{l}.attn.hook_out``; for Gemma ``blocks.{l}.hook_attn_out`` comes after the
-  post-attention norm, TL-NOTES.md);
+  post-attention norm, docs/tl-notes.md);
 - TransformerLens 2.x/3.x ``HookedTransformer`` (whose ``W_V`` is already repeated to n_heads
   while ``hook_v`` keeps n_kv_heads; its attention module has no ``hook_out``, and
   ``blocks.{l}.hook_attn_out`` is pre-norm unless the config uses a post-attention norm).
@@ -125,7 +125,7 @@ def _cache_get(cache, name: str) -> Tensor:
 
 
 def _zeros_if_missing(get: Callable[[], Tensor | None], shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """TL 4.x raises AttributeError for bias-free models and TL 3.9 TypeError (TL-NOTES)."""
+    """TL 4.x raises AttributeError for bias-free models and TL 3.9 TypeError (docs/tl-notes.md)."""
     try:
         value = get()
     except (AttributeError, TypeError):
@@ -157,7 +157,7 @@ def expand_kv_heads(v: Float[Tensor, "batch key kv_head d_head"], n_heads: int) 
 
 @dataclass
 class AttentionLayer:
-    """One attention layer's tensors in SPEC §0 layouts, in one compute dtype."""
+    """One attention layer's tensors in docs/method.md §0 layouts, in one compute dtype."""
 
     layer: int
     pattern: Float[Tensor, "batch head query key"]
@@ -277,7 +277,7 @@ def sliding_window(model, layer: int) -> int | None:
     """The layer's sliding attention window, or None for full causal attention.
 
     TL's cfg reports ``window_size=None`` for Gemma 3 although its local layers use a 512-token
-    window (TL-NOTES), so the HF config's ``layer_types`` is read when the model is a bridge.
+    window (docs/tl-notes.md), so the HF config's ``layer_types`` is read when the model is a bridge.
     """
     if is_bridge(model):
         hf_cfg = getattr(model.original_model, "config", None)

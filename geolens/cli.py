@@ -14,12 +14,14 @@ import importlib
 import pkgutil
 import sys
 
+import geolens
 import geolens.commands
 from geolens.commands._options import ArgumentParser, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="geolens", description="Geometry of attention for TransformerLens models.")
+    parser.add_argument("--version", action="version", version=f"geolens {geolens.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(geolens.commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):

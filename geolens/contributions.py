@@ -1,4 +1,4 @@
-"""Contribution weights and the attention baselines (SPEC §1–2, paper A §2.1–2.2).
+"""Contribution weights and the attention baselines (docs/method.md §1–2, paper A §2.1–2.2).
 
 For layer l, head h, query i and source j, with projected value ṽ_j^h = v_j^h W_O^h and head
 output o_i^h = Σ_j α_ij^h ṽ_j^h:
@@ -9,7 +9,7 @@ output o_i^h = Σ_j α_ij^h ṽ_j^h:
 - ``mode="inter"``: o_i is the layer output Σ_h o_i^h (``attn.hook_out`` − b_O); Σ_h Σ_j c_ij^h = 1
   for each i, and the per-source totals are C_ij = Σ_h c_ij^h.
 
-Efficient form (SPEC §2): ``[head, query, key, d_model]`` is never built. With
+Efficient form (docs/method.md §2): ``[head, query, key, d_model]`` is never built. With
 u_i^h = o_i W_O^{hT} the inner product is ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩, and with the Gram matrix
 G^h = W_O^h W_O^{hT} the norm is ‖ṽ_j^h‖² = v_j^h G^h v_j^{hT}. Cost is O(head·query·key·d_head)
 time and O(head·query·key) memory, the order of the attention pattern itself.
@@ -54,7 +54,7 @@ class ContributionPair(NamedTuple):
 
 
 def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head key"]:
-    """‖ṽ_j^h‖ = sqrt(v_j^h G^h v_j^{hT}) with G^h = W_O^h W_O^{hT} (SPEC §2, efficient form)."""
+    """‖ṽ_j^h‖ = sqrt(v_j^h G^h v_j^{hT}) with G^h = W_O^h W_O^{hT} (docs/method.md §2, efficient form)."""
     gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
     sq = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v)
     return sq.clamp_min(0).sqrt()
@@ -66,7 +66,7 @@ def head_outputs(layer: AttentionLayer) -> Float[Tensor, "batch query head d_mod
 
 
 def layer_output(layer: AttentionLayer) -> Float[Tensor, "batch query d_model"]:
-    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, SPEC §1)."""
+    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, docs/method.md §1)."""
     return torch.einsum("bqhd,hdm->bqm", layer.z, layer.W_O)
 
 
@@ -149,7 +149,7 @@ class InfluenceFactors:
     """The three factors of paper A §2.1 for each (batch, head, query, key); c = α·rel·cos.
 
     ``mode`` says which output o_i they refer to: the head's (intra) or the layer's (inter).
-    ``model_mode`` records the TransformerLens mode that produced the cache (TL-NOTES: the
+    ``model_mode`` records the TransformerLens mode that produced the cache (docs/tl-notes.md: the
     compatibility mode changes ṽ for LayerNorm models).
     """
 
@@ -294,7 +294,7 @@ def influence_factors(
     memory_budget_bytes: int | None = None,
     attention_mask: Tensor | None = None,
 ) -> InfluenceFactors:
-    """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (SPEC §1).
+    """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (docs/method.md §1).
 
     Arguments as in :func:`contribution_weights`; padded positions (``attention_mask``) are 0.
     """
@@ -313,7 +313,7 @@ def contribution_weights_from_layer(
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
 ) -> Float[Tensor, "batch head query key"] | ContributionPair:
-    """c_ij for one :class:`AttentionLayer` (SPEC §2, efficient form), optionally query-chunked.
+    """c_ij for one :class:`AttentionLayer` (docs/method.md §2, efficient form), optionally query-chunked.
 
     Chunks are written into preallocated outputs, so the extra memory beyond the output is
     one chunk's temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`;
@@ -363,7 +363,7 @@ def contribution_weights(
     memory_budget_bytes: int | None = None,
     attention_mask: Tensor | None = None,
 ) -> Float[Tensor, "*layer batch head query key"] | ContributionPair:
-    """Contribution weights c_ij (SPEC §2) from a TransformerLens ``ActivationCache``.
+    """Contribution weights c_ij (docs/method.md §2) from a TransformerLens ``ActivationCache``.
 
     Args:
         model: a ``TransformerBridge`` (TL 4.x) or ``HookedTransformer`` (TL 2.x/3.x).
@@ -417,7 +417,7 @@ def contribution_weights(
 def per_source_totals(
     inter_contributions: Float[Tensor, "*layer batch head query key"],
 ) -> Float[Tensor, "*layer batch query key"]:
-    """C_ij = Σ_h c_ij^h for inter-head contribution weights (SPEC §2); Σ_j C_ij = 1."""
+    """C_ij = Σ_h c_ij^h for inter-head contribution weights (docs/method.md §2); Σ_j C_ij = 1."""
     return inter_contributions.sum(dim=-3)
 
 
@@ -435,7 +435,7 @@ def attention_metrics(
 ) -> AttentionMetrics:
     """Raw attention, value-weighted, output-normalised value-weighted and contribution weights.
 
-    All four are ``[batch, head, query, key]`` (SPEC §2 baselines). ``mode`` picks which output
+    All four are ``[batch, head, query, key]`` (docs/method.md §2 baselines). ``mode`` picks which output
     norm ‖o_i‖ the output-normalised baseline and the contribution weights use: the head's
     (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`
     (``attention_mask``: padded positions are 0 in all four).

@@ -1,4 +1,4 @@
-"""Faithfulness of attribution metrics by causal masking (SPEC §3, paper A §2.3 and §3.1).
+"""Faithfulness of attribution metrics by causal masking (docs/method.md §3, paper A §2.3 and §3.1).
 
 For a metric s_ij^{(l,h)} (an attribution of query i to source j in head h of layer l), the
 masking intervention of :mod:`geolens.interventions.masking` removes the terms α_ij ṽ_j of the
@@ -14,7 +14,7 @@ per (layer, head, query), in every layer of the protocol at once.
 k ∈ {0.1, …, 0.9}; the area under each curve is the trapezoid rule over those k (units: the
 quantity × fraction), with percentile bootstrap confidence intervals over sequences.
 
-Metrics (SPEC §2 and the SPEC header's peer): ``raw_attention`` α_ij, ``value_weighted``
+Metrics (docs/method.md §2 and §3.1): ``raw_attention`` α_ij, ``value_weighted``
 α_ij‖ṽ_j‖, ``output_normalized`` α_ij‖ṽ_j‖/‖o_i‖, ``contribution`` c_ij (intra-head by default:
 the masks are per head), ``value_zeroing`` (Mohebbi et al. 2023, :func:`value_zeroing`; one score
 per layer, shared by the heads of that layer) and ``random`` (uniform scores: the floor).

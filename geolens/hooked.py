@@ -2,7 +2,7 @@
 
 Researchers' existing notebooks use ``HookedTransformer``, whose ``from_pretrained`` does not know
 SmolLM2, and a forced local load silently uses ``rotary_base`` 10000 instead of 100000
-(TL-NOTES.md). The correct route, used here, is a config written from the HF config (rotary base
+(docs/tl-notes.md). The correct route, used here, is a config written from the HF config (rotary base
 included) plus TransformerLens' own ``convert_llama_weights``; weights are then processed as
 ``HookedTransformer.from_pretrained`` does by default (folded norms, centred writing weights).
 

@@ -76,15 +76,32 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
-    """Path of the float32 HF checkpoint converted from a shipped GGUF, converting it if needed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+MODELS_EXTRA_HINT = "pip install 'geolens[models]'"
 
+
+def _require_gguf(name: str) -> None:
+    """Reading a shipped GGUF needs the ``gguf`` package, from the ``models`` extra."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModuleNotFoundError(
+            f"loading {name!r} converts its GGUF file, which needs the gguf package: {MODELS_EXTRA_HINT}",
+            name="gguf",
+        )
+
+
+def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
+    """Path of the float32 HF checkpoint converted from a shipped GGUF, converting it if needed.
+
+    Converting needs the ``gguf`` package (``pip install 'geolens[models]'``); a checkpoint
+    already converted in the cache folder loads without it.
+    """
     spec = MODELS[name]
     root = (root or cache_dir()) / "models"
     final = root / f"{name}-f32"
     if (final / "config.json").exists() and (final / ".complete").exists():
         return final
+    _require_gguf(name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:

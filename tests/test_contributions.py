@@ -1,4 +1,4 @@
-"""SPEC §1–2: every quantity against the naive float64 reference and the model's forward pass."""
+"""docs/method.md §1–2: every quantity against the naive float64 reference and the model's forward pass."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_all_layers_stack(tiny):
 
 
 def test_reconstructs_pre_norm_attention_output_and_hook_z(tiny):
-    """Σ_h Σ_j α ṽ + b_O = pre-norm attention output; z W_O per head = Σ_j α ṽ (SPEC §0)."""
+    """Σ_h Σ_j α ṽ + b_O = pre-norm attention output; z W_O per head = Σ_j α ṽ (docs/method.md §0)."""
     model, _, cache = tiny
     for layer in range(model.cfg.n_layers):
         view = geolens.get_attention_layer(model, cache, layer)

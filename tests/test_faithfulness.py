@@ -1,4 +1,4 @@
-"""Faithfulness curves (SPEC §3): Value Zeroing, AUC, bootstrap and the curve driver."""
+"""Faithfulness curves (docs/method.md §3): Value Zeroing, AUC, bootstrap and the curve driver."""
 
 from __future__ import annotations
 

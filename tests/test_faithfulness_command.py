@@ -35,3 +35,24 @@ def test_auc_markdown_and_figures(tmp_path):
     assert set(pruning_curves_plot(pr).data) == {"regime", "random_0", "random_1"}
     crit = pd.DataFrame(dict(layer=[1], head=[2]))
     assert sensitivity_map_plot(np.zeros((3, 4)), crit).data["delta_ppl"].shape == (3, 4)
+
+
+def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
+    rows = []
+    for metric, scale in [("raw_attention", 1.0), ("value_weighted", 2.0), ("output_normalized", 2.0), ("contribution", 3.0), ("random", 0.5)]:
+        for d in ("comprehensiveness", "sufficiency"):
+            for k in (0.1, 0.5, 0.9):
+                rows.append(dict(metric=metric, direction=d, fraction=k, delta_ppl_mean=scale * k, delta_ppl_sem=0.01,
+                                 delta_logprob_mean=-k, delta_logprob_sem=0.01))
+    view = faithfulness_curves_plot(pd.DataFrame(rows), "delta_ppl")
+    pairs = {(p["direction"], p["a"], p["b"]) for p in view.data["coincide"]}
+    assert pairs == {("comprehensiveness", "value_weighted", "output_normalized"), ("sufficiency", "value_weighted", "output_normalized")}
+    assert all(p["identical"] and "constant within a (head, query) row" in p["reason"] for p in view.data["coincide"])
+    styles = {(line.get_marker(), str(line.get_linestyle())) for line in view.figure.axes[0].get_lines()}
+    assert len(styles) == 5  # every metric has its own marker and line style
+    texts = " ".join(t.get_text() for t in view.figure.texts)
+    assert "value-weighted α‖ṽ‖ and output-normalised α‖ṽ‖/‖o‖ coincide (identical)" in texts
+    view.close()
+    distinct = faithfulness_curves_plot(pd.DataFrame([r for r in rows if r["metric"] != "output_normalized"]), "delta_ppl")
+    assert distinct.data["coincide"] == [] and not distinct.figure.texts
+    distinct.close()

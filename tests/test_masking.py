@@ -1,4 +1,4 @@
-"""Masking intervention through hook_pattern (SPEC §3): identities against naive references."""
+"""Masking intervention through hook_pattern (docs/method.md §3): identities against naive references."""
 
 from __future__ import annotations
 

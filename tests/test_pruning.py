@@ -1,4 +1,4 @@
-"""Head ablation, pruning orders and curves, single-head sensitivity (SPEC §6)."""
+"""Head ablation, pruning orders and curves, single-head sensitivity (docs/method.md §6)."""
 
 from __future__ import annotations
 

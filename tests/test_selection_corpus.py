@@ -1,4 +1,4 @@
-"""SPEC §5–6 corpus parts: the authors' averaging protocol, random baseline, bootstrap, regime fit,
+"""docs/method.md §5–6 corpus parts: the authors' averaging protocol, random baseline, bootstrap, regime fit,
 keep-top-N hooks and N*, each against explicit loops."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §5 P_N, R_N, F_N and the inversion bounds against brute-force loops (random data, tiny models)."""
+"""docs/method.md §5 P_N, R_N, F_N and the inversion bounds against brute-force loops (random data, tiny models)."""
 
 from __future__ import annotations
 

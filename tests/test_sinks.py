@@ -1,4 +1,4 @@
-"""Sink geometry, token-type decomposition and the norm curve (SPEC §4) against naive references.
+"""Sink geometry, token-type decomposition and the norm curve (docs/method.md §4) against naive references.
 
 References loop over sequences, heads and positions in float64 with ṽ materialised
 (:mod:`reference`), over several batches so that the streaming merge is exercised too.

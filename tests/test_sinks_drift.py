@@ -1,4 +1,4 @@
-"""Semantic drift experiment (SPEC §4): per-head statistics against loops over the edited pass."""
+"""Semantic drift experiment (docs/method.md §4): per-head statistics against loops over the edited pass."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sink-value interventions (SPEC §4): identities in the real forward pass, GQA groups, no leaks."""
+"""Sink-value interventions (docs/method.md §4): identities in the real forward pass, GQA groups, no leaks."""
 
 from __future__ import annotations
 

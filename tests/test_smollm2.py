@@ -53,7 +53,7 @@ def test_matches_naive_reference_on_a_short_prompt(smollm2, mode):
 
 
 def test_sink_is_real_and_low_norm(smollm2, smol_cache):
-    """TL-NOTES: SmolLM2 shows real sinks in middle layers, with low sink projected-value norm."""
+    """docs/tl-notes.md: SmolLM2 shows real sinks in middle layers, with low sink projected-value norm."""
     view = geolens.get_attention_layer(smollm2, smol_cache, 15)
     norms = geolens.projected_value_norms(view)
     assert view.pattern[:, :, 1:, 0].mean() > 0.3

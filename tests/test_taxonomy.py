@@ -1,4 +1,4 @@
-"""SPEC §6 head taxonomy against brute-force loops (argmax, counts, alignments) on tiny models."""
+"""docs/method.md §6 head taxonomy against brute-force loops (argmax, counts, alignments) on tiny models."""
 
 from __future__ import annotations
 

@@ -152,3 +152,45 @@ def test_to_jsonable_handles_tensors_nan_and_frames():
 def test_html_view_needs_components():
     with pytest.raises(ValueError):
         HTMLView([])
+
+
+def test_variance_share_chart_draws_signed_shares_that_add_up_to_one():
+    import numpy as np
+
+    from conftest import make_tiny
+    from geolens.sinks import token_type_decomposition
+    from geolens.testing import tiny_tokens
+    from geolens.viz.sinks import decomposition_bars
+
+    model = make_tiny("gqa")
+    tokens = tiny_tokens(model, ["the cat sat on the mat and then", "a dog ran in the park at noon"], length=10)
+    view = decomposition_bars(token_type_decomposition(model, tokens))
+    for source, total in view.data["sum_of_shares"].items():
+        assert np.allclose(total, 1.0, atol=1e-6), (source, total)
+    titles = [ax.get_title() for ax in view.figure.axes]
+    assert all("signed share" in t and "add up to 1" in t for t in titles)
+    heights = [p.get_height() for ax in view.figure.axes for p in ax.patches]
+    shares = view.data["layers"][["share_attention", "share_relnorm", "share_cosine"]].to_numpy()
+    assert len(heights) == shares.size  # grouped bars: one bar per share, none stacked on another
+    assert np.allclose(sorted(heights), sorted(shares.ravel()))
+    view.close()
+
+
+def test_regime_grid_has_a_colour_bar_keyed_by_winning_share():
+    import numpy as np
+
+    from geolens import taxonomy
+    from geolens.viz.taxonomy import REGIME_COLORS, _rgb, regime_grid_plot
+
+    counts = torch.tensor([[[5.0, 1, 1], [1, 5, 1], [1, 1, 5]], [[2, 1, 1], [1, 1, 3], [1, 4, 1]]])
+    view = regime_grid_plot({"a": taxonomy.taxonomy_from_counts(counts)})
+    bars = [ax for ax in view.figure.axes if ax.get_ylabel() == "winning share"]
+    assert len(bars) == 1
+    image = bars[0].get_images()[0].get_array()  # [level, regime, 3], level 0 = share 1/3
+    assert image.shape[1] == len(REGIME_COLORS)
+    for k, colour in enumerate(REGIME_COLORS.values()):
+        assert np.allclose(image[-1, k], _rgb(colour))  # share 1: the full regime colour
+        assert image[0, k].mean() > image[-1, k].mean()  # share 1/3: paler
+    assert [t.get_text() for t in bars[0].get_xticklabels()] == [r[:3] for r in REGIME_COLORS]
+    assert view.data["colour_bar"]["winning_share"] == [1 / 3, 1.0]
+    view.close()

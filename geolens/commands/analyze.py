@@ -1,6 +1,6 @@
 """``geolens analyze "text"``: per-layer sink summary and the last token's top sources.
 
-For each layer l (SPEC §1, §2, §4), averaged over heads:
+For each layer l (docs/method.md §1, §2, §4), averaged over heads:
 
 - mean sink rate: α_i0 averaged over queries i ≥ 1 (query 0 can only attend to itself);
 - sink norm ratio: ‖ṽ_0‖ / mean_{j>0} ‖ṽ_j‖;

@@ -171,7 +171,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     from geolens.commands._options import add_corpus, add_model, add_out, add_threads, float_list, layer_spec, non_negative_int, positive_int, seq_len_int
 
-    p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (SPEC §3)")
+    p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (docs/method.md §3)")
     add_model(p)
     add_corpus(p)
     p.add_argument("--n-sequences", type=non_negative_int, default=100, help="0 skips the language-modelling curves")

@@ -1,4 +1,4 @@
-"""``geolens pruning``: head-pruning curves by order and the single-head sensitivity scan (SPEC §6).
+"""``geolens pruning``: head-pruning curves by order and the single-head sensitivity scan (docs/method.md §6).
 
 Example (the README run)::
 
@@ -98,7 +98,7 @@ def _retention(text: str):
 def register(subparsers) -> None:
     from geolens.commands._options import add_corpus, add_model, add_out, add_threads, int_list, non_negative_int, positive_int, seq_len_int
 
-    p = subparsers.add_parser("pruning", help="head pruning by regime vs baselines, and the single-head sensitivity scan (SPEC §6)")
+    p = subparsers.add_parser("pruning", help="head pruning by regime vs baselines, and the single-head sensitivity scan (docs/method.md §6)")
     add_model(p)
     add_corpus(p)
     p.add_argument("--n-sequences", type=positive_int, default=4, help="evaluation windows for ΔPPL")

@@ -1,4 +1,4 @@
-"""``geolens selection``: token-selection geometry with the authors' protocol (SPEC §5–6).
+"""``geolens selection``: token-selection geometry with the authors' protocol (docs/method.md §5–6).
 
 For each corpus, one pass computes (:class:`geolens.selection.analysis.SelectionAnalysis`) P_N,
 R_N, F_N of the final query of every window for all layers × query heads and N ∈ {1, 2, 4, …}
@@ -129,7 +129,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     from geolens.commands._options import add_model, add_out, add_threads, add_window_options, int_list, non_negative_int, positive_int
 
-    p = subparsers.add_parser("selection", help="token-selection geometry, random baseline, sink regime and N* (SPEC §5-6)")
+    p = subparsers.add_parser("selection", help="token-selection geometry, random baseline, sink regime and N* (docs/method.md §5-6)")
     add_model(p, tiny=True)
     p.add_argument("--corpora", nargs="*", default=["lee", "enwiki"], help="corpora (none: only N*)")
     add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)

@@ -1,4 +1,4 @@
-"""``geolens sinks``: the attention-sink experiments of SPEC §4 on a corpus, tables and figures.
+"""``geolens sinks``: the attention-sink experiments of docs/method.md §4 on a corpus, tables and figures.
 
 One corpus pass computes the sink geometry, the token-type decomposition and the output-norm
 curve (:mod:`geolens.sinks`); then the semantic-drift experiment runs one pass per λ over the
@@ -148,7 +148,7 @@ def register(subparsers) -> None:
         positive_int,
     )  # fmt: skip
 
-    p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (SPEC §4)")
+    p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)")
     add_model(p)
     add_corpus(p)
     add_window_options(p, n_sequences=200, seq_len=128, batch_size=8, n_help="windows for the corpus pass (default 200)")

@@ -1,4 +1,4 @@
-"""``geolens taxonomy``: the Retriever / Mixer / Reset head taxonomy on one or more corpora (SPEC §6).
+"""``geolens taxonomy``: the Retriever / Mixer / Reset head taxonomy on one or more corpora (docs/method.md §6).
 
 For each corpus: the per-head table (shares of sink / current / other winners of
 argmax_j α_ij‖v_j‖, regime, mean sink and current-token alignment), the regime distribution and
@@ -84,7 +84,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     from geolens.commands._options import add_model, add_out, add_threads, add_window_options
 
-    p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (SPEC §6)")
+    p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (docs/method.md §6)")
     add_model(p, tiny=True)
     p.add_argument("--corpora", nargs="+", default=["lee", "enwiki"], help="offline corpus names or files")
     add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)

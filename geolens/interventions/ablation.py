@@ -1,4 +1,4 @@
-"""Zero- and mean-ablation of attention heads at ``hook_z`` (SPEC §6).
+"""Zero- and mean-ablation of attention heads at ``hook_z`` (docs/method.md §6).
 
 Ablating head h of layer l replaces its z_i^h = Σ_j α_ij^h v_j^h (``blocks.{l}.attn.hook_z``,
 ``[batch, query, head, d_head]``) at every query position by

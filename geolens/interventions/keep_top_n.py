@@ -1,9 +1,9 @@
-"""Keep only the top-N sources of every (layer, head, query): the deletion behind N* (SPEC §6).
+"""Keep only the top-N sources of every (layer, head, query): the deletion behind N* (docs/method.md §6).
 
 For each hooked layer, head h and query i, the sources j ≤ i are ranked by attention α_ij
 (``by="attention"``) or by contribution norm α_ij ‖v_j‖ (``by="norm"``, value space as in paper
 B; ties by increasing index); the terms α_ij v_j of all but the top N are removed by setting
-α_ij = 0 in ``hook_pattern`` **without renormalising** (SPEC §3's masking convention), so the
+α_ij = 0 in ``hook_pattern`` **without renormalising** (docs/method.md §3's masking convention), so the
 head output becomes Σ_{j∈top-N} α_ij v_j. Queries with at most N visible sources are unchanged.
 
 ``by="norm"`` needs v of the same layer: a ``hook_v`` hook stores it (it fires before

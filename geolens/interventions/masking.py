@@ -1,4 +1,4 @@
-"""Causal masking of attention terms through ``hook_pattern`` (SPEC §3, paper A §2.3).
+"""Causal masking of attention terms through ``hook_pattern`` (docs/method.md §3, paper A §2.3).
 
 For layer l, head h and query i, removing source j deletes the term α_ij^h ṽ_j^h from the head
 output o_i^h = Σ_j α_ij^h ṽ_j^h. It is done by setting α_ij^h to 0 in ``hook_pattern``
@@ -74,7 +74,7 @@ def removal_mask(
     broken by increasing source index (stable sort). Ineligible sources are never removed.
 
     Comprehensiveness uses ``largest=True`` (remove the most important), sufficiency
-    ``largest=False`` (remove the least important), SPEC §3.
+    ``largest=False`` (remove the least important), docs/method.md §3.
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")

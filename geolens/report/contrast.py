@@ -1,7 +1,7 @@
 """Attention vs contribution over a corpus, per (layer, head): what the report's first section measures.
 
 For every layer l, head h, sequence and query i ≥ 1 (query 0 sees only itself), with α the
-attention pattern and c the intra-head contribution weights of SPEC §2:
+attention pattern and c the intra-head contribution weights of docs/method.md §2:
 
 - ``sink_attention``: α_i0, the attention the query pays to the sink (position 0);
 - ``sink_contribution``: c_i0 = α_i0 (‖ṽ_0‖/‖o_i‖) cos(o_i, ṽ_0), what the sink really adds;

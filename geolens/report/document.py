@@ -141,11 +141,14 @@ figure { margin: 12px 0; } figure img { max-width: 100%; border: 1px solid #eee;
 figcaption, .geolens-caption { font-size: 0.85em; color: #555; }
 details { margin: 8px 0; } nav a { margin-right: 12px; }
 .geolens-view { overflow-x: auto; }
+.table-scroll { overflow-x: auto; max-width: 100%; }
 """
 
 
 def _table_html(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, border=0, classes="geolens-table", float_format=lambda v: f"{v:.4g}", na_rep="–")
+    """A table inside a horizontally scrolling box, so a wide table never widens the page."""
+    table = df.to_html(index=False, border=0, classes="geolens-table", float_format=lambda v: f"{v:.4g}", na_rep="–")
+    return f'<div class="table-scroll">{table}</div>'
 
 
 def _claims_html(report: Report) -> str:
@@ -163,7 +166,7 @@ def _claims_html(report: Report) -> str:
                 "</tr>"
             )
     head = "<tr><th>paper claim</th><th>source</th><th>measured (this run)</th><th>verdict</th><th>criterion</th><th>section</th></tr>"
-    return f'<table class="geolens-table claims">{head}{"".join(rows)}</table>'
+    return f'<div class="table-scroll"><table class="geolens-table claims">{head}{"".join(rows)}</table></div>'
 
 
 def _figure_html(fig: PlotView | HTMLView) -> str:

@@ -1,4 +1,4 @@
-"""Corpus-level token-selection geometry with the authors' protocol (SPEC §5, paper B).
+"""Corpus-level token-selection geometry with the authors' protocol (docs/method.md §5, paper B).
 
 :class:`SelectionAnalysis` (a :class:`geolens.streaming.CorpusAnalysis`, run by
 :func:`geolens.runner.run_corpus`) scores, for every window of the corpus, the final query (or
@@ -11,7 +11,7 @@ every query) of all layers × query heads, for N in ``sizes``, under several con
   rows; nothing else of a batch is kept), and the per-document share of (layer, head, query)
   cases where top-N beats the mean of the random draws;
 - per-layer means of F_N (top-N and random), ``[layer, N]`` :class:`Moments`;
-- counts of bound violations (SPEC §5 properties, expected 0) over every top-N case (and the
+- counts of bound violations (docs/method.md §5 properties, expected 0) over every top-N case (and the
   random cases with ``random_bounds=True``; off by default because GInv is the costliest part);
 - the share of cases whose top-N set contains the sink.
 

@@ -1,4 +1,4 @@
-"""Random N-subset baseline and the paired top-N vs random comparison (SPEC §5 protocol).
+"""Random N-subset baseline and the paired top-N vs random comparison (docs/method.md §5 protocol).
 
 - :func:`random_rankings`: ``n_draws`` random rankings of the visible sources (i.i.d. uniform
   scores from a seeded ``torch.Generator``). The random set of size N is the top N of one

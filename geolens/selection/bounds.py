@@ -1,4 +1,4 @@
-"""Inversion bounds on geometric precision and recall (SPEC §5, paper B).
+"""Inversion bounds on geometric precision and recall (docs/method.md §5, paper B).
 
 For a selected set S (|S| = N) and outside set O = T_t ∖ S with distances D to s_N:
 
@@ -54,7 +54,7 @@ def inversion_bounds(
 
 
 def bound_violations(sep, *, tol: float = 1e-9) -> dict[str, int]:
-    """Counts of cases breaking the SPEC §5 properties in a :class:`Separation` (should all be 0).
+    """Counts of cases breaking the docs/method.md §5 properties in a :class:`Separation` (should all be 0).
 
     - ``precision_bound``: P_N < N/(N + GInv_N); ``recall_bound``: R_N < max{0, 1 − GInv_N/N};
     - ``equivalence``: not (γ_N > 0 ⇔ GInv_N = 0 ⇔ F_N = 1).

@@ -1,4 +1,4 @@
-"""The sink-aware regime fitted on a corpus (SPEC §5, paper B's assumptions).
+"""The sink-aware regime fitted on a corpus (docs/method.md §5, paper B's assumptions).
 
 Paper B's analysis assumes (i) stable non-sink value norms with a compressed sink, (ii) an
 exponential decay of cross-token similarity with distance and (iii) a piecewise attention profile

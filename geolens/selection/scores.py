@@ -1,4 +1,4 @@
-"""Geometric precision, recall and extremal F_N of a head's token selection (SPEC §5, paper B).
+"""Geometric precision, recall and extremal F_N of a head's token selection (docs/method.md §5, paper B).
 
 For one head and one query t over its visible sources T_t = {0 … t}, each source i contributes
 y_i = α_i u_i, with u the value vector before W_O (``space="value"``, paper B) or the projected
@@ -13,9 +13,9 @@ d is Euclidean ‖x − y‖ or cosine 1 − ⟨x, y⟩ / (‖x‖‖y‖ + 1e-1
 - F_N = 2 P_N R_N / (P_N + R_N)  (0 when P_N + R_N = 0), defined for 1 ≤ N < |T_t|.
 
 The projected space is computed without building ṽ: with G = W_O W_Oᵀ, ‖(y_i − s) W_O‖² =
-(y_i − s) G (y_i − s)ᵀ and ⟨y_i W_O, s W_O⟩ = y_i G sᵀ (SPEC §2's efficient form).
+(y_i − s) G (y_i − s)ᵀ and ⟨y_i W_O, s W_O⟩ = y_i G sᵀ (docs/method.md §2's efficient form).
 
-Caveats (SPEC §5, tested): with Euclidean distance F_1 = 1 for any selection rule (D_i = 0 for
+Caveats (docs/method.md §5, tested): with Euclidean distance F_1 = 1 for any selection rule (D_i = 0 for
 the single selected token); if s_N = 0 the cosine distance is 1 for every source, so R_N = F_N = 0;
 the metrics need not be monotone in N.
 
@@ -168,7 +168,7 @@ class Separation:
 def separation_from_distances(
     D: Float[Tensor, "... key"], selected: Bool[Tensor, "... key"], visible: Bool[Tensor, "... key"], *, bounds: bool = True
 ) -> Separation:
-    """P_N, R_N, F_N (SPEC §5) and the inversion bounds from distances and the selected set.
+    """P_N, R_N, F_N (docs/method.md §5) and the inversion bounds from distances and the selected set.
 
     ``bounds=False`` skips GInv_N and the two lower bounds (NaN), the most expensive part.
     """

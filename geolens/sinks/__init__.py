@@ -1,4 +1,4 @@
-"""Attention sinks (SPEC §4): geometry, token-type decomposition, norm curve, semantic drift.
+"""Attention sinks (docs/method.md §4): geometry, token-type decomposition, norm curve, semantic drift.
 
 Public functions, each a corpus analysis driven by :func:`geolens.runner.run_corpus`:
 

@@ -1,6 +1,6 @@
-"""Token-type decomposition of log|c_ij| into its three factors (SPEC §4, paper A §3.2).
+"""Token-type decomposition of log|c_ij| into its three factors (docs/method.md §4, paper A §3.2).
 
-Intra-head contribution weights factor exactly (SPEC §2):
+Intra-head contribution weights factor exactly (docs/method.md §2):
 
     X = log|c_ij| = A + R + C,   A = log α_ij,  R = log(‖ṽ_j‖/‖o_i‖),  C = log|cos(o_i, ṽ_j)|.
 

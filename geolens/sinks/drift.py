@@ -1,4 +1,4 @@
-"""Semantic drift under sink-value scaling (SPEC §4, paper A §3.3).
+"""Semantic drift under sink-value scaling (docs/method.md §4, paper A §3.3).
 
 For each λ of a grid in [0, 2], the model runs with v_0 ← λ v_0 in the chosen layers and kv
 heads (:mod:`geolens.interventions.sink_values`; all layers and heads by default, all at once).

@@ -1,4 +1,4 @@
-"""Sink geometry per (layer, head) over a corpus (SPEC §4, paper A §3.2, paper B).
+"""Sink geometry per (layer, head) over a corpus (docs/method.md §4, paper A §3.2, paper B).
 
 For a sequence, layer l and query head h (GQA kv heads expanded, so the value-space numbers of
 the query heads of one group coincide), with v_j the value (``hook_v``, b_V included) and
@@ -18,7 +18,7 @@ the query heads of one group coincide), with v_j the value (``hook_v``, b_V incl
 - cos(v_0, m) and cos(ṽ_0, m W_O) with m = mean_{j>0} v_j, the mean non-sink value of the
   sequence (the direction of the "semantic cone" in paper A's words), averaged over sequences.
 
-Projected norms and cosines use the Gram matrix G^h = W_O^h W_O^{hT} (SPEC §2): ‖ṽ_j‖² = v_j G v_jᵀ,
+Projected norms and cosines use the Gram matrix G^h = W_O^h W_O^{hT} (docs/method.md §2): ‖ṽ_j‖² = v_j G v_jᵀ,
 ⟨ṽ_0, ṽ_j⟩ = v_0 G v_jᵀ, so ṽ is never materialised. Statistics are computed in float64. A zero
 norm makes its ratio/cosine NaN, which the accumulators skip (counted per entry).
 """

@@ -1,7 +1,7 @@
-"""Head output norm as a function of the sink rate (SPEC §4, paper A §3.3).
+"""Head output norm as a function of the sink rate (docs/method.md §4, paper A §3.3).
 
 For every (layer, head) and query i ≥ 1, the sink rate α_i0 and the head output norm
-‖o_i^h‖ = ‖z_i^h W_O^h‖ = sqrt(z_i G^h z_iᵀ) (b_O excluded, SPEC §1). Queries are binned by α_i0
+‖o_i^h‖ = ‖z_i^h W_O^h‖ = sqrt(z_i G^h z_iᵀ) (b_O excluded, docs/method.md §1). Queries are binned by α_i0
 (fixed edges on [0, 1], 20 bins by default); per bin the mean ‖o_i^h‖, its standard error and a
 95% normal confidence interval (mean ± 1.96 sem). Per head and pooled over the heads of a layer.
 

@@ -1,4 +1,4 @@
-"""Contribution weights next to attention, as circuitsvis views and matplotlib plots (SPEC §2).
+"""Contribution weights next to attention, as circuitsvis views and matplotlib plots (docs/method.md §2).
 
 - :func:`signed_heatmaps`: any ``[head, query, key]`` tensor as circuitsvis ``AttentionHeads``
   on a symmetric colour scale: positive values blue, negative values red, zero white. circuitsvis

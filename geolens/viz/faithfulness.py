@@ -1,4 +1,4 @@
-"""Matplotlib figures of the causal evaluation (SPEC §3, §6): faithfulness curves, multiple-choice
+"""Matplotlib figures of the causal evaluation (docs/method.md §3, §6): faithfulness curves, multiple-choice
 accuracy under masks, pruning curves and the single-head sensitivity map.
 
 Each function returns a :class:`geolens.viz.common.PlotView` carrying the plotted numbers.
@@ -24,56 +24,144 @@ METRIC_STYLE = {
 QUANTITY_LABEL = {"delta_ppl": "ΔPPL", "delta_logprob": "Δ log-prob of the target"}
 
 
+# Marker and line style per metric, so that curves drawn on top of each other stay visible.
+METRIC_MARKS = {
+    "raw_attention": ("o", "-", 7),
+    "value_weighted": ("s", "--", 6),
+    "output_normalized": ("^", "-.", 5),
+    "contribution": ("D", "-", 4),
+    "value_zeroing": ("v", ":", 5),
+    "random": ("x", (0, (6, 2)), 5),
+}
+# Pairs that coincide by construction under per-row masks, with the reason.
+COINCIDE_REASON = {
+    frozenset(("value_weighted", "output_normalized")): "‖o_i‖ is constant within a (head, query) row, so "
+    "α‖ṽ‖/‖o‖ ranks each row's sources exactly as α‖ṽ‖ does",
+}
+
+
 def _label(metric: str) -> tuple[str, str]:
     return METRIC_STYLE.get(metric, (metric, None))
 
 
+def _style(metric: str, index: int) -> dict:
+    marker, ls, ms = METRIC_MARKS.get(metric, ("os^Dv*"[index % 6], "-", 5))
+    return dict(marker=marker, ls=ls, ms=ms, markerfacecolor="none", markeredgewidth=1.2, lw=1.3)
+
+
+def coinciding_curves(curves: dict[str, np.ndarray], *, rel_tol: float = 0.01) -> list[dict]:
+    """Pairs of curves (same x) that a reader cannot tell apart on the plot.
+
+    Two curves coincide when their largest difference is at most ``rel_tol`` of the panel's
+    y-range (``identical`` when it is exactly 0). Each entry gives both metrics, the largest
+    difference and, for pairs that coincide by construction, the reason.
+    """
+    names = list(curves)
+    values = [np.asarray(curves[n], dtype=float) for n in names]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.array([])
+    span = float(finite.max() - finite.min()) if finite.size else 0.0
+    out = []
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            if values[a].shape != values[b].shape:
+                continue
+            diff = float(np.nanmax(np.abs(values[a] - values[b]))) if values[a].size else 0.0
+            if diff <= rel_tol * span or diff == 0.0:
+                default = "the same mean at every k" if diff == 0.0 else f"difference ≤ {rel_tol:.0%} of the y-range"
+                reason = COINCIDE_REASON.get(frozenset((names[a], names[b])), default)
+                out.append(dict(a=names[a], b=names[b], max_diff=diff, identical=diff == 0.0, reason=reason))
+    return out
+
+
+def _coincidence_note(pairs: list[dict], panel: str) -> list[str]:
+    lines = []
+    for p in pairs:
+        how = "identical" if p["identical"] else f"within {p['max_diff']:.3g}"
+        lines.append(f"{panel}: {_label(p['a'])[0]} and {_label(p['b'])[0]} coincide ({how}): {p['reason']}.")
+    return lines
+
+
 def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", *, subtitle: str = "") -> PlotView:
-    """Comprehensiveness and sufficiency side by side: mean ± s.e.m. over sequences vs k."""
-    fig = new_figure(figsize=(10, 4))
+    """Comprehensiveness and sufficiency side by side: mean ± s.e.m. over sequences vs k.
+
+    Every metric has its own marker (hollow, decreasing size) and line style, so curves that lie
+    on top of each other stay visible; pairs that coincide are named under the figure, with the
+    reason (``data["coincide"]``).
+    """
+    fig = new_figure(figsize=(10, 4.6))
     axes = fig.subplots(1, 2, sharey=False)
     data = {}
+    notes, coincide = [], []
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
         sub = curves[curves.direction == direction]
-        for metric, df in sub.groupby("metric", sort=False):
+        panel = {}
+        for index, (metric, df) in enumerate(sub.groupby("metric", sort=False)):
             name, color = _label(metric)
             x, y, e = df.fraction.to_numpy(), df[f"{quantity}_mean"].to_numpy(), df[f"{quantity}_sem"].to_numpy()
-            ax.plot(x, y, marker="o", ms=3, label=name, color=color, ls="--" if metric == "random" else "-")
-            ax.fill_between(x, y - e, y + e, color=color, alpha=0.15)
+            ax.plot(x, y, label=name, color=color, **_style(metric, index))
+            ax.fill_between(x, y - e, y + e, color=color, alpha=0.12)
             data[f"{direction}/{metric}"] = dict(fraction=x, mean=y, sem=e)
+            panel[metric] = y
+        pairs = coinciding_curves(panel)
+        coincide += [dict(direction=direction, **p) for p in pairs]
+        notes += _coincidence_note(pairs, direction)
         better = "higher = more faithful" if (direction == "comprehensiveness") == (quantity == "delta_ppl") else "lower = more faithful"
         ax.set_title(f"{direction} ({better})", fontsize=10)
         ax.set_xlabel("fraction k of sources removed per (layer, head, query)")
         ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
+    data["coincide"] = coincide
     if subtitle:
         fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
-    fig.tight_layout()
+    bottom = 0.0
+    if notes:
+        text = "\n".join(textwrap.fill(n, 170) for n in notes)
+        bottom = min(0.3, 0.034 * (text.count("\n") + 1))
+        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="#333333")
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return PlotView(fig, title=f"faithfulness curves ({quantity})", data=data)
 
 
 def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
-    """Multiple-choice accuracy vs k under comprehensiveness / sufficiency masks."""
-    fig = new_figure(figsize=(10, 4))
+    """Multiple-choice accuracy vs k under comprehensiveness / sufficiency masks.
+
+    Accuracies of a few questions take few values, so curves often coincide: each metric has its
+    own marker and line style, and coinciding pairs are named under the figure.
+    """
+    fig = new_figure(figsize=(10, 4.6))
     axes = fig.subplots(1, 2, sharey=True)
     clean = df[df.metric == "clean"].accuracy.item()
     data = {"clean": clean}
+    notes, coincide = [], []
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
         sub = df[df.direction == direction]
-        for metric, d in sub.groupby("metric", sort=False):
+        panel = {}
+        for index, (metric, d) in enumerate(sub.groupby("metric", sort=False)):
             name, color = _label(metric)
-            ax.plot(d.fraction, d.accuracy, marker="o", ms=3, label=name, color=color, ls="--" if metric == "random" else "-")
+            ax.plot(d.fraction, d.accuracy, label=name, color=color, **_style(metric, index))
             data[f"{direction}/{metric}"] = dict(fraction=d.fraction.to_numpy(), accuracy=d.accuracy.to_numpy())
+            panel[metric] = d.accuracy.to_numpy()
+        pairs = coinciding_curves(panel, rel_tol=0.0)
+        coincide += [dict(direction=direction, **p) for p in pairs]
+        if pairs:
+            same = sorted({_label(m)[0] for p in pairs for m in (p["a"], p["b"])})
+            notes.append(f"{direction}: identical accuracies for {', '.join(same)} (few questions: accuracy moves in steps of 1/n).")
         ax.axhline(clean, color="k", lw=0.8, ls=":", label="clean")
         ax.set_title(direction, fontsize=10)
         ax.set_xlabel("fraction k removed")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
     axes[0].legend(fontsize=8)
+    data["coincide"] = coincide
     if subtitle:
         fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
-    fig.tight_layout()
+    bottom = 0.0
+    if notes:
+        text = "\n".join(textwrap.fill(n, 170) for n in notes)
+        bottom = min(0.3, 0.034 * (text.count("\n") + 1))
+        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="#333333")
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return PlotView(fig, title="multiple-choice accuracy under masks", data=data)
 
 

@@ -1,4 +1,4 @@
-"""Figures of the token-selection geometry (SPEC §5): F_N vs N, top-N vs random, with/without sink.
+"""Figures of the token-selection geometry (docs/method.md §5): F_N vs N, top-N vs random, with/without sink.
 
 - :func:`f_vs_n_plot`: document-level mean F_N (with bootstrap CIs) against N (log scale) for the
   top-N selection and the random baseline, sink kept vs excluded, one panel per distance.

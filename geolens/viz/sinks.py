@@ -1,4 +1,4 @@
-"""Matplotlib figures of the sink analyses (SPEC §4); each returns a :class:`PlotView`.
+"""Matplotlib figures of the sink analyses (docs/method.md §4); each returns a :class:`PlotView`.
 
 A :class:`~geolens.viz.common.PlotView` wraps the matplotlib ``Figure`` (``.figure``), saves to
 PNG (``.save(path)``) and carries the numbers it shows in ``.data``.
@@ -56,27 +56,38 @@ def sink_layer_bars(geometry) -> PlotView:
 
 
 def decomposition_bars(decomposition) -> PlotView:
-    """Stacked per-layer shares Cov(log|c|, F)/Var(log|c|), sink vs tail (pooled over heads)."""
+    """Per-layer signed variance shares Cov(X, F)/Var X of X = log|c_ij|, sink vs tail (pooled over heads).
+
+    The three shares (attention, relative norm, cosine) add up to 1 exactly, but each one is signed:
+    a negative share means that factor varies against the sum and cancels part of the others'
+    variance, and then another share exceeds 1 (docs/method.md §4.3). They are drawn as grouped,
+    not stacked, bars for that reason; the black tick is the sum of the three (1 up to rounding).
+    """
     df = decomposition.layers
-    fig = new_figure(figsize=(11, 5.5))
+    fig = new_figure(figsize=(11, 5.8))
     axes = fig.subplots(2, 1, sharex=True)
     colors = {"attention": "tab:blue", "relnorm": "tab:orange", "cosine": "tab:green"}
+    width = 0.27
+    sums = {}
     for ax, source in zip(axes, ("sink", "tail")):
         d = df[df.source == source]
         x = d["layer"].to_numpy()
-        pos, neg = np.zeros(len(d)), np.zeros(len(d))
-        for f, c in colors.items():
+        total = np.zeros(len(d))
+        for k, (f, c) in enumerate(colors.items()):
             v = d[f"share_{f}"].to_numpy()
-            base = np.where(v >= 0, pos, neg)
-            ax.bar(x, v, 0.8, bottom=base, color=c, label={"relnorm": "relative norm"}.get(f, f))
-            pos, neg = pos + np.clip(v, 0, None), neg + np.clip(v, None, 0)
+            ax.bar(x + (k - 1) * width, v, width, color=c, label={"relnorm": "relative norm"}.get(f, f))
+            total = total + v
+        ax.scatter(x, total, marker="_", s=120, color="k", zorder=3, label="sum of the three")
+        sums[source] = total
         ax.axhline(0, color="k", lw=0.6)
         ax.axhline(1, color="k", lw=0.4, ls=":")
-        ax.set_title(f"{source} sources: share of Var(log|c_ij|) (sums to 1)")
-        ax.legend(fontsize=7, ncol=3)
+        ax.set_ylabel("Cov(X, F) / Var X")
+        ax.set_title(f"{source} sources: signed share of Var(log|c_ij|) per factor F (shares add up to 1; "
+                     "a negative share cancels part of the others)", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
     axes[-1].set_xlabel("layer")
     fig.tight_layout()
-    return PlotView(fig, title="token-type decomposition", data={"layers": df})
+    return PlotView(fig, title="token-type decomposition: signed variance shares", data={"layers": df, "sum_of_shares": sums})
 
 
 def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels: int = 12) -> PlotView:

@@ -1,4 +1,4 @@
-"""Layer × head grid of the Retriever / Mixer / Reset regimes (SPEC §6): a PNG and an HTML view.
+"""Layer × head grid of the Retriever / Mixer / Reset regimes (docs/method.md §6): a PNG and an HTML view.
 
 - :func:`regime_grid_plot`: matplotlib grid, one cell per head coloured by regime, shaded by the
   winning share; one panel per corpus when several taxonomies are given.
@@ -23,6 +23,14 @@ def _rgb(hex_color: str) -> np.ndarray:
     return np.array([int(hex_color[i : i + 2], 16) / 255 for i in (1, 3, 5)])
 
 
+SHADE_MIN = 0.35  # colour weight of a cell whose winning share is 1/3 (a three-way tie)
+
+
+def _shade(top_share) -> np.ndarray:
+    """Colour weight of a cell: 1/3 (three-way tie) → SHADE_MIN (pale), 1 → 1 (full colour)."""
+    return SHADE_MIN + (1 - SHADE_MIN) * (np.asarray(top_share, dtype=float) - 1 / 3) / (2 / 3)
+
+
 def _cell_colors(tax) -> np.ndarray:
     """[layer, head, 3] RGB: the regime colour, lighter when the winning share is small."""
     shares = tax.shares()
@@ -31,19 +39,39 @@ def _cell_colors(tax) -> np.ndarray:
     out = np.ones((L, H, 3))
     for l in range(L):
         for h in range(H):
-            w = 0.35 + 0.65 * (top[l, h] - 1 / 3) / (2 / 3)  # 1/3 (a three-way tie) → pale, 1 → full
+            w = _shade(top[l, h])
             out[l, h] = (1 - w) * np.ones(3) + w * _rgb(REGIME_COLORS[tax.regimes[l, h]])
     return out
 
 
-def regime_grid_plot(taxonomies: dict, *, title: str = "Head regimes") -> PlotView:
-    """One panel per ``{name: TaxonomyResult}``; rows = layers, columns = heads."""
-    from matplotlib.patches import Patch
+def _colour_bar(ax) -> np.ndarray:
+    """The key of the cell colours: one column per regime, from winning share 1/3 (pale) to 1."""
+    levels = np.linspace(1 / 3, 1, 50)
+    w = _shade(levels)[:, None, None]
+    columns = [(1 - w) + w * _rgb(c)[None, None, :] for c in REGIME_COLORS.values()]
+    image = np.concatenate(columns, axis=1)  # [level, regime, 3]
+    ax.imshow(image, aspect="auto", origin="lower", extent=(-0.5, len(REGIME_COLORS) - 0.5, 1 / 3, 1))
+    ax.set_xticks(range(len(REGIME_COLORS)))
+    ax.set_xticklabels([r[:3] for r in REGIME_COLORS], fontsize=7, rotation=90)
+    ax.yaxis.tick_right()
+    ax.yaxis.set_label_position("right")
+    ax.set_yticks([1 / 3, 0.5, 2 / 3, 5 / 6, 1])
+    ax.set_yticklabels(["1/3", "0.5", "2/3", "5/6", "1"], fontsize=7)
+    ax.set_ylabel("winning share", fontsize=8)
+    return levels
 
+
+def regime_grid_plot(taxonomies: dict, *, title: str = "Head regimes") -> PlotView:
+    """One panel per ``{name: TaxonomyResult}``; rows = layers, columns = heads.
+
+    A cell's hue is its regime and its strength the winning share (1/3, a three-way tie, is
+    palest); the colour bar on the right is the key, one column per regime.
+    """
     names = list(taxonomies)
     L, H = next(iter(taxonomies.values())).regimes.shape
-    fig = new_figure(figsize=(1.6 + 0.28 * H * len(names), 0.9 + 0.16 * L))
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    fig = new_figure(figsize=(2.4 + 0.28 * H * len(names), 1.2 + 0.16 * L))
+    grid = fig.add_gridspec(1, len(names) + 1, width_ratios=[H] * len(names) + [max(1.2, H / 6)])
+    axes = [fig.add_subplot(grid[0, k]) for k in range(len(names))]
     for ax, name in zip(axes, names):
         tax = taxonomies[name]
         ax.imshow(_cell_colors(tax), aspect="auto", interpolation="nearest")
@@ -54,12 +82,15 @@ def regime_grid_plot(taxonomies: dict, *, title: str = "Head regimes") -> PlotVi
         ax.set_yticks(range(0, L, max(1, L // 10)))
         ax.tick_params(labelsize=7)
     axes[0].set_ylabel("layer", fontsize=8)
-    fig.legend(handles=[Patch(color=c, label=r) for r, c in REGIME_COLORS.items()], loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
+    bar = fig.add_subplot(grid[0, -1])
+    levels = _colour_bar(bar)
+    bar.set_title("key", fontsize=8)
     fig.suptitle(title, fontsize=9)
-    with warnings.catch_warnings():  # tiny grids cannot always fit the legend margin
+    with warnings.catch_warnings():  # tiny grids cannot always fit every margin
         warnings.simplefilter("ignore", UserWarning)
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        fig.tight_layout()
     data = {name: {"regimes": tax.regimes.tolist(), "distribution": tax.distribution} for name, tax in taxonomies.items()}
+    data["colour_bar"] = {"regimes": list(REGIME_COLORS), "winning_share": [float(levels[0]), float(levels[-1])]}
     return PlotView(fig, title=title, data=data)
 
 

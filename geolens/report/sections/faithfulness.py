@@ -1,4 +1,4 @@
-"""Report section: faithfulness curves by causal masking (SPEC §3, paper A §2.3, §3.1).
+"""Report section: faithfulness curves by causal masking (docs/method.md §3, paper A §2.3, §3.1).
 
 :func:`geolens.faithfulness.faithfulness_curves` removes the α_ij ṽ_j terms of the top-k
 (comprehensiveness) or bottom-k (sufficiency) sources of each (layer, head, query) by each metric,

@@ -1,4 +1,4 @@
-"""Report section: head pruning by regime vs baselines (SPEC §6, paper B).
+"""Report section: head pruning by regime vs baselines (docs/method.md §6, paper B).
 
 References (head taxonomy, attention entropy, mean ``hook_z`` for mean-ablation) are streamed in
 the report's shared corpus pass; ΔPPL is measured on the held-out windows, which that pass never
@@ -36,7 +36,7 @@ def claims_from(df) -> list[Claim]:
     return [
         Claim(
             claim="Pruning heads in regime order (Reset first, Retrievers last) hurts less than pruning at random",
-            source="paper B (SPEC §6)",
+            source="paper B (docs/method.md §6)",
             measured=(
                 f"mean ΔPPL over retention levels: regime {regime:.3g}, random {random_mean:.3g} "
                 f"({len(rand)} seeds); " + ", ".join(f"{k} {v:.3g}" for k, v in others.items())

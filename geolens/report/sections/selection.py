@@ -1,4 +1,4 @@
-"""Report section: token-selection geometry, top-N vs random (SPEC §5, paper B).
+"""Report section: token-selection geometry, top-N vs random (docs/method.md §5, paper B).
 
 :class:`geolens.selection.analysis.SelectionAnalysis` (the authors' protocol: final query of
 each window, all layers × query heads, N ∈ {1, 2, 4, …}, random rankings nested across N,
@@ -15,7 +15,7 @@ from geolens.report.document import Claim, Section
 from geolens.selection.analysis import DEFAULT_CONDITIONS, SelectionAnalysis
 from geolens.viz.selection import f_vs_n_plot
 
-MAIN = "value/cosine/attention/sink-keep"  # cosine: Euclidean F_1 = 1 for any rule (SPEC §5)
+MAIN = "value/cosine/attention/sink-keep"  # cosine: Euclidean F_1 = 1 for any rule (docs/method.md §5)
 NO_SINK = "value/cosine/attention/sink-exclude"
 
 
@@ -79,7 +79,7 @@ def claims_from(res: dict) -> list[Claim]:
         claims.append(
             Claim(
                 claim="F_N is about 2× lower when the sink is in the candidate set",
-                source="French summary of paper B (SPEC §5; unverified)",
+                source="French summary of paper B (docs/method.md §5; unverified)",
                 measured=f"top-{n_c} F_N (cosine): with sink {keep:.3f}, without {excl:.3f} (ratio {keep / excl:.2f})" if excl else f"without sink F_N = 0",
                 holds=bool(excl > 0 and keep <= 0.5 * excl),
                 criterion="F_N with sink ≤ half of F_N without",

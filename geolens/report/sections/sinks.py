@@ -1,6 +1,6 @@
 """Report section: sink geometry, token-type decomposition, output norm vs sink rate, semantic drift.
 
-Uses :mod:`geolens.sinks` (SPEC §4): :class:`~geolens.sinks.SinkGeometry`,
+Uses :mod:`geolens.sinks` (docs/method.md §4): :class:`~geolens.sinks.SinkGeometry`,
 :class:`~geolens.sinks.TokenTypeDecomposition` and :class:`~geolens.sinks.NormCurve` run in the
 report's shared corpus pass; :func:`~geolens.sinks.semantic_drift` (one forward pass per λ) runs
 on the first windows only (1 window and λ ∈ {0, 1} in quick mode, 16 windows and the default λ
@@ -29,7 +29,7 @@ def drift_settings(ctx) -> dict:
 
 
 def claims_from(geometry, decomposition, norm_summary: dict, drift) -> list[Claim]:
-    """The sink claims of SPEC §4, each decided from this run's numbers."""
+    """The sink claims of docs/method.md §4, each decided from this run's numbers."""
     h = geometry.heads
     value_ratio, proj_ratio = float(h.value_norm_ratio.median()), float(h.proj_norm_ratio.median())
     cos_mean = float(h.proj_cos_tail.mean())
@@ -41,7 +41,7 @@ def claims_from(geometry, decomposition, norm_summary: dict, drift) -> list[Clai
     claims = [
         Claim(
             claim="The sink's value vector is 3–10× smaller than the other tokens' (value space)",
-            source="paper B (SPEC §4; unconfirmed number)",
+            source="paper B (docs/method.md §4; unconfirmed number)",
             measured=f"median over heads of ‖v_0‖/mean‖v_j‖ = {value_ratio:.3f} (projected ‖ṽ_0‖/mean‖ṽ_j‖ = {proj_ratio:.3f})",
             holds=bool(value_ratio <= 1 / 3),
             criterion="median value-space ratio ≤ 1/3",

@@ -1,4 +1,4 @@
-"""Report section: the Retriever / Mixer / Reset head taxonomy (SPEC §6, paper B).
+"""Report section: the Retriever / Mixer / Reset head taxonomy (docs/method.md §6, paper B).
 
 :class:`~geolens.taxonomy.TaxonomyAnalysis` (winner w_i = argmax_j α_ij‖v_j‖ per query; the
 head's regime is its largest winner share) runs in the report's shared corpus pass; the grid is
@@ -11,7 +11,7 @@ from geolens.report.document import Claim, Section
 from geolens.taxonomy import REGIMES, TaxonomyAnalysis
 from geolens.viz.taxonomy import regime_grid_plot
 
-RETRIEVER_RANGE = (0.058, 0.172)  # paper B as summarised in SPEC §6 (unconfirmed)
+RETRIEVER_RANGE = (0.058, 0.172)  # paper B as summarised in docs/method.md §6 (unconfirmed)
 
 
 def analyses(ctx) -> dict:
@@ -27,7 +27,7 @@ def claims_from(tax) -> list[Claim]:
     return [
         Claim(
             claim=f"Retrievers are a minority of heads ({100 * lo:.1f}–{100 * hi:.1f}%)",
-            source="paper B (SPEC §6; unconfirmed numbers)",
+            source="paper B (docs/method.md §6; unconfirmed numbers)",
             measured=f"Retriever {100 * retr:.1f}% of {tax.regimes.size} heads",
             holds=bool(lo <= retr <= hi),
             criterion=f"share within [{100 * lo:.1f}%, {100 * hi:.1f}%]",
@@ -35,7 +35,7 @@ def claims_from(tax) -> list[Claim]:
         ),
         Claim(
             claim="Mixer- vs Reset-dominance depends on the architecture (LLaMA-3, Gemma: Mixer; LLaMA-2, Mistral: Reset)",
-            source="paper B (SPEC §6; unconfirmed)",
+            source="paper B (docs/method.md §6; unconfirmed)",
             measured=f"Mixer {100 * mixer:.1f}%, Reset {100 * reset:.1f}%: {dominant}-dominated",
             holds=None,
             criterion="no prediction for this model's family is stated",
