@@ -91,13 +91,6 @@ def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool
     return parse
 
 
-def non_negative_float(text: str) -> float:
-    value = _float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {text}")
-    return value
-
-
 def float_list(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Callable[[str], list[float]]:
     """argparse type: comma-separated finite numbers, each in [low, high] (``(low`` on request)."""
 
