@@ -124,7 +124,10 @@ def model_fingerprint(model) -> dict[str, Any]:
     from geolens.adapter import model_mode, output_weights
 
     cfg = model.cfg
-    out: dict[str, Any] = {"name": str(getattr(cfg, "model_name", type(model).__name__))}
+    name = str(getattr(cfg, "model_name", None) or type(model).__name__)
+    if os.path.isabs(name):  # a local checkpoint folder: its name, so a moved cache still resumes
+        name = os.path.basename(os.path.normpath(name))
+    out: dict[str, Any] = {"name": name}
     for key in MODEL_CONFIG_FIELDS:
         value = getattr(cfg, key, None)
         out[key] = value if value is None or isinstance(value, (bool, int, float)) else str(value)

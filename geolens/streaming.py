@@ -203,6 +203,8 @@ class CorpusAnalysis(Accumulator):
             cls.__init__ = _recording_init(cls.__dict__["__init__"])
         if "load_state_dict" in cls.__dict__:
             cls.load_state_dict = _checked_load(cls.__dict__["load_state_dict"])
+        if "merge" in cls.__dict__:
+            cls.merge = _checked_merge(cls.__dict__["merge"])
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments of this analysis (defaults included) as plain values."""
@@ -220,7 +222,7 @@ class CorpusAnalysis(Accumulator):
     def merge(self, other: "CorpusAnalysis") -> "CorpusAnalysis":
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
-        check_config(self, other.config(), "the other shard")
+        check_config(self, other.config(), "cannot merge: the other shard")
         for k, v in vars(self).items():
             if k != CONFIG_KEY:
                 _merge_into(v, vars(other)[k], k)
@@ -230,7 +232,7 @@ class CorpusAnalysis(Accumulator):
         return {k: _pack(v) for k, v in vars(self).items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> "CorpusAnalysis":
-        check_config(self, state.get(CONFIG_KEY), "the state")
+        check_config(self, state.get(CONFIG_KEY), "cannot load: the state")
         for k, v in state.items():
             if k != CONFIG_KEY:
                 setattr(self, k, _unpack(getattr(self, k, None), v))
@@ -309,7 +311,7 @@ def _checked_load(load):
 
     @functools.wraps(load)
     def load_state_dict(self, state):
-        check_config(self, state.get(CONFIG_KEY) if isinstance(state, dict) else None, "the state")
+        check_config(self, state.get(CONFIG_KEY) if isinstance(state, dict) else None, "cannot load: the state")
         mine = vars(self).get(CONFIG_KEY)
         out = load(self, state)
         if mine is not None:
@@ -317,6 +319,18 @@ def _checked_load(load):
         return out
 
     return load_state_dict
+
+
+def _checked_merge(merge):
+    """Wrap a subclass ``merge``: refuse a shard of the same class built with other arguments."""
+
+    @functools.wraps(merge)
+    def checked(self, other):
+        if type(other) is type(self):
+            check_config(self, other.config(), "cannot merge: the other shard")
+        return merge(self, other)
+
+    return checked
 
 
 def config_differences(saved: Any, current: Any, path: str = "") -> list[tuple[str, Any, Any]]:

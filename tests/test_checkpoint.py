@@ -332,3 +332,12 @@ def test_read_only_checkpoint_folder_fails_before_the_first_batch(gqa):
     with pytest.raises(ValueError, match="checkpoint folder /proc is not writable"):
         run_corpus(gqa, corpus_tokens(n=4), [analysis], batch_size=2, progress=False, checkpoint="/proc/geolens-run.pt")
     assert analysis.calls == 0
+
+
+def test_overridden_merge_refuses_shards_built_with_other_arguments():
+    from geolens.selection.analysis import SelectionAnalysis
+
+    a = SelectionAnalysis(2, 4, [1, 2], n_random=4)
+    with pytest.raises(ValueError, match="n_random=8 there, 4 here"):
+        a.merge(SelectionAnalysis(2, 4, [1, 2], n_random=8))
+    a.merge(SelectionAnalysis(2, 4, [1, 2], n_random=4))

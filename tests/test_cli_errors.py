@@ -179,6 +179,27 @@ def test_unknown_model_lists_the_choices_without_loading(command, name, capsys, 
         assert "tiny-gqa" in line
 
 
+def test_cached_hub_name_loads_from_its_snapshot_folder(monkeypatch, tmp_path):
+    """A hub name in the local HF cache is accepted, and loaded from disk (never the network)."""
+    import huggingface_hub
+
+    snapshot = tmp_path / "hub" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache",
+                        lambda repo, name: str(snapshot / name) if repo == "org/cached" else None)  # fmt: skip
+    seen = []
+
+    def record(name, *args, **kwargs):
+        seen.append(name)
+        raise ModelLoaded
+
+    monkeypatch.setattr(geolens.models, "load_model", record)
+    with pytest.raises(ModelLoaded):
+        main(["analyze", "some text", "--model", "org/cached"])
+    assert seen == [str(snapshot)]
+
+
 def test_model_folder_without_config(capsys, tmp_path, out):
     usage_error(["sinks", "--model", str(tmp_path), "--out", out], capsys, "config.json")
 

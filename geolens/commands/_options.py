@@ -91,13 +91,6 @@ def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool
     return parse
 
 
-def non_negative_float(text: str) -> float:
-    value = _float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {text}")
-    return value
-
-
 def float_list(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Callable[[str], list[float]]:
     """argparse type: comma-separated finite numbers, each in [low, high] (``(low`` on request)."""
 
@@ -184,15 +177,18 @@ def check_indices(values: Sequence[int] | None, count: int, what: str, option: s
 # --- models ----------------------------------------------------------------------------------------
 
 
-def _hub_cached(name: str) -> bool:
-    """Whether a hub name has its config in the local Hugging Face cache (no network)."""
+def _hub_snapshot(name: str) -> str | None:
+    """The local snapshot folder of a hub name whose config is in the Hugging Face cache, else None.
+
+    Only the cache on disk is read (no network).
+    """
     try:
         from huggingface_hub import try_to_load_from_cache
 
         found = try_to_load_from_cache(name, "config.json")
     except Exception:  # noqa: BLE001 - an invalid repo id, or no huggingface_hub: not cached
-        return False
-    return isinstance(found, str)
+        return None
+    return str(Path(found).parent) if isinstance(found, str) else None
 
 
 def check_model_name(name: str, *, tiny: bool = False) -> str:
@@ -200,7 +196,8 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
 
     Known names (``geolens.models.MODELS``), ``tiny-*`` when the command allows them, a local
     checkpoint folder (with ``config.json``), or a hub name already in the local Hugging Face
-    cache. Anything else is refused at once (a hub lookup offline retries for about a minute).
+    cache (returned as its snapshot folder, so loading it never goes to the network). Anything
+    else is refused at once (a hub lookup offline retries for about a minute).
     """
     from geolens.models import MODELS
 
@@ -212,8 +209,9 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {name}: the folder has no config.json (not a Hugging Face checkpoint folder)")
         return str(path)
-    if "/" in name and not path.exists() and _hub_cached(name):
-        return name
+    snapshot = _hub_snapshot(name) if "/" in name and not path.exists() else None
+    if snapshot is not None:
+        return snapshot
     hint = f"known names: {', '.join(known)}; or a local checkpoint folder"
     if "/" in name:
         raise UsageError(
