@@ -102,7 +102,7 @@ def test_method_sections_cited_by_the_code_exist():
     import re
 
     method = (ROOT / "docs" / "method.md").read_text()
-    sections = set(re.findall(r"^##+ (\d+(?:\.\d+)?)\. ", method, flags=re.M))
+    sections = set(re.findall(r"^##+ (\d+(?:\.\d+)?)\.? ", method, flags=re.M))
     cited = {
         (str(path.relative_to(ROOT)), n)
         for path in _repo_text_files()
