@@ -5,9 +5,15 @@ curve (:mod:`geolens.sinks`); then the semantic-drift experiment runs one pass p
 first ``--drift-sequences`` windows. Everything is written under ``--out``: CSV tables,
 ``summary.json`` (headline numbers, settings and the command line) and PNG figures.
 
+``--controls-sequences N`` adds the sink-intervention controls (:mod:`geolens.sinks.controls`)
+on the first N windows: ``controls_conditions.csv``, ``controls_pairs.csv``,
+``controls_scopes.csv``, ``controls_windows.csv``, ``controls_summary.json`` and
+``controls.png``; ``--controls-only`` skips everything else.
+
 Example (offline)::
 
     geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks
+    geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out docs/sinks
 """
 
 from __future__ import annotations
@@ -31,6 +37,60 @@ def _floats(text: str) -> list[float]:
 
 def _ints(text: str | None):
     return None if text in (None, "", "all") else [int(x) for x in text.split(",")]
+
+
+def _control_layers(text: str, n_layers: int) -> list[int]:
+    """``all``, ``none``, ``every:K`` (0, K, 2K, …) or a comma list, checked against the model."""
+    text = (text or "").strip()
+    try:
+        if text == "all":
+            return list(range(n_layers))
+        if text in ("", "none"):
+            return []
+        if text.startswith("every:"):
+            k = int(text.split(":", 1)[1])
+            if k < 1:
+                raise ValueError("K must be ≥ 1")
+            return list(range(0, n_layers, k))
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise SystemExit(f"geolens sinks: --controls-layers must be all, none, every:K or comma-separated layers ({e})")
+    bad = [l for l in layers if not 0 <= l < n_layers]
+    if bad:
+        raise SystemExit(f"geolens sinks: --controls-layers {bad} out of range for a model with {n_layers} layers")
+    return layers
+
+
+def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
+    """The sink-intervention controls on ``tokens``; writes the controls_* files, returns the summary."""
+    from geolens.sinks.controls import default_conditions, sink_controls
+    from geolens.viz.sinks import controls_plot
+
+    layers = _control_layers(args.controls_layers, model.cfg.n_layers)
+    seeds = [int(x) for x in _floats(args.controls_seeds)]
+    specs = default_conditions(lambdas=_floats(args.controls_lambdas), seeds=seeds)
+    res = sink_controls(model, tokens, conditions=specs, layers=layers, n_boot=args.n_boot, seed=args.controls_seed, batch_size=args.batch_size, progress=True)
+    res.conditions.to_csv(out / "controls_conditions.csv", index=False, float_format="%.6g")
+    res.pairs.to_csv(out / "controls_pairs.csv", index=False, float_format="%.6g")
+    res.scopes.to_csv(out / "controls_scopes.csv", index=False)
+    res.windows.to_csv(out / "controls_windows.csv", index=False, float_format="%.6g")
+    view = controls_plot(res)
+    view.save(out / "controls.png", dpi=args.dpi)
+    view.close()
+    summary = {
+        "command": " ".join(["geolens"] + sys.argv[1:]),
+        "model": args.model,
+        "corpus": args.corpus,
+        "seconds": round(time.time() - t0, 1),
+        **res.summary(),
+    }
+    (out / "controls_summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
+    a = res.conditions[res.conditions.scope == "all"]
+    print(f"sink controls: {res.n_windows} windows × {res.seq_len} tokens, clean PPL {res.clean_ppl:.3f}")
+    if len(a):
+        print(a[["edit", "delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "out_norm_ratio", "delta_cos"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(res.scopes.to_string(index=False))
+    return summary
 
 
 def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
@@ -80,7 +140,13 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_grad_enabled(False)
     t0 = time.time()
+    if args.controls_sequences < 0 or (args.controls_only and args.controls_sequences == 0):
+        raise SystemExit("geolens sinks: --controls-sequences must be ≥ 1 with --controls-only (and never negative)")
     model = load_model(args.model, compatibility_mode=args.compat)
+    if args.controls_only:
+        tokens = corpus_windows(model, args.corpus, args.seq_len, args.controls_sequences)
+        run_controls(model, tokens, args, out, t0)
+        return 0
     tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     geometry = SinkGeometry(L, H, eps=args.eps, n_bins=args.n_bins)
@@ -111,6 +177,7 @@ def run(args) -> int:
     for view, name in figures:
         view.save(out / name, dpi=args.dpi)
         view.close()
+    controls = run_controls(model, tokens[: args.controls_sequences], args, out, t0) if args.controls_sequences > 0 else None
     summary = {
         "command": " ".join(["geolens"] + sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},
@@ -121,6 +188,8 @@ def run(args) -> int:
         "decomposition_n_sequences": d.n_sequences,
         **headline(g, d, n, drift),
     }
+    if controls is not None:
+        summary["controls"] = {k: controls[k] for k in ("n_windows", "seq_len", "claim_by_scope", "all_layers_pairs")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
     hl = summary
     print(f"wrote {out}/ in {hl['seconds']} s")
@@ -150,6 +219,13 @@ def register(subparsers) -> None:
     p.add_argument("--drift-layers", default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
     p.add_argument("--drift-kv-heads", default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
     p.add_argument("--low-norm-quantile", type=float, default=0.25, help="low-norm heads: relative output norm at or below this quantile")
+    p.add_argument("--controls-sequences", type=int, default=0, help="first N windows for the sink-intervention controls (0: skip them)")
+    p.add_argument("--controls-only", action="store_true", help="run only the controls (skip the corpus pass and the drift)")
+    p.add_argument("--controls-layers", default="every:3", help="layers edited one at a time: all, none, every:K (default every:3) or a comma list")
+    p.add_argument("--controls-lambdas", default="0,2", help="λ of the scale and random-token edits (default 0,2)")
+    p.add_argument("--controls-seeds", default="0,1,2", help="seeds of the rotation control (default 0,1,2)")
+    p.add_argument("--controls-seed", type=int, default=0, help="seed of the random non-sink positions and the bootstrap")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples over windows (default 2000)")
     p.add_argument("--dpi", type=int, default=90)
     p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
     p.add_argument("--out", default="docs/sinks", help="output folder (default docs/sinks)")
