@@ -183,11 +183,13 @@ def controls_plot(controls) -> PlotView:
         if len(holds):
             top = per.delta_ppl_hi.max()
             axes[1].plot(holds.scope.astype(int), [top * 1.5] * len(holds), "*", color="k", label="norm claim holds")
-        axes[1].legend(fontsize=6, ncol=2)
+    handles, names = (axes[1] if len(per) else axes[0]).get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="center right", fontsize=7, frameon=False)
     fig.suptitle(
         f"Sink-value controls: {controls.n_windows} windows × {controls.seq_len} tokens, clean PPL {controls.clean_ppl:.2f}; "
         f"{controls.ci:.0%} CIs, bootstrap over windows (n_boot = {controls.n_boot})",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
     return PlotView(fig, title="sink-value controls", data={"conditions": c, "pairs": controls.pairs, "scopes": controls.scopes})
