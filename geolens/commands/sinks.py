@@ -5,9 +5,15 @@ curve (:mod:`geolens.sinks`); then the semantic-drift experiment runs one pass p
 first ``--drift-sequences`` windows. Everything is written under ``--out``: CSV tables,
 ``summary.json`` (headline numbers, settings and the command line) and PNG figures.
 
+``--controls-sequences N`` adds the sink-intervention controls (:mod:`geolens.sinks.controls`)
+on the first N windows: ``controls_conditions.csv``, ``controls_pairs.csv``,
+``controls_scopes.csv``, ``controls_windows.csv``, ``controls_summary.json`` and
+``controls.png``; ``--controls-only`` skips everything else.
+
 Example (offline)::
 
     geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks
+    geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out docs/sinks
 """
 
 from __future__ import annotations
@@ -19,6 +25,61 @@ import time
 import numpy as np
 
 DEFAULT_LAMBDAS = "0,0.25,0.5,0.75,1,1.5,2"
+
+
+def _control_layers(text: str, n_layers: int) -> list[int]:
+    """``all``, ``none``, ``every:K`` (0, K, 2K, …) or a comma list, checked against the model."""
+    from geolens.commands._options import UsageError
+
+    text = (text or "").strip()
+    try:
+        if text == "all":
+            return list(range(n_layers))
+        if text in ("", "none"):
+            return []
+        if text.startswith("every:"):
+            k = int(text.split(":", 1)[1])
+            if k < 1:
+                raise ValueError("K must be ≥ 1")
+            return list(range(0, n_layers, k))
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise UsageError(f"--controls-layers must be all, none, every:K or comma-separated layers ({e})") from None
+    bad = [l for l in layers if not 0 <= l < n_layers]
+    if bad:
+        raise UsageError(f"--controls-layers {bad} out of range for a model with {n_layers} layers")
+    return layers
+
+
+def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
+    """The sink-intervention controls on ``tokens``; writes the controls_* files, returns the summary."""
+    from geolens.sinks.controls import default_conditions, sink_controls
+    from geolens.viz.sinks import controls_plot
+
+    layers = _control_layers(args.controls_layers, model.cfg.n_layers)
+    specs = default_conditions(lambdas=args.controls_lambdas, seeds=args.controls_seeds)
+    res = sink_controls(model, tokens, conditions=specs, layers=layers, n_boot=args.n_boot, seed=args.controls_seed, batch_size=args.batch_size, progress=True)
+    res.conditions.to_csv(out / "controls_conditions.csv", index=False, float_format="%.6g")
+    res.pairs.to_csv(out / "controls_pairs.csv", index=False, float_format="%.6g")
+    res.scopes.to_csv(out / "controls_scopes.csv", index=False)
+    res.windows.to_csv(out / "controls_windows.csv", index=False, float_format="%.6g")
+    view = controls_plot(res)
+    view.save(out / "controls.png", dpi=args.dpi)
+    view.close()
+    summary = {
+        "command": " ".join(["geolens"] + sys.argv[1:]),
+        "model": args.model,
+        "corpus": args.corpus,
+        "seconds": round(time.time() - t0, 1),
+        **res.summary(),
+    }
+    (out / "controls_summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
+    a = res.conditions[res.conditions.scope == "all"]
+    print(f"sink controls: {res.n_windows} windows × {res.seq_len} tokens, clean PPL {res.clean_ppl:.3f}")
+    if len(a):
+        print(a[["edit", "delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "out_norm_ratio", "delta_cos"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(res.scopes.to_string(index=False))
+    return summary
 
 
 def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
@@ -65,14 +126,20 @@ def run(args) -> int:
     from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
 
     from geolens.adapter import n_kv_heads
-    from geolens.commands._options import check_corpus, check_indices, check_model_name, check_out_dir
+    from geolens.commands._options import UsageError, check_corpus, check_indices, check_model_name, check_out_dir
 
+    if args.controls_only and args.controls_sequences == 0:
+        raise UsageError("--controls-only needs --controls-sequences ≥ 1")
     model_name = check_model_name(args.model)
     out = check_out_dir(args.out)
     check_corpus(args.corpus)
     torch.set_grad_enabled(False)
     t0 = time.time()
     model = load_model(model_name, compatibility_mode=args.compat)
+    if args.controls_only:
+        tokens = _windows(model, args.corpus, args.seq_len, args.controls_sequences)
+        run_controls(model, tokens, args, out, t0)
+        return 0
     drift_layers = check_indices(args.drift_layers, model.cfg.n_layers, "layers", "--drift-layers")
     drift_kv_heads = check_indices(args.drift_kv_heads, n_kv_heads(model), "kv heads", "--drift-kv-heads")
     tokens = _windows(model, args.corpus, args.seq_len, args.n_sequences)
@@ -105,6 +172,7 @@ def run(args) -> int:
     for view, name in figures:
         view.save(out / name, dpi=args.dpi)
         view.close()
+    controls = run_controls(model, tokens[: args.controls_sequences], args, out, t0) if args.controls_sequences > 0 else None
     summary = {
         "command": " ".join(["geolens"] + sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},
@@ -115,6 +183,8 @@ def run(args) -> int:
         "decomposition_n_sequences": d.n_sequences,
         **headline(g, d, n, drift),
     }
+    if controls is not None:
+        summary["controls"] = {k: controls[k] for k in ("n_windows", "seq_len", "claim_by_scope", "all_layers_pairs")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
     hl = summary
     print(f"wrote {out}/ in {hl['seconds']} s")
@@ -144,7 +214,7 @@ def _all_or_ints(text: str):
 
 def register(subparsers) -> None:
     from geolens.commands._options import (
-        add_corpus, add_model, add_out, add_window_options, float_in, float_list, non_negative_int,
+        add_corpus, add_model, add_out, add_window_options, float_in, float_list, int_list, non_negative_int,
         positive_int,
     )  # fmt: skip
 
@@ -161,6 +231,13 @@ def register(subparsers) -> None:
     p.add_argument("--drift-layers", type=_all_or_ints, default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
     p.add_argument("--drift-kv-heads", type=_all_or_ints, default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
     p.add_argument("--low-norm-quantile", type=float_in(0, 1), default=0.25, help="low-norm heads: relative output norm at or below this quantile")
+    p.add_argument("--controls-sequences", type=non_negative_int, default=0, help="first N windows for the sink-intervention controls (0: skip them)")
+    p.add_argument("--controls-only", action="store_true", help="run only the controls (skip the corpus pass and the drift)")
+    p.add_argument("--controls-layers", default="every:3", help="layers edited one at a time: all, none, every:K (default every:3) or a comma list")
+    p.add_argument("--controls-lambdas", type=float_list(0), default=[0.0, 2.0], help="λ of the scale and random-token edits (default 0,2)")
+    p.add_argument("--controls-seeds", type=int_list(0), default=[0, 1, 2], help="seeds of the rotation control (default 0,1,2)")
+    p.add_argument("--controls-seed", type=non_negative_int, default=0, help="seed of the random non-sink positions and the bootstrap")
+    p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples over windows (default 2000)")
     p.add_argument("--dpi", type=positive_int, default=90)
     p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
     add_out(p, default="docs/sinks")

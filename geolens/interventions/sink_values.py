@@ -9,6 +9,18 @@ layers and heads, none of which touches the attention pattern of the edited laye
 - :func:`mean_sink_value_hooks`: v_0 ← mean_{j>0} v_j of the same sequence and kv head;
 - :func:`remove_sink_value_hooks`: v_0 ← 0 (the same as λ = 0).
 
+Controls (:func:`sink_edit`, one spec per kind of :data:`SinkEditKind`, used by
+:mod:`geolens.sinks.controls` to tell the sink's *norm* from its exact value):
+
+- ``"rescale_mean_norm"``: v_0 ← v_0 · mean_{j≥1}‖v_j‖ / ‖v_0‖ (the norm of a typical token, the
+  direction kept; per sequence and kv head, value space);
+- ``"corpus_mean"``: v_0 ← the corpus mean of v_0 of that layer and kv head (computed beforehand);
+- ``"rotate"``: v_0 ← ‖v_0‖ u with u a unit vector orthogonal to v_0: the seeded Gaussian
+  direction g of (seed, layer, kv head) with its v_0 component removed (norm kept, direction turned
+  by 90° in a random plane);
+- ``"random_token"``: v_j ← λ v_j for one non-sink position j ≥ 1 (the same λ on an ordinary
+  token: is it the *sink* that matters?).
+
 Each builder returns TransformerLens ``fwd_hooks`` ``[(hook_name, fn)]``; the context managers
 :func:`scaled_sink_value`, :func:`mean_sink_value` and :func:`removed_sink_value` apply them
 with :func:`geolens.interventions.base.applied` (hooks removed on any exit).
@@ -26,7 +38,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Literal, Mapping, Sequence, get_args
 
 import torch
 from jaxtyping import Float
@@ -115,18 +127,35 @@ def _resolve(model, layers, heads, kv_heads) -> tuple[tuple[int, ...], tuple[int
 
 
 def _edit(model, layers, heads, kv_heads, make_v0) -> SinkValueEdit:
+    def make(v, layer, kv):
+        out = v.clone()
+        out[:, 0] = make_v0(v).to(v.dtype)
+        return out
+
+    return _edit_values(model, layers, heads, kv_heads, make)
+
+
+def _edit_values(model, layers, heads, kv_heads, make) -> SinkValueEdit:
+    """Hooks replacing the selected kv heads' values by ``make(v_sel, layer, kv)`` in every layer.
+
+    ``v_sel`` is ``hook_v[:, :, kv]`` ``[batch, pos, len(kv), d_head]``; ``make`` returns the
+    edited tensor of that shape (the other kv heads are left as they are).
+    """
     layers, kv = _resolve(model, layers, heads, kv_heads)
     index = torch.tensor(kv)
 
-    def hook(v: Float[Tensor, "batch pos kv_head d_head"], hook=None):
-        if v.ndim != 4:
-            raise ValueError(f"expected hook_v [batch, pos, kv_head, d_head], got {tuple(v.shape)}")
-        out = v.clone()
-        idx = index.to(v.device)
-        out[:, 0, idx] = make_v0(v[:, :, idx]).to(v.dtype)
-        return out
+    def make_hook(layer):
+        def hook(v: Float[Tensor, "batch pos kv_head d_head"], hook=None):
+            if v.ndim != 4:
+                raise ValueError(f"expected hook_v [batch, pos, kv_head, d_head], got {tuple(v.shape)}")
+            out = v.clone()
+            idx = index.to(v.device)
+            out[:, :, idx] = make(v[:, :, idx], layer, kv).to(v.dtype)
+            return out
 
-    return SinkValueEdit(layers, kv, affected_query_heads(model, kv), [(hook_name(l, VALUE), hook) for l in layers])
+        return hook
+
+    return SinkValueEdit(layers, kv, affected_query_heads(model, kv), [(hook_name(l, VALUE), make_hook(l)) for l in layers])
 
 
 def scale_sink_value(model, lam: float, *, layers=None, heads=None, kv_heads=None) -> SinkValueEdit:
@@ -172,6 +201,142 @@ def remove_sink_value_hooks(model, *, layers=None, heads=None, kv_heads=None) ->
     return remove_sink_value(model, layers=layers, heads=heads, kv_heads=kv_heads).fwd_hooks
 
 
+SinkEditKind = Literal["scale", "remove", "mean_tail", "rescale_mean_norm", "corpus_mean", "rotate", "random_token"]
+"""Every edit of a value that :func:`sink_edit` knows (see the module docstring)."""
+SINK_EDIT_KINDS: tuple[str, ...] = get_args(SinkEditKind)
+NORM_EDIT_KINDS: tuple[str, ...] = ("scale", "rescale_mean_norm")
+"""Edits that change ‖v_0‖ and keep its direction."""
+NORM_PRESERVING_KINDS: tuple[str, ...] = ("rotate", "corpus_mean")
+"""Controls that keep ‖v_0‖ (rotate: exactly; corpus mean: the corpus' own sink value)."""
+
+
+@dataclass(frozen=True)
+class SinkEditSpec:
+    """One edit: ``kind`` of :data:`SinkEditKind`, ``lam`` (scale, random_token), ``seed`` (rotate)."""
+
+    kind: str
+    lam: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in SINK_EDIT_KINDS:
+            raise ValueError(f"unknown sink edit kind {self.kind!r}; expected one of {', '.join(SINK_EDIT_KINDS)}")
+        if not torch.isfinite(torch.tensor(float(self.lam))):
+            raise ValueError(f"λ must be finite, got {self.lam}")
+
+    @property
+    def label(self) -> str:
+        if self.kind in ("scale", "random_token"):
+            return f"{self.kind} λ={self.lam:g}"
+        if self.kind == "rotate":
+            return f"rotate seed={self.seed}"
+        return self.kind
+
+
+def rotation_direction(seed: int, layer: int, n_kv: int, d_head: int) -> Tensor:
+    """The seeded Gaussian directions g ``[n_kv, d_head]`` (float64) of :func:`sink_edit`'s rotate."""
+    g = torch.Generator(device="cpu").manual_seed(int(seed) * 1_000_003 + int(layer))
+    return torch.randn(n_kv, d_head, generator=g, dtype=torch.float64)
+
+
+def _v0_edit(spec: SinkEditSpec, v: Tensor, layer: int, kv: tuple[int, ...], n_kv: int, corpus_means, position) -> Tensor:
+    """The edited ``v`` ``[batch, pos, len(kv), d_head]`` for one spec (computed in float64)."""
+    x = v.to(torch.float64)
+    out = x.clone()
+    v0 = x[:, 0]  # [b, k, d]
+    kind = spec.kind
+    if kind == "scale":
+        out[:, 0] = spec.lam * v0
+    elif kind == "remove":
+        out[:, 0] = 0
+    elif kind == "mean_tail":
+        if x.shape[1] < 2:
+            raise ValueError("the mean non-sink value needs at least two positions")
+        out[:, 0] = x[:, 1:].mean(1)
+    elif kind == "rescale_mean_norm":
+        if x.shape[1] < 2:
+            raise ValueError("the mean non-sink value norm needs at least two positions")
+        norm0 = v0.norm(dim=-1, keepdim=True)
+        if bool((norm0 == 0).any()):
+            raise ValueError(f"layer {layer}: v_0 is zero, it has no direction to rescale")
+        out[:, 0] = v0 / norm0 * x[:, 1:].norm(dim=-1).mean(1)[..., None]
+    elif kind == "corpus_mean":
+        if corpus_means is None or layer not in corpus_means:
+            raise ValueError(f"corpus_mean needs the corpus mean of v_0 for layer {layer} (corpus_means={{layer: [n_kv, d_head]}})")
+        mean = torch.as_tensor(corpus_means[layer], dtype=torch.float64, device=x.device)
+        if mean.shape != (n_kv, x.shape[-1]):
+            raise ValueError(f"corpus mean of layer {layer} has shape {tuple(mean.shape)}, expected {(n_kv, x.shape[-1])}")
+        out[:, 0] = mean[list(kv)]
+    elif kind == "rotate":
+        g = rotation_direction(spec.seed, layer, n_kv, x.shape[-1])[list(kv)].to(x.device)  # [k, d]
+        norm0 = v0.norm(dim=-1, keepdim=True)
+        unit = v0 / norm0.clamp_min(torch.finfo(torch.float64).tiny)
+        u = g - (g * unit).sum(-1, keepdim=True) * unit
+        out[:, 0] = norm0 * u / u.norm(dim=-1, keepdim=True)
+    elif kind == "random_token":
+        if position is None:
+            raise ValueError("random_token needs position= (a non-sink position j ≥ 1, or one per row)")
+        pos = torch.as_tensor(position, device=x.device).reshape(-1).long().expand(x.shape[0])
+        if bool(((pos < 1) | (pos >= x.shape[1])).any()):
+            raise IndexError(f"random_token positions {pos.tolist()} must lie in [1, {x.shape[1] - 1}]")
+        rows = torch.arange(x.shape[0], device=x.device)
+        out[rows, pos] = spec.lam * x[rows, pos]
+    return out
+
+
+def sink_edit(
+    model,
+    spec: SinkEditSpec | Sequence[SinkEditSpec],
+    *,
+    layers=None,
+    heads=None,
+    kv_heads=None,
+    corpus_means: Mapping[int, Tensor] | None = None,
+    position=None,
+) -> SinkValueEdit:
+    """The edit ``spec`` of the values in ``layers`` and heads (see the module docstring for kinds).
+
+    ``spec`` may be a list: then row r of the batch gets ``spec[r]`` (the batch must have
+    ``len(spec)`` rows), so that many edits of one sequence run in one forward pass
+    (with :func:`geolens.interventions.masking.branch_hook`). ``corpus_means``: ``{layer:
+    [n_kv_heads, d_head]}`` for ``corpus_mean``; ``position``: the non-sink position of
+    ``random_token`` (an int or one per row).
+    """
+    specs = [spec] if isinstance(spec, SinkEditSpec) else list(spec)
+    if not specs or not all(isinstance(s, SinkEditSpec) for s in specs):
+        raise TypeError("spec must be a SinkEditSpec or a non-empty list of them")
+    n_kv = n_kv_heads(model)
+    single = isinstance(spec, SinkEditSpec)
+
+    def make(v, layer, kv):
+        if single:
+            return _v0_edit(specs[0], v, layer, kv, n_kv, corpus_means, position)
+        if v.shape[0] != len(specs):
+            raise ValueError(f"{len(specs)} per-row edits for a batch of {v.shape[0]} rows")
+        pos = None if position is None else torch.as_tensor(position).reshape(-1).expand(len(specs))
+        rows = [
+            _v0_edit(s, v[r : r + 1], layer, kv, n_kv, corpus_means, None if pos is None else pos[r])
+            for r, s in enumerate(specs)
+        ]
+        return torch.cat(rows)
+
+    # validate once on a dummy value so that a bad spec fails here, not inside a forward pass
+    for s in specs:
+        if s.kind == "corpus_mean" and corpus_means is None:
+            raise ValueError("corpus_mean needs corpus_means={layer: [n_kv_heads, d_head]}")
+        if s.kind == "random_token" and position is None:
+            raise ValueError("random_token needs position= (a non-sink position j ≥ 1, or one per row)")
+    return _edit_values(model, layers, heads, kv_heads, make)
+
+
+@contextmanager
+def sink_edit_applied(model, spec, **kwargs) -> Iterator[SinkValueEdit]:
+    """Context manager for :func:`sink_edit` (hooks removed on any exit)."""
+    edit = sink_edit(model, spec, **kwargs)
+    with applied(model, edit.fwd_hooks):
+        yield edit
+
+
 @contextmanager
 def scaled_sink_value(model, lam: float, *, layers=None, heads=None, kv_heads=None) -> Iterator[SinkValueEdit]:
     """``with scaled_sink_value(model, 0.5, layers=[3]) as edit:`` runs with v_0 ← λ v_0."""
@@ -197,8 +362,16 @@ def removed_sink_value(model, *, layers=None, heads=None, kv_heads=None) -> Iter
 
 
 __all__: Sequence[str] = [
+    "NORM_EDIT_KINDS",
+    "NORM_PRESERVING_KINDS",
     "PartialKVGroupError",
+    "SINK_EDIT_KINDS",
+    "SinkEditKind",
+    "SinkEditSpec",
     "SinkValueEdit",
+    "rotation_direction",
+    "sink_edit",
+    "sink_edit_applied",
     "affected_query_heads",
     "group_size",
     "kv_heads_of",

@@ -41,6 +41,13 @@ DEFAULT_LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 def head_drift_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(‖o_i^h‖, cos(o_i^h, s_i^h)) ``[batch·(query−1), head]`` and ‖ṽ_j‖ ``[batch·(key−1), head]``."""
+    z_norm, cos, v_norm = head_cone_statistics(layer)
+    h = z_norm.shape[-1]
+    return z_norm.reshape(-1, h), cos.reshape(-1, h), v_norm.reshape(-1, h)
+
+
+def head_cone_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """‖o_i^h‖ and cos(o_i^h, s_i^h) ``[batch, query−1, head]``, ‖ṽ_j‖ ``[batch, key−1, head]`` (queries, sources ≥ 1)."""
     gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
     z = layer.z[:, 1:]  # [b, q-1, h, d], queries 1..q-1
     vt = layer.v[:, 1:]  # [b, k-1, h, d], sources 1..k-1
@@ -52,8 +59,7 @@ def head_drift_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     cos = (zG * m).sum(-1) / (z_norm * m_norm)
     cos = torch.where(torch.isfinite(cos), cos, torch.full_like(cos, float("nan")))
     v_norm = torch.einsum("bkhd,hde,bkhe->bkh", vt, gram, vt).clamp_min(0).sqrt()
-    h = z.shape[2]
-    return z_norm.reshape(-1, h), cos.reshape(-1, h), v_norm.reshape(-1, h)
+    return z_norm, cos, v_norm
 
 
 def next_token_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

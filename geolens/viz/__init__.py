@@ -25,7 +25,7 @@ from geolens.viz.contributions import (
 )
 from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot, pruning_curves_plot, sensitivity_map_plot
 from geolens.viz.selection import f_by_layer_plot, f_vs_n_plot, similarity_decay_plot
-from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
+from geolens.viz.sinks import controls_plot, decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
 from geolens.viz.taxonomy import regime_grid_html, regime_grid_plot, save_regime_grid_html
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "save_regime_grid_html",
     "sensitivity_map_plot",
     "similarity_decay_plot",
+    "controls_plot",
     "drift_plot",
     "norm_curve_plot",
     "sink_layer_bars",

@@ -7,7 +7,9 @@ PNG (``.save(path)``) and carries the numbers it shows in ``.data``.
   ratios, sink cosines (value and projected space);
 - :func:`decomposition_bars`: per layer, the variance shares of log|c| for sink and tail sources;
 - :func:`norm_curve_plot`: mean ‖o_i^h‖ per sink-rate bin with 95% CIs and the quadratic fit;
-- :func:`drift_plot`: cosine with the semantic cone, relative output norm and ΔPPL against λ.
+- :func:`drift_plot`: cosine with the semantic cone, relative output norm and ΔPPL against λ;
+- :func:`controls_plot`: the sink-intervention controls (ΔPPL, head-output norm ratio and cone
+  cosine change with CIs, all layers at once and per layer).
 """
 
 from __future__ import annotations
@@ -144,3 +146,61 @@ def drift_plot(drift) -> PlotView:
     fig.suptitle(f"Semantic drift ({drift.n_sequences} sequences; low-norm: bottom {drift.low_norm_quantile:.0%} of relative norm at λ = 1)", fontsize=10)
     fig.tight_layout()
     return PlotView(fig, title="semantic drift", data={"summary": s})
+
+
+def controls_plot(controls) -> PlotView:
+    """Four panels of a :class:`geolens.sinks.controls.ControlsResult`, every value with its CI.
+
+    (a) ΔPPL with all layers edited at once; (b) ΔPPL per edited layer (symlog), layers where the
+    claim "the sink's norm specifically matters" holds marked ★; (c) head-output norm, edited /
+    clean, at the edited layer; (d) change of the cone cosine at the edited layer.
+    """
+    from geolens.sinks.controls import ALL
+
+    c = controls.conditions
+    edits = [e for e in dict.fromkeys(c.edit) if not e.startswith("rotate seed")]
+    colors = {e: f"C{i}" for i, e in enumerate(edits)}
+    fig = new_figure(figsize=(15, 3.9))
+    axes = fig.subplots(1, 4, gridspec_kw={"width_ratios": [0.8, 1.4, 1.2, 1.2]})
+    a = c[c.scope == ALL].set_index("edit")
+    if len(a):
+        ax = axes[0]
+        x = np.arange(len(edits))
+        ys = np.array([a.loc[e, "delta_ppl"] for e in edits])
+        err = np.array([[a.loc[e, "delta_ppl"] - a.loc[e, "delta_ppl_lo"], a.loc[e, "delta_ppl_hi"] - a.loc[e, "delta_ppl"]] for e in edits]).T
+        ax.bar(x, ys, yerr=err, color=[colors[e] for e in edits], capsize=2)
+        ax.set_xticks(x, edits, rotation=60, ha="right", fontsize=7)
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_title("(a) ΔPPL, all layers at once", fontsize=9)
+    per = c[c.scope != ALL].copy()
+    if len(per):
+        per["layer"] = per.scope.astype(int)
+        for ax, (col, lo, hi, title) in zip(
+            axes[1:],
+            (("delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "(b) ΔPPL, one layer at a time"),
+             ("out_norm_ratio", "out_norm_ratio_lo", "out_norm_ratio_hi", "(c) ‖o_i^h‖ edited / clean, at that layer"),
+             ("delta_cos", "delta_cos_lo", "delta_cos_hi", "(d) Δ cos(o_i^h, cone), at that layer")),
+        ):  # fmt: skip
+            for k, e in enumerate(edits):
+                g = per[per.edit == e].sort_values("layer")
+                xs = g.layer + (k - len(edits) / 2) * 0.08
+                ax.errorbar(xs, g[col], yerr=[g[col] - g[lo], g[hi] - g[col]], fmt="o-", ms=3, lw=0.9, capsize=1.5, color=colors[e], label=e)
+            ax.axhline(1.0 if col == "out_norm_ratio" else 0.0, color="k", lw=0.6)
+            ax.set_xlabel("edited layer")
+            ax.set_title(title, fontsize=9)
+        axes[1].set_yscale("symlog", linthresh=0.1)
+        holds = controls.scopes[(controls.scopes.scope != ALL) & (controls.scopes.claim == "holds")]
+        if len(holds):
+            top = per.delta_ppl_hi.max()
+            axes[1].plot(holds.scope.astype(int), [top * 1.5] * len(holds), "*", color="k", label="norm claim holds")
+    handles, names = (axes[1] if len(per) else axes[0]).get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(
+        f"Sink-value controls: {controls.n_windows} windows × {controls.seq_len} tokens, clean PPL {controls.clean_ppl:.2f}; "
+        f"{controls.ci:.0%} CIs, bootstrap over windows (n_boot = {controls.n_boot})",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
+    return PlotView(fig, title="sink-value controls", data={"conditions": c, "pairs": controls.pairs, "scopes": controls.scopes})
