@@ -271,3 +271,24 @@ def test_bad_inputs_raise_one_line_errors():
         with torch.no_grad(), sink_edit_applied(model, SinkEditSpec("corpus_mean"), corpus_means={1: torch.zeros(3, 3)}, layers=[1]):
             model(tokens)
     assert active_hook_count(model) == before
+
+
+@pytest.mark.slow
+def test_controls_on_smollm2(smollm2, smollm2_tokens):
+    """Real model: v_0 is one vector in every window (BOS sees only itself), so the corpus-mean edit
+    changes nothing; the rotation keeps ‖v_0‖ in kv-head space; λ = 0 in the last layer moves PPL."""
+    model = smollm2
+    tokens = smollm2_tokens[:2, :24]
+    name = hook_name(29, V)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name)
+    v0 = cache[name][:, 0]
+    torch.testing.assert_close(v0[0], v0[1], atol=1e-5, rtol=1e-5)
+    specs = [SinkEditSpec("corpus_mean"), SinkEditSpec("rotate", seed=0), SinkEditSpec("scale", 0.0)]
+    res = sink_controls(model, tokens, conditions=specs, layers=[29], all_layers=False, n_boot=200)
+    c = res.conditions.set_index("edit")
+    assert abs(c.loc["corpus_mean", "delta_ppl"]) < 1e-3 * res.clean_ppl
+    assert c.loc["scale λ=0", "delta_ppl"] != 0
+    _, rotated = _values(model, tokens, sink_edit(model, SinkEditSpec("rotate", seed=0), layers=[29]).fwd_hooks, layer=29)
+    assert rotated.shape[2] == 3  # SmolLM2: 3 kv heads for 9 query heads
+    torch.testing.assert_close(rotated[:, 0].norm(dim=-1), v0.norm(dim=-1), rtol=1e-4, atol=1e-5)
