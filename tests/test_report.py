@@ -210,3 +210,19 @@ def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report):
         [claim] = sections["pruning"].claims
         assert claim.holds == (mean["regime"] < random_mean)
         assert claim.numbers["regime"] == pytest.approx(mean["regime"])
+
+
+def test_taxonomy_section_shows_the_offset_statistic(tiny_report):
+    _, report, paths = tiny_report
+    data = json.loads(paths["json"].read_text())
+    if "taxonomy" not in data["sections"]:
+        pytest.skip("geolens.taxonomy is not installed")
+    sec = data["sections"]["taxonomy"]
+    rows = sec["numbers"]["heads"]["rows"]
+    assert {"top_offset", "top_offset_share", "label", "offset_dominant"} <= set(rows[0])
+    dominated = [r["label"] for r in rows if r["offset_dominant"]]
+    assert sec["numbers"]["offset_dominated"]["labels"] == dominated
+    assert all(lab.startswith("Reset (offset −") for lab in dominated)
+    assert sec["params"]["queries"] == "all"
+    page = paths["html"].read_text(encoding="utf-8")
+    assert "offset-dominated heads" in page and "window prefixes" in page
