@@ -197,3 +197,20 @@ def test_selection_analysis_sink_share_ignores_queries_without_sink(gemma):
     assert forced.count.tolist() == [B * H * (W + T)] * 3 and forced.mean.tolist() == [1.0] * 3
     kept = a.sink_in_top[conds[0].name]
     assert kept.count.tolist() == [B * H * (W + T)] * 3
+
+
+def test_report_contrast_leaves_the_invisible_sink_out(gemma):
+    from geolens.report import ContributionContrast
+
+    model, tokens, cache, windows = gemma
+    cc = ContributionContrast.for_model(model)
+    cc.update(model, cache, tokens)
+    B = tokens.shape[0]
+    pattern, _, _ = reference.raw_tensors(model, cache, 0)
+    c = geolens.contribution_weights(model, cache, 0, mode="intra", dtype=torch.float64)
+    for h in range(model.cfg.n_heads):
+        assert cc.sink_attention.count[0, h] == B * (W - 1) and cc.sink_attention.count[1, h] == B * (T - 1)
+        rates = [float(pattern[b, h, i, 0]) for b in range(B) for i in range(1, W)]
+        assert float(cc.sink_attention.mean[0, h]) == pytest.approx(np.mean(rates), rel=1e-5)
+        neg = [sum(float(c[b, h, i, j]) < 0 for j in range(lo(i, W), i + 1)) / (i + 1 - lo(i, W)) for b in range(B) for i in range(1, T)]
+        assert float(cc.negative_share.mean[0, h]) == pytest.approx(np.mean(neg), abs=1e-6)
