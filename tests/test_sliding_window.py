@@ -214,3 +214,28 @@ def test_report_contrast_leaves_the_invisible_sink_out(gemma):
         assert float(cc.sink_attention.mean[0, h]) == pytest.approx(np.mean(rates), rel=1e-5)
         neg = [sum(float(c[b, h, i, j]) < 0 for j in range(lo(i, W), i + 1)) / (i + 1 - lo(i, W)) for b in range(B) for i in range(1, T)]
         assert float(cc.negative_share.mean[0, h]) == pytest.approx(np.mean(neg), abs=1e-6)
+
+
+def test_regime_uses_the_sink_window_and_fits_visible_lags(gemma):
+    from geolens.selection.regime import RegimeAnalysis, fit_exponential_decay, window_regime
+
+    model, tokens, cache, windows = gemma
+    layer = geolens.get_attention_layer(model, cache, 0, dtype=torch.float64)
+    got = window_regime(layer, window=W)
+    _, v, _ = reference.raw_tensors(model, cache, 0)
+    for b, h in [(0, 0), (1, 3)]:
+        ratio = float(v[b, 0, h].norm()) / np.mean([float(v[b, j, h].norm()) for j in range(1, W)])
+        align = np.mean([_cos(v[b, 0, h], v[b, j, h]) for j in range(1, W)])
+        assert float(got["sink_norm_ratio"][b, h]) == pytest.approx(ratio, rel=1e-6)
+        assert float(got["sink_alignment"][b, h]) == pytest.approx(align, rel=1e-6, abs=1e-9)
+    ra = RegimeAnalysis.for_model(model, T)
+    run_corpus(model, tokens, [ra], batch_size=tokens.shape[0], progress=False)
+    res = ra.result()
+    prof = res["profile"]
+    assert np.isnan(prof[0, :, W:]).all() and not np.isnan(prof[0, :, :W]).any() and not np.isnan(prof[1]).any()
+    np.testing.assert_allclose(prof[0, :, :W].sum(-1), 1.0, atol=1e-5)  # the window holds all the attention
+    fit0 = fit_exponential_decay(res["lag_sim"][0, :, : W - 1])
+    fit1 = fit_exponential_decay(res["lag_sim"][1])
+    heads = res["heads"]
+    np.testing.assert_allclose(heads[heads.layer == 0].decay_length.to_numpy(), fit0["length"])
+    np.testing.assert_allclose(heads[heads.layer == 1].decay_length.to_numpy(), fit1["length"])
