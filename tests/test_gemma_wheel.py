@@ -9,6 +9,7 @@ import pytest
 from geolens.models import load_model
 
 
+@pytest.mark.bridge_only  # load_model needs transformers' GgufConfig (the TL 4.x environment)
 @pytest.mark.parametrize("name, hint", [("gemma3-270m", "scripts/install.sh --gemma"), ("smollm2-135m", "scripts/install.sh")])
 def test_missing_model_wheel_names_the_install_option(tmp_path, monkeypatch, name, hint):
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path))  # no converted checkpoint to fall back on

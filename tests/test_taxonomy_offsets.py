@@ -151,6 +151,7 @@ def test_modes_and_prefixes_match_naive_loop(tiny, queries):
     assert a.prefix_windows.total[2] == 0
 
 
+@pytest.mark.bridge_only  # the tiny Gemma 3 exists only as a TransformerBridge
 def test_sliding_window_layer_uses_the_visible_set():
     """Tiny Gemma 3: layer 0 is local (W = 16), layer 1 global; 40-token windows."""
     from geolens.adapter import sliding_window
