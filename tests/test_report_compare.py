@@ -78,6 +78,9 @@ def test_figures_share_their_axes(two_models):
     assert set(tax["shares"]) == set(MODELS) and "offset-dominated" in tax["categories"]
     dist = report["sections"]["taxonomy"]["numbers"]["distribution"]
     assert tax["shares"]["tiny-gemma"]["Reset"] == pytest.approx(dist["Reset"])
+    sel = next(v for k, v in figs.items() if k.startswith("Selection"))
+    comp = sorted((r for r in report["sections"]["selection"]["numbers"]["comparison"]["rows"] if r["condition"] == sel["condition"]), key=lambda r: r["N"])
+    assert comp and sel["series"]["tiny-gemma"] == {"N": [r["N"] for r in comp], "top": [r["top"] for r in comp], "random": [r["random"] for r in comp]}
 
 
 def test_page_is_self_contained_and_marks_low_power(two_models):
@@ -122,3 +125,10 @@ def test_bad_comparisons_are_refused(two_models, tmp_path):
     assert twice["models"] == ["tiny-gqa (1)", "tiny-gqa (2)"]
     with pytest.raises(SystemExit, match="same name"):
         main(["report", "--model", "tiny-gqa", "--model", "tiny-gqa", "--out", str(tmp_path)])
+
+
+def test_compare_reads_the_report_main_selection_condition():
+    from geolens.report.compare import SELECTION_MAIN
+    from geolens.report.sections.selection import MAIN
+
+    assert SELECTION_MAIN == MAIN

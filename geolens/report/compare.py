@@ -28,7 +28,7 @@ import numpy as np
 from geolens.viz.common import PlotView, new_figure, to_jsonable
 
 REGIMES = ("Mixer", "Retriever", "Reset")
-SELECTION_MAIN = "value/cosine/attention/sink-keep"
+SELECTION_MAIN = "value/cosine/attention/sink-keep"  # the report's main selection condition
 
 
 def load_report(path: str | Path) -> dict:
