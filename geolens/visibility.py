@@ -1,4 +1,4 @@
-"""The visible set T_i of a query, with sliding-window (local) attention layers (SPEC §0).
+"""The visible set T_i of a query, with sliding-window (local) attention layers (docs/method.md §0).
 
 In a full causal layer query i sees the keys T_i = {0, …, i}. In a local layer with window W
 (Gemma 3: W = 512, every layer but each 6th; read by :func:`geolens.adapter.sliding_window`)
