@@ -132,3 +132,21 @@ def test_compare_reads_the_report_main_selection_condition():
     from geolens.report.sections.selection import MAIN
 
     assert SELECTION_MAIN == MAIN
+
+
+def test_a_claim_one_run_did_not_test_shows_not_run(two_models):
+    from geolens.report.compare import render_compare_html
+
+    a = load_report(two_models / "tiny-gqa")
+    b = load_report(two_models / "tiny-gemma")
+    b["claims"] = [c for c in b["claims"] if c["section"] != "taxonomy"]
+    del b["sections"]["taxonomy"]
+    cmp = compare_reports([a, b])
+    rows = [r for r in cmp["data"]["claims"] if r["section"] == "taxonomy"]
+    assert rows and all(r["models"]["tiny-gemma"] is None and not r["agree"] for r in rows)
+    page = render_compare_html(cmp)
+    assert page.count("not run</td>") == len(rows)
+    tax = next(f.data for f in cmp["figures"] if f.title.startswith("Head taxonomy"))
+    assert list(tax["shares"]) == ["tiny-gqa"]  # drawn for the run that has it only
+    for f in cmp["figures"]:
+        f.close()
