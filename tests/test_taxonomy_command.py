@@ -35,6 +35,13 @@ def test_taxonomy_command_writes_tables_and_figures(tmp_path):
     side = pd.read_csv(out / "distribution_side_by_side.csv", index_col=0)
     assert list(side.columns) == ["lee", "enwiki"]
     assert (out / "regime_grid.png").stat().st_size > 1000
+    # the offset statistic and the window-length dependence
+    assert {"top_offset", "top_offset_share", "top_offset_share_of_other", "offset_dominant", "label"} <= set(heads.columns)
+    offsets = pd.read_csv(out / "offsets_lee.csv")
+    assert list(offsets.columns) == ["layer", "head", "offset", "count", "share"] and (offsets.offset < 0).all()
+    by_len = pd.read_csv(out / "by_length_lee.csv")
+    assert by_len.prefix_length.tolist() == [16]  # 32, 64, 128 are longer than the windows
+    assert summary["queries"] == "all" and summary["n_windows"] == {"lee": 4, "enwiki": 4}
     assert "<table>" in (out / "regime_grid.html").read_text()
 
 
@@ -47,3 +54,17 @@ def test_regime_grid_views_show_the_regimes():
     view.close()
     page = regime_grid_html({"a": tax})
     assert page.count("<td") == 6 and "layer 1 head 2: Retriever (sink 0.17, current 0.67, other 0.17)" in page
+
+
+def test_taxonomy_command_final_query_mode(tmp_path):
+    out = tmp_path / "tax"
+    lee = write_corpus(tmp_path / "lee.txt", 0)
+    rc = main(["taxonomy", "--model", "tiny-gqa", "--corpora", lee, "--n-sequences", "4", "--seq-len", "16",
+               "--queries", "final", "--prefix-lengths", "8", "16", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    heads = pd.read_csv(out / "heads_lee.csv")
+    assert (heads.n_queries == 4).all()
+    by_len = pd.read_csv(out / "by_length_lee.csv")
+    assert by_len.prefix_length.tolist() == [8, 16] and (by_len.n_queries_per_head == 4).all()
+    # the 16-token prefix is the whole window: same regimes
+    assert by_len.changed_vs_full.iloc[-1] == 0

@@ -5,23 +5,59 @@ Runs every report section whose geolens modules are installed (see
 ``report.html`` (self-contained) and ``report.json`` into ``--out``; ``--n-heldout`` further windows
 are kept out of the corpus pass for faithfulness and pruning. ``--quick`` shrinks every section
 (8 + 1 windows of 64 tokens unless given, smaller grids) to finish in under two minutes.
+
+Cross-model report (:mod:`geolens.report.compare`): ``--model A --model B`` writes each model's
+report under ``--out/<model>/`` and then ``compare.html`` / ``compare.json`` in ``--out``: one
+claim table with a column per model and figures on shared axes. ``--compare runA/report.json
+runB/report.json`` builds the same page from saved runs without loading any model.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name.strip("/")) or "model"
+
+
+def _compare(paths, out) -> int:
+    from geolens.report.compare import load_report, write_comparison
+
+    reports = [load_report(p) for p in paths]
+    written = write_comparison(reports, out)
+    data = json.loads(written["json"].read_text(encoding="utf-8"))
+    print("paper claim → measured, per model (" + " | ".join(data["models"]) + ")")
+    for row in data["claims"]:
+        cells = [(m["verdict"] + (" (low power)" if (m.get("sample") or {}).get("low_power") else "")) if m else "not run" for m in row["models"].values()]
+        print(f"  {row['claim'][:70]:<70} " + " | ".join(cells))
+    print(f"\nwrote {written['html']} and {written['json']}")
+    return 0
 
 
 def run(args) -> int:
-    from geolens.commands._options import (
-        UsageError, check_corpus, check_index, check_model_name, check_out_dir, corpus_windows,
-    )  # fmt: skip
-    from geolens.models import load_model
-    from geolens.report import SECTIONS, ReportConfig, available_sections, build_report, write_report
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_out_dir
+    from geolens.report import SECTIONS, available_sections
 
     if args.list_sections:
         print("\n".join(available_sections()))
         return 0
+    if args.compare:
+        if args.model:
+            raise UsageError("give either --compare (saved runs) or --model (new runs), not both")
+        if len(args.compare) < 2:
+            raise UsageError("--compare needs at least two report.json files (or run folders)")
+        for path in args.compare:
+            p = Path(path)
+            if not (p / "report.json" if p.is_dir() else p).is_file():
+                raise UsageError(f"--compare {path}: no such report.json (or run folder holding one)")
+        return _compare(args.compare, check_out_dir(args.out))
+    models = args.model or ["smollm2-135m"]
+    if len(set(models)) != len(models):
+        raise UsageError(f"--model given twice with the same name: {models}")
+    # every argument is checked before the first model loads
     sections = [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections is not None else None
     if sections is not None:
         available = available_sections()
@@ -31,8 +67,28 @@ def run(args) -> int:
                 raise UsageError(f"--sections: {key!r}: {why} (available: {', '.join(available)})")
         if not sections:
             raise UsageError(f"--sections is empty (available: {', '.join(available)})")
+    names = [check_model_name(name, tiny=True) for name in models]
+    out = check_out_dir(args.out)
+    outs = [out] if len(names) == 1 else [check_out_dir(out / _safe(name)) for name in models]
+    for folder in outs:
+        for name in ("report.html", "report.json"):
+            if (folder / name).is_dir():
+                raise UsageError(f"--out {folder}: {name} there is a folder, so the report could not be written")
+    check_corpus(args.corpus)
+    for name, folder in zip(names, outs):
+        _run_one(args, name, folder, sections)
+    if len(names) == 1:
+        return 0
+    return _compare([folder / "report.json" for folder in outs], out)
+
+
+def _run_one(args, model_name: str, out: Path, sections) -> int:
+    from geolens.commands._options import check_index, corpus_windows
+    from geolens.models import load_model
+    from geolens.report import ReportConfig, build_report, write_report
+
     options = dict(
-        model=args.model, corpus=args.corpus, n_sequences=args.n_sequences, n_heldout=args.n_heldout, seq_len=args.seq_len,
+        model=model_name, corpus=args.corpus, n_sequences=args.n_sequences, n_heldout=args.n_heldout, seq_len=args.seq_len,
         batch_size=args.batch_size, example_layer=args.example_layer, sections=sections, seed=args.seed,
     )  # fmt: skip
     if args.prompt:
@@ -41,14 +97,13 @@ def run(args) -> int:
         config = ReportConfig.quick_defaults(**options)
     else:
         config = ReportConfig(**{k: v for k, v in options.items() if v is not None})
-    model_name = check_model_name(config.model)
-    out = check_out_dir(args.out)
-    for name in ("report.html", "report.json"):
-        if (out / name).is_dir():
-            raise UsageError(f"--out {out}: {name} there is a folder, so the report could not be written")
-    check_corpus(config.corpus)
     start = time.perf_counter()
-    model = load_model(model_name, compatibility_mode=args.compat)
+    if model_name.startswith("tiny-"):  # tiny random models (tests, demos)
+        from geolens.distributed import load_any_model
+
+        model = load_any_model(model_name, "cpu")
+    else:
+        model = load_model(model_name, compatibility_mode=args.compat)
     if config.example_layer is not None:
         config.example_layer = check_index(config.example_layer, model.cfg.n_layers, "layers", "--example-layer")
     tokens = corpus_windows(model, config.corpus, config.seq_len, config.n_sequences + config.n_heldout)
@@ -63,11 +118,15 @@ def run(args) -> int:
     return 0
 
 
+
 def register(subparsers) -> None:
-    from geolens.commands._options import add_corpus, add_model, positive_int, seq_len_int
+    from geolens.commands._options import add_corpus, positive_int, seq_len_int
 
     p = subparsers.add_parser("report", help="the full HTML + JSON report (offline, SmolLM2 by default)")
-    add_model(p)
+    p.add_argument("--model", action="append", default=None,
+                   help="smollm2-135m (default), gemma3-270m, a local folder or a cached HF name; repeat for a cross-model report")
+    p.add_argument("--compare", nargs="+", default=None, metavar="REPORT_JSON",
+                   help="build the cross-model page from saved report.json files (or run folders) instead of running")
     add_corpus(p)
     p.add_argument("--n-sequences", type=positive_int, default=None, help="corpus windows (default 64; 8 with --quick)")
     p.add_argument("--n-heldout", type=positive_int, default=None, help="extra windows for faithfulness and pruning (default 8; 1 with --quick)")

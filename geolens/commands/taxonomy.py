@@ -1,8 +1,11 @@
 """``geolens taxonomy``: the Retriever / Mixer / Reset head taxonomy on one or more corpora (docs/method.md §6).
 
 For each corpus: the per-head table (shares of sink / current / other winners of
-argmax_j α_ij‖v_j‖, regime, mean sink and current-token alignment), the regime distribution and
-the head count per regime and layer; across the first two corpora: the agreement rate, the
+argmax_j α_ij‖v_j‖, regime, mean sink and current-token alignment, most frequent relative offset w_i − i of the
+"other" winners with its share and the ``label`` flagging offset-dominated heads, e.g.
+"Reset (offset −1, 83 %)"), the regime distribution, the head count per regime and layer, the
+top offsets per head (``offsets_<corpus>.csv``) and the regime shares on window prefixes
+(``by_length_<corpus>.csv``: how much they depend on the window length); across the first two corpora: the agreement rate, the
 regime shares side by side, the confusion table and the correlation of each share over heads.
 Figures: ``regime_grid.png`` (layer × head, one panel per corpus) and ``regime_grid.html``.
 
@@ -39,21 +42,29 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.time()
     model = load_any_model(model_name, "cpu")
-    results = {}
+    results, n_windows = {}, {}
     for corpus in args.corpora:
         name = corpus_label(corpus)
         tokens = windows(model, corpus, args.seq_len, args.n_sequences, "--corpora")
-        analysis = TaxonomyAnalysis.for_model(model, space=args.space)
+        analysis = TaxonomyAnalysis.for_model(model, space=args.space, queries=args.queries, prefix_lengths=args.prefix_lengths)
         run_corpus(model, tokens, [analysis], batch_size=args.batch_size, desc=f"taxonomy {name}")
         res = analysis.result()
         results[name] = res
+        n_windows[name] = int(tokens.shape[0])
         res.table.to_csv(out / f"heads_{name}.csv", index=False, float_format="%.6g")
         res.per_layer().to_csv(out / f"per_layer_{name}.csv")
+        res.offset_table().to_csv(out / f"offsets_{name}.csv", index=False, float_format="%.6g")
+        res.by_length().to_csv(out / f"by_length_{name}.csv", index=False, float_format="%.6g")
     summary = {
         "command": "geolens " + " ".join(sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},
         "model_mode": next(iter(results.values())).model_mode,
-        "rule": "winner w_i = argmax_{j<=i} alpha_ij ||v_j|| (queries i>=1); regime = largest share: sink->Mixer, current->Retriever, other->Reset; no threshold",
+        "rule": "winner w_i = argmax_{j in T_i} alpha_ij ||v_j|| (T_i = visible keys, sliding windows included); regime = largest share: sink->Mixer, current->Retriever, other->Reset; no threshold",
+        "queries": args.queries,
+        "offset_rule": "top_offset = most frequent w_i - i among 'other' winners; offset-dominated (flagged in label) if its share of the head's counted queries > 0.5",
+        "offset_dominated_heads": {name: r.table.loc[r.table.offset_dominant, ["layer", "head", "label"]].values.tolist() for name, r in results.items()},
+        "by_length": {name: r.by_length().to_dict(orient="records") for name, r in results.items()},
+        "n_windows": n_windows,
         "distribution": {name: r.distribution for name, r in results.items()},
         "n_heads": {name: int(r.regimes.size) for name, r in results.items()},
         "retriever_heads": {name: r.table.query("regime == 'Retriever'")[["layer", "head"]].values.tolist() for name, r in results.items()},
@@ -74,7 +85,7 @@ def run(args) -> int:
     summary["seconds"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
     for name, r in results.items():
-        print(f"{name}: " + ", ".join(f"{k} {100 * r.distribution[k]:.1f}%" for k in REGIMES))
+        print(f"{name}: " + ", ".join(f"{k} {100 * r.distribution[k]:.1f}%" for k in REGIMES) + f"; offset-dominated heads: {int(r.table.offset_dominant.sum())}")
     if "stability" in summary:
         print(f"agreement {names[0]} vs {names[1]}: {100 * summary['stability']['agreement']:.1f}%")
     print(f"wrote {out}")
@@ -82,13 +93,15 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_model, add_out, add_threads, add_window_options
+    from geolens.commands._options import add_model, add_out, add_threads, add_window_options, int_at_least
 
     p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (docs/method.md §6)")
     add_model(p, tiny=True)
     p.add_argument("--corpora", nargs="+", default=["lee", "enwiki"], help="offline corpus names or files")
     add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)
     p.add_argument("--space", choices=["value", "projected"], default="value", help="‖v‖ (paper B) or ‖v W_O‖")
+    p.add_argument("--queries", choices=["all", "final"], default="all", help="count every query ≥ 1, or the final query of each window (the authors' protocol)")
+    p.add_argument("--prefix-lengths", type=int_at_least(2), nargs="*", default=[16, 32, 64, 128], help="window prefixes on which the regime shares are re-counted (each ≥ 2)")
     add_threads(p, default=1)
     add_out(p, default="docs/taxonomy")
     p.set_defaults(func=run)

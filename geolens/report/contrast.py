@@ -13,6 +13,8 @@ Each is accumulated as streaming :class:`~geolens.streaming.Moments` over the sa
 (sequence, query) for each (layer, head), so memory does not grow with the corpus and shards merge
 exactly (:class:`~geolens.streaming.CorpusAnalysis` protocol). Paper A §3.2 argues that attention
 to the sink overstates its contribution; these numbers test that on the model at hand.
+In a sliding-window layer the visible sources are the last W keys, and a query that cannot see
+the sink is left out of the two sink measures (:mod:`geolens.visibility`).
 """
 
 from __future__ import annotations
@@ -22,31 +24,35 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import get_attention_layer, required_hook_names
+from geolens.adapter import get_attention_layer, required_hook_names, sliding_window
 from geolens.contributions import contribution_weights_from_layer
 from geolens.streaming import CorpusAnalysis, Moments
+from geolens.visibility import visible_keys
 
 MEASURES = ("sink_attention", "sink_contribution", "top1_agreement", "negative_share")
 
 
 def contrast_samples(
-    pattern: Float[Tensor, "batch head query key"], contribution: Float[Tensor, "batch head query key"]
+    pattern: Float[Tensor, "batch head query key"], contribution: Float[Tensor, "batch head query key"], *, window: int | None = None
 ) -> dict[str, Float[Tensor, "batch head query_minus_1"]]:
-    """The four per-query measures of the module docstring for queries 1 … n−1."""
+    """The four per-query measures of the module docstring for queries 1 … n−1, over the visible
+    keys (within the sliding ``window`` of a local layer, :mod:`geolens.visibility`); the sink
+    measures are NaN (left out) for a query that cannot see the sink."""
     n = pattern.shape[-1]
     if pattern.shape != contribution.shape or pattern.shape[-2] != n:
         raise ValueError(f"pattern {tuple(pattern.shape)} and contribution {tuple(contribution.shape)} must be equal and square")
     if n < 2:
         raise ValueError("need at least two positions (the sink and one query)")
-    visible = torch.tril(torch.ones(n, n, dtype=torch.bool, device=pattern.device))
+    visible = visible_keys(n, n, window, device=pattern.device)
     neg_inf = torch.tensor(float("-inf"), dtype=pattern.dtype, device=pattern.device)
     top_a = torch.where(visible, pattern, neg_inf).argmax(-1)
     top_c = torch.where(visible, contribution, neg_inf).argmax(-1)
     negatives = ((contribution < 0) & visible).sum(-1).to(pattern.dtype)
-    n_visible = torch.arange(1, n + 1, dtype=pattern.dtype, device=pattern.device)
+    n_visible = visible.sum(-1).to(pattern.dtype)
+    unseen = ~visible[1:, 0]
     return {
-        "sink_attention": pattern[:, :, 1:, 0],
-        "sink_contribution": contribution[:, :, 1:, 0],
+        "sink_attention": pattern[:, :, 1:, 0].masked_fill(unseen, float("nan")),
+        "sink_contribution": contribution[:, :, 1:, 0].masked_fill(unseen, float("nan")),
         "top1_agreement": (top_a == top_c)[:, :, 1:].to(pattern.dtype),
         "negative_share": (negatives / n_visible)[:, :, 1:],
     }
@@ -71,7 +77,7 @@ class ContributionContrast(CorpusAnalysis):
         per_layer = {name: [] for name in MEASURES}
         for l in range(self.n_layers):
             layer = get_attention_layer(model, cache, l)
-            samples = contrast_samples(layer.pattern, contribution_weights_from_layer(layer, "intra"))
+            samples = contrast_samples(layer.pattern, contribution_weights_from_layer(layer, "intra"), window=sliding_window(model, l))
             for name, x in samples.items():  # [b, h, q-1] -> [b*(q-1), h]
                 per_layer[name].append(x.permute(0, 2, 1).reshape(-1, x.shape[1]))
         for name, xs in per_layer.items():

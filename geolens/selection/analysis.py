@@ -19,6 +19,11 @@ For the main condition (first in the list) it also keeps per-(layer, head) means
 and the pooled correlation between R_N and two sink similarities of the same (window, layer,
 head): the signed sink alignment mean_{j>0} cos(u_0, u_j) and cos(y_0, s_N) (the sink's
 contribution against the selected aggregate).
+
+Sliding-window layers (:mod:`geolens.visibility`): every query is scored over its true visible set
+T_t (the last W keys), so a query t ≥ W has no sink among its sources; it still counts in the
+scores, but it is left out of the sink-in-top-N share and of the cos(y_0, s_N) correlation, and
+the sink alignment uses the keys 1 … W − 1 that share a window with the sink.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.selection.baseline import document_bootstrap, document_means, paired_comparison, random_rankings, win_tie_loss
 from geolens.selection.bounds import bound_violations
 from geolens.selection.scores import Separation, _norms, aggregate, layer_contributions, selection_scores_multi
 from geolens.streaming import Accumulator, CorpusAnalysis, Moments, Sum
+from geolens.visibility import sink_window_keys
 
 METRICS = ("precision", "recall", "f")
 
@@ -228,7 +234,8 @@ class SelectionAnalysis(CorpusAnalysis):
             layer = get_attention_layer(model, cache, l, dtype=torch.float64)
             n_q = layer.pattern.shape[2]
             q_slice = slice(n_q - 1, n_q) if self.queries == "final" else slice(0, n_q)
-            y, visible = layer_contributions(layer, q_slice)  # [b,h,q,k,d], [q,k]
+            window = sliding_window(model, l)
+            y, visible = layer_contributions(layer, q_slice, window=window)  # [b,h,q,k,d], [q,k]
             pattern = layer.pattern[:, :, q_slice]
             grams = {"value": None, "projected": torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)[:, None]}
             rand = self.draw_rankings(tokens, l, visible.expand(pattern.shape)).to(pattern.dtype)
@@ -262,7 +269,7 @@ class SelectionAnalysis(CorpusAnalysis):
                         ties.setdefault(c.name, []).append(torch.where(valid, t.double(), torch.nan))
                     self._count_violations(f"{c.name}|top", top)
                     if c == self.conditions[0]:
-                        self._head_stats(l, layer, y, ranking, visible, top)
+                        self._head_stats(l, layer, y, ranking, visible, top, window)
         for key, seps in per_layer.items():
             for m in METRICS:
                 x = torch.stack([getattr(s, m) for s in seps])  # [layer, b, h, q, N]
@@ -290,20 +297,25 @@ class SelectionAnalysis(CorpusAnalysis):
         return torch.stack(rows, dim=1)
 
     def _sink_selected(self, ranking: Tensor, visible: Tensor, sink: str) -> Tensor:
-        """[b, h, q, N]: 1 if the sink is in the top-N set (ties by index: rank = #{r_j > r_0})."""
+        """[b, h, q, N]: 1 if the sink is in the top-N set (ties by index: rank = #{r_j > r_0});
+        NaN for a query that cannot see the sink (sliding window), which is left out of the share."""
+        shape = ranking.shape[:-1] + (len(self.sizes),)
         if sink == "exclude":
-            return torch.zeros(ranking.shape[:-1] + (len(self.sizes),), dtype=torch.float64)
-        if sink == "force":
-            return torch.ones(ranking.shape[:-1] + (len(self.sizes),), dtype=torch.float64)
-        r = ranking.masked_fill(~visible, float("-inf"))
-        ahead = (r > r[..., :1]).sum(-1, keepdim=True)
-        return (ahead < torch.tensor(self.sizes, device=r.device)).to(torch.float64)
+            out = torch.zeros(shape, dtype=torch.float64)
+        elif sink == "force":
+            out = torch.ones(shape, dtype=torch.float64)
+        else:
+            r = ranking.masked_fill(~visible, float("-inf"))
+            ahead = (r > r[..., :1]).sum(-1, keepdim=True)
+            out = (ahead < torch.tensor(self.sizes, device=r.device)).to(torch.float64).cpu()
+        seen = torch.broadcast_to(visible[..., 0], ranking.shape[:-1]).cpu()
+        return out.masked_fill(~seen[..., None], float("nan"))
 
     def _count_violations(self, key: str, sep: Separation) -> None:
         v = bound_violations(sep)
         self.violations[key].update(torch.tensor([v["n_cases"], v["precision_bound"], v["recall_bound"], v["equivalence"]], dtype=torch.float64))
 
-    def _head_stats(self, l: int, layer, y: Tensor, ranking: Tensor, visible: Tensor, top: Separation) -> None:
+    def _head_stats(self, l: int, layer, y: Tensor, ranking: Tensor, visible: Tensor, top: Separation, window: int | None = None) -> None:
         nN = len(self.sizes)
         h = top.f.shape[1]
         for acc, x in ((self.head_recall, top.recall), (self.head_f, top.f)):
@@ -311,7 +323,8 @@ class SelectionAnalysis(CorpusAnalysis):
         u = layer.v  # [b, k, h, d], value space
         u0 = u[:, :1]
         cos = (u0 * u[:, 1:]).sum(-1) / (u0.norm(dim=-1) * u[:, 1:].norm(dim=-1) + 1e-12)  # [b, k-1, h]
-        align = cos.mean(1)  # [b, h]: signed sink alignment of the window
+        tail = sink_window_keys(u.shape[1], window, device=u.device)[1:]  # keys sharing a window with the sink
+        align = cos[:, tail].mean(1)  # [b, h]: signed sink alignment of the window
         _merge_slice(self.head_sink_alignment, l, Moments((h,)).update(align, dim=0))
         self.corr_alignment.update(align[:, :, None, None].expand_as(top.recall).reshape(-1, nN), top.recall.reshape(-1, nN), dim=0)
         # cos(y_0, s_N): the sink's contribution against the top-N aggregate of the main condition
@@ -322,6 +335,7 @@ class SelectionAnalysis(CorpusAnalysis):
             s = aggregate(y, ranking, visible, n, sink)
             sims.append((y0 * s).sum(-1) / (y0.norm(dim=-1) * s.norm(dim=-1) + 1e-12))
         sim = torch.where(torch.isnan(top.recall), torch.nan, torch.stack(sims, -1))  # [b, h, q, N]
+        sim = sim.masked_fill(~visible[..., 0][None, None, :, None], float("nan"))  # no sink among the sources
         self.corr_sink_aggregate.update(sim.reshape(-1, nN), top.recall.reshape(-1, nN), dim=0)
 
     # --- results -----------------------------------------------------------------------

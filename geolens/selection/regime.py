@@ -16,6 +16,11 @@ with u_j the value vector (``space="value"``) or ṽ_j = v_j W_O (``"projected"`
 Each quantity is averaged over windows. :func:`fit_exponential_decay` then fits
 sim(δ) ≈ c + a·exp(−δ/λ) per head (λ on a log grid, a and c by least squares for each λ) and
 reports λ, a, c, the RMSE and R² of the fit.
+
+Sliding-window layers (:mod:`geolens.visibility`, window W): the sink statistics use the tokens
+that share a window with the sink (1 ≤ j ≤ W − 1); the attention profile of the final query is
+NaN beyond its window (δ ≥ W: not "attention 0"); the lag similarities are kept for every lag (a
+property of the value sequence) but the decay is fitted on the lags a query can see, δ ≤ W − 1.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.streaming import CorpusAnalysis, Moments, Sum
+from geolens.visibility import sink_window_keys
 
 EPS = 1e-12
 
@@ -42,11 +48,11 @@ def _unit_values(layer, space: str) -> tuple[Tensor, Tensor]:
     return u, u.norm(dim=-1)
 
 
-def window_regime(layer, space: str = "value") -> dict[str, Tensor]:
+def window_regime(layer, space: str = "value", *, window: int | None = None) -> dict[str, Tensor]:
     """Per-window regime quantities ``[batch, head]`` and ``lag_sim`` ``[batch, head, lag]``.
 
     ``lag_sim[..., δ−1]`` is the mean cos(u_i, u_j) over non-sink pairs with i − j = δ
-    (δ = 1 … K−2).
+    (δ = 1 … K−2). With a sliding ``window`` W the sink quantities use 1 ≤ j ≤ W − 1.
     """
     u, n = _unit_values(layer, space)
     K = u.shape[2]
@@ -57,6 +63,8 @@ def window_regime(layer, space: str = "value") -> dict[str, Tensor]:
     unit = rest / (n_rest[..., None] + EPS)
     u0 = u[:, :, 0]
     cos0 = (unit * u0[:, :, None]).sum(-1) / (n[:, :, :1] + EPS)
+    with_sink = sink_window_keys(K, window, device=u.device)[1:]  # [K-1]
+    sink_mean_norm = n_rest[..., with_sink].mean(-1)
     C = unit @ unit.transpose(-1, -2)  # [b, h, K-1, K-1]
     i, j = torch.tril_indices(K - 1, K - 1, offset=-1, device=u.device)
     lag = i - j  # 1 … K-2
@@ -66,15 +74,20 @@ def window_regime(layer, space: str = "value") -> dict[str, Tensor]:
     return {
         "norm_spread": n_rest.std(-1, unbiased=False) / (mean_norm + EPS),
         "coherence": unit.mean(-2).norm(dim=-1),
-        "sink_norm_ratio": n[:, :, 0] / (mean_norm + EPS),
-        "sink_alignment": cos0.mean(-1),
+        "sink_norm_ratio": n[:, :, 0] / (sink_mean_norm + EPS),
+        "sink_alignment": cos0[..., with_sink].mean(-1),
         "lag_sim": sums / counts,
     }
 
 
-def attention_profile(pattern: Float[Tensor, "batch head query key"]) -> Float[Tensor, "batch head distance"]:
-    """α_{t, t−δ} of the final query t for δ = 0 … t (δ = t is the sink)."""
-    return pattern[:, :, -1].flip(-1)
+def attention_profile(pattern: Float[Tensor, "batch head query key"], *, window: int | None = None) -> Float[Tensor, "batch head distance"]:
+    """α_{t, t−δ} of the final query t for δ = 0 … t (δ = t is the sink); NaN for δ ≥ W, the
+    keys outside a sliding ``window``."""
+    prof = pattern[:, :, -1].flip(-1)
+    if window is not None and window < prof.shape[-1]:
+        prof = prof.clone()
+        prof[..., window:] = float("nan")
+    return prof
 
 
 SCALARS = ("norm_spread", "coherence", "sink_norm_ratio", "sink_alignment")
@@ -92,6 +105,7 @@ class RegimeAnalysis(CorpusAnalysis):
         self.profile = Moments((n_layers, n_heads, seq_len))
         self.n_windows = Sum(())
         self.model_mode = ""
+        self.windows: dict = {}  # layer (str) → sliding window or None
 
     @classmethod
     def for_model(cls, model, seq_len: int, **kwargs) -> "RegimeAnalysis":
@@ -124,10 +138,12 @@ class RegimeAnalysis(CorpusAnalysis):
         per = {k: [] for k in SCALARS + ("lag_sim", "profile")}
         for l in range(self.n_layers):
             layer = get_attention_layer(model, cache, l)
-            w = window_regime(layer, self.space)
+            window = sliding_window(model, l)
+            self.windows[str(l)] = window
+            w = window_regime(layer, self.space, window=window)
             for k in SCALARS + ("lag_sim",):
                 per[k].append(w[k])
-            per["profile"].append(attention_profile(layer.pattern))
+            per["profile"].append(attention_profile(layer.pattern, window=window))
         for k in SCALARS:
             self.scalars[k].update(torch.stack(per[k], 1), dim=0)  # [b, L, H]
         self.lag_sim.update(torch.stack(per["lag_sim"], 1), dim=0)
@@ -141,6 +157,7 @@ class RegimeAnalysis(CorpusAnalysis):
         self.profile.merge(other.profile)
         self.n_windows.merge(other.n_windows)
         self.model_mode = self.model_mode or other.model_mode
+        self.windows = {**other.windows, **self.windows}
         return self
 
     def result(self) -> dict:
@@ -149,6 +166,12 @@ class RegimeAnalysis(CorpusAnalysis):
         (medians over heads)."""
         lag = self.lag_sim.mean.numpy()
         fit = fit_exponential_decay(lag)
+        for l in range(self.n_layers):  # local layers: fit on the lags a query sees, δ ≤ W − 1
+            w = self.windows.get(str(l))
+            if w is not None and 3 <= w - 1 < lag.shape[-1]:
+                part = fit_exponential_decay(lag[l, :, : w - 1])
+                for k in fit:
+                    fit[k][l] = part[k]
         rows = []
         for l in range(self.n_layers):
             for h in range(self.n_heads):
@@ -160,7 +183,7 @@ class RegimeAnalysis(CorpusAnalysis):
                 rows.append(row)
         heads = pd.DataFrame(rows)
         summary = heads.drop(columns=["layer", "head"]).median().to_dict()
-        return {"heads": heads, "lag_sim": lag, "profile": self.profile.mean.numpy(), "summary": summary, "n_windows": int(self.n_windows.total), "space": self.space, "model_mode": self.model_mode}
+        return {"heads": heads, "lag_sim": lag, "profile": torch.where(self.profile.count > 0, self.profile.mean, torch.nan).numpy(), "summary": summary, "n_windows": int(self.n_windows.total), "space": self.space, "model_mode": self.model_mode}
 
 
 def fit_exponential_decay(sim: np.ndarray, lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -1,6 +1,8 @@
 """Geometric precision, recall and extremal F_N of a head's token selection (docs/method.md §5, paper B).
 
-For one head and one query t over its visible sources T_t = {0 … t}, each source i contributes
+For one head and one query t over its visible sources T_t = {0 … t} (in a sliding-window layer
+T_t = {max(0, t − W + 1) … t}, :mod:`geolens.visibility`: the sink is a source only for t < W;
+``sink="force"`` cannot select an invisible sink), each source i contributes
 y_i = α_i u_i, with u the value vector before W_O (``space="value"``, paper B) or the projected
 value ṽ = v W_O (``space="projected"``). A ranking r (attention r_i = α_i, contribution norm
 r_i = ‖y_i‖, or a random ranking) selects S = top-N (ties by increasing index). With the
@@ -37,6 +39,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from geolens.selection.bounds import inversion_bounds
+from geolens.visibility import visible_keys
 
 Distance = Literal["euclidean", "cosine"]
 Space = Literal["value", "projected"]
@@ -270,14 +273,15 @@ def causal_visibility(n_query: int, n_key: int, *, device=None) -> Bool[Tensor, 
     return torch.arange(n_key, device=device)[None, :] <= q
 
 
-def layer_contributions(layer, queries: slice | None = None) -> tuple[Tensor, Tensor]:
-    """(y [batch, head, query, key, d_head] = α_ij v_j, visible [query, key]) of one layer."""
+def layer_contributions(layer, queries: slice | None = None, *, window: int | None = None) -> tuple[Tensor, Tensor]:
+    """(y [batch, head, query, key, d_head] = α_ij v_j, visible [query, key]) of one layer.
+
+    ``visible`` is T_t: the causal keys, within the sliding ``window`` of a local layer
+    (:func:`geolens.visibility.visible_keys`; :func:`geolens.adapter.sliding_window` reads it)."""
     pattern = layer.pattern if queries is None else layer.pattern[:, :, queries]
-    n_q_all = layer.pattern.shape[2]
-    q_idx = torch.arange(n_q_all, device=pattern.device)
-    q_idx = q_idx if queries is None else q_idx[queries]
-    n_k = pattern.shape[-1]
-    visible = torch.arange(n_k, device=pattern.device)[None, :] <= (q_idx[:, None] + (n_k - n_q_all))
+    n_q_all, n_k = layer.pattern.shape[2], pattern.shape[-1]
+    visible = visible_keys(n_q_all, n_k, window, device=pattern.device)
+    visible = visible if queries is None else visible[queries]
     v = layer.v.permute(0, 2, 1, 3)  # [b, h, k, d]
     y = pattern[..., None] * v[:, :, None]  # [b, h, q, k, d]
     return y, visible
@@ -299,13 +303,15 @@ def head_selection_scores(
     sink: Sink = "keep",
     queries: str | slice = "final",
     query_chunk_size: int = 16,
+    window: int | None = None,
 ) -> Separation:
     """Scores of every (batch, head, query) of one :class:`geolens.adapter.AttentionLayer`.
 
     Returns a :class:`Separation` with fields ``[batch, head, query, len(sizes)]`` where query runs
     over the final position (``queries="final"``, the authors' protocol), every position
     (``"all"``) or a slice. ``by`` ranks by attention α or by contribution norm ‖α u‖ in the chosen
-    space.
+    space. ``window``: the layer's sliding window (``geolens.adapter.sliding_window(model, l)``),
+    which restricts T_t to the last W keys; None for full attention.
     """
     _check("space", space, ("value", "projected"))
     n_q = layer.pattern.shape[2]
@@ -323,7 +329,7 @@ def head_selection_scores(
     start, stop, _ = q_slice.indices(n_q)
     parts = []
     for s in range(start, stop, query_chunk_size):
-        y, visible = layer_contributions(layer, slice(s, min(s + query_chunk_size, stop)))
+        y, visible = layer_contributions(layer, slice(s, min(s + query_chunk_size, stop)), window=window)
         y_norm = _norms(y, gram)
         pattern = layer.pattern[:, :, s : min(s + query_chunk_size, stop)]
         parts.append(

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, n_kv_heads
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, n_kv_heads, sliding_window
 from geolens.interventions.base import applied
 from geolens.interventions.masking import branch_hook
 from geolens.interventions.sink_values import NORM_EDIT_KINDS, SinkEditSpec, sink_edit
@@ -63,10 +63,11 @@ def default_conditions(lambdas: Sequence[float] = (0.0, 2.0), seeds: Sequence[in
 
 
 def _window_layer_stats(model, cache, layer: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per batch row: mean ‖o_i^h‖ and mean cos(o_i^h, s_i^h) over heads and queries i ≥ 1."""
-    norm, cos, _ = head_cone_statistics(get_attention_layer(model, cache, layer, dtype=torch.float64))
+    """Per batch row: mean ‖o_i^h‖ and mean cos(o_i^h, s_i^h) over heads and queries i ≥ 1 that
+    can see the sink (queries outside a sliding window are NaN and left out)."""
+    norm, cos, _ = head_cone_statistics(get_attention_layer(model, cache, layer, dtype=torch.float64), window=sliding_window(model, layer))
     b = norm.shape[0]
-    return norm.reshape(b, -1).mean(1).cpu().numpy(), torch.nanmean(cos.reshape(b, -1), dim=1).cpu().numpy()
+    return torch.nanmean(norm.reshape(b, -1), dim=1).cpu().numpy(), torch.nanmean(cos.reshape(b, -1), dim=1).cpu().numpy()
 
 
 def corpus_pass(model, tokens: torch.Tensor, *, batch_size: int = 8, progress: bool = False):

@@ -19,6 +19,9 @@ the *level* of the contributions. Paper A's claim: the sink's contributions are 
 value geometry (R and C), the tail's by attention and alignment (A and C) jointly.
 
 Samples with α = 0, ‖ṽ_j‖ = 0, cos = 0 or ‖o_i‖ = 0 have no logarithm and are skipped.
+Sliding-window layers (:mod:`geolens.visibility`): only the pairs (i, j) of the visible set
+count; a query i ≥ W has no sink sample and its tail is i − W < j ≤ i (the pairs outside the
+window are dropped explicitly, not through α = 0).
 Streaming: covariances come from Welford variances of sums by polarisation,
 Cov(U, V) = (Var(U + V) − Var U − Var V) / 2, so the accumulators are plain
 :class:`~geolens.streaming.Moments` (mergeable, resumable). Statistics per (layer, head) and
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, hook_name, model_mode
+from geolens.adapter import PATTERN, VALUE, hook_name, model_mode, sliding_window
 from geolens.contributions import InfluenceFactors, ZeroNormOutputWarning, influence_factors
 from geolens.runner import run_corpus
 from geolens.sinks._accumulate import add_moments_at
@@ -45,11 +48,12 @@ _VARS = [(0,), (1,), (2,), (3,), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
 SOURCE_TYPES = ("sink", "tail")
 
 
-def log_factors(factors: InfluenceFactors) -> tuple[torch.Tensor, torch.Tensor]:
+def log_factors(factors: InfluenceFactors, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sink, tail) samples ``[batch, head, n, 4]`` of (X, A, R, C) from intra-head factors.
 
     Sink: j = 0 for queries i ≥ 1 (``n = query − 1``). Tail: the causal pairs 1 ≤ j ≤ i
-    (``n = (query − 1) query / 2``). Undefined samples (a zero factor) are NaN.
+    (``n = (query − 1) query / 2``). Undefined samples (a zero factor) are NaN, and so are the
+    pairs outside a sliding ``window`` (i − j ≥ W).
     """
     if factors.mode != "intra":
         raise ValueError("the token-type decomposition uses intra-head factors (mode='intra')")
@@ -62,6 +66,9 @@ def log_factors(factors: InfluenceFactors) -> tuple[torch.Tensor, torch.Tensor]:
         f = torch.stack([a.log(), rel[:, :, qs, ks].log(), cos[:, :, qs, ks].abs().log()], dim=-1)
         f = torch.cat([f.sum(-1, keepdim=True), f], dim=-1)
         ok = torch.isfinite(f).all(-1, keepdim=True)
+        if window is not None:
+            qpos = torch.arange(1, q, device=alpha.device) if isinstance(qs, slice) else qi
+            ok = ok & ((qpos - (0 if isinstance(qs, slice) else kj)) < window)[:, None]
         out.append(torch.where(ok, f, torch.full_like(f, float("nan"))))
     return out[0], out[1]
 
@@ -147,7 +154,7 @@ class TokenTypeDecomposition(CorpusAnalysis):
             with warnings.catch_warnings():  # zero-norm rows are skipped (log 0), no need to warn
                 warnings.simplefilter("ignore", ZeroNormOutputWarning)
                 factors = influence_factors(model, cache, l, "intra", dtype=torch.float64)
-            for t, samples in enumerate(log_factors(factors)):  # [batch, head, n, 4]
+            for t, samples in enumerate(log_factors(factors, window=sliding_window(model, l))):  # [batch, head, n, 4]
                 stats = scatter_statistics(samples)
                 add_moments_at(self.per_head, (l, t), variables_moments(*stats))
                 add_moments_at(self.per_layer, (l, t), variables_moments(*pool_heads(*stats)))

@@ -13,6 +13,11 @@ In that edited forward pass, per (layer, query head) and query i ≥ 1:
 - the language-modelling loss (mean next-token NLL over all predicted positions) and
   PPL = exp(NLL); ΔPPL(λ) = PPL(λ) − PPL(1).
 
+Sliding-window layers (:mod:`geolens.visibility`): a query i ≥ W cannot see the sink, so the edit
+of v_0 cannot reach it; such queries are left out of ‖o_i‖ and cos(o_i, s_i) (for the queries
+kept, i < W, the visible non-sink tokens are exactly 1 … i, so s_i is unchanged), and the mean
+non-sink value norm uses the tokens that share a window with the sink, 1 ≤ j ≤ W − 1.
+
 Low-norm heads (documented rule): at λ = 1, a head's relative output norm is
 r_h = mean_i ‖o_i^h‖ / mean_{j≥1} ‖ṽ_j^h‖ (how much of a typical value's norm survives the
 mixing). Heads in the edited layers with r_h at or below the ``low_norm_quantile`` (0.25 by
@@ -29,25 +34,28 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, logits_from_cache, logits_hook, model_mode
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, logits_from_cache, logits_hook, model_mode, sliding_window
 from geolens.interventions.base import applied
 from geolens.interventions.sink_values import scale_sink_value
 from geolens.runner import run_corpus
 from geolens.sinks._accumulate import moments_add_at
 from geolens.streaming import CorpusAnalysis, Moments, Sum
+from geolens.visibility import sink_visible, sink_window_keys
 
 DEFAULT_LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 
-def head_drift_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(‖o_i^h‖, cos(o_i^h, s_i^h)) ``[batch·(query−1), head]`` and ‖ṽ_j‖ ``[batch·(key−1), head]``."""
-    z_norm, cos, v_norm = head_cone_statistics(layer)
+def head_drift_statistics(layer, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(‖o_i^h‖, cos(o_i^h, s_i^h)) ``[batch·(query−1), head]`` and ‖ṽ_j‖ ``[batch·(key−1), head]``;
+    NaN (skipped) for queries i ≥ W and keys j ≥ W of a sliding ``window`` (module docstring)."""
+    z_norm, cos, v_norm = head_cone_statistics(layer, window=window)
     h = z_norm.shape[-1]
     return z_norm.reshape(-1, h), cos.reshape(-1, h), v_norm.reshape(-1, h)
 
 
-def head_cone_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """‖o_i^h‖ and cos(o_i^h, s_i^h) ``[batch, query−1, head]``, ‖ṽ_j‖ ``[batch, key−1, head]`` (queries, sources ≥ 1)."""
+def head_cone_statistics(layer, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """‖o_i^h‖ and cos(o_i^h, s_i^h) ``[batch, query−1, head]``, ‖ṽ_j‖ ``[batch, key−1, head]`` (queries, sources ≥ 1);
+    NaN for queries i ≥ W and keys j ≥ W of a sliding ``window``."""
     gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
     z = layer.z[:, 1:]  # [b, q-1, h, d], queries 1..q-1
     vt = layer.v[:, 1:]  # [b, k-1, h, d], sources 1..k-1
@@ -59,6 +67,12 @@ def head_cone_statistics(layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     cos = (zG * m).sum(-1) / (z_norm * m_norm)
     cos = torch.where(torch.isfinite(cos), cos, torch.full_like(cos, float("nan")))
     v_norm = torch.einsum("bkhd,hde,bkhe->bkh", vt, gram, vt).clamp_min(0).sqrt()
+    if window is not None:
+        n_q, n_k = layer.pattern.shape[-2:]
+        unseen = ~sink_visible(n_q, n_k, window, device=z.device)[1:]
+        z_norm = z_norm.masked_fill(unseen[:, None], float("nan"))
+        cos = cos.masked_fill(unseen[:, None], float("nan"))
+        v_norm = v_norm.masked_fill(~sink_window_keys(n_k, window, device=z.device)[1:, None], float("nan"))
     return z_norm, cos, v_norm
 
 
@@ -87,7 +101,7 @@ class DriftStatistics(CorpusAnalysis):
     def update(self, model, cache, tokens) -> None:
         self.mode = model_mode(model)
         for l in self.layers:
-            norm, cos, vnorm = head_drift_statistics(get_attention_layer(model, cache, l, dtype=torch.float64))
+            norm, cos, vnorm = head_drift_statistics(get_attention_layer(model, cache, l, dtype=torch.float64), window=sliding_window(model, l))
             moments_add_at(self.out_norm, l, norm, dim=0)
             moments_add_at(self.cos_cone, l, cos, dim=0)
             moments_add_at(self.value_norm, l, vnorm, dim=0)

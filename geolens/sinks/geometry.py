@@ -18,6 +18,13 @@ the query heads of one group coincide), with v_j the value (``hook_v``, b_V incl
 - cos(v_0, m) and cos(ṽ_0, m W_O) with m = mean_{j>0} v_j, the mean non-sink value of the
   sequence (the direction of the "semantic cone" in paper A's words), averaged over sequences.
 
+Sliding-window (local) layers (:mod:`geolens.visibility`): a query i ≥ W cannot see the sink.
+Such out-of-window queries are left out of the sink rate, its histogram and the Gu et al. mean
+(never counted as "attention 0 to the sink"); their number is reported per head
+(``n_out_of_window``). The sink/tail value statistics (norm ratio, cosines, mean direction) use
+the tokens that share a window with the sink, 1 ≤ j ≤ W − 1. Full-attention layers are
+unchanged. ``window`` is read per layer by :func:`geolens.adapter.sliding_window`.
+
 Projected norms and cosines use the Gram matrix G^h = W_O^h W_O^{hT} (docs/method.md §2): ‖ṽ_j‖² = v_j G v_jᵀ,
 ⟨ṽ_0, ṽ_j⟩ = v_0 G v_jᵀ, so ṽ is never materialised. Statistics are computed in float64. A zero
 norm makes its ratio/cosine NaN, which the accumulators skip (counted per entry).
@@ -31,10 +38,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.runner import run_corpus
 from geolens.sinks._accumulate import histogram_add_at, moments_add_at
-from geolens.streaming import CorpusAnalysis, Histogram, Moments
+from geolens.streaming import CorpusAnalysis, Histogram, Moments, Sum
+from geolens.visibility import sink_visible, sink_window_keys
 
 GU_EPSILON = 0.3
 
@@ -61,39 +69,49 @@ def _finite_or_nan(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), x, torch.full_like(x, float("nan")))
 
 
-def layer_sink_statistics(layer, eps: float = GU_EPSILON) -> dict[str, torch.Tensor]:
+def layer_sink_statistics(layer, eps: float = GU_EPSILON, *, window: int | None = None) -> dict[str, torch.Tensor]:
     """Per-sample sink statistics of one :class:`~geolens.adapter.AttentionLayer`.
 
-    Returns tensors whose last axis is ``head``: ``sink_rate`` ``[batch, query-1, head]``,
-    ``value_cos_tail``/``proj_cos_tail`` (and the ``*_negative`` indicators)
-    ``[batch, key-1, head]``, and the per-sequence quantities ``[batch, head]``.
+    Returns tensors whose last axis is ``head``: ``sink_rate`` ``[batch, query-1, head]`` (NaN for
+    queries outside the sink's sliding ``window``), ``value_cos_tail``/``proj_cos_tail`` (and the
+    ``*_negative`` indicators) ``[batch, key-1, head]`` (NaN for keys j ≥ W), and the
+    per-sequence quantities ``[batch, head]``.
     """
     alpha = layer.pattern  # [b, h, q, k]
     v = layer.v  # [b, k, h, d]
-    if alpha.shape[-1] < 2:
+    n_q, n_k = alpha.shape[-2:]
+    if n_k < 2:
         raise ValueError("sink statistics need sequences of at least 2 tokens")
+    if n_q != n_k:
+        raise ValueError(f"sink statistics need a square pattern (every query of the window), got {n_q} queries and {n_k} keys")
+    seen = sink_visible(n_q, n_k, window, device=alpha.device)  # [q]
+    tail = sink_window_keys(n_k, window, device=alpha.device)[1:]  # [k-1]: keys sharing a window with the sink
     gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
     v0, vt = v[:, 0], v[:, 1:]  # [b,h,d], [b,k-1,h,d]
     v0G = torch.einsum("bhd,hde->bhe", v0, gram)
-    vn0, vnt = v0.norm(dim=-1), vt.norm(dim=-1)  # [b,h], [b,k-1,h]
+    vn0, vnt = v0.norm(dim=-1), vt.norm(dim=-1)
     pn0 = torch.einsum("bhd,bhd->bh", v0G, v0).clamp_min(0).sqrt()
     pnt = torch.einsum("bkhd,hde,bkhe->bkh", vt, gram, vt).clamp_min(0).sqrt()
-    value_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0, vt), vn0[:, None], vnt))
-    proj_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0G, vt), pn0[:, None], pnt))
-    m = vt.mean(dim=1)  # [b,h,d]
+    nan = float("nan")
+    value_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0, vt), vn0[:, None], vnt)).masked_fill(~tail[:, None], nan)
+    proj_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0G, vt), pn0[:, None], pnt)).masked_fill(~tail[:, None], nan)
+    w = tail.to(vt.dtype)
+    n_tail = w.sum()
+    m = (vt * w[None, :, None, None]).sum(dim=1) / n_tail  # [b,h,d]: mean over 1 ≤ j ≤ W−1
     m_norm = m.norm(dim=-1)
     m_pnorm = torch.einsum("bhd,hde,bhe->bh", m, gram, m).clamp_min(0).sqrt()
-    gu_score = alpha[:, :, :, 0].mean(dim=-1)  # [b,h], query 0 included (Gu et al.)
+    sink_col = alpha[:, :, :, 0]  # [b,h,q]
+    gu_score = (sink_col * seen.to(alpha.dtype)).sum(-1) / seen.sum()  # [b,h], query 0 included (Gu et al.)
 
     def nan_indicator(c):
         return torch.where(torch.isnan(c), c, (c < 0).to(c.dtype))
 
     return {
-        "sink_rate": alpha[:, :, 1:, 0].transpose(1, 2),
+        "sink_rate": sink_col[:, :, 1:].masked_fill(~seen[1:], nan).transpose(1, 2),
         "gu_score": gu_score,
         "gu_sink": (gu_score > eps).to(alpha.dtype),
-        "value_norm_ratio": _finite_or_nan(vn0 / vnt.mean(dim=1)),
-        "proj_norm_ratio": _finite_or_nan(pn0 / pnt.mean(dim=1)),
+        "value_norm_ratio": _finite_or_nan(vn0 / ((vnt * w[None, :, None]).sum(1) / n_tail)),
+        "proj_norm_ratio": _finite_or_nan(pn0 / ((pnt * w[None, :, None]).sum(1) / n_tail)),
         "value_cos_tail": value_cos,
         "proj_cos_tail": proj_cos,
         "value_cos_negative": nan_indicator(value_cos),
@@ -136,6 +154,8 @@ class SinkGeometry(CorpusAnalysis):
         self.hist = Histogram(torch.linspace(0, 1, n_bins + 1), (n_layers, n_heads))
         self.mode = mode
         self.n_kv_heads = n_heads
+        self.out_of_window = Sum((n_layers, n_heads))  # queries ≥ 1 that cannot see the sink
+        self.windows: dict = {}
 
     def hook_names(self, model) -> list[str]:
         return [hook_name(l, n) for l in self.layers for n in (PATTERN, VALUE)]
@@ -145,7 +165,11 @@ class SinkGeometry(CorpusAnalysis):
         for l in self.layers:
             view = get_attention_layer(model, cache, l, dtype=torch.float64)
             self.n_kv_heads = view.n_kv_heads
-            stats = layer_sink_statistics(view, self.eps)
+            window = sliding_window(model, l)
+            self.windows[str(l)] = window
+            stats = layer_sink_statistics(view, self.eps, window=window)
+            n_q = view.pattern.shape[2]
+            self.out_of_window.total[l] += float((~sink_visible(n_q, n_q, window)[1:]).sum()) * view.pattern.shape[0]
             for name in HEAD_STATS:
                 x = stats[name]
                 moments_add_at(getattr(self, f"m_{name}"), l, x.reshape(-1, self.n_heads), dim=0)
@@ -155,6 +179,8 @@ class SinkGeometry(CorpusAnalysis):
         for name in HEAD_STATS:
             getattr(self, f"m_{name}").merge(getattr(other, f"m_{name}"))
         self.hist.merge(other.hist)
+        self.out_of_window.merge(other.out_of_window)
+        self.windows = {**other.windows, **self.windows}
         return self
 
     def result(self) -> SinkGeometryResult:
@@ -169,10 +195,12 @@ class SinkGeometry(CorpusAnalysis):
                     row[key] = float(m.mean[l, h]) if m.count[l, h] > 0 else float("nan")
                 row["sink_rate_std"] = float(self.m_sink_rate.std[l, h])
                 row["n_queries"] = int(self.m_sink_rate.count[l, h])
+                row["n_out_of_window"] = int(self.out_of_window.total[l, h])
+                row["window"] = self.windows.get(str(l))
                 row["n_sequences"] = int(self.m_gu_sink.count[l, h])
                 rows.append(row)
         heads = pd.DataFrame(rows)
-        stat_cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "n_queries", "n_sequences")]
+        stat_cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "n_queries", "n_sequences", "n_out_of_window", "window")]
         layers = heads.groupby("layer")[stat_cols].mean().reset_index()
         edges = self.hist.edges.numpy()
         hist_rows = [

@@ -11,28 +11,38 @@ replaced by their bin means). ``curvature`` = a (convex if a > 0); ``argmin`` = 
 convex fit (NaN otherwise); ``argmin_inside`` = 0 < argmin < 1 for a convex fit; also
 ``argmin_in_range`` (inside the observed range of bin centres), and the empirical minimum bin.
 Paper A's claim: convex, with the minimum at an intermediate sink rate (< 1), not at α_i0 = 1.
+
+Sliding-window layers (:mod:`geolens.visibility`): a query i ≥ W cannot see the sink, so it has no
+sink rate; it is left out of the bins (not put in the α_i0 = 0 bin) and counted in
+``NormCurveResult.n_out_of_window`` (per layer).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.runner import run_corpus
 from geolens.sinks._accumulate import histogram_add_at
-from geolens.streaming import CorpusAnalysis, Histogram
+from geolens.streaming import CorpusAnalysis, Histogram, Sum
+from geolens.visibility import sink_visible
 
 
-def sink_rate_and_output_norm(layer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(α_i0, ‖o_i^h‖) for queries i ≥ 1, each ``[batch·(query−1), head]``."""
+def sink_rate_and_output_norm(layer, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(α_i0, ‖o_i^h‖) for queries i ≥ 1, each ``[batch·(query−1), head]``; α_i0 is NaN for the
+    queries outside the sink's sliding ``window`` (so the histograms skip them)."""
     gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
     z = layer.z[:, 1:]  # [b, q-1, h, d]
     norm = torch.einsum("bqhd,hde,bqhe->bqh", z, gram, z).clamp_min(0).sqrt()
     rate = layer.pattern[:, :, 1:, 0].transpose(1, 2)
+    n_q, n_k = layer.pattern.shape[-2:]
+    unseen = ~sink_visible(n_q, n_k, window, device=rate.device)[-(n_q - 1):][:, None] if n_q > 1 else None
+    if unseen is not None and bool(unseen.any()):
+        rate = rate.masked_fill(unseen, float("nan"))
     h = rate.shape[-1]
     return rate.reshape(-1, h), norm.reshape(-1, h)
 
@@ -68,6 +78,7 @@ class NormCurve(CorpusAnalysis):
         edges = torch.linspace(0, 1, n_bins + 1)
         self.per_head = Histogram(edges, (n_layers, n_heads))
         self.per_layer = Histogram(edges, (n_layers,))
+        self.out_of_window = Sum((n_layers,))  # queries ≥ 1 per layer that cannot see the sink
         self.mode = ""
 
     def hook_names(self, model) -> list[str]:
@@ -76,13 +87,15 @@ class NormCurve(CorpusAnalysis):
     def update(self, model, cache, tokens) -> None:
         self.mode = model_mode(model)
         for l in self.layers:
-            rate, norm = sink_rate_and_output_norm(get_attention_layer(model, cache, l, dtype=torch.float64))
+            rate, norm = sink_rate_and_output_norm(get_attention_layer(model, cache, l, dtype=torch.float64), window=sliding_window(model, l))
+            self.out_of_window.total[l] += float(torch.isnan(rate[:, 0]).sum())
             histogram_add_at(self.per_head, l, rate, norm, dim=0)
             histogram_add_at(self.per_layer, l, rate.reshape(-1), norm.reshape(-1), dim=0)
 
     def merge(self, other: "NormCurve") -> "NormCurve":
         self.per_head.merge(other.per_head)
         self.per_layer.merge(other.per_layer)
+        self.out_of_window.merge(other.out_of_window)
         return self
 
     def result(self, min_count: int = 20) -> "NormCurveResult":
@@ -100,7 +113,8 @@ class NormCurve(CorpusAnalysis):
                                            "sink_rate": centres[b], "count": int(c[b]), "mean_norm": m[b], "sem": s[b],
                                            "ci_lo": m[b] - 1.96 * s[b], "ci_hi": m[b] + 1.96 * s[b]})  # fmt: skip
                     fit_rows.append({"scope": scope, "layer": l, "head": h, **quadratic_fit(centres, m, c, min_count)})
-        return NormCurveResult(pd.DataFrame(curve_rows), pd.DataFrame(fit_rows), min_count, self.mode)
+        n_out = {l: int(self.out_of_window.total[l]) for l in self.layers}
+        return NormCurveResult(pd.DataFrame(curve_rows), pd.DataFrame(fit_rows), min_count, self.mode, n_out)
 
 
 @dataclass
@@ -113,6 +127,7 @@ class NormCurveResult:
     fits: pd.DataFrame
     min_count: int
     model_mode: str
+    n_out_of_window: dict = field(default_factory=dict)  # layer → queries left out (sliding window)
 
     def summary(self) -> dict[str, float]:
         """Share of fitted curves (per scope) that are convex and have their argmin inside (0, 1)."""

@@ -10,6 +10,7 @@ Value Zeroing, which costs one forward per source); k ∈ {0.1, …, 0.9} and al
 from __future__ import annotations
 
 from geolens.faithfulness import ALL_METRICS, FRACTIONS, Protocol, claimed_order_holds, faithfulness_curves
+from geolens.report.build import sample_size
 from geolens.report.document import Claim, Section
 from geolens.viz.faithfulness import faithfulness_curves_plot
 
@@ -66,6 +67,12 @@ def claims_from(auc) -> list[Claim]:
     ]
 
 
+def _with_sample(claims: list[Claim], sample: dict) -> list[Claim]:
+    for c in claims:
+        c.numbers["sample"] = sample
+    return claims
+
+
 def build(ctx, analyses: dict) -> Section:
     s = settings(ctx)
     protocol = Protocol(fractions=tuple(s["fractions"]))
@@ -88,6 +95,6 @@ def build(ctx, analyses: dict) -> Section:
         figures=[fig],
         tables=[("area under the curve (bootstrap 95% CI over sequences)", auc)],
         numbers={"curves": result.curves, "auc": auc, "clean": result.clean, "protocol": result.protocol},
-        claims=claims_from(auc),
+        claims=_with_sample(claims_from(auc), sample_size(s["n_sequences"], windows="held-out windows")),
         params={"protocol": result.protocol, "n_sequences": s["n_sequences"], "metrics": list(s["metrics"]), "n_boot": s["n_boot"]},
     )

@@ -12,6 +12,7 @@ import numpy as np
 
 from geolens.interventions.ablation import MeanHeadZ
 from geolens.pruning import RETENTION, AttentionEntropy, pruning_curves, pruning_orders
+from geolens.report.build import sample_size
 from geolens.report.document import Claim, Section
 from geolens.taxonomy import TaxonomyAnalysis
 from geolens.viz.faithfulness import pruning_curves_plot
@@ -28,7 +29,7 @@ def analyses(ctx) -> dict:
     return {"taxonomy": TaxonomyAnalysis(L, H), "entropy": AttentionEntropy(L, H), "mean_z": MeanHeadZ.for_model(ctx.model)}
 
 
-def claims_from(df) -> list[Claim]:
+def claims_from(df, sample: dict | None = None) -> list[Claim]:
     mean = df.groupby("order", sort=False).delta_ppl.mean()
     rand = mean[[o for o in mean.index if o.startswith("random")]]
     regime, random_mean = float(mean["regime"]), float(rand.mean())
@@ -43,7 +44,7 @@ def claims_from(df) -> list[Claim]:
             ),
             holds=bool(regime < random_mean),
             criterion="regime-order mean ΔPPL < mean of the random orders",
-            numbers={"regime": regime, "random": random_mean, **others},
+            numbers={"regime": regime, "random": random_mean, **others, **({"sample": sample} if sample else {})},
         )
     ]
 
@@ -78,6 +79,6 @@ def build(ctx, analyses: dict) -> Section:
         figures=[fig],
         tables=[("ΔPPL per order (rows) and retention (columns)", wide)],
         numbers={"curves": df, "orders": {k: [list(h) for h in v] for k, v in orders.items()}, "clean_ppl": float(np.asarray(df.clean_ppl)[0])},
-        claims=claims_from(df),
+        claims=claims_from(df, sample_size(evaluation.shape[0], windows="held-out windows", n_seeds=len(s["seeds"]))),
         params={"mode": "mean", "retention": list(s["retention"]), "seeds": list(s["seeds"]), "eval_windows": int(evaluation.shape[0]), "reference_windows": int(ref.shape[0])},
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from geolens.report.build import sample_size
 from geolens.report.document import Claim, Section
 from geolens.sinks import DEFAULT_LAMBDAS, NormCurve, SinkGeometry, TokenTypeDecomposition, semantic_drift
 from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
@@ -93,7 +94,8 @@ def claims_from(geometry, decomposition, norm_summary: dict, drift) -> list[Clai
                 ),
                 holds=bool(dppl > 0 and cos_lo > cos_1),
                 criterion="ΔPPL(λ_min) > 0 and low-norm heads' cosine with the cone rises",
-                numbers={"lambda": lo, "delta_ppl": dppl, "cos_cone_low_norm_lambda_min": cos_lo, "cos_cone_low_norm_lambda_1": cos_1},
+                numbers={"lambda": lo, "delta_ppl": dppl, "cos_cone_low_norm_lambda_min": cos_lo, "cos_cone_low_norm_lambda_1": cos_1,
+                         "sample": sample_size(drift.n_sequences)},
             )
         )
     return claims

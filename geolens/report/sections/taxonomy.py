@@ -50,18 +50,36 @@ def build(ctx, analyses: dict) -> Section:
     grid = regime_grid_plot({name: tax}, title=f"Head regimes ({tax.space} space)")
     per_layer = tax.per_layer().reset_index()
     intro = (
-        "For each head and query i, the winner is argmax_j α_ij‖v_j‖. A head whose winners are mostly "
+        "For each head and query i, the winner is argmax_j α_ij‖v_j‖ over the keys i can see (its "
+        "sliding window in a local layer). A head whose winners are mostly "
         "the sink is a <b>Mixer</b>, mostly the current token a <b>Retriever</b>, mostly other tokens a "
-        "<b>Reset</b> head (the largest share decides; no threshold)."
+        "<b>Reset</b> head (the largest share decides; no threshold). For the 'other' winners the most "
+        "frequent relative offset w_i − i is reported; a head whose single offset wins more than half of "
+        "its queries is labelled e.g. <i>Reset (offset −1, 83 %)</i> (a previous-token head, which "
+        "\"no single preferred source\" does not describe). The last table re-counts the winners on "
+        "prefixes of the same windows: how much the regime shares depend on the window length."
     )
     dist = {r: float(tax.distribution[r]) for r in REGIMES}
+    cols = ["layer", "head", "regime", "label", "share_other", "top_offset", "top_offset_share", "top_offset_share_of_other", "n_queries"]
+    flagged = tax.table.loc[tax.table.offset_dominant, cols]
+    by_length = tax.by_length()
+    n_flagged = int(tax.table.offset_dominant.sum())
     return Section(
         key="taxonomy",
         title="Head taxonomy",
         intro=intro,
         figures=[grid],
-        tables=[("regime counts per layer", per_layer)],
-        numbers={"distribution": dist, "heads": tax.table},
+        tables=[
+            ("regime counts per layer", per_layer),
+            (f"offset-dominated heads ({n_flagged} of {tax.regimes.size}: one offset wins > 50 % of the head's queries)", flagged),
+            ("regime shares on window prefixes (share of heads; mean winner shares)", by_length),
+        ],
+        numbers={
+            "distribution": dist,
+            "heads": tax.table,
+            "offset_dominated": {"n_heads": n_flagged, "share_of_heads": n_flagged / tax.regimes.size, "labels": flagged["label"].tolist()},
+            "by_length": by_length,
+        },
         claims=claims_from(tax),
-        params={"space": tax.space, "skip_first_query": True},
+        params={"space": tax.space, "skip_first_query": True, "queries": tax.queries, "prefix_lengths": tax.prefix_lengths},
     )

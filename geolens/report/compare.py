@@ -1,0 +1,284 @@
+"""The cross-model report: two or more saved ``report.json`` side by side (issue 11).
+
+``geolens report --compare runA/report.json runB/report.json --out cmp`` (or
+``geolens report --model smollm2-135m --model gemma3-270m``, which writes each model's report
+under ``--out/<model>/`` first) writes ``compare.html`` (self-contained) and ``compare.json``:
+
+- **one claim table** with a column per model: the measured value, the verdict and the sample
+  size behind it (low-power verdicts marked, :func:`geolens.report.build.sample_size`); a claim a
+  run did not test shows "not run";
+- **figures on shared axes**, redrawn from the numbers in the JSON files (nothing is re-run):
+  the mean sink rate and the mean cos(ṽ_0, ṽ_j) per layer against *relative depth*
+  l / (n_layers − 1) (models of different depths on one axis), the regime shares of the head
+  taxonomy with the share of offset-dominated heads, and F_N of top-N vs random sets against N.
+
+Nothing is averaged across models; every number is the one its own report measured, with the
+run's parameters and versions kept in ``compare.json["runs"]``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from geolens.viz.common import PlotView, new_figure, to_jsonable
+
+REGIMES = ("Mixer", "Retriever", "Reset")
+SELECTION_MAIN = "value/cosine/attention/sink-keep"  # the report's main selection condition
+
+
+def load_report(path: str | Path) -> dict:
+    """A ``report.json`` written by ``geolens report`` (a folder holding one is accepted)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no report.json at {path}: run `geolens report --out <folder>` first")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict) or "geolens_report" not in data or "sections" not in data:
+        raise ValueError(f"{path} is not a geolens report.json (no 'geolens_report' / 'sections' keys)")
+    data["_path"] = str(path)
+    return data
+
+
+def _labels(reports: Sequence[dict]) -> list[str]:
+    names = [str(r.get("params", {}).get("model", f"run{i + 1}")) for i, r in enumerate(reports)]
+    out = []
+    for i, n in enumerate(names):
+        out.append(n if names.count(n) == 1 else f"{n} ({i + 1})")
+    return out
+
+
+def _rows(table) -> list[dict]:
+    if isinstance(table, dict) and "rows" in table:
+        return table["rows"] or []
+    return []
+
+
+def _per_layer(report: dict, column: str) -> tuple[list[float], list[float]] | None:
+    """(relative depth, mean over heads of ``column``) from the sink section's head table."""
+    rows = _rows(report.get("sections", {}).get("sinks", {}).get("numbers", {}).get("geometry_heads"))
+    if not rows or column not in rows[0]:
+        return None
+    layers = sorted({int(r["layer"]) for r in rows})
+    n_layers = int(report.get("params", {}).get("model_config", {}).get("n_layers") or (max(layers) + 1))
+    xs, ys = [], []
+    for l in layers:
+        vals = [r[column] for r in rows if int(r["layer"]) == l and r.get(column) is not None]
+        if vals:
+            xs.append(l / max(n_layers - 1, 1))
+            ys.append(float(np.mean(vals)))
+    return xs, ys
+
+
+def _taxonomy(report: dict) -> dict | None:
+    num = report.get("sections", {}).get("taxonomy", {}).get("numbers", {})
+    if "distribution" not in num:
+        return None
+    out = {r: float(num["distribution"].get(r, 0.0)) for r in REGIMES}
+    dom = num.get("offset_dominated")
+    out["offset-dominated"] = float(dom["share_of_heads"]) if dom else float("nan")
+    return out
+
+
+def _selection(report: dict) -> dict | None:
+    rows = _rows(report.get("sections", {}).get("selection", {}).get("numbers", {}).get("comparison"))
+    rows = [r for r in rows if r.get("condition") == SELECTION_MAIN]
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r["N"])
+    top_key = "top_mean" if "top_mean" in rows[0] else "top"
+    rnd_key = "random_mean" if "random_mean" in rows[0] else "random"
+    if top_key not in rows[0] or rnd_key not in rows[0]:
+        return None
+    return {"N": [int(r["N"]) for r in rows], "top": [r[top_key] for r in rows], "random": [r[rnd_key] for r in rows]}
+
+
+def compare_figures(reports: Sequence[dict], labels: Sequence[str]) -> list[PlotView]:
+    """Figures on shared axes (see the module docstring); a panel is left out if no run has it."""
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    figs = []
+    for column, title, ylim in (
+        ("sink_rate", "Mean sink rate α_i0 per layer", (0, 1)),
+        ("proj_cos_tail", "Mean cos(ṽ_0, ṽ_j) per layer (negative = anti-aligned sink)", (-1, 1)),
+    ):
+        series = {lab: _per_layer(r, column) for lab, r in zip(labels, reports)}
+        series = {k: v for k, v in series.items() if v}
+        if not series:
+            continue
+        fig = new_figure(figsize=(6.4, 3.4))
+        ax = fig.add_subplot(111)
+        for i, (lab, (x, y)) in enumerate(series.items()):
+            ax.plot(x, y, marker="o", ms=3, color=colors[i % len(colors)], label=lab)
+        if ylim[0] < 0:
+            ax.axhline(0, color="#999", lw=0.8)
+        ax.set(xlim=(0, 1), ylim=ylim, xlabel="relative depth l / (n_layers − 1)", ylabel=column, title=title)
+        ax.legend(fontsize=8)
+        figs.append(PlotView(fig, title=title, data={"column": column, "series": {k: {"relative_depth": v[0], "mean": v[1]} for k, v in series.items()}}))
+    tax = {lab: _taxonomy(r) for lab, r in zip(labels, reports)}
+    tax = {k: v for k, v in tax.items() if v}
+    if tax:
+        cats = list(REGIMES) + ["offset-dominated"]
+        fig = new_figure(figsize=(6.4, 3.4))
+        ax = fig.add_subplot(111)
+        width = 0.8 / len(tax)
+        for i, (lab, d) in enumerate(tax.items()):
+            xs = np.arange(len(cats)) + (i - (len(tax) - 1) / 2) * width
+            ax.bar(xs, [d[c] if np.isfinite(d[c]) else 0 for c in cats], width, color=colors[i % len(colors)], label=lab)
+        ax.set_xticks(np.arange(len(cats)), cats)
+        ax.set(ylim=(0, 1), ylabel="share of heads", title="Head taxonomy: regime shares and offset-dominated heads")
+        ax.legend(fontsize=8)
+        figs.append(PlotView(fig, title="Head taxonomy: regime shares", data={"categories": cats, "shares": tax}))
+    sel = {lab: _selection(r) for lab, r in zip(labels, reports)}
+    sel = {k: v for k, v in sel.items() if v}
+    if sel:
+        fig = new_figure(figsize=(6.4, 3.4))
+        ax = fig.add_subplot(111)
+        for i, (lab, d) in enumerate(sel.items()):
+            c = colors[i % len(colors)]
+            ax.plot(d["N"], d["top"], marker="o", color=c, label=f"{lab}: top-N")
+            ax.plot(d["N"], d["random"], marker="x", ls="--", color=c, label=f"{lab}: random")
+        ax.set_xscale("log", base=2)
+        ax.set(ylim=(0, 1), xlabel="N", ylabel="F_N", title=f"Selection separability ({SELECTION_MAIN})")
+        ax.legend(fontsize=8)
+        figs.append(PlotView(fig, title="Selection separability F_N", data={"condition": SELECTION_MAIN, "series": sel}))
+    return figs
+
+
+def compare_claims(reports: Sequence[dict], labels: Sequence[str]) -> list[dict]:
+    """One row per (section, claim) in the order first met, with each model's result."""
+    rows: dict[tuple[str, str], dict] = {}
+    for lab, rep in zip(labels, reports):
+        for c in rep.get("claims", []):
+            key = (c.get("section", ""), c["claim"])
+            row = rows.setdefault(key, {"section": key[0], "claim": c["claim"], "source": c.get("source", ""), "criterion": c.get("criterion", ""), "models": {}})
+            sample = (c.get("numbers") or {}).get("sample")
+            row["models"][lab] = {"measured": c["measured"], "verdict": c["verdict"], "holds": c["holds"], "sample": sample}
+    for row in rows.values():
+        for lab in labels:
+            row["models"].setdefault(lab, None)
+        verdicts = {m["verdict"] for m in row["models"].values() if m}
+        row["agree"] = len(verdicts) == 1 and all(row["models"].values())
+    return list(rows.values())
+
+
+def compare_reports(reports: Sequence[dict]) -> dict[str, Any]:
+    """The comparison as JSON-ready data (claims, figure numbers, the runs' parameters)."""
+    if len(reports) < 2:
+        raise ValueError(f"a comparison needs at least two reports, got {len(reports)}")
+    labels = _labels(reports)
+    claims = compare_claims(reports, labels)
+    figs = compare_figures(reports, labels)
+    out = {
+        "geolens_compare": 1,
+        "models": labels,
+        "runs": {
+            lab: {"path": r.get("_path"), "params": r.get("params", {}), "versions": r.get("versions", {}), "created": r.get("created")}
+            for lab, r in zip(labels, reports)
+        },
+        "claims": claims,
+        "figures": [{"title": f.title, "data": f.data} for f in figs],
+    }
+    return {"data": to_jsonable(out), "figures": figs}
+
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 24px auto;
+       max-width: 1300px; padding: 0 16px; color: #222; line-height: 1.45; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 32px; }
+.meta { color: #555; font-size: 0.9em; }
+table.geolens-table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0 16px 0; }
+table.geolens-table th, table.geolens-table td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+table.geolens-table th { background: #f4f4f4; }
+.holds { color: #11772d; font-weight: bold; } .fails { color: #b3261e; font-weight: bold; } .descriptive { color: #555; }
+.lowpower { background: #fff4d6; color: #7a5300; font-size: 0.85em; padding: 0 4px; border-radius: 3px; }
+.sample { color: #555; font-size: 0.85em; } .differs { background: #fdf1f0; }
+figure { display: inline-block; margin: 8px; } figure img { max-width: 620px; border: 1px solid #eee; }
+figcaption { font-size: 0.85em; color: #555; }
+"""
+
+
+def _cell(m: dict | None) -> str:
+    if m is None:
+        return '<td class="descriptive">not run</td>'
+    cls = {True: "holds", False: "fails", None: "descriptive"}[m["holds"]]
+    sample = m.get("sample") or {}
+    measured = m["measured"]
+    tail = ""
+    if sample:
+        n = f"n = {sample.get('n_windows')} {html.escape(str(sample.get('windows', 'windows')))}"
+        if sample.get("n_seeds") is not None:
+            n += f", {sample['n_seeds']} seed(s)"
+        tail = f'<br><span class="sample">{n}</span>'
+        if sample.get("low_power"):
+            tail += f' <span class="lowpower" title="{html.escape(sample.get("low_power_reason", ""))}">low power</span>'
+        marker = measured.rfind(" [n = ")
+        if marker > 0:
+            measured = measured[:marker]  # the sample is shown separately
+    return f'<td><span class="{cls}">{html.escape(m["verdict"])}</span><br>{html.escape(measured)}{tail}</td>'
+
+
+def render_compare_html(cmp: dict) -> str:
+    """One self-contained page: the claim table with a column per model, then the figures."""
+    data, figs = cmp["data"], cmp["figures"]
+    labels = data["models"]
+    runs = data["runs"]
+    meta = "<br>".join(
+        f"<b>{html.escape(lab)}</b>: {html.escape(str(r['params'].get('corpus')))}, "
+        f"{r['params'].get('n_sequences')} windows × {r['params'].get('seq_len')} tokens"
+        f"{' (quick)' if r['params'].get('quick') else ''}, model mode {html.escape(str(r['versions'].get('model_mode', '?')))}, "
+        f"geolens {html.escape(str(r['versions'].get('geolens', '?')))}; from <code>{html.escape(str(r.get('path')))}</code>"
+        for lab, r in runs.items()
+    )
+    head = "<tr><th>paper claim</th><th>source</th><th>criterion</th>" + "".join(f"<th>{html.escape(l)}</th>" for l in labels) + "</tr>"
+    body = []
+    for row in data["claims"]:
+        cls = "" if row["agree"] else ' class="differs"'
+        body.append(
+            f"<tr{cls}><td>{html.escape(row['claim'])}<br><span class=\"sample\">{html.escape(row['section'])}</span></td>"
+            f"<td>{html.escape(row['source'])}</td><td>{html.escape(row['criterion'])}</td>"
+            + "".join(_cell(row["models"][l]) for l in labels)
+            + "</tr>"
+        )
+    n_low = sum(1 for row in data["claims"] for m in row["models"].values() if m and (m.get("sample") or {}).get("low_power"))
+    fig_html = "".join(
+        f'<figure><img alt="{html.escape(f.title)}" src="data:image/png;base64,{f.to_base64_png()}"><figcaption>{html.escape(f.title)}</figcaption></figure>'
+        for f in figs
+    )
+    return "\n".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            f"<title>geolens cross-model report: {html.escape(' vs '.join(labels))}</title>",
+            f"<style>{_CSS}</style></head><body>",
+            f"<h1>geolens cross-model report: {html.escape(' vs '.join(labels))}</h1>",
+            f'<p class="meta">{meta}<br>Every number is the one its own report measured; all are in <code>compare.json</code>.</p>',
+            '<section id="claims"><h2>Paper claim → measured, per model</h2>',
+            "<p>Rows whose verdicts differ between the models are shaded. A verdict resting on fewer than 20 "
+            f"windows or on one seed is marked <span class=\"lowpower\">low power</span> ({n_low} here).</p>",
+            f'<table class="geolens-table claims">{head}{"".join(body)}</table></section>',
+            '<section id="figures"><h2>Figures on shared axes</h2>',
+            "<p>Layers are placed at their relative depth so that models of different depths share one axis.</p>",
+            fig_html or "<p>No section with figures is common to these runs.</p>",
+            "</section></body></html>\n",
+        ]
+    )
+
+
+def write_comparison(reports: Sequence[dict], out: str | Path) -> dict[str, Path]:
+    """Write ``compare.html`` and ``compare.json`` into the folder ``out``."""
+    cmp = compare_reports(reports)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    html_path, json_path = out / "compare.html", out / "compare.json"
+    html_path.write_text(render_compare_html(cmp), encoding="utf-8")
+    json_path.write_text(json.dumps(cmp["data"], indent=1, allow_nan=False), encoding="utf-8")
+    for f in cmp["figures"]:
+        f.close()
+    return {"html": html_path, "json": json_path}
