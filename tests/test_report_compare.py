@@ -104,12 +104,18 @@ def test_compare_saved_runs_gives_the_same_table(two_models, tmp_path, capsys):
     assert again["claims"] == first["claims"] and again["figures"] == first["figures"]
 
 
-def test_bad_comparisons_are_refused(two_models, tmp_path):
+def _usage_error(capsys, argv, match):
+    """A user error: exit code 2 and one line on stderr (the CLI convention, issue 12)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and re.search(match, err), err
+
+
+def test_bad_comparisons_are_refused(two_models, tmp_path, capsys):
     one = str(two_models / "tiny-gqa" / "report.json")
-    with pytest.raises(SystemExit, match="at least two"):
-        main(["report", "--compare", one, "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="not both"):
-        main(["report", "--compare", one, one, "--model", "tiny-gqa", "--out", str(tmp_path)])
+    _usage_error(capsys, ["report", "--compare", one, "--out", str(tmp_path)], "at least two")
+    _usage_error(capsys, ["report", "--compare", one, one, "--model", "tiny-gqa", "--out", str(tmp_path)], "not both")
+    _usage_error(capsys, ["report", "--compare", one, str(tmp_path / "missing.json"), "--out", str(tmp_path)], "no such report.json")
     with pytest.raises(FileNotFoundError, match="no report.json"):
         load_report(tmp_path / "nothing")
     (tmp_path / "x.json").write_text('{"a": 1}')
@@ -123,8 +129,7 @@ def test_bad_comparisons_are_refused(two_models, tmp_path):
     # the same model twice gets distinct column labels
     twice = compare_reports([load_report(one), load_report(one)])["data"]
     assert twice["models"] == ["tiny-gqa (1)", "tiny-gqa (2)"]
-    with pytest.raises(SystemExit, match="same name"):
-        main(["report", "--model", "tiny-gqa", "--model", "tiny-gqa", "--out", str(tmp_path)])
+    _usage_error(capsys, ["report", "--model", "tiny-gqa", "--model", "tiny-gqa", "--out", str(tmp_path)], "same name")
 
 
 def test_compare_reads_the_report_main_selection_condition():
