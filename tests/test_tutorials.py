@@ -10,10 +10,6 @@ inlined 1.3 MB circuitsvis bundle).
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,25 +17,15 @@ import pytest
 TUTORIALS = sorted((Path(__file__).parent.parent / "tutorials").glob("[0-9][0-9]_*.ipynb"))
 
 
-def _same_python(cmd: str) -> bool:
-    if cmd in ("python", f"python{sys.version_info[0]}", "python%i.%i" % sys.version_info[:2]):
-        return True  # jupyter_client starts such kernels with sys.executable
-    found = shutil.which(cmd)
-    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
-
-
 def _kernel_name() -> str:
-    """``python3`` if that kernel runs this interpreter, else a kernel registered for it."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    """The kernel ``scripts/run_tutorials.py`` uses (one definition for the script and the test)."""
+    import importlib.util
 
-    try:
-        if _same_python(KernelSpecManager().get_kernel_spec("python3").argv[0]):
-            return "python3"
-    except NoSuchKernel:
-        pass
-    cmd = [sys.executable, "-m", "ipykernel", "install", "--user", "--name", "geolens-tests"]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return "geolens-tests"
+    path = Path(__file__).parent.parent / "scripts" / "run_tutorials.py"
+    spec = importlib.util.spec_from_file_location("run_tutorials", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.kernel_name()
 
 
 def test_there_are_tutorials():
