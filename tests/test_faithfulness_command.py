@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geolens.commands.faithfulness import auc_markdown, parse_layers
+from geolens.commands.faithfulness import auc_markdown, pairs_markdown, parse_fractions, parse_layers, run
 from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot, pruning_curves_plot, sensitivity_map_plot
 
 
@@ -16,15 +16,40 @@ def test_parse_layers():
     assert parse_layers("-2,-1", 30) == (28, 29)
     assert parse_layers("20-23", 30) == (20, 21, 22, 23)
     assert parse_layers("3,1,3", 30) == (1, 3)
+    assert parse_layers("early", 30) == tuple(range(10)) and parse_layers("late", 30) == tuple(range(20, 30))
+    with pytest.raises(ValueError, match="layer 30 out of range for a model with 30 layers"):
+        parse_layers("30", 30)
+    with pytest.raises(ValueError, match="not a layer index"):
+        parse_layers("top", 30)
+
+
+def test_parse_fractions_and_bad_input_exit_2(capsys):
+    import argparse
+
+    assert parse_fractions("0.5,0.01") == (0.01, 0.5)
+    for bad in ("0,0.5", "0.5,1", "1.5", "x"):
+        with pytest.raises(ValueError, match="--fractions"):
+            parse_fractions(bad)
+    args = argparse.Namespace(fractions="0.2,1.2", metrics="", n_sequences=1, block=1, chunk_size=1, n_boot=10)
+    assert run(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "geolens faithfulness: error: --fractions must lie in (0, 1), got [1.2]"
+    args.fractions, args.metrics = "0.5", "attention,random"
+    assert run(args) == 2
+    assert "unknown metrics ['attention']" in capsys.readouterr().err and "\n" not in err
 
 
 def test_auc_markdown_and_figures(tmp_path):
     curves = pd.DataFrame(
-        [dict(metric=m, direction=d, fraction=k, delta_ppl_mean=k * (i + 1), delta_ppl_sem=0.1, delta_logprob_mean=-k, delta_logprob_sem=0.01)
+        [dict(metric=m, direction=d, fraction=k, delta_ppl=k * (i + 1), delta_ppl_lo=k * (i + 1) - 0.1, delta_ppl_hi=k * (i + 1) + 0.1,
+              delta_logprob=-k, delta_logprob_lo=-k - 0.01, delta_logprob_hi=-k + 0.01)
          for i, m in enumerate(["raw_attention", "contribution", "random"]) for d in ("comprehensiveness", "sufficiency") for k in (0.1, 0.5, 0.9)]
     )  # fmt: skip
     view = faithfulness_curves_plot(curves, "delta_ppl", subtitle="protocol: test")
-    assert np.allclose(view.data["comprehensiveness/contribution"]["mean"], [0.2, 1.0, 1.8])
+    assert np.allclose(view.data["comprehensiveness/contribution"]["value"], [0.2, 1.0, 1.8])
+    pairs = pd.DataFrame([dict(a="raw_attention", b="contribution", direction="sufficiency", quantity="delta_ppl",
+                               auc_diff=0.5, ci_low=0.1, ci_high=0.9, verdict="holds", claimed=False)])  # fmt: skip
+    assert "| raw_attention → contribution | sufficiency | delta_ppl | +0.5 | [+0.1, +0.9] | holds |" in pairs_markdown(pairs)
     assert view.save(tmp_path / "c.png").stat().st_size > 1000
     auc = pd.DataFrame([dict(metric="random", direction="sufficiency", quantity="delta_ppl", auc=1.23456, ci_low=1.0, ci_high=1.5)])
     assert "| random | sufficiency | delta_ppl | 1.2346 | [1.0000, 1.5000] |" in auc_markdown(auc)

@@ -1,20 +1,25 @@
 """``geolens faithfulness``: comprehensiveness / sufficiency curves and MC accuracy under masks.
 
-Example (the README run)::
+The primary protocol (the defaults; SPEC §3, issue 10): every layer masked at once, ``query``
+ranking (all (head, source) terms of a query on the inter-head scale), sink and current token
+removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every prediction after the first
+8 positions scored. Example (the README run)::
 
-    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness
+    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/smollm2-135m
 
-Writes ``per_sequence.csv``, ``curves.csv``, ``auc.csv``, ``auc.md``, ``clean.csv``,
-``protocol.json``, ``curves_delta_ppl.png``, ``curves_delta_logprob.png`` and, with a
-multiple-choice task, ``mc.csv`` and ``mc.png`` under ``--out``. The protocol is printed first.
-Sequences are processed in blocks; after each block every table and figure is rewritten for the
-sequences done so far (``protocol.json`` records how many), so an interrupted run keeps a
-consistent set. ``--n-sequences 0`` runs only the multiple-choice part.
+Writes under ``--out``: ``summary.json`` (protocol, clean PPL, range check, AUCs, the paired
+differences with their verdicts), ``per_sequence.csv`` (each document's mean NLL under each mask),
+``clean.csv``, ``curves.csv``, ``auc.csv``, ``pairs.csv``, ``pairs.md``,
+``curves_delta_ppl.png``, ``curves_delta_logprob.png`` and, with ``--mc-task``, ``mc.csv`` and
+``mc.png``. The protocol and the range check are printed first. Documents are processed in
+blocks; after each block every table and figure is rewritten for the documents done so far, and
+``--resume`` continues an interrupted run from its ``per_sequence.csv`` (same protocol only).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -22,18 +27,47 @@ import pandas as pd
 
 
 def parse_layers(text: str, n_layers: int) -> tuple[int, ...] | None:
-    """``"all"``, ``"28,29"``, ``"20-29"`` or negative indices (``"-2,-1"``)."""
+    """``"all"``, ``"early"``/``"middle"``/``"late"`` (thirds), ``"28,29"``, ``"20-29"`` or negative
+    indices (``"-2,-1"``); a layer outside [−n, n) is an error."""
+    from geolens.faithfulness import LAYER_GROUPS, layer_group
+
+    text = text.strip()
     if text == "all":
         return None
+    if text in LAYER_GROUPS:
+        return layer_group(text, n_layers)
     out = []
+
+    def index(s: str) -> int:
+        try:
+            l = int(s)
+        except ValueError:
+            raise ValueError(f"--layers: {s!r} is not a layer index (use 'all', early/middle/late, '3,5' or '20-29')") from None
+        if not -n_layers <= l < n_layers:
+            raise ValueError(f"--layers: layer {l} out of range for a model with {n_layers} layers")
+        return l % n_layers
+
     for part in text.split(","):
         part = part.strip()
         if "-" in part[1:]:
             a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
-            out += range(int(a) % n_layers, int(b) % n_layers + 1)
+            out += range(index(a), index(b) + 1)
         else:
-            out.append(int(part) % n_layers)
+            out.append(index(part))
+    if not out:
+        raise ValueError(f"--layers {text!r} names no layer")
     return tuple(sorted(set(out)))
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        fr = tuple(float(k) for k in text.split(","))
+    except ValueError:
+        raise ValueError(f"--fractions must be comma-separated numbers, got {text!r}") from None
+    bad = [k for k in fr if not 0.0 < k < 1.0]
+    if bad:
+        raise ValueError(f"--fractions must lie in (0, 1), got {bad}")
+    return tuple(sorted(set(fr)))
 
 
 def auc_markdown(auc: pd.DataFrame) -> str:
@@ -43,21 +77,36 @@ def auc_markdown(auc: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _save_all(result, out: Path) -> None:
-    """Tables, AUC (markdown too), the claimed-order check and both curve figures."""
-    from geolens.faithfulness import claimed_order_holds, paired_auc_differences
+def pairs_markdown(pairs: pd.DataFrame) -> str:
+    """One row per (a, b, direction, quantity): paired ΔAUC (positive: b more faithful), CI, verdict."""
+    lines = ["| a → b | direction | quantity | ΔAUC (b − a, faithful +) | 95% paired CI | verdict |", "|---|---|---|---:|---|---|"]
+    for r in pairs.itertuples():
+        step = f"{r.a} → {r.b}" + (" (claimed)" if r.claimed else "")
+        lines.append(f"| {step} | {r.direction} | {r.quantity} | {r.auc_diff:+.4g} | [{r.ci_low:+.4g}, {r.ci_high:+.4g}] | {r.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def range_text(rc: dict) -> str:
+    parts = []
+    if rc.get("random_delta_ppl_at_max_fraction") is not None:
+        parts.append(f"random ranking at k = {rc['max_fraction']}: ΔPPL {rc['random_delta_ppl_at_max_fraction']:+.4g} "
+                     f"({100 * rc['random_delta_ppl_rel_at_max_fraction']:+.2f} % of the clean PPL {rc['clean_ppl']:.4g})")  # fmt: skip
+    if "sink_only_delta_ppl" in rc:
+        parts.append(f"sink alone removed: ΔPPL {rc['sink_only_delta_ppl']:+.4g} ({100 * rc['sink_only_delta_ppl_rel']:+.2f} %)")
+    parts.append("range OK" if rc.get("has_range") else f"NO RANGE (random < {100 * rc['threshold_rel']:.0f} %): no claim decided")
+    return "range check: " + "; ".join(parts)
+
+
+def _save_all(result, out: Path) -> list[dict]:
+    """Tables, summary, the claimed-order verdicts and both curve figures."""
+    from geolens.faithfulness import claimed_order_holds
     from geolens.viz.faithfulness import faithfulness_curves_plot
 
     result.save(out)
-    auc = result.auc()
-    (out / "auc.md").write_text(result.protocol_text() + "\n\n" + auc_markdown(auc), encoding="utf-8")
-    checks = [claimed_order_holds(auc, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
-    (out / "claimed_order.json").write_text(json.dumps(checks, indent=2))
-    paired = paired_auc_differences(result, n_boot=result.n_boot)
-    paired.to_csv(out / "auc_paired_vs_raw.csv", index=False)
-    lines = ["| metric − raw attention | direction | quantity | ΔAUC | 95% paired CI |", "|---|---|---|---:|---|"]
-    lines += [f"| {r.metric} | {r.direction} | {r.quantity} | {r.auc_difference:+.4f} | [{r.ci_low:+.4f}, {r.ci_high:+.4f}] |" for r in paired.itertuples()]
-    (out / "auc_paired_vs_raw.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pairs = result.pairs()
+    text = result.protocol_text() + "\n\n" + range_text(result.range_check()) + "\n\n"
+    (out / "pairs.md").write_text(text + pairs_markdown(pairs) + "\n" + auc_markdown(result.auc()), encoding="utf-8")
+    checks = [claimed_order_holds(pairs, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
     if (out / "mc.csv").exists():
         from geolens.viz.faithfulness import mc_accuracy_plot
 
@@ -65,7 +114,7 @@ def _save_all(result, out: Path) -> None:
         info = json.loads((out / "mc_protocol.json").read_text()) if (out / "mc_protocol.json").exists() else {}
         p = info.get("protocol", {})
         view = mc_accuracy_plot(mc, subtitle=f"{info.get('task', '')}, {info.get('n_questions', '?')} questions; layers masked {p.get('layers')}, "
-                                f"sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
+                                f"ranking {p.get('ranking')}, sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
         view.save(out / "mc.png", dpi=80)
         view.close()
     for q in ("delta_ppl", "delta_logprob"):
@@ -75,20 +124,41 @@ def _save_all(result, out: Path) -> None:
     return checks
 
 
-def _language_modelling(model, args, protocol, metrics, out: Path) -> None:
+def _resume_state(out: Path, protocol_dict: dict, n_total: int):
+    """(per_sequence, clean) already in ``out`` for the same protocol, or (None, None)."""
+    if not (out / "per_sequence.csv").exists() or not (out / "summary.json").exists():
+        return None, None
+    p = json.loads((out / "summary.json").read_text())["protocol"]
+    same = (p["layers"] == protocol_dict["layers"] and p["ranking_scope"] == protocol_dict["ranking"]
+            and p["allow_sink"] == protocol_dict["allow_sink"] and p["allow_current"] == protocol_dict["allow_current"]
+            and p["mode"] == protocol_dict["mode"] and list(p["fractions"]) == list(protocol_dict["fractions"])
+            and p["skip_prefix"] == protocol_dict["skip_prefix"])  # fmt: skip
+    if not same:
+        raise ValueError(f"--resume: {out}/summary.json was made with another protocol; use a new --out")
+    per, clean = pd.read_csv(out / "per_sequence.csv", keep_default_na=False), pd.read_csv(out / "clean.csv")
+    per["fraction"] = per["fraction"].astype(float)
+    return per, clean
+
+
+def _language_modelling(model, args, protocol, metrics, out: Path):
     from geolens.data import corpus_windows
     from geolens.faithfulness import FaithfulnessResult, faithfulness_curves
 
     tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
     t0 = time.time()
-    parts, cleans = [], []
-    for start in range(0, tokens.shape[0], args.block):
+    parts, cleans, start0, spent = [], [], 0, 0.0
+    if args.resume:
+        per, clean = _resume_state(out, protocol.to_dict(model), tokens.shape[0])
+        if per is not None:
+            parts, cleans, start0 = [per], [clean], len(clean)
+            spent = float(json.loads((out / "summary.json").read_text()).get("meta", {}).get("seconds", 0.0))
+            print(f"resuming after {start0} documents already in {out}", flush=True)
+    result = None
+    for start in range(start0, tokens.shape[0], args.block):
         res = faithfulness_curves(
             model, tokens[start : start + args.block], protocol, metrics,
-            chunk_size=args.chunk_size, seed=args.seed + start, progress=True, n_boot=args.n_boot,
+            chunk_size=args.chunk_size, seed=args.seed, progress=True, n_boot=args.n_boot, first_sequence=start,
         )  # fmt: skip
-        res.per_sequence["sequence"] += start
-        res.clean["sequence"] += start
         parts.append(res.per_sequence)
         cleans.append(res.clean)
         done = start + len(res.clean)
@@ -97,48 +167,73 @@ def _language_modelling(model, args, protocol, metrics, out: Path) -> None:
             clean=pd.concat(cleans, ignore_index=True), n_boot=args.n_boot,
             meta=dict(n_sequences=done, n_sequences_requested=int(tokens.shape[0]), seq_len=int(tokens.shape[1]),
                       metrics=list(metrics), seed=args.seed, model=args.model, corpus=args.corpus,
-                      seconds=round(time.time() - t0, 1), complete=done == tokens.shape[0]),
+                      seconds=round(spent + time.time() - t0, 1), complete=done == tokens.shape[0],
+                      command="geolens faithfulness " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "geolens faithfulness"),
         )  # fmt: skip
         checks = _save_all(result, out)  # every block: an interrupted run keeps a consistent set
-        print(f"  {done} / {tokens.shape[0]} sequences, {time.time() - t0:.0f} s (saved)", flush=True)
+        print(f"  {done} / {tokens.shape[0]} documents, {time.time() - t0:.0f} s (saved)", flush=True)
+    if result is None:  # everything was already done: rewrite the tables from the saved results
+        result = FaithfulnessResult.load(out, n_boot=args.n_boot)
+        checks = _save_all(result, out)
     print(result)
+    print(range_text(result.range_check()))
     for c in checks:
         print(f"paper A order raw < value-weighted < output-normalised < contribution, {c['direction']} {c['quantity']}: "
               f"{'holds' if c['holds'] else 'does NOT hold'} {c['pairs']}")  # fmt: skip
+    return result
+
+
+def _error(msg: str) -> int:
+    print(f"geolens faithfulness: error: {msg}", file=sys.stderr)
+    return 2
 
 
 def run(args) -> int:
-    import torch
-
     from geolens.faithfulness import ALL_METRICS, Protocol
-    from geolens.models import load_model
-    from geolens.viz.faithfulness import mc_accuracy_plot
 
-    if args.replot:  # tables and figures again from the saved per-sequence results, no model
+    try:
+        fractions = parse_fractions(args.fractions)
+        metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else DEFAULT_METRICS
+        unknown = [m for m in metrics if m not in ALL_METRICS]
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown}; choose from {list(ALL_METRICS)}")
+        if args.n_sequences < 0 or args.block < 1 or args.chunk_size < 1 or args.n_boot < 1:
+            raise ValueError("--n-sequences must be ≥ 0 and --block, --chunk-size, --n-boot ≥ 1")
+    except ValueError as e:
+        return _error(str(e))
+    if args.replot:  # tables and figures again from the saved per-document results, no model
         from geolens.faithfulness import FaithfulnessResult
 
-        result = FaithfulnessResult.load(args.out, n_boot=args.n_boot)
-        for c in _save_all(result, Path(args.out)):
+        replot = Path(args.out or f"docs/faithfulness/{args.model}")
+        result = FaithfulnessResult.load(replot, n_boot=args.n_boot)
+        for c in _save_all(result, replot):
             print(c)
         print(result)
         return 0
+    import torch
+
+    from geolens.models import load_model
+    from geolens.viz.faithfulness import mc_accuracy_plot
+
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     model = load_model(args.model)
-    metrics = tuple(args.metrics.split(",")) if args.metrics else ALL_METRICS
-    protocol = Protocol(
-        layers=parse_layers(args.layers, model.cfg.n_layers),
-        allow_sink=args.allow_sink,
-        allow_current=args.allow_current,
-        mode=args.mode,
-        fractions=tuple(float(k) for k in args.fractions.split(",")),
-        n_scored=args.n_scored or None,
-    )
+    try:
+        protocol = Protocol(
+            layers=parse_layers(args.layers, model.cfg.n_layers), ranking=args.ranking,
+            allow_sink=not args.protect_sink, allow_current=not args.protect_current, mode=args.mode,
+            fractions=fractions, skip_prefix=args.skip_prefix,
+        )  # fmt: skip
+        if args.skip_prefix >= args.seq_len - 1:
+            raise ValueError(f"--skip-prefix {args.skip_prefix} leaves no prediction in {args.seq_len} tokens")
+    except ValueError as e:
+        return _error(str(e))
+    out = Path(args.out or f"docs/faithfulness/{args.model}")
+    out.mkdir(parents=True, exist_ok=True)
     print(protocol.describe(model))
-    print(f"model {args.model}, corpus {args.corpus}: {args.n_sequences} sequences × {args.seq_len} tokens; metrics {list(metrics)}")
+    print(f"model {args.model}, corpus {args.corpus}: {args.n_sequences} documents × {args.seq_len} tokens; metrics {list(metrics)}; "
+          f"{args.chunk_size} masks per forward; torch threads {torch.get_num_threads()}", flush=True)  # fmt: skip
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
     if args.mc_task and args.mc_questions > 0:
@@ -146,8 +241,8 @@ def run(args) -> int:
 
         questions = load_questions(args.mc_task, max_questions=args.mc_questions)
         mc_protocol = Protocol(
-            layers=protocol.layers, allow_sink=protocol.allow_sink, allow_current=protocol.allow_current,
-            mode=protocol.mode, fractions=tuple(float(k) for k in args.mc_fractions.split(",")),
+            layers=protocol.layers, ranking=protocol.ranking, allow_sink=protocol.allow_sink,
+            allow_current=protocol.allow_current, mode=protocol.mode, fractions=parse_fractions(args.mc_fractions),
         )  # fmt: skip
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
@@ -162,28 +257,37 @@ def run(args) -> int:
     return 0
 
 
+# the primary run leaves Value Zeroing out by default: it costs one forward per source token
+DEFAULT_METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "random")
+
+
 def register(subparsers) -> None:
+    from geolens.faithfulness import FRACTIONS
+    from geolens.interventions.masking import RANKING_SCOPES
+
     p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (SPEC §3)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--corpus", default="lee", help="offline corpus (lee, enwiki), a file, or hf:<name>")
-    p.add_argument("--n-sequences", type=int, default=100, help="0 skips the language-modelling curves")
+    p.add_argument("--n-sequences", type=int, default=100, help="documents (windows); 0 skips the language-modelling curves")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--layers", default="-1", help="layers masked together: 'all', '28,29', '20-29', '=-2,-1' (default: the last layer)")
-    p.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
-    p.add_argument("--metrics", default="", help="comma-separated subset of the six metrics (default: all)")
-    p.add_argument("--mode", default="intra", choices=["intra", "inter"], help="output norm of c and the output-normalised metric")
-    p.add_argument("--allow-sink", action="store_true", help="let position 0 be removed")
-    p.add_argument("--allow-current", action="store_true", help="let the query's own token be removed")
-    p.add_argument("--n-scored", type=int, default=16, help="score only the last N predictions of each sequence (0: all)")
-    p.add_argument("--mc-task", default="bigbench:general_knowledge", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, or '' to skip")
+    p.add_argument("--layers", default="all", help="layers masked together: 'all' (primary), 'early'/'middle'/'late' (thirds), '29', '20-29', '-2,-1'")
+    p.add_argument("--ranking", default="query", choices=list(RANKING_SCOPES), help="terms ranked together: per (layer, head, query) row, per query across heads (primary), per source summed over heads")
+    p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="removal fractions k, each in (0, 1)")
+    p.add_argument("--metrics", default="", help=f"comma-separated metrics (default: {','.join(DEFAULT_METRICS)}; value_zeroing costs a forward per source)")
+    p.add_argument("--mode", default="inter", choices=["intra", "inter"], help="output norm of c and the output-normalised metric: the layer's (inter, primary) or the head's")
+    p.add_argument("--protect-sink", action="store_true", help="never remove position 0 (secondary protocol)")
+    p.add_argument("--protect-current", action="store_true", help="never remove the query's own token (secondary protocol)")
+    p.add_argument("--skip-prefix", type=int, default=8, help="score every prediction after the first N positions")
+    p.add_argument("--mc-task", default="", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, or '' to skip (default)")
     p.add_argument("--mc-questions", type=int, default=25)
     p.add_argument("--mc-fractions", default="0.1,0.5,0.9")
-    p.add_argument("--chunk-size", type=int, default=108, help="masks per batched forward (108 = a whole curve set)")
+    p.add_argument("--chunk-size", type=int, default=12, help="masks per batched forward")
     p.add_argument("--mc-chunk-size", type=int, default=60)
-    p.add_argument("--block", type=int, default=10, help="sequences per saved block")
+    p.add_argument("--block", type=int, default=5, help="documents per saved block")
+    p.add_argument("--resume", action="store_true", help="continue the run already in --out (same protocol)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
-    p.add_argument("--out", default="docs/faithfulness")
+    p.add_argument("--out", default="", help="output folder (default: docs/faithfulness/<model>)")
     p.set_defaults(func=run)

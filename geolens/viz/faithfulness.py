@@ -18,6 +18,7 @@ METRIC_STYLE = {
     "value_weighted": ("value-weighted α‖ṽ‖", "#1f77b4"),
     "output_normalized": ("output-normalised α‖ṽ‖/‖o‖", "#2ca02c"),
     "contribution": ("contribution weights c", "#d62728"),
+    "contribution_abs": ("|contribution weights| |c|", "#ff7f0e"),
     "value_zeroing": ("Value Zeroing", "#9467bd"),
     "random": ("random", "#000000"),
 }
@@ -29,7 +30,12 @@ def _label(metric: str) -> tuple[str, str]:
 
 
 def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", *, subtitle: str = "") -> PlotView:
-    """Comprehensiveness and sufficiency side by side: mean ± s.e.m. over sequences vs k."""
+    """Comprehensiveness and sufficiency side by side: corpus-level value vs k with its 95% CI band.
+
+    ``curves`` is :attr:`geolens.faithfulness.FaithfulnessResult.curves` (columns ``quantity``,
+    ``quantity_lo``, ``quantity_hi``); the k axis is logarithmic, so the steep start of
+    all-layer curves (k = 0.01 … 0.1) is visible.
+    """
     fig = new_figure(figsize=(10, 4))
     axes = fig.subplots(1, 2, sharey=False)
     data = {}
@@ -37,14 +43,18 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
         sub = curves[curves.direction == direction]
         for metric, df in sub.groupby("metric", sort=False):
             name, color = _label(metric)
-            x, y, e = df.fraction.to_numpy(), df[f"{quantity}_mean"].to_numpy(), df[f"{quantity}_sem"].to_numpy()
+            x, y = df.fraction.to_numpy(), df[quantity].to_numpy()
+            lo, hi = df[f"{quantity}_lo"].to_numpy(), df[f"{quantity}_hi"].to_numpy()
             ax.plot(x, y, marker="o", ms=3, label=name, color=color, ls="--" if metric == "random" else "-")
-            ax.fill_between(x, y - e, y + e, color=color, alpha=0.15)
-            data[f"{direction}/{metric}"] = dict(fraction=x, mean=y, sem=e)
+            ax.fill_between(x, lo, hi, color=color, alpha=0.15)
+            data[f"{direction}/{metric}"] = dict(fraction=x, value=y, ci_low=lo, ci_high=hi)
         better = "higher = more faithful" if (direction == "comprehensiveness") == (quantity == "delta_ppl") else "lower = more faithful"
         ax.set_title(f"{direction} ({better})", fontsize=10)
-        ax.set_xlabel("fraction k of sources removed per (layer, head, query)")
-        ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity))
+        ax.set_xscale("log")
+        ax.set_xlabel("fraction k of terms removed per ranking group")
+        ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity) + " (corpus, 95% CI)")
+        if quantity == "delta_ppl" and len(sub) and sub[quantity].abs().max() > 50:
+            ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if subtitle:
