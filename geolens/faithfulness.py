@@ -95,6 +95,7 @@ LayerGroup = Literal["all", "early", "middle", "late"]
 LAYER_GROUPS: tuple[str, ...] = get_args(LayerGroup)
 FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 MIN_RANGE = 0.01  # the random ranking must move corpus PPL by ≥ 1 % (relative) at the largest k
+MIN_DOCUMENTS = 5  # fewer documents: a bootstrap over documents is degenerate, no verdict
 # pairs (a, b) compared: the claimed order's steps first, then the overall gap and the controls
 PAIRS = (
     ("raw_attention", "value_weighted"),
@@ -422,11 +423,14 @@ def faithfulness_sign(direction: str, quantity: str) -> float:
     return sign if quantity == "delta_ppl" else -sign
 
 
-def verdict(ci_low: float, ci_high: float, has_range: bool = True) -> str:
+def verdict(ci_low: float, ci_high: float, has_range: bool = True, n_documents: int | None = None) -> str:
     """``holds`` when the CI of "b more faithful than a" lies above 0, ``reversed`` when below 0,
-    ``tie`` otherwise; ``no range`` when the protocol failed its range check."""
+    ``tie`` otherwise; ``no range`` when the protocol failed its range check, ``too few documents``
+    below :data:`MIN_DOCUMENTS` (a bootstrap over 1 document has a zero-width interval)."""
     if not has_range:
         return "no range"
+    if n_documents is not None and n_documents < MIN_DOCUMENTS:
+        return "too few documents"
     if ci_low > 0:
         return "holds"
     if ci_high < 0:
@@ -557,7 +561,7 @@ class FaithfulnessResult:
         For every (a, b) of ``pairs`` whose metrics both ran, each direction and quantity:
         auc_diff = sign · (AUC_b − AUC_a) (:func:`faithfulness_sign`), its 95% percentile CI over
         the same document resamples for a and b, and the :func:`verdict` (``no range`` when the
-        range check failed).
+        range check failed, ``too few documents`` below :data:`MIN_DOCUMENTS`).
         """
         b = self._boot()
         fr = list(self.protocol["fractions"])
@@ -571,7 +575,7 @@ class FaithfulnessResult:
                     diff = faithfulness_sign(d, q) * (area_under_curve(fr, b[bb, d][q]) - area_under_curve(fr, b[a, d][q]))
                     lo, hi = self._ci(diff[1:])
                     rows.append(dict(a=a, b=bb, direction=d, quantity=q, auc_diff=float(diff[0]), ci_low=lo, ci_high=hi,
-                                     verdict=verdict(lo, hi, has_range), claimed=(a, bb) in CLAIMED_STEPS,
+                                     verdict=verdict(lo, hi, has_range, b["n"]), claimed=(a, bb) in CLAIMED_STEPS,
                                      n_sequences=b["n"], n_boot=self.n_boot))  # fmt: skip
         return pd.DataFrame(rows)
 
@@ -730,8 +734,9 @@ def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness
     """Paper A's order raw < value-weighted < output-normalised < contribution, step by step.
 
     ``pairs`` is :meth:`FaithfulnessResult.pairs`. Each step "a < b" gets the verdict of its
-    paired CI (``holds`` / ``reversed`` / ``tie``, or ``no range``); the order ``holds`` only
-    when every step's CI lies above 0.
+    paired CI (``holds`` / ``reversed`` / ``tie``, or ``no range`` / ``too few documents``); the
+    order ``holds`` only when every step's CI lies above 0; ``decided`` is False when any step
+    could not be decided (no range, too few documents, a metric missing).
     """
     if direction not in DIRECTIONS or quantity not in QUANTITIES:
         raise ValueError(f"unknown direction/quantity {direction!r}/{quantity!r}")
@@ -744,4 +749,5 @@ def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness
             steps[f"{a} < {b}"] = dict(verdict=row.verdict, auc_diff=float(row.auc_diff), ci=[float(row.ci_low), float(row.ci_high)])
     verdicts = [v["verdict"] for v in steps.values()]
     return dict(direction=direction, quantity=quantity, pairs={k: v["verdict"] for k, v in steps.items()}, steps=steps,
-                holds=bool(verdicts) and all(v == "holds" for v in verdicts))  # fmt: skip
+                holds=bool(verdicts) and all(v == "holds" for v in verdicts),
+                decided=len(verdicts) == len(CLAIMED_STEPS) and all(v in ("holds", "tie", "reversed") for v in verdicts))  # fmt: skip

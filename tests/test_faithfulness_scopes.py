@@ -273,6 +273,10 @@ def test_faithfulness_sign_and_verdict():
     assert faithfulness_sign("comprehensiveness", "delta_logprob") == -1 and faithfulness_sign("sufficiency", "delta_logprob") == 1
     assert verdict(0.1, 0.2) == "holds" and verdict(-0.2, -0.1) == "reversed"
     assert verdict(0.0, 0.0) == "tie" and verdict(-0.1, 0.1) == "tie" and verdict(0.1, 0.2, False) == "no range"
+    assert verdict(0.1, 0.2, True, 1) == "too few documents" and verdict(0.1, 0.2, True, 5) == "holds"
+    one = synthetic_result(dict(random=0.3, raw_attention=0.5, contribution=2.0), n=1)
+    assert set(one.pairs().verdict) == {"too few documents"}
+    assert not claimed_order_holds(one.pairs())["decided"]
 
 
 def test_save_load_round_trip(tmp_path):
