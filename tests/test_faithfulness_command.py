@@ -60,3 +60,23 @@ def test_auc_markdown_and_figures(tmp_path):
     assert set(pruning_curves_plot(pr).data) == {"regime", "random_0", "random_1"}
     crit = pd.DataFrame(dict(layer=[1], head=[2]))
     assert sensitivity_map_plot(np.zeros((3, 4)), crit).data["delta_ppl"].shape == (3, 4)
+
+
+def test_results_readme_and_resume(tmp_path):
+    from test_faithfulness_scopes import synthetic_result
+
+    from geolens.commands.faithfulness import _resume_state, results_markdown
+
+    gaps = dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
+    res = synthetic_result(gaps)
+    res.meta = dict(model="toy", seq_len=128, corpus="lee", command="geolens faithfulness --n-sequences 40", complete=True)
+    text = results_markdown(res)
+    assert "| ranking scope | query |" in text and "40 × 128 (lee); 4000 scored predictions" in text
+    pairs = res.pairs()
+    step = pairs[(pairs.a == "output_normalized") & (pairs.direction == "comprehensiveness") & (pairs.quantity == "delta_logprob")].iloc[0]
+    assert f"{step.auc_diff:+.3g} [{step.ci_low:+.3g}, {step.ci_high:+.3g}] **holds**" in text
+    res.save(tmp_path)
+    per, clean = _resume_state(tmp_path, dict(res.protocol), 100)
+    assert len(clean) == 40 and len(per) == len(res.per_sequence)
+    with pytest.raises(ValueError, match="another protocol"):
+        _resume_state(tmp_path, dict(res.protocol, ranking="row"), 100)

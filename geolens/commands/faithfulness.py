@@ -82,7 +82,7 @@ def pairs_markdown(pairs: pd.DataFrame) -> str:
     lines = ["| a → b | direction | quantity | ΔAUC (b − a, faithful +) | 95% paired CI | verdict |", "|---|---|---|---:|---|---|"]
     for r in pairs.itertuples():
         step = f"{r.a} → {r.b}" + (" (claimed)" if r.claimed else "")
-        lines.append(f"| {step} | {r.direction} | {r.quantity} | {r.auc_diff:+.4g} | [{r.ci_low:+.4g}, {r.ci_high:+.4g}] | {r.verdict} |")
+        lines.append(f"| {step} | {r.direction} | {r.quantity} | {r.auc_diff + 0.0:+.4g} | [{r.ci_low + 0.0:+.4g}, {r.ci_high + 0.0:+.4g}] | {r.verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -97,6 +97,61 @@ def range_text(rc: dict) -> str:
     return "range check: " + "; ".join(parts)
 
 
+def results_markdown(result) -> str:
+    """The per-protocol README of an output folder: protocol, range check, the claimed-order
+    verdicts (Δ log-prob and ΔPPL, both directions) and the other pairs, all from ``summary()``."""
+    from geolens.faithfulness import claimed_order_holds
+
+    s = result.summary()
+    p, rc = s["protocol"], s["range_check"]
+    meta = s.get("meta", {})
+    pairs = result.pairs()
+    done = "" if meta.get("complete", True) else f" (**interim**: {p['n_sequences']} of {meta.get('n_sequences_requested')} documents done)"
+    lines = [
+        f"# Faithfulness by causal masking: {p['model']}{done}",
+        "",
+        f"Command: `{meta.get('command', 'geolens faithfulness')}` ({meta.get('seconds', '?')} s).",
+        "",
+        "| protocol | value |", "|---|---|",
+        f"| layers masked together | {p.get('masking_scope')} ({_layers_text(p['layers'])}) |",
+        f"| ranking scope | {p['ranking_scope']} |",
+        f"| sink / current token removable | {p['allow_sink']} / {p['allow_current']} |",
+        f"| metric mode (‖o‖ of c and of the output-normalised metric) | {p['mode']} |",
+        f"| fractions k | {', '.join(map(str, p['fractions']))} |",
+        f"| documents × tokens | {p['n_sequences']} × {p['seq_len']} ({p['corpus']}); {p['n_scored_tokens']} scored predictions (after the first {p['skip_prefix']} positions) |",
+        f"| bootstrap | {p['n_boot']} paired resamples of documents |",
+        "",
+        f"Clean corpus PPL {s['clean_ppl']:.3f}. " + range_text(rc) + ".",
+        "",
+        "Claimed order raw < value-weighted < output-normalised < contribution, step by step "
+        "(ΔAUC = AUC difference b − a signed so that + means b more faithful; 95% paired CI; verdict from the CI):",
+        "",
+        "| direction | quantity | " + " | ".join(f"{a} → {b}" for a, b in zip(CLAIMED_ORDER_NAMES, CLAIMED_ORDER_NAMES[1:])) + " |",
+        "|---|---|" + "---|" * 3,
+    ]
+    for d in ("comprehensiveness", "sufficiency"):
+        for q in ("delta_logprob", "delta_ppl"):
+            c = claimed_order_holds(pairs, d, q)
+            cells = [f"{v['auc_diff'] + 0.0:+.3g} [{v['ci'][0] + 0.0:+.3g}, {v['ci'][1] + 0.0:+.3g}] **{v['verdict']}**" for v in c["steps"].values()]
+            lines.append(f"| {d} | {q} | " + " | ".join(cells) + " |")
+    other = pairs[~pairs.claimed]
+    if len(other):
+        lines += ["", "Other pairs:", "", pairs_markdown(other)]
+    lines += ["", "Figures: `curves_delta_logprob.png`, `curves_delta_ppl.png`; tables: `pairs.csv`, `auc.csv`, `curves.csv`; "
+              "everything above is recomputed from `per_sequence.csv` and `clean.csv` by `geolens faithfulness --replot --out <this folder>`."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+CLAIMED_ORDER_NAMES = ("raw_attention", "value_weighted", "output_normalized", "contribution")
+
+
+def _layers_text(layers) -> str:
+    layers = list(layers)
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}–{layers[-1]}"
+    return ",".join(map(str, layers))
+
+
 def _save_all(result, out: Path) -> list[dict]:
     """Tables, summary, the claimed-order verdicts and both curve figures."""
     from geolens.faithfulness import claimed_order_holds
@@ -106,6 +161,7 @@ def _save_all(result, out: Path) -> list[dict]:
     pairs = result.pairs()
     text = result.protocol_text() + "\n\n" + range_text(result.range_check()) + "\n\n"
     (out / "pairs.md").write_text(text + pairs_markdown(pairs) + "\n" + auc_markdown(result.auc()), encoding="utf-8")
+    (out / "README.md").write_text(results_markdown(result), encoding="utf-8")
     checks = [claimed_order_holds(pairs, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
     if (out / "mc.csv").exists():
         from geolens.viz.faithfulness import mc_accuracy_plot
