@@ -76,6 +76,7 @@ from geolens.interventions.masking import (
     masked_token_nll,
     random_scores,
     removal_ranks,
+    require_pattern_hooks,
     token_nll,
 )
 
@@ -678,6 +679,7 @@ def faithfulness_curves(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     layers = protocol.resolved_layers(model)
+    require_pattern_hooks(model, layers)
     n_heads = model.cfg.n_heads
     rows, clean_rows = [], []
     for s in tqdm(range(tokens.shape[0]), desc="faithfulness", disable=not progress):

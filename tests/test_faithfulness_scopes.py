@@ -334,3 +334,6 @@ def test_masks_need_hook_pattern():
     with pytest.raises(ValueError, match="no blocks.0.attn.hook_pattern") as e:
         pattern_mask_hooks(NoPattern(), remove, [0])
     assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="masking needs the attention-pattern hook") as e:
+        faithfulness_curves(NoPattern(), torch.zeros(1, 12, dtype=torch.long), Protocol(), ["random"], progress=False)
+    assert "\n" not in str(e.value)

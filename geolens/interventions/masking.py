@@ -179,6 +179,14 @@ def _check_remove(remove: Tensor, layers: Sequence[int], n_heads: int) -> None:
         raise ValueError(f"remove has {remove.shape[2]} heads; use 1 (all heads) or n_heads={n_heads}")
 
 
+def require_pattern_hooks(model, layers: Sequence[int]) -> None:
+    """A one-line ``ValueError`` unless every layer has ``blocks.{l}.attn.hook_pattern`` to edit."""
+    hook_dict = getattr(model, "hook_dict", None)
+    missing = [hook_name(l, PATTERN) for l in layers if hook_dict is not None and hook_name(l, PATTERN) not in hook_dict]
+    if missing:
+        raise ValueError(f"this model has no {missing[0]}: masking needs the attention-pattern hook (eager attention)")
+
+
 def pattern_mask_hooks(
     model,
     remove: Bool[Tensor, "layer batch head query key"],
@@ -196,10 +204,7 @@ def pattern_mask_hooks(
         if not 0 <= l < model.cfg.n_layers:
             raise IndexError(f"layer {l} out of range for a model with {model.cfg.n_layers} layers")
     _check_remove(remove, layers, model.cfg.n_heads)
-    hook_dict = getattr(model, "hook_dict", None)
-    missing = [hook_name(l, PATTERN) for l in layers if hook_dict is not None and hook_name(l, PATTERN) not in hook_dict]
-    if missing:
-        raise ValueError(f"this model has no {missing[0]}: masking needs the attention-pattern hook (eager attention)")
+    require_pattern_hooks(model, layers)
 
     def make(mask: Tensor):
         def hook(pattern: Tensor, hook) -> Tensor:
