@@ -646,6 +646,17 @@ class FaithfulnessResult:
         )
 
 
+def same_ranking_by_construction(protocol: Protocol) -> bool:
+    """Whether output-normalised attention ranks exactly like value-weighted attention.
+
+    α‖ṽ‖/‖o_i‖ divides every term of a ranking group by one positive number when ‖o_i‖ is
+    constant over the group: under ``row`` ranking in either mode (one head, one query), and
+    under ``query`` / ``source`` ranking in ``inter`` mode (the layer output of one query).
+    Only ``query`` / ``source`` ranking in ``intra`` mode divides each head by its own norm.
+    """
+    return protocol.ranking == "row" or protocol.mode == "inter"
+
+
 def faithfulness_curves(
     model,
     tokens: Int[Tensor, "n pos"],
@@ -664,8 +675,11 @@ def faithfulness_curves(
     Zeroing forwards when asked (batched over source tokens), and the masked forwards, run
     ``chunk_size`` masks per batched forward (each batch row its own mask, every masked layer):
     2·n_k per distinct metric ranking, plus one with the sink alone removed. Metrics whose
-    rankings are identical to an earlier metric's (e.g. output-normalised and value-weighted
-    in ``inter`` mode) reuse its results instead of running the same masks again. Random
+    rankings are identical to an earlier metric's reuse its results instead of running the same
+    masks again (``same_as`` in the rows): output-normalised reuses value-weighted whenever the
+    two rank identically in exact arithmetic (:func:`same_ranking_by_construction`; float32
+    rounding would otherwise reorder a few near-ties), other metrics when their rankings are
+    equal element for element. Random
     rankings use seed ``seed + first_sequence + document index``.
     """
     _check_metrics(metrics)
@@ -692,7 +706,11 @@ def faithfulness_curves(
         scores = metric_scores(model, seq, protocol, metrics, seed=seed + doc, cache=cache)
         del cache
         ranks, alias = {}, {}
+        if same_ranking_by_construction(protocol) and {"value_weighted", "output_normalized"} <= set(metrics):
+            alias["output_normalized"] = "value_weighted"
         for m in metrics:
+            if m in alias:
+                continue
             r = ranked_removals(scores[m], protocol)
             same = next((o for o, ro in ranks.items() if all(torch.equal(r[d][0], ro[d][0]) for d in DIRECTIONS)), None)
             if same is not None:

@@ -209,11 +209,22 @@ def test_all_layer_curves_match_one_forward_per_mask(tiny_gqa):
 
 
 def test_intra_mode_query_scope_separates_output_normalised(tiny_gqa):
+    from geolens.faithfulness import same_ranking_by_construction
+
     model, tokens, _ = tiny_gqa
     p = Protocol(ranking="query", mode="intra", fractions=(0.3,))
     s = metric_scores(model, tokens[:1], p, ["value_weighted", "output_normalized"])
     a, b = (curve_masks(s[m], p) for m in ("value_weighted", "output_normalized"))
     assert not torch.equal(a, b)  # each head divided by its own output norm: rankings differ
+    assert not same_ranking_by_construction(p)
+    res = faithfulness_curves(model, tokens[:1], p, ["value_weighted", "output_normalized"], progress=False, n_boot=10)
+    assert (res.per_sequence.same_as == "").all()  # run separately, no reuse
+    for scope, mode in [("row", "intra"), ("row", "inter"), ("query", "inter"), ("source", "inter")]:
+        q = Protocol(ranking=scope, mode=mode, fractions=(0.1, 0.5, 0.9))
+        assert same_ranking_by_construction(q)
+        s = metric_scores(model, tokens[:1], q, ["value_weighted", "output_normalized"])
+        a, b = (curve_masks(s[m], q) for m in ("value_weighted", "output_normalized"))
+        assert (a != b).float().mean() < 1e-3, (scope, mode)  # equal up to float32 near-ties
 
 
 def synthetic_result(gaps, *, n=40, random_shift=1.0, seed=0, fractions=(0.1, 0.5, 0.9)):
