@@ -3,29 +3,60 @@
 For a metric s_ij^{(l,h)} (an attribution of query i to source j in head h of layer l), the
 masking intervention of :mod:`geolens.interventions.masking` removes the terms α_ij ṽ_j of the
 chosen sources from the attention sum (α_ij set to 0 in ``hook_pattern``, no renormalisation),
-per (layer, head, query), in every layer of the protocol at once.
+in every layer of the protocol at once.
 
-- **Comprehensiveness** at fraction k: remove the top-k of each row's eligible sources by the
-  metric. A more faithful metric hurts the model more: larger ΔPPL, more negative Δ log-prob.
+- **Comprehensiveness** at fraction k: remove the top-k of each ranking group. A more faithful
+  metric hurts the model more: larger ΔPPL, more negative Δ log-prob.
 - **Sufficiency** at fraction k: remove the bottom-k. A more faithful metric hurts it less.
 
-ΔPPL of a sequence = exp(mean NLL masked) − exp(mean NLL clean) over its next-token predictions;
-Δ log-prob = mean log p(target) masked − clean. Curves are means over sequences at
-k ∈ {0.1, …, 0.9}; the area under each curve is the trapezoid rule over those k (units: the
-quantity × fraction), with percentile bootstrap confidence intervals over sequences.
+The :class:`Protocol` (recorded with every result) fixes
+
+- the **masking scope**: the layers masked together (all = the primary protocol; the thirds
+  ``early`` / ``middle`` / ``late`` of the stack; one layer);
+- the **ranking scope** (:data:`geolens.interventions.masking.RANKING_SCOPES`): ``row`` ranks the
+  sources of one (layer, head, query); ``query`` ranks all (head, source) terms of one (layer,
+  query) together, so the scores of different heads are compared on their common scale;
+  ``source`` ranks one score per (layer, query, source), the sum over heads, and removes a source
+  in every head;
+- whether the sink (position 0) and the current token (j = i) are removable;
+- ``mode``: the output o_i of the output-normalised metric and of c_ij (``inter``: the layer
+  output, on which the inter-head contribution weights are a common scale; ``intra``: the head's);
+- the fractions k and ``skip_prefix``: every next-token prediction after the first
+  ``skip_prefix`` positions is scored.
+
+**Scoring.** Per document, the mean NLL over its scored predictions, clean and under each mask
+(and with the sink alone removed: α_i0 = 0 for every query i ≥ 1, every head, every masked layer).
+Corpus-level ΔPPL at k = exp(mean NLL masked) − exp(mean NLL clean), means over all scored tokens
+of all documents; Δ log-prob = mean log p(target) masked − clean. The area under each curve is
+the trapezoid rule over k. Confidence intervals resample documents (≥ 1000 paired resamples: the
+same documents for every metric); a claimed-order step "a < b" is decided on the paired
+difference of AUCs, signed so that a positive difference means b is more faithful:
+**holds** when its 95% CI lies above 0, **reversed** when below 0, **tie** otherwise.
+
+**Range check before any verdict.** The random ranking at the largest fraction must move the
+corpus PPL by at least :data:`MIN_RANGE` (1 %) relative; otherwise the protocol cannot separate
+metrics and every verdict is ``"no range"``.
 
 Metrics (docs/method.md §2 and §3.1): ``raw_attention`` α_ij, ``value_weighted``
-α_ij‖ṽ_j‖, ``output_normalized`` α_ij‖ṽ_j‖/‖o_i‖, ``contribution`` c_ij (intra-head by default:
-the masks are per head), ``value_zeroing`` (Mohebbi et al. 2023, :func:`value_zeroing`; one score
-per layer, shared by the heads of that layer) and ``random`` (uniform scores: the floor).
-Signed metrics are ranked by their signed value.
+α_ij‖ṽ_j‖, ``output_normalized`` α_ij‖ṽ_j‖/‖o_i‖, ``contribution`` c_ij ranked by signed value,
+``contribution_abs`` |c_ij|, ``value_zeroing`` (Mohebbi et al. 2023, :func:`value_zeroing`; one
+score per source, shared by the heads of a layer) and ``random`` (uniform scores: the floor).
+
+Note on ties by construction: ‖o_i‖ is one positive number per (layer, query) in ``inter`` mode
+and per (layer, head, query) in ``intra`` mode. Dividing by it never changes a ranking inside that
+group, so ``output_normalized`` ranks exactly like ``value_weighted`` under ``row`` ranking (both
+modes) and under ``query`` / ``source`` ranking in ``inter`` mode; the two differ only under
+``query`` / ``source`` ranking in ``intra`` mode, where each head is divided by its own output
+norm. Identical rankings give identical masks, a paired difference of exactly 0 and a "tie".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from pathlib import Path
+from typing import Literal, Sequence, get_args
 
 import numpy as np
 import pandas as pd
@@ -37,56 +68,152 @@ from tqdm.auto import tqdm
 from geolens.adapter import VALUE, get_attention_layer, hook_name, names_filter
 from geolens.contributions import _metrics_from_layer
 from geolens.interventions.base import applied
-from geolens.interventions.masking import branch_hook, masked_token_nll, random_scores, removal_mask, token_nll
+from geolens.interventions.masking import (
+    RANKING_SCOPES,
+    RankingScope,
+    branch_hook,
+    mask_from_ranks,
+    masked_token_nll,
+    random_scores,
+    removal_ranks,
+    require_pattern_hooks,
+    token_nll,
+)
 
-ATTENTION_METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution")
-ALL_METRICS = ATTENTION_METRICS + ("value_zeroing", "random")
-FRACTIONS = tuple(round(0.1 * k, 1) for k in range(1, 10))
-DIRECTIONS = ("comprehensiveness", "sufficiency")
+Metric = Literal[
+    "raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "value_zeroing", "random"
+]
+ALL_METRICS: tuple[str, ...] = get_args(Metric)
+ATTENTION_METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs")
+CLAIMED_ORDER = ("raw_attention", "value_weighted", "output_normalized", "contribution")
+NormMode = Literal["intra", "inter"]
+MODES: tuple[str, ...] = get_args(NormMode)
+Direction = Literal["comprehensiveness", "sufficiency"]
+DIRECTIONS: tuple[str, ...] = get_args(Direction)
+Quantity = Literal["delta_ppl", "delta_logprob"]
+QUANTITIES: tuple[str, ...] = get_args(Quantity)
+LayerGroup = Literal["all", "early", "middle", "late"]
+LAYER_GROUPS: tuple[str, ...] = get_args(LayerGroup)
+FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+MIN_RANGE = 0.01  # the random ranking must move corpus PPL by ≥ 1 % (relative) at the largest k
+MIN_DOCUMENTS = 5  # fewer documents: a bootstrap over documents is degenerate, no verdict
+# pairs (a, b) compared: the claimed order's steps first, then the overall gap and the controls
+PAIRS = (
+    ("raw_attention", "value_weighted"),
+    ("value_weighted", "output_normalized"),
+    ("output_normalized", "contribution"),
+    ("raw_attention", "contribution"),
+    ("contribution", "contribution_abs"),
+    ("value_zeroing", "contribution"),
+    ("random", "raw_attention"),
+    ("random", "contribution"),
+)
+CLAIMED_STEPS = tuple(zip(CLAIMED_ORDER, CLAIMED_ORDER[1:]))
+
+
+def layer_group(name: str, n_layers: int) -> tuple[int, ...]:
+    """``all`` or the ``early`` / ``middle`` / ``late`` third of the stack (sizes differ by ≤ 1)."""
+    if name not in LAYER_GROUPS:
+        raise ValueError(f"unknown layer group {name!r}; choose from {list(LAYER_GROUPS)}")
+    if name == "all":
+        return tuple(range(n_layers))
+    parts = np.array_split(np.arange(n_layers), 3)
+    return tuple(int(l) for l in parts[LAYER_GROUPS.index(name) - 1])
+
+
+def masking_scope(layers: Sequence[int], n_layers: int) -> str:
+    """The name of a layer set: ``all``, ``early``/``middle``/``late``, ``one layer`` or ``layers``."""
+    layers = tuple(sorted(layers))
+    if len(layers) == 1 and n_layers > 1:
+        return "one layer"
+    for name in LAYER_GROUPS:
+        if layers == layer_group(name, n_layers):
+            return name
+    return "one layer" if len(layers) == 1 else "layers"
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """How sources are masked; printed with every result.
+    """How sources are masked and scored; recorded with every result.
 
     Attributes:
-        layers: the layers masked together in one forward (None = all layers).
-        allow_sink: whether position 0 (the sink) may be removed.
-        allow_current: whether the query's own token (j = i) may be removed.
-        mode: which output norm ‖o_i‖ the output-normalised metric and c_ij use ("intra": the
-            head's, matching per-head masks; "inter": the layer's).
-        fractions: the removal fractions k.
-        n_scored: score ΔPPL / Δ log-prob on the last ``n_scored`` next-token predictions of
-            each sequence only (None: all); masks still apply to every query.
+        layers: the layers masked together in one forward (None = all layers: the primary
+            protocol; :func:`layer_group` gives the thirds).
+        ranking: ``row``, ``query`` (the primary) or ``source`` (see the module docstring).
+        allow_sink: whether position 0 (the sink) may be removed (primary: True).
+        allow_current: whether the query's own token (j = i) may be removed (primary: True).
+        mode: which output o_i the output-normalised metric and c_ij use (``inter``: the layer's,
+            the primary; ``intra``: the head's).
+        fractions: the removal fractions k, each in (0, 1) for a curve (0 and 1 are accepted
+            by the mask builders for identity checks).
+        skip_prefix: score the next-token predictions of positions ≥ skip_prefix (masks still
+            apply to every query).
     """
 
     layers: tuple[int, ...] | None = None
-    allow_sink: bool = False
-    allow_current: bool = False
-    mode: str = "intra"
+    ranking: RankingScope = "query"
+    allow_sink: bool = True
+    allow_current: bool = True
+    mode: NormMode = "inter"
     fractions: tuple[float, ...] = FRACTIONS
-    n_scored: int | None = None
+    skip_prefix: int = 8
+
+    def __post_init__(self) -> None:
+        if self.ranking not in RANKING_SCOPES:
+            raise ValueError(f"unknown ranking scope {self.ranking!r}; choose from {list(RANKING_SCOPES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose from {list(MODES)}")
+        fr = tuple(float(k) for k in self.fractions)
+        if not fr:
+            raise ValueError("the protocol has no fraction")
+        bad = [k for k in fr if not (0.0 <= k <= 1.0) or math.isnan(k)]
+        if bad:
+            raise ValueError(f"fractions must lie in (0, 1), got {bad}")
+        if list(fr) != sorted(set(fr)):
+            raise ValueError(f"fractions must be distinct and increasing, got {list(fr)}")
+        object.__setattr__(self, "fractions", fr)
+        if int(self.skip_prefix) < 0:
+            raise ValueError(f"skip_prefix must be ≥ 0, got {self.skip_prefix}")
+
+    def check_curve(self) -> None:
+        """A curve needs every k strictly inside (0, 1) (k = 0 masks nothing, k = 1 everything)."""
+        bad = [k for k in self.fractions if not 0.0 < k < 1.0]
+        if bad:
+            raise ValueError(f"fractions must lie in (0, 1), got {bad}")
 
     def resolved_layers(self, model) -> tuple[int, ...]:
         n = model.cfg.n_layers
-        layers = tuple(range(n)) if self.layers is None else tuple(int(l) % n for l in self.layers)
-        if not layers:
+        if self.layers is None:
+            return tuple(range(n))
+        from geolens.validation import check_layer
+
+        try:  # never wrapped past the end; 1.0 / True refused
+            out = [check_layer(l, n) for l in self.layers]
+        except (IndexError, TypeError) as err:
+            raise ValueError(f"protocol layers: {err}") from None
+        if not out:
             raise ValueError("the protocol masks no layer")
-        return tuple(sorted(set(layers)))
+        return tuple(sorted(set(out)))
 
     def describe(self, model=None) -> str:
-        layers = self.resolved_layers(model) if model is not None else self.layers
-        span = "all" if layers is None else _span(layers)
+        if model is not None:
+            layers = self.resolved_layers(model)
+            span = f"{masking_scope(layers, model.cfg.n_layers)} ({_span(layers)})"
+        else:
+            span = "all" if self.layers is None else _span(self.layers)
         return (
-            f"protocol: layers masked together = {span}; sink (pos 0) removable = {self.allow_sink}; "
-            f"current token removable = {self.allow_current}; metric mode = {self.mode}; "
-            f"k = {list(self.fractions)}; scored predictions = {self.n_scored or 'all'}; no renormalisation of α"
+            f"protocol: layers masked together = {span}; ranking = {self.ranking}; "
+            f"sink (pos 0) removable = {self.allow_sink}; current token removable = {self.allow_current}; "
+            f"metric mode = {self.mode}; k = {list(self.fractions)}; scored = predictions after the first "
+            f"{self.skip_prefix} positions; no renormalisation of α"
         )
 
     def to_dict(self, model=None) -> dict:
         d = asdict(self)
+        d["fractions"] = list(self.fractions)
         if model is not None:
             d["layers"] = list(self.resolved_layers(model))
+            d["masking_scope"] = masking_scope(d["layers"], model.cfg.n_layers)
         return d
 
 
@@ -171,6 +298,14 @@ def value_zeroing(
 # Metric tensors and masks
 
 
+def _check_metrics(metrics: Sequence[str]) -> None:
+    unknown = sorted(set(metrics) - set(ALL_METRICS))
+    if unknown:
+        raise ValueError(f"unknown metrics {unknown}; choose from {list(ALL_METRICS)}")
+    if not metrics:
+        raise ValueError("no metric given")
+
+
 def metric_scores(
     model,
     tokens: Int[Tensor, "1 pos"],
@@ -181,15 +316,16 @@ def metric_scores(
     value_zeroing_chunk: int | None = None,
     cache=None,
 ) -> dict[str, Float[Tensor, "layer 1 head query key"]]:
-    """Each metric's scores on the protocol's layers for one sequence (head axis 1 for VZ).
+    """Each metric's scores on the protocol's layers for one sequence.
 
-    ``cache`` (a ``run_with_cache`` of ``tokens`` holding pattern and v of those layers) saves
-    a forward when the caller already has one.
+    The head axis is n_heads, or 1 for a score shared by every head: Value Zeroing always, and
+    every metric under ``source`` ranking (scores summed over heads; ``contribution_abs`` is then
+    |Σ_h c_ij^h|, the magnitude of the source's total contribution). ``cache`` (a
+    ``run_with_cache`` of ``tokens`` holding pattern and v of those layers) saves a forward.
     """
-    unknown = sorted(set(metrics) - set(ALL_METRICS))
-    if unknown:
-        raise ValueError(f"unknown metrics {unknown}; choose from {list(ALL_METRICS)}")
+    _check_metrics(metrics)
     layers = protocol.resolved_layers(model)
+    summed = protocol.ranking == "source"
     out: dict[str, Tensor] = {}
     wanted = [m for m in metrics if m in ATTENTION_METRICS]
     if wanted:
@@ -207,7 +343,12 @@ def metric_scores(
                 "contribution": contribution,
             }
             for m in wanted:
-                per_layer[m].append(values[m])
+                if m == "contribution_abs":
+                    c = contribution.sum(1, keepdim=True) if summed else contribution
+                    per_layer[m].append(c.abs())
+                else:
+                    x = values[m]
+                    per_layer[m].append(x.sum(1, keepdim=True) if summed else x)
         del cache
         for m in wanted:
             out[m] = torch.stack(per_layer[m])
@@ -215,20 +356,36 @@ def metric_scores(
         out["value_zeroing"] = value_zeroing(model, tokens, layers, chunk_size=value_zeroing_chunk)[:, :, None]
     if "random" in metrics:
         n = tokens.shape[1]
-        out["random"] = random_scores((len(layers), 1, model.cfg.n_heads, n, n), seed=seed)
+        heads = 1 if summed else model.cfg.n_heads
+        out["random"] = random_scores((len(layers), 1, heads, n, n), seed=seed)
     return {m: out[m] for m in metrics}
 
 
-def curve_masks(
-    scores: Float[Tensor, "layer 1 head query key"], protocol: Protocol
-) -> torch.Tensor:
-    """Masks ``[layer, 2·n_k, head, query, key]``: comprehensiveness for each k, then sufficiency."""
-    masks = [
-        removal_mask(scores, k, largest=largest, allow_sink=protocol.allow_sink, allow_current=protocol.allow_current)
-        for largest in (True, False)
-        for k in protocol.fractions
-    ]
-    return torch.cat(masks, dim=1)
+def ranked_removals(scores: Tensor, protocol: Protocol) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+    """:func:`removal_ranks` of one metric's scores for each direction, under the protocol."""
+    return {
+        d: removal_ranks(
+            scores, scope=protocol.ranking, largest=d == "comprehensiveness",
+            allow_sink=protocol.allow_sink, allow_current=protocol.allow_current,
+        )  # fmt: skip
+        for d in DIRECTIONS
+    }
+
+
+def curve_masks(scores: Float[Tensor, "layer 1 head query key"], protocol: Protocol) -> torch.Tensor:
+    """Masks ``[layer, 2·n_k, head, query, key]``: comprehensiveness for each k, then sufficiency.
+
+    The head axis is the scores' (n_heads or 1) except under ``source`` ranking (always 1).
+    """
+    ranks = ranked_removals(scores, protocol)
+    return torch.cat([mask_from_ranks(*ranks[d], k) for d in DIRECTIONS for k in protocol.fractions], dim=1)
+
+
+def sink_only_mask(n_layers: int, n_pos: int) -> torch.Tensor:
+    """``[layer, 1, 1, query, key]``: the sink's term α_i0 ṽ_0 removed for every query i ≥ 1, every head."""
+    m = torch.zeros(n_layers, 1, 1, n_pos, n_pos, dtype=torch.bool)
+    m[..., 1:, 0] = True
+    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,71 +413,249 @@ def bootstrap_auc(
     return float(area_under_curve(fractions, y.mean(0))), float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a))
 
 
+def faithfulness_sign(direction: str, quantity: str) -> float:
+    """+1 when a larger AUC of ``quantity`` means a more faithful metric in ``direction``, else −1.
+
+    Comprehensiveness: larger ΔPPL (more negative Δ log-prob) is more faithful; sufficiency:
+    smaller ΔPPL (less negative Δ log-prob).
+    """
+    if direction not in DIRECTIONS or quantity not in QUANTITIES:
+        raise ValueError(f"unknown direction/quantity {direction!r}/{quantity!r}")
+    sign = 1.0 if direction == "comprehensiveness" else -1.0
+    return sign if quantity == "delta_ppl" else -sign
+
+
+def verdict(ci_low: float, ci_high: float, has_range: bool = True, n_documents: int | None = None) -> str:
+    """``holds`` when the CI of "b more faithful than a" lies above 0, ``reversed`` when below 0,
+    ``tie`` otherwise; ``no range`` when the protocol failed its range check, ``too few documents``
+    below :data:`MIN_DOCUMENTS` (a bootstrap over 1 document has a zero-width interval)."""
+    if not has_range:
+        return "no range"
+    if n_documents is not None and n_documents < MIN_DOCUMENTS:
+        return "too few documents"
+    if ci_low > 0:
+        return "holds"
+    if ci_high < 0:
+        return "reversed"
+    return "tie"
+
+
 @dataclass
 class FaithfulnessResult:
-    """Per-sequence curves, mean curves and AUC tables, with the protocol that produced them."""
+    """Per-document mean NLLs under every mask, with the protocol that produced them.
+
+    ``per_sequence``: sequence, metric, direction, fraction, nll (mean over the document's
+    scored predictions), n_removed. ``clean``: sequence, nll, n_scored, sink_nll (the sink alone
+    removed). Every statistic is computed from these by :meth:`analysis` (corpus-level curves,
+    AUCs, paired differences, the range check), with one set of bootstrap resamples of documents.
+    """
 
     protocol: dict
-    per_sequence: pd.DataFrame  # sequence, metric, direction, fraction, delta_ppl, delta_logprob, ...
-    clean: pd.DataFrame  # sequence, ppl, mean_logprob
+    per_sequence: pd.DataFrame
+    clean: pd.DataFrame
     meta: dict = field(default_factory=dict)
     n_boot: int = 1000
+    seed: int = 0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # -- bootstrap over documents ------------------------------------------------------------
+
+    def _boot(self) -> dict:
+        key = (len(self.per_sequence), len(self.clean), self.n_boot, self.seed)
+        if self._cache.get("key") == key:
+            return self._cache["boot"]
+        fr = list(self.protocol["fractions"])
+        clean = self.clean.sort_values("sequence")
+        seqs = clean.sequence.to_numpy()
+        w = clean.n_scored.to_numpy(dtype=np.float64)
+        c = clean.nll.to_numpy(dtype=np.float64)
+        n = len(seqs)
+        rng = np.random.default_rng(self.seed)
+        idx = np.concatenate([np.arange(n)[None], rng.integers(0, n, size=(self.n_boot, n))])  # row 0: the data
+        wsum = w[idx].sum(1)  # [1 + n_boot]
+        clean_nll = (w * c)[idx].sum(1) / wsum
+        out = {"clean_nll": clean_nll, "n": n}
+        for (metric, direction), df in self.per_sequence.groupby(["metric", "direction"], sort=False):
+            wide = df.pivot(index="sequence", columns="fraction", values="nll").reindex(index=seqs, columns=fr)
+            y = wide.to_numpy(dtype=np.float64)
+            if np.isnan(y).any():
+                raise ValueError(f"{metric}/{direction}: missing (sequence, fraction) results")
+            nll = np.einsum("bn,bnk->bk", w[idx], y[idx]) / wsum[:, None]  # [1 + n_boot, n_k]
+            dppl = np.exp(nll) - np.exp(clean_nll)[:, None]
+            dlp = -(nll - clean_nll[:, None])
+            out[metric, direction] = {"delta_ppl": dppl, "delta_logprob": dlp, "ppl": np.exp(nll)}
+        if "sink_nll" in clean and clean.sink_nll.notna().all():
+            s = clean.sink_nll.to_numpy(dtype=np.float64)
+            out["sink_delta_ppl"] = np.exp((w * s)[idx].sum(1) / wsum) - np.exp(clean_nll)
+        self._cache.update(key=key, boot=out)
+        return out
+
+    @staticmethod
+    def _ci(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+        a = (1.0 - level) / 2.0
+        return float(np.quantile(x, a)), float(np.quantile(x, 1 - a))
+
+    @property
+    def metrics(self) -> list[str]:
+        return list(dict.fromkeys(self.per_sequence.metric))
+
+    @property
+    def clean_ppl(self) -> float:
+        return float(np.exp(self._boot()["clean_nll"][0]))
 
     @property
     def curves(self) -> pd.DataFrame:
-        g = self.per_sequence.groupby(["metric", "direction", "fraction"], sort=False)
-        out = g[["delta_ppl", "delta_logprob"]].agg(["mean", "sem"])
-        out.columns = [f"{a}_{b}" for a, b in out.columns]
-        return out.reset_index()
+        """Corpus-level ΔPPL and Δ log-prob per (metric, direction, k) with bootstrap 95% CIs."""
+        b = self._boot()
+        rows = []
+        for key, v in b.items():
+            if not isinstance(key, tuple):
+                continue
+            metric, direction = key
+            for ki, k in enumerate(self.protocol["fractions"]):
+                row = dict(metric=metric, direction=direction, fraction=k, ppl=float(v["ppl"][0, ki]))
+                for q in QUANTITIES:
+                    lo, hi = self._ci(v[q][1:, ki])
+                    row.update({q: float(v[q][0, ki]), f"{q}_lo": lo, f"{q}_hi": hi})
+                row["n_sequences"] = b["n"]
+                rows.append(row)
+        return pd.DataFrame(rows)
 
     def auc(self, n_boot: int | None = None) -> pd.DataFrame:
-        rows = []
+        """AUC over k of the corpus-level curves, with bootstrap 95% CIs over documents."""
+        if n_boot is not None and n_boot != self.n_boot:
+            self.n_boot = n_boot
+        b = self._boot()
         fr = list(self.protocol["fractions"])
-        for (metric, direction), df in self.per_sequence.groupby(["metric", "direction"], sort=False):
-            for quantity in ("delta_ppl", "delta_logprob"):
-                wide = df.pivot(index="sequence", columns="fraction", values=quantity)[fr].to_numpy()
-                value, lo, hi = bootstrap_auc(fr, wide, n_boot=n_boot or self.n_boot)
-                rows.append(dict(metric=metric, direction=direction, quantity=quantity, auc=value, ci_low=lo, ci_high=hi))
+        rows = []
+        for key, v in b.items():
+            if not isinstance(key, tuple):
+                continue
+            for q in QUANTITIES:
+                a = area_under_curve(fr, v[q])
+                lo, hi = self._ci(a[1:])
+                rows.append(dict(metric=key[0], direction=key[1], quantity=q, auc=float(a[0]), ci_low=lo, ci_high=hi, n_sequences=b["n"]))
         return pd.DataFrame(rows)
+
+    def range_check(self) -> dict:
+        """ΔPPL of the random ranking at the largest k (comprehensiveness) and of the sink alone."""
+        b = self._boot()
+        clean = float(np.exp(b["clean_nll"][0]))
+        out = dict(clean_ppl=clean, threshold_rel=MIN_RANGE, max_fraction=float(self.protocol["fractions"][-1]))
+        if ("random", "comprehensiveness") in b:
+            d = b["random", "comprehensiveness"]["delta_ppl"][:, -1]
+            lo, hi = self._ci(d[1:])
+            out.update(random_delta_ppl_at_max_fraction=float(d[0]), random_delta_ppl_ci=[lo, hi],
+                       random_delta_ppl_rel_at_max_fraction=float(d[0]) / clean)  # fmt: skip
+            out["has_range"] = bool(abs(float(d[0])) / clean >= MIN_RANGE)
+        else:
+            out.update(random_delta_ppl_at_max_fraction=None, random_delta_ppl_rel_at_max_fraction=None, has_range=False)
+            out["note"] = "the random ranking was not run: no range check, no verdict"
+        if "sink_delta_ppl" in b:
+            s = b["sink_delta_ppl"]
+            lo, hi = self._ci(s[1:])
+            out.update(sink_only_delta_ppl=float(s[0]), sink_only_delta_ppl_ci=[lo, hi], sink_only_delta_ppl_rel=float(s[0]) / clean)
+        return out
+
+    def pairs(self, pairs: Sequence[tuple[str, str]] = PAIRS) -> pd.DataFrame:
+        """Paired AUC differences, signed so that a positive ``auc_diff`` means b is more faithful.
+
+        For every (a, b) of ``pairs`` whose metrics both ran, each direction and quantity:
+        auc_diff = sign · (AUC_b − AUC_a) (:func:`faithfulness_sign`), its 95% percentile CI over
+        the same document resamples for a and b, and the :func:`verdict` (``no range`` when the
+        range check failed, ``too few documents`` below :data:`MIN_DOCUMENTS`).
+        """
+        b = self._boot()
+        fr = list(self.protocol["fractions"])
+        has_range = self.range_check()["has_range"]
+        rows = []
+        for a, bb in pairs:
+            for d in DIRECTIONS:
+                if (a, d) not in b or (bb, d) not in b:
+                    continue
+                for q in QUANTITIES:
+                    diff = faithfulness_sign(d, q) * (area_under_curve(fr, b[bb, d][q]) - area_under_curve(fr, b[a, d][q]))
+                    lo, hi = self._ci(diff[1:])
+                    rows.append(dict(a=a, b=bb, direction=d, quantity=q, auc_diff=float(diff[0]), ci_low=lo, ci_high=hi,
+                                     verdict=verdict(lo, hi, has_range, b["n"]), claimed=(a, bb) in CLAIMED_STEPS,
+                                     n_sequences=b["n"], n_boot=self.n_boot))  # fmt: skip
+        return pd.DataFrame(rows)
+
+    # -- text and files ----------------------------------------------------------------------
 
     def protocol_text(self) -> str:
         p = self.protocol
         return (
-            f"protocol: layers masked together = {_span(p['layers'])}; sink (pos 0) removable = {p['allow_sink']}; "
+            f"protocol: layers masked together = {p.get('masking_scope', '')} ({_span(p['layers'])}); "
+            f"ranking = {p['ranking']}; sink (pos 0) removable = {p['allow_sink']}; "
             f"current token removable = {p['allow_current']}; metric mode = {p['mode']}; "
-            f"k = {list(p['fractions'])}; scored predictions = {p.get('n_scored') or 'all'} per sequence; "
+            f"k = {list(p['fractions'])}; scored = every prediction after the first {p['skip_prefix']} positions; "
             "no renormalisation of α; "
-            f"{self.meta.get('n_sequences', '?')} sequences × {self.meta.get('seq_len', '?')} tokens"
+            f"{self.meta.get('n_sequences', len(self.clean))} sequences × {self.meta.get('seq_len', '?')} tokens"
         )
 
+    def summary(self) -> dict:
+        p = self.protocol
+        return dict(
+            protocol=dict(model=self.meta.get("model", "?"), layers=list(p["layers"]), masking_scope=p.get("masking_scope"),
+                          ranking_scope=p["ranking"], allow_sink=p["allow_sink"], allow_current=p["allow_current"],
+                          mode=p["mode"], fractions=list(p["fractions"]), skip_prefix=p["skip_prefix"],
+                          n_sequences=int(len(self.clean)), seq_len=self.meta.get("seq_len"), corpus=self.meta.get("corpus"),
+                          metrics=self.metrics, n_boot=self.n_boot, n_scored_tokens=int(self.clean.n_scored.sum())),
+            clean_ppl=self.clean_ppl,
+            range_check=self.range_check(),
+            auc=self.auc().to_dict("records"),
+            pairs=self.pairs().to_dict("records"),
+            meta=self.meta,
+        )  # fmt: skip
+
     def __str__(self) -> str:
+        rc = self.range_check()
+        lines = [self.protocol_text(), f"clean PPL {rc['clean_ppl']:.4f}"]
+        if rc.get("random_delta_ppl_at_max_fraction") is not None:
+            lines.append(f"range check: random ranking at k = {rc['max_fraction']}: ΔPPL {rc['random_delta_ppl_at_max_fraction']:+.4f} "
+                         f"({100 * rc['random_delta_ppl_rel_at_max_fraction']:+.2f} %)"
+                         + ("" if rc["has_range"] else f" < {100 * MIN_RANGE:.0f} %: NO RANGE, no claim decided"))  # fmt: skip
+        if "sink_only_delta_ppl" in rc:
+            lines.append(f"sink alone removed: ΔPPL {rc['sink_only_delta_ppl']:+.4f} ({100 * rc['sink_only_delta_ppl_rel']:+.2f} %)")
         table = self.auc().pivot_table(index="metric", columns=["direction", "quantity"], values="auc", sort=False)
-        return self.protocol_text() + "\nAUC over k:\n" + table.to_string(float_format=lambda v: f"{v:.4f}")
+        lines += ["AUC over k:", table.to_string(float_format=lambda v: f"{v:.4f}")]
+        return "\n".join(lines)
 
     def save(self, out_dir) -> None:
-        from pathlib import Path
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.per_sequence.to_csv(out / "per_sequence.csv", index=False)
+        self.clean.to_csv(out / "clean.csv", index=False)
         self.curves.to_csv(out / "curves.csv", index=False)
         self.auc().to_csv(out / "auc.csv", index=False)
-        self.clean.to_csv(out / "clean.csv", index=False)
-        (out / "protocol.json").write_text(json.dumps({"protocol": self.protocol, "meta": self.meta}, indent=2))
+        self.pairs().to_csv(out / "pairs.csv", index=False)
+        (out / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=float))
 
     @classmethod
-    def load(cls, out_dir, n_boot: int = 1000) -> "FaithfulnessResult":
-        """Read back what :meth:`save` wrote (``per_sequence.csv``, ``clean.csv``, ``protocol.json``)."""
-        from pathlib import Path
-
+    def load(cls, out_dir, n_boot: int | None = None) -> "FaithfulnessResult":
+        """Read back what :meth:`save` wrote (``per_sequence.csv``, ``clean.csv``, ``summary.json``)."""
         out = Path(out_dir)
-        info = json.loads((out / "protocol.json").read_text())
-        protocol = dict(info["protocol"])
-        protocol["fractions"] = tuple(protocol["fractions"])
+        info = json.loads((out / "summary.json").read_text())
+        p = info["protocol"]
+        protocol = dict(layers=p["layers"], masking_scope=p.get("masking_scope"), ranking=p["ranking_scope"],
+                        allow_sink=p["allow_sink"], allow_current=p["allow_current"], mode=p["mode"],
+                        fractions=tuple(p["fractions"]), skip_prefix=p["skip_prefix"])  # fmt: skip
         return cls(
             protocol=protocol, per_sequence=pd.read_csv(out / "per_sequence.csv"), clean=pd.read_csv(out / "clean.csv"),
-            meta=info.get("meta", {}), n_boot=n_boot,
+            meta=info.get("meta", {}), n_boot=n_boot or p.get("n_boot", 1000),
         )
+
+
+def same_ranking_by_construction(protocol: Protocol) -> bool:
+    """Whether output-normalised attention ranks exactly like value-weighted attention.
+
+    α‖ṽ‖/‖o_i‖ divides every term of a ranking group by one positive number when ‖o_i‖ is
+    constant over the group: under ``row`` ranking in either mode (one head, one query), and
+    under ``query`` / ``source`` ranking in ``inter`` mode (the layer output of one query).
+    Only ``query`` / ``source`` ranking in ``intra`` mode divides each head by its own norm.
+    """
+    return protocol.ranking == "row" or protocol.mode == "inter"
 
 
 def faithfulness_curves(
@@ -329,54 +664,85 @@ def faithfulness_curves(
     protocol: Protocol = Protocol(),
     metrics: Sequence[str] = ALL_METRICS,
     *,
-    chunk_size: int = 18,
+    chunk_size: int = 12,
     seed: int = 0,
     progress: bool = True,
     n_boot: int = 1000,
+    first_sequence: int = 0,
 ) -> FaithfulnessResult:
-    """Comprehensiveness and sufficiency curves (ΔPPL, Δ log-prob) per metric over ``tokens``.
+    """Comprehensiveness and sufficiency curves per metric over ``tokens`` (one row per document).
 
-    Each sequence costs one cached forward (the attention metrics), the Value Zeroing forwards
-    (batched over source tokens) and ⌈2·n_k·n_metrics / chunk_size⌉ masked forwards that run
-    only from the first masked layer on. Random rankings use seed ``seed + sequence index``.
+    Per document: one cached forward (the attention metrics and the clean NLL), the Value
+    Zeroing forwards when asked (batched over source tokens), and the masked forwards, run
+    ``chunk_size`` masks per batched forward (each batch row its own mask, every masked layer):
+    2·n_k per distinct metric ranking, plus one with the sink alone removed. Metrics whose
+    rankings are identical to an earlier metric's reuse its results instead of running the same
+    masks again (``same_as`` in the rows): output-normalised reuses value-weighted whenever the
+    two rank identically in exact arithmetic (:func:`same_ranking_by_construction`; float32
+    rounding would otherwise reorder a few near-ties), other metrics when their rankings are
+    equal element for element. Random
+    rankings use seed ``seed + first_sequence + document index``.
     """
+    _check_metrics(metrics)
+    protocol.check_curve()
     if tokens.ndim != 2 or tokens.shape[1] < 3:
         raise ValueError(f"tokens must be [n_sequences, pos ≥ 3], got shape {tuple(tokens.shape)}")
+    n_pos = tokens.shape[1]
+    n_scored = n_pos - 1 - protocol.skip_prefix
+    if n_scored < 1:
+        raise ValueError(f"skip_prefix={protocol.skip_prefix} leaves no prediction to score in {n_pos} tokens")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     layers = protocol.resolved_layers(model)
+    require_pattern_hooks(model, layers)
+    n_heads = model.cfg.n_heads
     rows, clean_rows = [], []
-    n_k = len(protocol.fractions)
     for s in tqdm(range(tokens.shape[0]), desc="faithfulness", disable=not progress):
         seq = tokens[s : s + 1]
+        doc = first_sequence + s
         with torch.no_grad():
             logits, cache = model.run_with_cache(seq, names_filter=names_filter(model, layers))
-        clean_nll = token_nll(logits, seq)[0]
-        if protocol.n_scored is not None:
-            clean_nll = clean_nll[-protocol.n_scored :]
+        clean_nll = token_nll(logits, seq)[0, protocol.skip_prefix :]
         del logits
-        clean_ppl = float(torch.exp(clean_nll.mean()))
-        clean_lp = float(-clean_nll.mean())
-        clean_rows.append(dict(sequence=s, ppl=clean_ppl, mean_logprob=clean_lp))
-        scores = metric_scores(model, seq, protocol, metrics, seed=seed + s, cache=cache)
+        scores = metric_scores(model, seq, protocol, metrics, seed=seed + doc, cache=cache)
         del cache
-        n_heads = model.cfg.n_heads  # VZ masks have head axis 1: broadcast before batching
-        masks = torch.cat([curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1)
-        nll = masked_token_nll(model, seq, masks, layers, chunk_size=chunk_size, n_scored=protocol.n_scored)
-        ppl = torch.exp(nll.mean(-1))
-        lp = -nll.mean(-1)
-        removed = masks.flatten(2).sum(-1).sum(0)  # per mask, over layers/heads/queries
-        for mi, metric in enumerate(metrics):
-            for di, direction in enumerate(DIRECTIONS):
-                for ki, k in enumerate(protocol.fractions):
-                    r = mi * 2 * n_k + di * n_k + ki
-                    rows.append(
-                        dict(
-                            sequence=s, metric=metric, direction=direction, fraction=k,
-                            ppl=float(ppl[r]), delta_ppl=float(ppl[r]) - clean_ppl,
-                            delta_logprob=float(lp[r]) - clean_lp, n_removed=int(removed[r]),
-                        )
-                    )  # fmt: skip
+        ranks, alias = {}, {}
+        if same_ranking_by_construction(protocol) and {"value_weighted", "output_normalized"} <= set(metrics):
+            alias["output_normalized"] = "value_weighted"
+        for m in metrics:
+            if m in alias:
+                continue
+            r = ranked_removals(scores[m], protocol)
+            same = next((o for o, ro in ranks.items() if all(torch.equal(r[d][0], ro[d][0]) for d in DIRECTIONS)), None)
+            if same is not None:
+                alias[m] = same
+            else:
+                ranks[m] = r
+        del scores
+        jobs = [(m, d, k) for m in ranks for d in DIRECTIONS for k in protocol.fractions] + [("sink_only", None, None)]
+        results: dict = {}
+        for start in range(0, len(jobs), chunk_size):
+            chunk = jobs[start : start + chunk_size]
+            masks = []
+            for m, d, k in chunk:
+                mk = sink_only_mask(len(layers), n_pos) if m == "sink_only" else mask_from_ranks(*ranks[m][d], k)
+                masks.append(mk.expand(len(layers), 1, n_heads, n_pos, n_pos))
+            remove = torch.cat(masks, dim=1)
+            nll = masked_token_nll(model, seq, remove, layers, chunk_size=len(chunk), n_scored=n_scored)
+            removed = remove.flatten(2).sum(-1).sum(0)
+            for (m, d, k), row_nll, r in zip(chunk, nll, removed):
+                results[m, d, k] = (float(row_nll.double().mean()), int(r))
+            del remove, masks
+        clean_rows.append(dict(sequence=doc, nll=float(clean_nll.double().mean()), n_scored=int(clean_nll.numel()),
+                               sink_nll=results["sink_only", None, None][0]))  # fmt: skip
+        for m in metrics:
+            src = alias.get(m, m)
+            for d in DIRECTIONS:
+                for k in protocol.fractions:
+                    v, r = results[src, d, k]
+                    rows.append(dict(sequence=doc, metric=m, direction=d, fraction=k, nll=v, n_removed=r, same_as=alias.get(m, "")))
     meta = dict(
-        n_sequences=int(tokens.shape[0]), seq_len=int(tokens.shape[1]), metrics=list(metrics), seed=seed,
+        n_sequences=int(tokens.shape[0]), seq_len=int(n_pos), metrics=list(metrics), seed=seed,
         model=getattr(model.cfg, "model_name", "?"),
     )
     return FaithfulnessResult(
@@ -385,66 +751,24 @@ def faithfulness_curves(
     )
 
 
-def paired_auc_differences(
-    result: "FaithfulnessResult", reference: str = "raw_attention", *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
-) -> pd.DataFrame:
-    """AUC(metric) − AUC(reference) per direction and quantity, with a paired bootstrap CI.
+def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness", quantity: str = "delta_ppl") -> dict:
+    """Paper A's order raw < value-weighted < output-normalised < contribution, step by step.
 
-    The same resampled sequences are used for both metrics, so the interval measures the
-    difference itself (much narrower than the two separate AUC intervals when the per-sequence
-    curves are correlated, as they are here: the clean perplexity varies a lot between windows).
+    ``pairs`` is :meth:`FaithfulnessResult.pairs`. Each step "a < b" gets the verdict of its
+    paired CI (``holds`` / ``reversed`` / ``tie``, or ``no range`` / ``too few documents``); the
+    order ``holds`` only when every step's CI lies above 0; ``decided`` is False when any step
+    could not be decided (no range, too few documents, a metric missing).
     """
-    fr = list(result.protocol["fractions"])
-    df = result.per_sequence
-    rows = []
-    rng = np.random.default_rng(seed)
-    n_seq = df.sequence.nunique()
-    idx = rng.integers(0, n_seq, size=(n_boot, n_seq))
-    a = (1.0 - level) / 2.0
-    for direction in DIRECTIONS:
-        for quantity in ("delta_ppl", "delta_logprob"):
-            sub = df[df.direction == direction]
-
-            def wide(metric):
-                return sub[sub.metric == metric].pivot(index="sequence", columns="fraction", values=quantity)[fr].to_numpy()
-
-            if reference not in set(sub.metric):
-                continue
-            ref = wide(reference)
-            for metric in sub.metric.unique():
-                if metric == reference:
-                    continue
-                d = wide(metric) - ref
-                boot = area_under_curve(fr, d[idx].mean(1))
-                rows.append(dict(metric=metric, reference=reference, direction=direction, quantity=quantity,
-                                 auc_difference=float(area_under_curve(fr, d.mean(0))),
-                                 ci_low=float(np.quantile(boot, a)), ci_high=float(np.quantile(boot, 1 - a))))  # fmt: skip
-    return pd.DataFrame(rows)
-
-
-def claimed_order_holds(
-    auc: pd.DataFrame, direction: str = "comprehensiveness", quantity: str = "delta_ppl", *, rtol: float = 1e-9
-) -> dict:
-    """Whether paper A's order raw < value-weighted < output-normalised < contribution holds.
-
-    For comprehensiveness a more faithful metric has a larger ΔPPL AUC; for sufficiency a smaller
-    one (so the order is checked on −AUC). Δ log-prob flips the sign again. Each adjacent pair is
-    reported as ``"holds"``, ``"tie"`` (equal AUCs: with per-row rankings, α‖ṽ‖ and α‖ṽ‖/‖o_i‖
-    rank the sources of a row identically, since ‖o_i‖ is constant along the row) or
-    ``"reversed"``; ``holds`` is True only when every pair holds strictly.
-    """
-    order = ["raw_attention", "value_weighted", "output_normalized", "contribution"]
-    sub = auc[(auc.direction == direction) & (auc.quantity == quantity)].set_index("metric")["auc"]
-    sign = 1.0 if direction == "comprehensiveness" else -1.0
-    if quantity == "delta_logprob":
-        sign = -sign
-    present = [m for m in order if m in sub.index]
-    faith = [sign * float(sub[m]) for m in present]
-
-    def relation(x: float, y: float) -> str:
-        if abs(x - y) <= rtol * max(abs(x), abs(y), 1e-300):
-            return "tie"
-        return "holds" if x < y else "reversed"
-
-    pairs = {f"{a} < {b}": relation(x, y) for a, b, x, y in zip(present, present[1:], faith, faith[1:])}
-    return dict(direction=direction, quantity=quantity, holds=all(v == "holds" for v in pairs.values()), pairs=pairs)
+    if direction not in DIRECTIONS or quantity not in QUANTITIES:
+        raise ValueError(f"unknown direction/quantity {direction!r}/{quantity!r}")
+    sub = pairs[(pairs.direction == direction) & (pairs.quantity == quantity)] if len(pairs) else pairs
+    steps = {}
+    for a, b in CLAIMED_STEPS:
+        r = sub[(sub.a == a) & (sub.b == b)] if len(sub) else sub
+        if len(r):
+            row = r.iloc[0]
+            steps[f"{a} < {b}"] = dict(verdict=row.verdict, auc_diff=float(row.auc_diff), ci=[float(row.ci_low), float(row.ci_high)])
+    verdicts = [v["verdict"] for v in steps.values()]
+    return dict(direction=direction, quantity=quantity, pairs={k: v["verdict"] for k, v in steps.items()}, steps=steps,
+                holds=bool(verdicts) and all(v == "holds" for v in verdicts),
+                decided=len(verdicts) == len(CLAIMED_STEPS) and all(v in ("holds", "tie", "reversed") for v in verdicts))  # fmt: skip

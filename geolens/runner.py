@@ -191,7 +191,7 @@ def run_corpus(
     device = model_device(model)
     stop = stop_layer(model, wanted) if stop_early else None
     extra = {} if stop is None else {"stop_at_layer": stop}
-    bar = tqdm(total=total, initial=start, desc=desc, disable=not progress)
+    bar = tqdm(total=total, initial=start, desc=desc, disable=not progress, miniters=1, mininterval=0)  # redrawn every batch
     for index in range(start, total):
         rows = slice(index * batch_size, (index + 1) * batch_size)
         batch = as_token_tensor(tokens[rows])

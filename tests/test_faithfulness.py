@@ -89,7 +89,7 @@ def test_bootstrap_auc_constant_rows_and_coverage():
 
 def test_curve_masks_layout(tiny_gqa):
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(layers=(0, 1), fractions=(0.2, 0.6))
+    protocol = Protocol(layers=(0, 1), ranking="row", allow_sink=False, allow_current=False, fractions=(0.2, 0.6))
     scores = metric_scores(model, tokens[:1], protocol, ["raw_attention", "value_zeroing"])
     assert scores["raw_attention"].shape == (2, 1, model.cfg.n_heads, 12, 12)
     assert scores["value_zeroing"].shape == (2, 1, 1, 12, 12)
@@ -97,13 +97,16 @@ def test_curve_masks_layout(tiny_gqa):
     assert masks.shape == (2, 4, model.cfg.n_heads, 12, 12)
     # comprehensiveness and sufficiency at the same k remove the same number of sources
     assert torch.equal(masks[:, 0].sum((-1, -2)), masks[:, 2].sum((-1, -2)))
-    assert not masks[..., 0].any()  # the sink is protected by default
+    assert not masks[..., 0].any()  # the sink is protected in this protocol
     assert not masks.diagonal(dim1=-2, dim2=-1).any()  # so is the current token
+    primary = Protocol(fractions=(0.9,))
+    raw = metric_scores(model, tokens[:1], primary, ["raw_attention"])["raw_attention"]
+    assert curve_masks(raw, primary)[:, 0, :, :, 0].any()  # the primary protocol may remove the sink
 
 
 def test_faithfulness_curves_end_to_end(tiny_gqa):
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(layers=(1,), fractions=(0.3, 0.6, 0.9))
+    protocol = Protocol(layers=(1,), ranking="row", fractions=(0.3, 0.6, 0.9), skip_prefix=2)
     res = faithfulness_curves(model, tokens, protocol, ALL_METRICS, progress=False, n_boot=50)
     df = res.per_sequence
     assert len(df) == tokens.shape[0] * len(ALL_METRICS) * 2 * 3
@@ -111,35 +114,23 @@ def test_faithfulness_curves_end_to_end(tiny_gqa):
     seq = tokens[1:2]
     scores = metric_scores(model, seq, protocol, ["contribution"])["contribution"]
     masks = curve_masks(scores, protocol)
-    nll = masked_token_nll(model, seq, masks[:, 1:2], [1], branch=False)
+    nll = masked_token_nll(model, seq, masks[:, 1:2], [1], branch=False)[0, 2:]
     with torch.no_grad():
-        clean = token_nll(model(seq, return_type="logits"), seq)
+        clean = token_nll(model(seq, return_type="logits"), seq)[0, 2:]
     row = df[(df.sequence == 1) & (df.metric == "contribution") & (df.direction == "comprehensiveness") & (df.fraction == 0.6)]
-    assert row.delta_ppl.item() == pytest.approx(float(torch.exp(nll.mean()) - torch.exp(clean.mean())), rel=1e-4, abs=1e-5)
-    assert row.delta_logprob.item() == pytest.approx(float(clean.mean() - nll.mean()), rel=1e-4, abs=1e-5)
+    assert row.nll.item() == pytest.approx(float(nll.mean()), rel=1e-5)
+    assert res.clean.set_index("sequence").nll[1] == pytest.approx(float(clean.mean()), rel=1e-5)
     auc = res.auc()
     assert set(auc.metric) == set(ALL_METRICS)
     assert (auc.ci_low <= auc.auc + 1e-12).all() and (auc.auc <= auc.ci_high + 1e-12).all()
     text = str(res)
-    assert "layers masked together = 1" in text and "sink (pos 0) removable = False" in text
-    order = claimed_order_holds(auc)
-    assert set(order["pairs"].values()) <= {"holds", "tie", "reversed"}
+    assert "layers masked together = one layer (1)" in text and "sink (pos 0) removable = True" in text and "ranking = row" in text
+    order = claimed_order_holds(res.pairs())
+    assert set(order["pairs"].values()) <= {"holds", "tie", "reversed", "no range", "too few documents"}
     # per-row rankings: value-weighted and output-normalised remove the same sources
-    vw = df[df.metric == "value_weighted"].delta_ppl.to_numpy()
-    assert np.allclose(vw, df[df.metric == "output_normalized"].delta_ppl.to_numpy(), atol=1e-6)
+    vw = df[df.metric == "value_weighted"].nll.to_numpy()
+    assert np.array_equal(vw, df[df.metric == "output_normalized"].nll.to_numpy())
     assert set(order["pairs"]) == {"raw_attention < value_weighted", "value_weighted < output_normalized", "output_normalized < contribution"}
-
-
-def test_claimed_order_by_hand():
-    import pandas as pd
-
-    rows = [dict(metric=m, direction=d, quantity=q, auc=a) for d in ("comprehensiveness", "sufficiency")
-            for q in ("delta_ppl",) for m, a in zip(["raw_attention", "value_weighted", "output_normalized", "contribution"], [1.0, 2.0, 2.0, 3.0])]  # fmt: skip
-    auc = pd.DataFrame(rows)
-    comp = claimed_order_holds(auc, "comprehensiveness")
-    assert comp["pairs"] == {"raw_attention < value_weighted": "holds", "value_weighted < output_normalized": "tie", "output_normalized < contribution": "holds"}
-    assert not comp["holds"]
-    assert set(claimed_order_holds(auc, "sufficiency")["pairs"].values()) == {"reversed", "tie"}
 
 
 def test_protocol_errors(tiny_gqa):
@@ -160,9 +151,9 @@ def test_smollm2_value_zeroing_one_layer(smollm2, smollm2_tokens):
 
 @pytest.mark.slow
 def test_smollm2_comprehensiveness_hurts_more_than_random(smollm2, smollm2_tokens):
-    protocol = Protocol(layers=tuple(range(24, 30)), fractions=(0.5,))
+    protocol = Protocol(layers=tuple(range(24, 30)), ranking="row", allow_sink=False, allow_current=False, fractions=(0.5,))
     res = faithfulness_curves(smollm2, smollm2_tokens[:2, :48], protocol, ["contribution", "random"], progress=False, n_boot=50)
-    df = res.per_sequence.groupby(["metric", "direction"]).delta_ppl.mean()
+    df = res.per_sequence.groupby(["metric", "direction"]).nll.mean()
     assert df["contribution", "comprehensiveness"] > df["random", "comprehensiveness"]
     assert df["contribution", "sufficiency"] < df["contribution", "comprehensiveness"]
 
@@ -170,18 +161,22 @@ def test_smollm2_comprehensiveness_hurts_more_than_random(smollm2, smollm2_token
 def test_paired_auc_difference_by_hand():
     import pandas as pd
 
-    from geolens.faithfulness import FaithfulnessResult, paired_auc_differences
+    from geolens.faithfulness import FaithfulnessResult
 
     fr = (0.1, 0.5)
     rows = []
-    for s, shift in enumerate([0.0, 10.0, 20.0]):  # large between-sequence spread, constant paired gap
+    for s, shift in enumerate([0.0, 1.0, 2.0]):  # large between-document spread, constant paired gap in NLL
         for d in ("comprehensiveness", "sufficiency"):
             for k in fr:
-                rows.append(dict(sequence=s, metric="raw_attention", direction=d, fraction=k, delta_ppl=shift + k, delta_logprob=0.0))
-                rows.append(dict(sequence=s, metric="contribution", direction=d, fraction=k, delta_ppl=shift + k + 1.0, delta_logprob=0.0))
-    res = FaithfulnessResult(protocol=dict(fractions=fr, layers=[0], allow_sink=False, allow_current=False, mode="intra"),
-                             per_sequence=pd.DataFrame(rows), clean=pd.DataFrame())  # fmt: skip
-    out = paired_auc_differences(res, n_boot=200)
-    row = out[(out.direction == "comprehensiveness") & (out.quantity == "delta_ppl")].iloc[0]
-    assert row.auc_difference == pytest.approx(0.4 * 1.0)  # constant gap 1 over a span of 0.4
-    assert row.ci_low == pytest.approx(0.4) and row.ci_high == pytest.approx(0.4)
+                rows.append(dict(sequence=s, metric="raw_attention", direction=d, fraction=k, nll=shift + k, n_removed=0))
+                rows.append(dict(sequence=s, metric="contribution", direction=d, fraction=k, nll=shift + k + 0.5, n_removed=0))
+    protocol = dict(fractions=fr, layers=[0], allow_sink=False, allow_current=False, mode="intra", ranking="row", skip_prefix=0)
+    clean = pd.DataFrame(dict(sequence=[0, 1, 2], nll=[0.0, 1.0, 2.0], n_scored=10))
+    res = FaithfulnessResult(protocol=protocol, per_sequence=pd.DataFrame(rows), clean=clean, n_boot=200)
+    out = res.pairs([("raw_attention", "contribution")])
+    row = out[(out.direction == "comprehensiveness") & (out.quantity == "delta_logprob")].iloc[0]
+    assert row.auc_diff == pytest.approx(0.4 * 0.5)  # Δ log-prob lower by 0.5 everywhere: more faithful
+    assert row.ci_low == pytest.approx(0.2) and row.ci_high == pytest.approx(0.2)
+    suff = out[(out.direction == "sufficiency") & (out.quantity == "delta_logprob")].iloc[0]
+    assert suff.auc_diff == pytest.approx(-0.2)
+    assert row.verdict == "no range"  # no random ranking ran: no range check, no verdict

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geolens.commands.faithfulness import auc_markdown, parse_layers
+from geolens.commands.faithfulness import auc_markdown, pairs_markdown, parse_fractions, parse_layers
 from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot, pruning_curves_plot, sensitivity_map_plot
 
 
@@ -16,15 +16,39 @@ def test_parse_layers():
     assert parse_layers("-2,-1", 30) == (28, 29)
     assert parse_layers("20-23", 30) == (20, 21, 22, 23)
     assert parse_layers("3,1,3", 30) == (1, 3)
+    assert parse_layers("early", 30) == tuple(range(10)) and parse_layers("late", 30) == tuple(range(20, 30))
+    with pytest.raises(ValueError, match="--layers 30 is out of range: the model has 30 layers"):
+        parse_layers("30", 30)
+    with pytest.raises(ValueError, match="expected 'all' or layers like"):
+        parse_layers("top", 30)
+
+
+def test_parse_fractions_and_bad_input_exit_2(capsys):
+    assert parse_fractions("0.5,0.01") == (0.01, 0.5)
+    for bad in ("0,0.5", "0.5,1", "1.5", "x"):
+        with pytest.raises(ValueError, match="--fractions"):
+            parse_fractions(bad)
+    from geolens.cli import main
+
+    assert main(["faithfulness", "--fractions", "0.2,1.2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "geolens faithfulness: error: --fractions must lie in (0, 1), got [1.2]"
+    assert main(["faithfulness", "--fractions", "0.5", "--metrics", "attention,random"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown metric 'attention'" in err and "\n" not in err
 
 
 def test_auc_markdown_and_figures(tmp_path):
     curves = pd.DataFrame(
-        [dict(metric=m, direction=d, fraction=k, delta_ppl_mean=k * (i + 1), delta_ppl_sem=0.1, delta_logprob_mean=-k, delta_logprob_sem=0.01)
+        [dict(metric=m, direction=d, fraction=k, delta_ppl=k * (i + 1), delta_ppl_lo=k * (i + 1) - 0.1, delta_ppl_hi=k * (i + 1) + 0.1,
+              delta_logprob=-k, delta_logprob_lo=-k - 0.01, delta_logprob_hi=-k + 0.01)
          for i, m in enumerate(["raw_attention", "contribution", "random"]) for d in ("comprehensiveness", "sufficiency") for k in (0.1, 0.5, 0.9)]
     )  # fmt: skip
     view = faithfulness_curves_plot(curves, "delta_ppl", subtitle="protocol: test")
-    assert np.allclose(view.data["comprehensiveness/contribution"]["mean"], [0.2, 1.0, 1.8])
+    assert np.allclose(view.data["comprehensiveness/contribution"]["value"], [0.2, 1.0, 1.8])
+    pairs = pd.DataFrame([dict(a="raw_attention", b="contribution", direction="sufficiency", quantity="delta_ppl",
+                               auc_diff=0.5, ci_low=0.1, ci_high=0.9, verdict="holds", claimed=False)])  # fmt: skip
+    assert "| raw_attention → contribution | sufficiency | delta_ppl | +0.5 | [+0.1, +0.9] | holds |" in pairs_markdown(pairs)
     assert view.save(tmp_path / "c.png").stat().st_size > 1000
     auc = pd.DataFrame([dict(metric="random", direction="sufficiency", quantity="delta_ppl", auc=1.23456, ci_low=1.0, ci_high=1.5)])
     assert "| random | sufficiency | delta_ppl | 1.2346 | [1.0000, 1.5000] |" in auc_markdown(auc)
@@ -42,12 +66,12 @@ def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
     for metric, scale in [("raw_attention", 1.0), ("value_weighted", 2.0), ("output_normalized", 2.0), ("contribution", 3.0), ("random", 0.5)]:
         for d in ("comprehensiveness", "sufficiency"):
             for k in (0.1, 0.5, 0.9):
-                rows.append(dict(metric=metric, direction=d, fraction=k, delta_ppl_mean=scale * k, delta_ppl_sem=0.01,
-                                 delta_logprob_mean=-k, delta_logprob_sem=0.01))
+                rows.append(dict(metric=metric, direction=d, fraction=k, delta_ppl=scale * k, delta_ppl_lo=scale * k - 0.01,
+                                 delta_ppl_hi=scale * k + 0.01, delta_logprob=-k, delta_logprob_lo=-k - 0.01, delta_logprob_hi=-k + 0.01))
     view = faithfulness_curves_plot(pd.DataFrame(rows), "delta_ppl")
     pairs = {(p["direction"], p["a"], p["b"]) for p in view.data["coincide"]}
     assert pairs == {("comprehensiveness", "value_weighted", "output_normalized"), ("sufficiency", "value_weighted", "output_normalized")}
-    assert all(p["identical"] and "constant within a (head, query) row" in p["reason"] for p in view.data["coincide"])
+    assert all(p["identical"] and "constant within a ranking group" in p["reason"] for p in view.data["coincide"])
     styles = {(line.get_marker(), str(line.get_linestyle())) for line in view.figure.axes[0].get_lines()}
     assert len(styles) == 5  # every metric has its own marker and line style
     texts = " ".join(t.get_text() for t in view.figure.texts)
@@ -56,3 +80,23 @@ def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
     distinct = faithfulness_curves_plot(pd.DataFrame([r for r in rows if r["metric"] != "output_normalized"]), "delta_ppl")
     assert distinct.data["coincide"] == [] and not distinct.figure.texts
     distinct.close()
+
+
+def test_results_readme_and_resume(tmp_path):
+    from test_faithfulness_scopes import synthetic_result
+
+    from geolens.commands.faithfulness import _resume_state, results_markdown
+
+    gaps = dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
+    res = synthetic_result(gaps)
+    res.meta = dict(model="toy", seq_len=128, corpus="lee", command="geolens faithfulness --n-sequences 40", complete=True)
+    text = results_markdown(res)
+    assert "| ranking scope | query |" in text and "40 × 128 (lee); 4000 scored predictions" in text
+    pairs = res.pairs()
+    step = pairs[(pairs.a == "output_normalized") & (pairs.direction == "comprehensiveness") & (pairs.quantity == "delta_logprob")].iloc[0]
+    assert f"{step.auc_diff:+.3g} [{step.ci_low:+.3g}, {step.ci_high:+.3g}] **holds**" in text
+    res.save(tmp_path)
+    per, clean = _resume_state(tmp_path, dict(res.protocol), 100)
+    assert len(clean) == 40 and len(per) == len(res.per_sequence)
+    with pytest.raises(ValueError, match="another protocol"):
+        _resume_state(tmp_path, dict(res.protocol, ranking="row"), 100)

@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 TINY_MODELS = ("tiny-gqa", "tiny-mha", "tiny-gemma")
 
 
-class UsageError(Exception):
-    """A user error of a command: bad argument, missing file, unwritable output, ...
+class UsageError(ValueError):
+    """A user error of a command: bad argument, missing file, unwritable output, ... (a ValueError).
 
     Raised by the validators of this module (and by commands), caught by :func:`geolens.cli.main`.
     """
@@ -132,14 +132,15 @@ _LAYER_ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+))?$")
 
 
 def layer_spec(text: str) -> str:
-    """argparse type: ``all`` or comma-separated layers / ranges (``28,29``, ``20-29``, ``-2,-1``).
+    """argparse type: ``all``, a third of the stack (``early``, ``middle``, ``late``) or
+    comma-separated layers / ranges (``28,29``, ``20-29``, ``-2,-1``).
 
     Only the syntax is checked here; :func:`resolve_layers` checks the range once the model is known.
     """
-    if text.strip() != "all":
+    if text.strip() not in ("all", "early", "middle", "late"):
         for part in text.split(","):
             if not _LAYER_ITEM.match(part.strip()):
-                raise argparse.ArgumentTypeError(f"expected 'all' or layers like '3', '-1', '2,5', '20-29', got {text!r}")
+                raise argparse.ArgumentTypeError(f"expected 'all', early/middle/late or layers like '3', '-1', '2,5', '20-29', got {text!r}")
     return text.strip()
 
 

@@ -1,20 +1,25 @@
 """``geolens faithfulness``: comprehensiveness / sufficiency curves and MC accuracy under masks.
 
-Example (the README run)::
+The primary protocol (the defaults; docs/method.md §3, issue 10): every layer masked at once, ``query``
+ranking (all (head, source) terms of a query on the inter-head scale), sink and current token
+removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every prediction after the first
+8 positions scored. Example (the README run)::
 
-    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness
+    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/smollm2-135m
 
-Writes ``per_sequence.csv``, ``curves.csv``, ``auc.csv``, ``auc.md``, ``clean.csv``,
-``protocol.json``, ``curves_delta_ppl.png``, ``curves_delta_logprob.png`` and, with a
-multiple-choice task, ``mc.csv`` and ``mc.png`` under ``--out``. The protocol is printed first.
-Sequences are processed in blocks; after each block every table and figure is rewritten for the
-sequences done so far (``protocol.json`` records how many), so an interrupted run keeps a
-consistent set. ``--n-sequences 0`` runs only the multiple-choice part.
+Writes under ``--out``: ``summary.json`` (protocol, clean PPL, range check, AUCs, the paired
+differences with their verdicts), ``per_sequence.csv`` (each document's mean NLL under each mask),
+``clean.csv``, ``curves.csv``, ``auc.csv``, ``pairs.csv``, ``pairs.md``,
+``curves_delta_ppl.png``, ``curves_delta_logprob.png`` and, with ``--mc-task``, ``mc.csv`` and
+``mc.png``. The protocol and the range check are printed first. Documents are processed in
+blocks; after each block every table and figure is rewritten for the documents done so far, and
+``--resume`` continues an interrupted run from its ``per_sequence.csv`` (same protocol only).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -22,10 +27,29 @@ import pandas as pd
 
 
 def parse_layers(text: str, n_layers: int) -> tuple[int, ...] | None:
-    """``"all"``, ``"28,29"``, ``"20-29"`` or negative indices (``"-2,-1"``), checked, never wrapped."""
+    """``"all"``, ``"early"``/``"middle"``/``"late"`` (thirds), ``"28,29"``, ``"20-29"`` or negative
+    indices (``"-2,-1"``), checked, never wrapped (a layer outside [−n, n) is a UsageError)."""
     from geolens.commands._options import resolve_layers
+    from geolens.faithfulness import LAYER_GROUPS, layer_group
 
+    text = text.strip()
+    if text != "all" and text in LAYER_GROUPS:
+        return layer_group(text, n_layers)
     return resolve_layers(text, n_layers, "--layers")
+
+
+def parse_fractions(text: str, option: str = "--fractions") -> tuple[float, ...]:
+    """Comma-separated fractions, each in the open interval (0, 1), sorted; else UsageError."""
+    from geolens.commands._options import UsageError
+
+    try:
+        fr = tuple(float(k) for k in text.split(","))
+    except ValueError:
+        raise UsageError(f"{option} must be comma-separated numbers, got {text!r}") from None
+    bad = [k for k in fr if not 0.0 < k < 1.0]
+    if bad:
+        raise UsageError(f"{option} must lie in (0, 1), got {bad}")
+    return tuple(sorted(set(fr)))
 
 
 def auc_markdown(auc: pd.DataFrame) -> str:
@@ -35,21 +59,92 @@ def auc_markdown(auc: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _save_all(result, out: Path) -> None:
-    """Tables, AUC (markdown too), the claimed-order check and both curve figures."""
-    from geolens.faithfulness import claimed_order_holds, paired_auc_differences
+def pairs_markdown(pairs: pd.DataFrame) -> str:
+    """One row per (a, b, direction, quantity): paired ΔAUC (positive: b more faithful), CI, verdict."""
+    lines = ["| a → b | direction | quantity | ΔAUC (b − a, faithful +) | 95% paired CI | verdict |", "|---|---|---|---:|---|---|"]
+    for r in pairs.itertuples():
+        step = f"{r.a} → {r.b}" + (" (claimed)" if r.claimed else "")
+        lines.append(f"| {step} | {r.direction} | {r.quantity} | {r.auc_diff + 0.0:+.4g} | [{r.ci_low + 0.0:+.4g}, {r.ci_high + 0.0:+.4g}] | {r.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def range_text(rc: dict) -> str:
+    parts = []
+    if rc.get("random_delta_ppl_at_max_fraction") is not None:
+        parts.append(f"random ranking at k = {rc['max_fraction']}: ΔPPL {rc['random_delta_ppl_at_max_fraction']:+.4g} "
+                     f"({100 * rc['random_delta_ppl_rel_at_max_fraction']:+.2f} % of the clean PPL {rc['clean_ppl']:.4g})")  # fmt: skip
+    if "sink_only_delta_ppl" in rc:
+        parts.append(f"sink alone removed: ΔPPL {rc['sink_only_delta_ppl']:+.4g} ({100 * rc['sink_only_delta_ppl_rel']:+.2f} %)")
+    parts.append("range OK" if rc.get("has_range") else f"NO RANGE (random < {100 * rc['threshold_rel']:.0f} %): no claim decided")
+    return "range check: " + "; ".join(parts)
+
+
+def results_markdown(result) -> str:
+    """The per-protocol README of an output folder: protocol, range check, the claimed-order
+    verdicts (Δ log-prob and ΔPPL, both directions) and the other pairs, all from ``summary()``."""
+    from geolens.faithfulness import claimed_order_holds
+
+    s = result.summary()
+    p, rc = s["protocol"], s["range_check"]
+    meta = s.get("meta", {})
+    pairs = result.pairs()
+    done = "" if meta.get("complete", True) else f" (**interim**: {p['n_sequences']} of {meta.get('n_sequences_requested')} documents done)"
+    lines = [
+        f"# Faithfulness by causal masking: {p['model']}{done}",
+        "",
+        f"Command: `{meta.get('command', 'geolens faithfulness')}` ({meta.get('seconds', '?')} s).",
+        "",
+        "| protocol | value |", "|---|---|",
+        f"| layers masked together | {p.get('masking_scope')} ({_layers_text(p['layers'])}) |",
+        f"| ranking scope | {p['ranking_scope']} |",
+        f"| sink / current token removable | {p['allow_sink']} / {p['allow_current']} |",
+        f"| metric mode (‖o‖ of c and of the output-normalised metric) | {p['mode']} |",
+        f"| fractions k | {', '.join(map(str, p['fractions']))} |",
+        f"| documents × tokens | {p['n_sequences']} × {p['seq_len']} ({p['corpus']}); {p['n_scored_tokens']} scored predictions (after the first {p['skip_prefix']} positions) |",
+        f"| bootstrap | {p['n_boot']} paired resamples of documents |",
+        "",
+        f"Clean corpus PPL {s['clean_ppl']:.3f}. " + range_text(rc) + ".",
+        "",
+        "Claimed order raw < value-weighted < output-normalised < contribution, step by step "
+        "(ΔAUC = AUC difference b − a signed so that + means b more faithful; 95% paired CI; verdict from the CI):",
+        "",
+        "| direction | quantity | " + " | ".join(f"{a} → {b}" for a, b in zip(CLAIMED_ORDER_NAMES, CLAIMED_ORDER_NAMES[1:])) + " |",
+        "|---|---|" + "---|" * 3,
+    ]
+    for d in ("comprehensiveness", "sufficiency"):
+        for q in ("delta_logprob", "delta_ppl"):
+            c = claimed_order_holds(pairs, d, q)
+            cells = [f"{v['auc_diff'] + 0.0:+.3g} [{v['ci'][0] + 0.0:+.3g}, {v['ci'][1] + 0.0:+.3g}] **{v['verdict']}**" for v in c["steps"].values()]
+            lines.append(f"| {d} | {q} | " + " | ".join(cells) + " |")
+    other = pairs[~pairs.claimed]
+    if len(other):
+        lines += ["", "Other pairs:", "", pairs_markdown(other)]
+    lines += ["", "Figures: `curves_delta_logprob.png`, `curves_delta_ppl.png`; tables: `pairs.csv`, `auc.csv`, `curves.csv`; "
+              "everything above is recomputed from `per_sequence.csv` and `clean.csv` by `geolens faithfulness --replot --out <this folder>`."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+CLAIMED_ORDER_NAMES = ("raw_attention", "value_weighted", "output_normalized", "contribution")
+
+
+def _layers_text(layers) -> str:
+    layers = list(layers)
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}–{layers[-1]}"
+    return ",".join(map(str, layers))
+
+
+def _save_all(result, out: Path) -> list[dict]:
+    """Tables, summary, the claimed-order verdicts and both curve figures."""
+    from geolens.faithfulness import claimed_order_holds
     from geolens.viz.faithfulness import faithfulness_curves_plot
 
     result.save(out)
-    auc = result.auc()
-    (out / "auc.md").write_text(result.protocol_text() + "\n\n" + auc_markdown(auc), encoding="utf-8")
-    checks = [claimed_order_holds(auc, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
-    (out / "claimed_order.json").write_text(json.dumps(checks, indent=2))
-    paired = paired_auc_differences(result, n_boot=result.n_boot)
-    paired.to_csv(out / "auc_paired_vs_raw.csv", index=False)
-    lines = ["| metric − raw attention | direction | quantity | ΔAUC | 95% paired CI |", "|---|---|---|---:|---|"]
-    lines += [f"| {r.metric} | {r.direction} | {r.quantity} | {r.auc_difference:+.4f} | [{r.ci_low:+.4f}, {r.ci_high:+.4f}] |" for r in paired.itertuples()]
-    (out / "auc_paired_vs_raw.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pairs = result.pairs()
+    text = result.protocol_text() + "\n\n" + range_text(result.range_check()) + "\n\n"
+    (out / "pairs.md").write_text(text + pairs_markdown(pairs) + "\n" + auc_markdown(result.auc()), encoding="utf-8")
+    (out / "README.md").write_text(results_markdown(result), encoding="utf-8")
+    checks = [claimed_order_holds(pairs, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
     if (out / "mc.csv").exists():
         from geolens.viz.faithfulness import mc_accuracy_plot
 
@@ -57,7 +152,7 @@ def _save_all(result, out: Path) -> None:
         info = json.loads((out / "mc_protocol.json").read_text()) if (out / "mc_protocol.json").exists() else {}
         p = info.get("protocol", {})
         view = mc_accuracy_plot(mc, subtitle=f"{info.get('task', '')}, {info.get('n_questions', '?')} questions; layers masked {p.get('layers')}, "
-                                f"sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
+                                f"ranking {p.get('ranking')}, sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
         view.save(out / "mc.png", dpi=80)
         view.close()
     for q in ("delta_ppl", "delta_logprob"):
@@ -67,20 +162,43 @@ def _save_all(result, out: Path) -> None:
     return checks
 
 
-def _language_modelling(model, args, protocol, metrics, out: Path) -> None:
+def _resume_state(out: Path, protocol_dict: dict, n_total: int):
+    """(per_sequence, clean) already in ``out`` for the same protocol, or (None, None)."""
+    if not (out / "per_sequence.csv").exists() or not (out / "summary.json").exists():
+        return None, None
+    p = json.loads((out / "summary.json").read_text())["protocol"]
+    same = (p["layers"] == protocol_dict["layers"] and p["ranking_scope"] == protocol_dict["ranking"]
+            and p["allow_sink"] == protocol_dict["allow_sink"] and p["allow_current"] == protocol_dict["allow_current"]
+            and p["mode"] == protocol_dict["mode"] and list(p["fractions"]) == list(protocol_dict["fractions"])
+            and p["skip_prefix"] == protocol_dict["skip_prefix"])  # fmt: skip
+    if not same:
+        from geolens.commands._options import UsageError
+
+        raise UsageError(f"--resume: {out}/summary.json was made with another protocol; use a new --out")
+    per, clean = pd.read_csv(out / "per_sequence.csv", keep_default_na=False), pd.read_csv(out / "clean.csv")
+    per["fraction"] = per["fraction"].astype(float)
+    return per, clean
+
+
+def _language_modelling(model, args, protocol, metrics, out: Path):
     from geolens.commands._options import corpus_windows
     from geolens.faithfulness import FaithfulnessResult, faithfulness_curves
 
     tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)  # UsageError if too few
     t0 = time.time()
-    parts, cleans = [], []
-    for start in range(0, tokens.shape[0], args.block):
+    parts, cleans, start0, spent = [], [], 0, 0.0
+    if args.resume:
+        per, clean = _resume_state(out, protocol.to_dict(model), tokens.shape[0])
+        if per is not None:
+            parts, cleans, start0 = [per], [clean], len(clean)
+            spent = float(json.loads((out / "summary.json").read_text()).get("meta", {}).get("seconds", 0.0))
+            print(f"resuming after {start0} documents already in {out}", flush=True)
+    result = None
+    for start in range(start0, tokens.shape[0], args.block):
         res = faithfulness_curves(
             model, tokens[start : start + args.block], protocol, metrics,
-            chunk_size=args.chunk_size, seed=args.seed + start, progress=True, n_boot=args.n_boot,
+            chunk_size=args.chunk_size, seed=args.seed, progress=True, n_boot=args.n_boot, first_sequence=start,
         )  # fmt: skip
-        res.per_sequence["sequence"] += start
-        res.clean["sequence"] += start
         parts.append(res.per_sequence)
         cleans.append(res.clean)
         done = start + len(res.clean)
@@ -89,42 +207,49 @@ def _language_modelling(model, args, protocol, metrics, out: Path) -> None:
             clean=pd.concat(cleans, ignore_index=True), n_boot=args.n_boot,
             meta=dict(n_sequences=done, n_sequences_requested=int(tokens.shape[0]), seq_len=int(tokens.shape[1]),
                       metrics=list(metrics), seed=args.seed, model=args.model, corpus=args.corpus,
-                      seconds=round(time.time() - t0, 1), complete=done == tokens.shape[0]),
+                      seconds=round(spent + time.time() - t0, 1), complete=done == tokens.shape[0],
+                      command="geolens faithfulness " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "geolens faithfulness"),
         )  # fmt: skip
         checks = _save_all(result, out)  # every block: an interrupted run keeps a consistent set
-        print(f"  {done} / {tokens.shape[0]} sequences, {time.time() - t0:.0f} s (saved)", flush=True)
+        print(f"  {done} / {tokens.shape[0]} documents, {time.time() - t0:.0f} s (saved)", flush=True)
+    if result is None:  # everything was already done: rewrite the tables from the saved results
+        result = FaithfulnessResult.load(out, n_boot=args.n_boot)
+        checks = _save_all(result, out)
     print(result)
+    print(range_text(result.range_check()))
     for c in checks:
         print(f"paper A order raw < value-weighted < output-normalised < contribution, {c['direction']} {c['quantity']}: "
               f"{'holds' if c['holds'] else 'does NOT hold'} {c['pairs']}")  # fmt: skip
+    return result
 
 
 def run(args) -> int:
-    import torch
-
     from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, check_out_dir
     from geolens.faithfulness import ALL_METRICS, Protocol
-    from geolens.models import load_model
-    from geolens.viz.faithfulness import mc_accuracy_plot
 
-    if args.replot:  # tables and figures again from the saved per-sequence results, no model
+    fractions = parse_fractions(args.fractions)
+    mc_fractions = parse_fractions(args.mc_fractions, "--mc-fractions")
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else DEFAULT_METRICS
+    unknown = [m for m in metrics if m not in ALL_METRICS]
+    if unknown:
+        raise UsageError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(ALL_METRICS)})")
+    if args.skip_prefix >= args.seq_len - 1:
+        raise UsageError(f"--skip-prefix {args.skip_prefix} leaves no prediction in {args.seq_len} tokens")
+    out = Path(args.out or f"docs/faithfulness/{args.model}")
+    if args.replot:  # tables and figures again from the saved per-document results, no model
         from geolens.faithfulness import FaithfulnessResult
 
-        missing = [n for n in ("protocol.json", "per_sequence.csv", "clean.csv") if not (Path(args.out) / n).is_file()]
+        missing = [n for n in ("protocol.json", "per_sequence.csv", "clean.csv") if not (out / n).is_file()]
         if missing:
-            raise UsageError(f"--replot: {args.out} holds no saved results (missing {', '.join(missing)})")
-        check_out_dir(args.out)
-        result = FaithfulnessResult.load(args.out, n_boot=args.n_boot)
-        for c in _save_all(result, Path(args.out)):
+            raise UsageError(f"--replot: {out} holds no saved results (missing {', '.join(missing)})")
+        check_out_dir(out)
+        result = FaithfulnessResult.load(out, n_boot=args.n_boot)
+        for c in _save_all(result, out):
             print(c)
         print(result)
         return 0
     model_name = check_model_name(args.model)
-    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else ALL_METRICS
-    unknown = [m for m in metrics if m not in ALL_METRICS]
-    if unknown:
-        raise UsageError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(ALL_METRICS)})")
-    out = check_out_dir(args.out)
+    out = check_out_dir(out)
     if args.n_sequences > 0:
         check_corpus(args.corpus)
     questions = None
@@ -132,28 +257,31 @@ def run(args) -> int:
         questions = check_multiple_choice(args.mc_task)[: args.mc_questions]
         if not questions:
             raise UsageError(f"--mc-task {args.mc_task}: no question")
+    import torch
+
+    from geolens.models import load_model
+    from geolens.viz.faithfulness import mc_accuracy_plot
+
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(model_name)
     protocol = Protocol(
-        layers=parse_layers(args.layers, model.cfg.n_layers),
-        allow_sink=args.allow_sink,
-        allow_current=args.allow_current,
-        mode=args.mode,
-        fractions=tuple(args.fractions),
-        n_scored=args.n_scored or None,
-    )
+        layers=parse_layers(args.layers, model.cfg.n_layers), ranking=args.ranking,
+        allow_sink=not args.protect_sink, allow_current=not args.protect_current, mode=args.mode,
+        fractions=fractions, skip_prefix=args.skip_prefix,
+    )  # fmt: skip
     print(protocol.describe(model))
-    print(f"model {args.model}, corpus {args.corpus}: {args.n_sequences} sequences × {args.seq_len} tokens; metrics {list(metrics)}")
+    print(f"model {args.model}, corpus {args.corpus}: {args.n_sequences} documents × {args.seq_len} tokens; metrics {list(metrics)}; "
+          f"{args.chunk_size} masks per forward; torch threads {torch.get_num_threads()}", flush=True)  # fmt: skip
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
     if questions:
         from geolens.multiple_choice import mc_accuracy_under_masks
 
         mc_protocol = Protocol(
-            layers=protocol.layers, allow_sink=protocol.allow_sink, allow_current=protocol.allow_current,
-            mode=protocol.mode, fractions=tuple(args.mc_fractions),
+            layers=protocol.layers, ranking=protocol.ranking, allow_sink=protocol.allow_sink,
+            allow_current=protocol.allow_current, mode=protocol.mode, fractions=mc_fractions,
         )  # fmt: skip
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
@@ -168,30 +296,38 @@ def run(args) -> int:
     return 0
 
 
+# the primary run leaves Value Zeroing out by default: it costs one forward per source token
+DEFAULT_METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "random")
+
+
 def register(subparsers) -> None:
-    from geolens.commands._options import add_corpus, add_model, add_out, add_threads, float_list, layer_spec, non_negative_int, positive_int, seq_len_int
+    from geolens.commands._options import add_corpus, add_model, add_threads, layer_spec, non_negative_int, positive_int, seq_len_int
+    from geolens.faithfulness import FRACTIONS
+    from geolens.interventions.masking import RANKING_SCOPES
 
     p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (docs/method.md §3)")
     add_model(p)
     add_corpus(p)
-    p.add_argument("--n-sequences", type=non_negative_int, default=100, help="0 skips the language-modelling curves")
+    p.add_argument("--n-sequences", type=non_negative_int, default=100, help="documents (windows); 0 skips the language-modelling curves")
     p.add_argument("--seq-len", type=seq_len_int, default=128)
-    p.add_argument("--layers", type=layer_spec, default="-1", help="layers masked together: 'all', '28,29', '20-29', '=-2,-1' (default: the last layer)")
-    p.add_argument("--fractions", type=float_list(0, 1), default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], help="removal fractions in [0, 1] (default 0.1,…,0.9)")
-    p.add_argument("--metrics", default="", help="comma-separated subset of the six metrics (default: all)")
-    p.add_argument("--mode", default="intra", choices=["intra", "inter"], help="output norm of c and the output-normalised metric")
-    p.add_argument("--allow-sink", action="store_true", help="let position 0 be removed")
-    p.add_argument("--allow-current", action="store_true", help="let the query's own token be removed")
-    p.add_argument("--n-scored", type=non_negative_int, default=16, help="score only the last N predictions of each sequence (0: all)")
-    p.add_argument("--mc-task", default="bigbench:general_knowledge", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, or '' to skip")
+    p.add_argument("--layers", type=layer_spec, default="all", help="layers masked together: 'all' (primary), 'early'/'middle'/'late' (thirds), '29', '20-29', '-2,-1'")
+    p.add_argument("--ranking", default="query", choices=list(RANKING_SCOPES), help="terms ranked together: per (layer, head, query) row, per query across heads (primary), per source summed over heads")
+    p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="removal fractions k, each in (0, 1)")
+    p.add_argument("--metrics", default="", help=f"comma-separated metrics (default: {','.join(DEFAULT_METRICS)}; value_zeroing costs a forward per source)")
+    p.add_argument("--mode", default="inter", choices=["intra", "inter"], help="output norm of c and the output-normalised metric: the layer's (inter, primary) or the head's")
+    p.add_argument("--protect-sink", action="store_true", help="never remove position 0 (secondary protocol)")
+    p.add_argument("--protect-current", action="store_true", help="never remove the query's own token (secondary protocol)")
+    p.add_argument("--skip-prefix", type=non_negative_int, default=8, help="score every prediction after the first N positions")
+    p.add_argument("--mc-task", default="", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, or '' to skip (default)")
     p.add_argument("--mc-questions", type=non_negative_int, default=25)
-    p.add_argument("--mc-fractions", type=float_list(0, 1), default=[0.1, 0.5, 0.9], help="removal fractions of the multiple-choice part (default 0.1,0.5,0.9)")
-    p.add_argument("--chunk-size", type=positive_int, default=108, help="masks per batched forward (108 = a whole curve set)")
+    p.add_argument("--mc-fractions", default="0.1,0.5,0.9", help="removal fractions of the multiple-choice part, each in (0, 1)")
+    p.add_argument("--chunk-size", type=positive_int, default=12, help="masks per batched forward")
     p.add_argument("--mc-chunk-size", type=positive_int, default=60)
-    p.add_argument("--block", type=positive_int, default=10, help="sequences per saved block")
+    p.add_argument("--block", type=positive_int, default=5, help="documents per saved block")
+    p.add_argument("--resume", action="store_true", help="continue the run already in --out (same protocol)")
     p.add_argument("--n-boot", type=positive_int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     add_threads(p, default=0)
     p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
-    add_out(p, default="docs/faithfulness")
+    p.add_argument("--out", default="", help="output folder (default: docs/faithfulness/<model>)")
     p.set_defaults(func=run)

@@ -17,6 +17,10 @@ few forwards, most of them only over the masked part of the network.
 
 - :func:`removal_mask`: which sources to remove from a metric tensor (top-k% or bottom-k% of each
   (head, query) row among the eligible sources; the sink and the current token may be protected).
+- :func:`removal_ranks` / :func:`mask_from_ranks`: the same for any ranking scope (``row``: per
+  (layer, head, query); ``query``: all (head, source) terms of one query on a common scale;
+  ``source``: one score per (query, source) summed over heads, removed in every head), ranked
+  once and thresholded per fraction.
 - :func:`pattern_mask_hooks`: the ``fwd_hooks`` that zero α of removed sources.
 - :func:`branch_hook`: expand a batch of one at a layer.
 - :func:`masked_token_nll`: per-position next-token NLL of one sequence under many masks.
@@ -25,7 +29,7 @@ few forwards, most of them only over the masked part of the network.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -33,6 +37,9 @@ from torch import Tensor
 
 from geolens.adapter import PATTERN, hook_name, unembed_input_hook
 from geolens.interventions.base import FwdHooks, applied
+
+RankingScope = Literal["row", "query", "source"]
+RANKING_SCOPES: tuple[str, ...] = get_args(RankingScope)
 
 
 def eligible_sources(
@@ -93,6 +100,66 @@ def removal_mask(
     return (rank < n_remove) & ok
 
 
+def removal_ranks(
+    scores: Float[Tensor, "*lead head query key"],
+    *,
+    scope: RankingScope = "row",
+    largest: bool = True,
+    allow_sink: bool = False,
+    allow_current: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Rank every removable term once; ``mask_from_ranks`` then gives the mask of any fraction.
+
+    Scopes (the set of terms ranked together, docs/method.md §3):
+
+    - ``"row"``: the eligible sources j of one (…, head, query i), as :func:`removal_mask`;
+    - ``"query"``: all eligible (head h, source j) terms of one (…, query i), on the scale the
+      scores have (a head axis of 1 means one score per source for every head: the query's
+      sources are then removed in every head, in rank order);
+    - ``"source"``: one score per (…, query i, source j), the sum of the scores over heads (a
+      head axis of 1 is taken as already summed); a removed source is removed in every head.
+
+    Returns ``(rank, n_eligible, eligible)``: ``rank`` (same shape as the scores, or head axis 1
+    for ``"source"``) is the position of each term in its group's ranking (0 = removed first),
+    ``n_eligible`` the number of eligible terms of the group (broadcastable), ``eligible`` the
+    eligibility mask (broadcastable). Ties are broken by increasing source index, then head.
+    """
+    if scope not in RANKING_SCOPES:
+        raise ValueError(f"unknown ranking scope {scope!r}; choose from {list(RANKING_SCOPES)}")
+    if scores.ndim < 3:
+        raise ValueError(f"scores must end with [head, query, key] axes, got shape {tuple(scores.shape)}")
+    if torch.isnan(scores).any():
+        raise ValueError("scores contain NaN; rank a finite metric")
+    if scope == "source" and scores.shape[-3] != 1:
+        scores = scores.sum(-3, keepdim=True)
+    n_h, n_q, n_k = scores.shape[-3:]
+    ok = eligible_sources(n_q, n_k, allow_sink=allow_sink, allow_current=allow_current, device=scores.device)
+    fill = float("-inf") if largest else float("inf")
+    if scope == "query" and n_h > 1:
+        # [..., head, q, k] -> [..., q, k, head] -> [..., q, k·head]: key-major, so ties between the
+        # heads of one source stay together and the lower source index goes first
+        flat = scores.movedim(-3, -1).reshape(*scores.shape[:-3], n_q, n_k * n_h)
+        ok_flat = ok[:, :, None].expand(n_q, n_k, n_h).reshape(n_q, n_k * n_h)
+        ranked = torch.where(ok_flat, flat.to(torch.float64), torch.full_like(flat, fill, dtype=torch.float64))
+        order = torch.sort(ranked, dim=-1, descending=largest, stable=True).indices
+        rank = torch.argsort(order, dim=-1).to(torch.int32)
+        rank = rank.reshape(*scores.shape[:-3], n_q, n_k, n_h).movedim(-1, -3).contiguous()
+        n_ok = (ok.sum(-1) * n_h)[None, :, None]  # [1, q, 1]
+        return rank, n_ok, ok
+    ranked = torch.where(ok, scores.to(torch.float64), torch.full_like(scores, fill, dtype=torch.float64))
+    order = torch.sort(ranked, dim=-1, descending=largest, stable=True).indices
+    rank = torch.argsort(order, dim=-1).to(torch.int32)
+    return rank, ok.sum(-1)[:, None], ok
+
+
+def mask_from_ranks(rank: Tensor, n_eligible: Tensor, eligible: Tensor, fraction: float) -> Bool[Tensor, "..."]:
+    """Remove the first ⌊fraction · n + 1/2⌋ terms of each group ranked by :func:`removal_ranks`."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    n_remove = torch.floor(n_eligible.to(torch.float64) * fraction + 0.5).to(torch.int32)
+    return (rank < n_remove) & eligible
+
+
 def random_scores(shape: Sequence[int], *, seed: int, device=None) -> Float[Tensor, "..."]:
     """Uniform random scores: the ranking floor of a faithfulness curve (seeded, reproducible)."""
     g = torch.Generator(device="cpu").manual_seed(int(seed))
@@ -112,6 +179,14 @@ def _check_remove(remove: Tensor, layers: Sequence[int], n_heads: int) -> None:
         raise ValueError(f"remove has {remove.shape[2]} heads; use 1 (all heads) or n_heads={n_heads}")
 
 
+def require_pattern_hooks(model, layers: Sequence[int]) -> None:
+    """A one-line ``ValueError`` unless every layer has ``blocks.{l}.attn.hook_pattern`` to edit."""
+    hook_dict = getattr(model, "hook_dict", None)
+    missing = [hook_name(l, PATTERN) for l in layers if hook_dict is not None and hook_name(l, PATTERN) not in hook_dict]
+    if missing:
+        raise ValueError(f"this model has no {missing[0]}: masking needs the attention-pattern hook (eager attention)")
+
+
 def pattern_mask_hooks(
     model,
     remove: Bool[Tensor, "layer batch head query key"],
@@ -129,6 +204,7 @@ def pattern_mask_hooks(
         if not 0 <= l < model.cfg.n_layers:
             raise IndexError(f"layer {l} out of range for a model with {model.cfg.n_layers} layers")
     _check_remove(remove, layers, model.cfg.n_heads)
+    require_pattern_hooks(model, layers)
 
     def make(mask: Tensor):
         def hook(pattern: Tensor, hook) -> Tensor:

@@ -18,6 +18,7 @@ METRIC_STYLE = {
     "value_weighted": ("value-weighted α‖ṽ‖", "#1f77b4"),
     "output_normalized": ("output-normalised α‖ṽ‖/‖o‖", "#2ca02c"),
     "contribution": ("contribution weights c", "#d62728"),
+    "contribution_abs": ("|contribution weights| |c|", "#ff7f0e"),
     "value_zeroing": ("Value Zeroing", "#9467bd"),
     "random": ("random", "#000000"),
 }
@@ -30,13 +31,14 @@ METRIC_MARKS = {
     "value_weighted": ("s", "--", 6),
     "output_normalized": ("^", "-.", 5),
     "contribution": ("D", "-", 4),
+    "contribution_abs": ("P", ":", 5),
     "value_zeroing": ("v", ":", 5),
     "random": ("x", (0, (6, 2)), 5),
 }
-# Pairs that coincide by construction under per-row masks, with the reason.
+# Pairs that coincide by construction, with the reason (geolens.faithfulness module docstring).
 COINCIDE_REASON = {
-    frozenset(("value_weighted", "output_normalized")): "‖o_i‖ is constant within a (head, query) row, so "
-    "α‖ṽ‖/‖o‖ ranks each row's sources exactly as α‖ṽ‖ does",
+    frozenset(("value_weighted", "output_normalized")): "‖o_i‖ is constant within a ranking group (a (head, query) "
+    "row, or a query in inter mode), so α‖ṽ‖/‖o‖ ranks the group's terms exactly as α‖ṽ‖ does",
 }
 
 
@@ -82,11 +84,13 @@ def _coincidence_note(pairs: list[dict], panel: str) -> list[str]:
 
 
 def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", *, subtitle: str = "") -> PlotView:
-    """Comprehensiveness and sufficiency side by side: mean ± s.e.m. over sequences vs k.
+    """Comprehensiveness and sufficiency side by side: corpus-level value vs k with its 95% CI band.
 
-    Every metric has its own marker (hollow, decreasing size) and line style, so curves that lie
-    on top of each other stay visible; pairs that coincide are named under the figure, with the
-    reason (``data["coincide"]``).
+    ``curves`` is :attr:`geolens.faithfulness.FaithfulnessResult.curves` (columns ``quantity``,
+    ``quantity_lo``, ``quantity_hi``); the k axis is logarithmic, so the steep start of
+    all-layer curves (k = 0.01 … 0.1) is visible. Every metric has its own marker (hollow,
+    decreasing size) and line style, so curves that lie on top of each other stay visible; pairs
+    that coincide are named under the figure, with the reason (``data["coincide"]``).
     """
     fig = new_figure(figsize=(10, 4.6))
     axes = fig.subplots(1, 2, sharey=False)
@@ -97,18 +101,22 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
         panel = {}
         for index, (metric, df) in enumerate(sub.groupby("metric", sort=False)):
             name, color = _label(metric)
-            x, y, e = df.fraction.to_numpy(), df[f"{quantity}_mean"].to_numpy(), df[f"{quantity}_sem"].to_numpy()
+            x, y = df.fraction.to_numpy(), df[quantity].to_numpy()
+            lo, hi = df[f"{quantity}_lo"].to_numpy(), df[f"{quantity}_hi"].to_numpy()
             ax.plot(x, y, label=name, color=color, **_style(metric, index))
-            ax.fill_between(x, y - e, y + e, color=color, alpha=0.12)
-            data[f"{direction}/{metric}"] = dict(fraction=x, mean=y, sem=e)
+            ax.fill_between(x, lo, hi, color=color, alpha=0.12)
+            data[f"{direction}/{metric}"] = dict(fraction=x, value=y, ci_low=lo, ci_high=hi)
             panel[metric] = y
         pairs = coinciding_curves(panel)
         coincide += [dict(direction=direction, **p) for p in pairs]
         notes += _coincidence_note(pairs, direction)
         better = "higher = more faithful" if (direction == "comprehensiveness") == (quantity == "delta_ppl") else "lower = more faithful"
         ax.set_title(f"{direction} ({better})", fontsize=10)
-        ax.set_xlabel("fraction k of sources removed per (layer, head, query)")
-        ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity))
+        ax.set_xscale("log")
+        ax.set_xlabel("fraction k of terms removed per ranking group")
+        ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity) + " (corpus, 95% CI)")
+        if quantity == "delta_ppl" and len(sub) and sub[quantity].abs().max() > 50:
+            ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     data["coincide"] = coincide
