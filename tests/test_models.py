@@ -35,8 +35,9 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
         models._smollm2_gguf(None)
 
 
-def test_analyze_refuses_empty_text():
+def test_analyze_refuses_empty_text(capsys):
     from geolens.cli import main
 
-    with pytest.raises(SystemExit, match="empty"):
-        main(["analyze", "   "])
+    assert main(["analyze", "   "]) == 2  # one line on stderr, exit code 2 (issue 12)
+    err = capsys.readouterr().err.strip()
+    assert "empty" in err and len(err.splitlines()) == 1
