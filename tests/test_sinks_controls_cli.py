@@ -56,7 +56,9 @@ def test_controls_only_writes_tables_figure_and_summary(tmp_path, patched):
     ],
 )
 def test_bad_controls_arguments_are_one_line_errors(tmp_path, patched, argv, message, capsys):
-    base = ["sinks", "--controls-only", "--controls-sequences", "2", "--seq-len", "10", "--out", str(tmp_path)]
+    corpus = tmp_path / "docs.txt"  # a local corpus: the TL 2.x environment has no gensim (offline corpora)
+    corpus.write_text("the cat sat on the mat. " * 50, encoding="utf-8")
+    base = ["sinks", "--controls-only", "--controls-sequences", "2", "--seq-len", "10", "--corpus", str(corpus), "--out", str(tmp_path / "o")]
     assert main(base + argv) == 2  # the CLI convention: exit code 2, one line on stderr
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
