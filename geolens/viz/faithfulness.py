@@ -83,6 +83,18 @@ def _coincidence_note(pairs: list[dict], panel: str) -> list[str]:
     return lines
 
 
+def _finish(fig, subtitle: str, notes: list[str]) -> None:
+    """Subtitle on top, coincidence notes under the panels, layout leaving room for both."""
+    if subtitle:
+        fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
+    bottom = 0.0
+    if notes:
+        text = "\n".join(textwrap.fill(n, 170) for n in notes)
+        bottom = min(0.3, 0.034 * (text.count("\n") + 1))
+        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="#333333")
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+
+
 def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", *, subtitle: str = "") -> PlotView:
     """Comprehensiveness and sufficiency side by side: corpus-level value vs k with its 95% CI band.
 
@@ -120,14 +132,7 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     data["coincide"] = coincide
-    if subtitle:
-        fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
-    bottom = 0.0
-    if notes:
-        text = "\n".join(textwrap.fill(n, 170) for n in notes)
-        bottom = min(0.3, 0.034 * (text.count("\n") + 1))
-        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="#333333")
-    fig.tight_layout(rect=(0, bottom, 1, 1))
+    _finish(fig, subtitle, notes)
     return PlotView(fig, title=f"faithfulness curves ({quantity})", data=data)
 
 
@@ -162,14 +167,7 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
     axes[0].set_ylabel("accuracy")
     axes[0].legend(fontsize=8)
     data["coincide"] = coincide
-    if subtitle:
-        fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
-    bottom = 0.0
-    if notes:
-        text = "\n".join(textwrap.fill(n, 170) for n in notes)
-        bottom = min(0.3, 0.034 * (text.count("\n") + 1))
-        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="#333333")
-    fig.tight_layout(rect=(0, bottom, 1, 1))
+    _finish(fig, subtitle, notes)
     return PlotView(fig, title="multiple-choice accuracy under masks", data=data)
 
 
