@@ -66,7 +66,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from geolens.adapter import VALUE, get_attention_layer, hook_name, names_filter
-from geolens.contributions import _metrics_from_layer
 from geolens.interventions.base import applied
 from geolens.interventions.masking import (
     RANKING_SCOPES,
@@ -74,17 +73,14 @@ from geolens.interventions.masking import (
     branch_hook,
     mask_from_ranks,
     masked_token_nll,
-    random_scores,
     removal_ranks,
     require_pattern_hooks,
     token_nll,
 )
+from geolens.metrics import LayerInputs, MetricName, SequenceInputs, check_metric_names, get_metric, metric_names
 
-Metric = Literal[
-    "raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "value_zeroing", "random"
-]
-ALL_METRICS: tuple[str, ...] = get_args(Metric)
-ATTENTION_METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs")
+Metric = MetricName  # the built-in metric names (geolens.metrics, where every metric is registered)
+ALL_METRICS: tuple[str, ...] = metric_names()  # the built-in ones, registered at import; metric_names() is live
 CLAIMED_ORDER = ("raw_attention", "value_weighted", "output_normalized", "contribution")
 NormMode = Literal["intra", "inter"]
 MODES: tuple[str, ...] = get_args(NormMode)
@@ -298,66 +294,47 @@ def value_zeroing(
 # Metric tensors and masks
 
 
-def _check_metrics(metrics: Sequence[str]) -> None:
-    unknown = sorted(set(metrics) - set(ALL_METRICS))
-    if unknown:
-        raise ValueError(f"unknown metrics {unknown}; choose from {list(ALL_METRICS)}")
-    if not metrics:
-        raise ValueError("no metric given")
-
-
 def metric_scores(
     model,
     tokens: Int[Tensor, "1 pos"],
     protocol: Protocol,
-    metrics: Sequence[str] = ALL_METRICS,
+    metrics: Sequence[str] | None = None,
     *,
     seed: int = 0,
     value_zeroing_chunk: int | None = None,
     cache=None,
 ) -> dict[str, Float[Tensor, "layer 1 head query key"]]:
-    """Each metric's scores on the protocol's layers for one sequence.
+    """Each metric's scores on the protocol's layers for one sequence (``metrics``: names in
+    :mod:`geolens.metrics`; None = every registered metric).
 
     The head axis is n_heads, or 1 for a score shared by every head: Value Zeroing always, and
     every metric under ``source`` ranking (scores summed over heads; ``contribution_abs`` is then
     |Σ_h c_ij^h|, the magnitude of the source's total contribution). ``cache`` (a
     ``run_with_cache`` of ``tokens`` holding pattern and v of those layers) saves a forward.
     """
-    _check_metrics(metrics)
+    metrics = metric_names() if metrics is None else metrics
+    check_metric_names(metrics)
     layers = protocol.resolved_layers(model)
     summed = protocol.ranking == "source"
+    specs = {m: get_metric(m) for m in metrics}
     out: dict[str, Tensor] = {}
-    wanted = [m for m in metrics if m in ATTENTION_METRICS]
+    wanted = [m for m in metrics if specs[m].per_layer]
     if wanted:
         if cache is None:
             with torch.no_grad():
                 _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))
         per_layer = {m: [] for m in wanted}
         for l in layers:
-            view = get_attention_layer(model, cache, l)
-            alpha, relative, _, contribution, value_norm = _metrics_from_layer(view, protocol.mode, 0.0)
-            values = {
-                "raw_attention": alpha,
-                "value_weighted": alpha * value_norm,
-                "output_normalized": alpha * relative,
-                "contribution": contribution,
-            }
+            inputs = LayerInputs.from_layer(get_attention_layer(model, cache, l), protocol.mode)
             for m in wanted:
-                if m == "contribution_abs":
-                    c = contribution.sum(1, keepdim=True) if summed else contribution
-                    per_layer[m].append(c.abs())
-                else:
-                    x = values[m]
-                    per_layer[m].append(x.sum(1, keepdim=True) if summed else x)
+                per_layer[m].append(specs[m].layer_scores(inputs, summed))
         del cache
         for m in wanted:
             out[m] = torch.stack(per_layer[m])
-    if "value_zeroing" in metrics:
-        out["value_zeroing"] = value_zeroing(model, tokens, layers, chunk_size=value_zeroing_chunk)[:, :, None]
-    if "random" in metrics:
-        n = tokens.shape[1]
-        heads = 1 if summed else model.cfg.n_heads
-        out["random"] = random_scores((len(layers), 1, heads, n, n), seed=seed)
+    inputs = SequenceInputs(model, tokens, layers, 1 if summed else model.cfg.n_heads, seed, value_zeroing_chunk)
+    for m in metrics:
+        if not specs[m].per_layer:
+            out[m] = specs[m].fn(inputs)
     return {m: out[m] for m in metrics}
 
 
@@ -662,7 +639,7 @@ def faithfulness_curves(
     model,
     tokens: Int[Tensor, "n pos"],
     protocol: Protocol = Protocol(),
-    metrics: Sequence[str] = ALL_METRICS,
+    metrics: Sequence[str] | None = None,
     *,
     chunk_size: int = 12,
     seed: int = 0,
@@ -681,9 +658,11 @@ def faithfulness_curves(
     two rank identically in exact arithmetic (:func:`same_ranking_by_construction`; float32
     rounding would otherwise reorder a few near-ties), other metrics when their rankings are
     equal element for element. Random
-    rankings use seed ``seed + first_sequence + document index``.
+    rankings use seed ``seed + first_sequence + document index``. ``metrics``: names in
+    :mod:`geolens.metrics` (None = every registered metric).
     """
-    _check_metrics(metrics)
+    metrics = metric_names() if metrics is None else metrics
+    check_metric_names(metrics)
     protocol.check_curve()
     if tokens.ndim != 2 or tokens.shape[1] < 3:
         raise ValueError(f"tokens must be [n_sequences, pos ≥ 3], got shape {tuple(tokens.shape)}")
@@ -707,8 +686,9 @@ def faithfulness_curves(
         scores = metric_scores(model, seq, protocol, metrics, seed=seed + doc, cache=cache)
         del cache
         ranks, alias = {}, {}
-        if same_ranking_by_construction(protocol) and {"value_weighted", "output_normalized"} <= set(metrics):
-            alias["output_normalized"] = "value_weighted"
+        if same_ranking_by_construction(protocol):  # e.g. output-normalised reuses value-weighted
+            twins = {m: get_metric(m).same_ranking_as for m in metrics}
+            alias.update({m: t for m, t in twins.items() if t is not None and t in metrics})
         for m in metrics:
             if m in alias:
                 continue

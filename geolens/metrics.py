@@ -1,0 +1,207 @@
+"""The attribution metrics that the masking evaluation ranks: the one place where they are named.
+
+Each :class:`Metric` carries its score function and everything the rest of geolens needs to know
+about it: the label, colour, marker and line style of its curves (:mod:`geolens.viz.faithfulness`),
+whether default runs include it (``geolens faithfulness`` without ``--metrics`` and the report),
+and whether its ranking equals another metric's by construction. The registry's order, the
+registration order, is the order of the tables, legends and the report.
+
+Built-in metrics (docs/method.md §2 and §3.1; formulas in the :mod:`geolens.faithfulness`
+docstring): ``raw_attention`` α_ij, ``value_weighted`` α_ij‖ṽ_j‖, ``output_normalized``
+α_ij‖ṽ_j‖/‖o_i‖, ``contribution`` c_ij (ranked by signed value), ``contribution_abs`` |c_ij|,
+``value_zeroing`` (Mohebbi et al. 2023) and ``random`` (uniform scores: the floor).
+
+A metric is either
+
+- **per layer** (the default): ``fn(inputs: LayerInputs) -> Tensor[batch, head, query, key]``,
+  computed from one layer's attention geometry (:class:`LayerInputs`) under the protocol's
+  ``mode``. Under ``source`` ranking its scores are summed over heads, then, for an ``absolute``
+  metric, replaced by their magnitude; or
+- **per sequence** (``per_layer=False``): ``fn(inputs: SequenceInputs) -> Tensor[layer, 1, head,
+  query, key]`` (head = 1 for one score shared by every head), for scores that need the model
+  itself (Value Zeroing's extra forwards) or none of the geometry (random).
+
+Add one with :func:`register_metric`; it then takes part in :func:`geolens.faithfulness.faithfulness_curves`,
+multiple choice under masks, ``geolens faithfulness --metrics`` and, when ``default=True``, the report::
+
+    from geolens.metrics import register_metric
+    register_metric("value_norm", label="value norm ‖ṽ‖", colour="#8c564b",
+                    fn=lambda x: x.value_norm.expand_as(x.alpha))
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from geolens.adapter import AttentionLayer
+from geolens.contributions import _metrics_from_layer
+from geolens.interventions.masking import random_scores
+
+MetricName = Literal[
+    "raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "value_zeroing", "random"
+]
+# Names that result tables already use for rows that are no metric.
+RESERVED_NAMES = ("clean", "sink_only")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class LayerInputs:
+    """What a per-layer metric sees: one layer's attention geometry (docs/method.md §1-§2).
+
+    ``mode`` is the protocol's: which output o_i the relative norm and c_ij use (``inter``: the
+    layer's, ``intra``: the head's). Every tensor is ``[batch, head, query, key]`` except
+    ``value_norm`` (``[batch, head, 1, key]``: it does not depend on the query).
+    """
+
+    view: AttentionLayer
+    mode: str
+    alpha: Float[Tensor, "batch head query key"]  # α_ij
+    value_norm: Float[Tensor, "batch head 1 key"]  # ‖ṽ_j‖
+    relative: Float[Tensor, "batch head query key"]  # ‖ṽ_j‖ / ‖o_i‖
+    contribution: Float[Tensor, "batch head query key"]  # c_ij
+
+    @classmethod
+    def from_layer(cls, view: AttentionLayer, mode: str) -> LayerInputs:
+        alpha, relative, _, contribution, value_norm = _metrics_from_layer(view, mode, 0.0)
+        return cls(view, mode, alpha, value_norm, relative, contribution)
+
+
+@dataclass(frozen=True)
+class SequenceInputs:
+    """What a per-sequence metric sees: the model, one sequence and the protocol's layers.
+
+    ``heads``: the head axis to return (n_heads, or 1 under ``source`` ranking); ``seed``: the
+    sequence's random seed; ``value_zeroing_chunk``: sources per Value Zeroing forward.
+    """
+
+    model: object
+    tokens: Int[Tensor, "1 pos"]
+    layers: tuple[int, ...]
+    heads: int
+    seed: int
+    value_zeroing_chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One attribution metric: its score function and how it is shown.
+
+    Attributes:
+        name: identifier used in ``--metrics``, result tables and file names.
+        label: legend text of its curves.
+        fn: the score function (see the module docstring for both signatures).
+        colour: its curves' colour (None: matplotlib's cycle).
+        marker, linestyle, markersize: its curves' marks (hollow markers of decreasing size keep
+            curves lying on top of each other visible; marker None: one picked by position).
+        per_layer: ``fn`` takes :class:`LayerInputs` (True) or :class:`SequenceInputs` (False).
+        absolute: rank by magnitude: |score|, taken after the head sum of ``source`` ranking.
+        default: included when no metric list is given (the CLI and the report); False for
+            costly ones.
+        same_ranking_as: a metric that ranks every group identically in exact arithmetic whenever
+            :func:`geolens.faithfulness.same_ranking_by_construction` holds (its masks are then
+            reused), with ``same_ranking_reason`` saying why (printed under the figures).
+        description: one line: the formula and its source.
+    """
+
+    name: str
+    label: str
+    fn: Callable[..., Tensor]
+    colour: str | None = None
+    marker: str | None = None
+    linestyle: str | tuple = "-"
+    markersize: float = 5
+    per_layer: bool = True
+    absolute: bool = False
+    default: bool = True
+    same_ranking_as: str | None = None
+    same_ranking_reason: str = ""
+    description: str = ""
+
+    def layer_scores(self, inputs: LayerInputs, summed: bool) -> Tensor:
+        """``fn(inputs)``, summed over heads when ``summed`` (source ranking), then |·| if absolute."""
+        x = self.fn(inputs)
+        if summed:
+            x = x.sum(1, keepdim=True)
+        return x.abs() if self.absolute else x
+
+
+_REGISTRY: dict[str, Metric] = {}
+
+
+def register_metric(name: str, *, label: str, fn: Callable[..., Tensor], **options) -> Metric:
+    """Add a metric (the fields of :class:`Metric` as keywords); returns it.
+
+    Raises ValueError for a name that is taken, reserved or not lower-case ``[a-z][a-z0-9_]*``.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in RESERVED_NAMES:
+        raise ValueError(f"bad metric name {name!r}: use lower-case letters, digits and _ (not {', '.join(RESERVED_NAMES)})")
+    if name in _REGISTRY:
+        raise ValueError(f"metric {name!r} is already registered; unregister_metric({name!r}) first")
+    if not callable(fn):
+        raise ValueError(f"metric {name!r}: fn must be callable, got {type(fn).__name__}")
+    metric = Metric(name=name, label=label, fn=fn, **options)
+    _REGISTRY[name] = metric
+    return metric
+
+
+def unregister_metric(name: str) -> Metric:
+    """Remove a metric; returns it."""
+    return _REGISTRY.pop(get_metric(name).name)
+
+
+def get_metric(name: str) -> Metric:
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown metric {name!r}; choose from {list(_REGISTRY)}") from None
+
+
+def metric_names(*, default_only: bool = False) -> tuple[str, ...]:
+    """Registered metric names in registration order (``default_only``: those with ``default=True``)."""
+    return tuple(n for n, m in _REGISTRY.items() if m.default or not default_only)
+
+
+def check_metric_names(metrics) -> None:
+    """ValueError naming the unknown metrics, or for an empty list."""
+    unknown = sorted(set(metrics) - set(_REGISTRY))
+    if unknown:
+        raise ValueError(f"unknown metrics {unknown}; choose from {list(_REGISTRY)}")
+    if not metrics:
+        raise ValueError("no metric given")
+
+
+def _value_zeroing(x: SequenceInputs) -> Tensor:
+    from geolens.faithfulness import value_zeroing
+
+    return value_zeroing(x.model, x.tokens, x.layers, chunk_size=x.value_zeroing_chunk)[:, :, None]
+
+
+def _random(x: SequenceInputs) -> Tensor:
+    n = x.tokens.shape[1]
+    return random_scores((len(x.layers), 1, x.heads, n, n), seed=x.seed)
+
+
+register_metric("raw_attention", label="raw attention α", colour="#888888", marker="o", markersize=7,
+                fn=lambda x: x.alpha, description="α_ij")  # fmt: skip
+register_metric("value_weighted", label="value-weighted α‖ṽ‖", colour="#1f77b4", marker="s", linestyle="--", markersize=6,
+                fn=lambda x: x.alpha * x.value_norm, description="α_ij‖ṽ_j‖ (Kobayashi et al. 2020)")  # fmt: skip
+register_metric(
+    "output_normalized", label="output-normalised α‖ṽ‖/‖o‖", colour="#2ca02c", marker="^", linestyle="-.",
+    fn=lambda x: x.alpha * x.relative, description="α_ij‖ṽ_j‖/‖o_i‖", same_ranking_as="value_weighted",
+    same_ranking_reason="‖o_i‖ is constant within a ranking group (a (head, query) row, or a query in inter mode), "
+    "so α‖ṽ‖/‖o‖ ranks the group's terms exactly as α‖ṽ‖ does",
+)  # fmt: skip
+register_metric("contribution", label="contribution weights c", colour="#d62728", marker="D", markersize=4,
+                fn=lambda x: x.contribution, description="c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j), ranked by signed value")  # fmt: skip
+register_metric("contribution_abs", label="|contribution weights| |c|", colour="#ff7f0e", marker="P", linestyle=":",
+                fn=lambda x: x.contribution, absolute=True, description="|c_ij| (source ranking: |Σ_h c_ij^h|)")  # fmt: skip
+register_metric("value_zeroing", label="Value Zeroing", colour="#9467bd", marker="v", linestyle=":", fn=_value_zeroing,
+                per_layer=False, default=False, description="1 − cos of the layer output with v_j zeroed (Mohebbi et al. 2023); one forward per source")  # fmt: skip
+register_metric("random", label="random", colour="#000000", marker="x", linestyle=(0, (6, 2)), fn=_random,
+                per_layer=False, description="uniform scores: the floor")  # fmt: skip
