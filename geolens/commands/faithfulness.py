@@ -82,7 +82,7 @@ def range_text(rc: dict) -> str:
 def results_markdown(result) -> str:
     """The per-protocol README of an output folder: protocol, range check, the claimed-order
     verdicts (Δ log-prob and ΔPPL, both directions) and the other pairs, all from ``summary()``."""
-    from geolens.faithfulness import claimed_order_holds
+    from geolens.faithfulness import CLAIMED_ORDER, claimed_order_holds
 
     s = result.summary()
     p, rc = s["protocol"], s["range_check"]
@@ -108,7 +108,7 @@ def results_markdown(result) -> str:
         "Claimed order raw < value-weighted < output-normalised < contribution, step by step "
         "(ΔAUC = AUC difference b − a signed so that + means b more faithful; 95% paired CI; verdict from the CI):",
         "",
-        "| direction | quantity | " + " | ".join(f"{a} → {b}" for a, b in zip(CLAIMED_ORDER_NAMES, CLAIMED_ORDER_NAMES[1:])) + " |",
+        "| direction | quantity | " + " | ".join(f"{a} → {b}" for a, b in zip(CLAIMED_ORDER, CLAIMED_ORDER[1:])) + " |",
         "|---|---|" + "---|" * 3,
     ]
     for d in ("comprehensiveness", "sufficiency"):
@@ -122,9 +122,6 @@ def results_markdown(result) -> str:
     lines += ["", "Figures: `curves_delta_logprob.png`, `curves_delta_ppl.png`; tables: `pairs.csv`, `auc.csv`, `curves.csv`; "
               "everything above is recomputed from `per_sequence.csv` and `clean.csv` by `geolens faithfulness --replot --out <this folder>`."]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-CLAIMED_ORDER_NAMES = ("raw_attention", "value_weighted", "output_normalized", "contribution")
 
 
 def _layers_text(layers) -> str:
@@ -225,14 +222,15 @@ def _language_modelling(model, args, protocol, metrics, out: Path):
 
 def run(args) -> int:
     from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, check_out_dir
-    from geolens.faithfulness import ALL_METRICS, Protocol
+    from geolens.faithfulness import Protocol
+    from geolens.metrics import metric_names
 
     fractions = parse_fractions(args.fractions)
     mc_fractions = parse_fractions(args.mc_fractions, "--mc-fractions")
-    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else DEFAULT_METRICS
-    unknown = [m for m in metrics if m not in ALL_METRICS]
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else metric_names(default_only=True)
+    unknown = [m for m in metrics if m not in metric_names()]
     if unknown:
-        raise UsageError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(ALL_METRICS)})")
+        raise UsageError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(metric_names())})")
     if args.skip_prefix >= args.seq_len - 1:
         raise UsageError(f"--skip-prefix {args.skip_prefix} leaves no prediction in {args.seq_len} tokens")
     out = Path(args.out or f"docs/faithfulness/{args.model}")
@@ -296,14 +294,11 @@ def run(args) -> int:
     return 0
 
 
-# the primary run leaves Value Zeroing out by default: it costs one forward per source token
-DEFAULT_METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "random")
-
-
 def register(subparsers) -> None:
     from geolens.commands._options import add_corpus, add_model, add_threads, layer_spec, non_negative_int, positive_int, seq_len_int
     from geolens.faithfulness import FRACTIONS
     from geolens.interventions.masking import RANKING_SCOPES
+    from geolens.metrics import get_metric, metric_names
 
     p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (docs/method.md §3)")
     add_model(p)
@@ -313,7 +308,9 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=layer_spec, default="all", help="layers masked together: 'all' (primary), 'early'/'middle'/'late' (thirds), '29', '20-29', '-2,-1'")
     p.add_argument("--ranking", default="query", choices=list(RANKING_SCOPES), help="terms ranked together: per (layer, head, query) row, per query across heads (primary), per source summed over heads")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="removal fractions k, each in (0, 1)")
-    p.add_argument("--metrics", default="", help=f"comma-separated metrics (default: {','.join(DEFAULT_METRICS)}; value_zeroing costs a forward per source)")
+    costly = [m for m in metric_names() if m not in metric_names(default_only=True)]  # the primary run leaves them out
+    p.add_argument("--metrics", default="", help=f"comma-separated metrics, from {', '.join(metric_names())} (geolens.metrics; default: "
+                   f"{','.join(metric_names(default_only=True))}" + "".join(f"; not by default: {m} ({get_metric(m).description})" for m in costly) + ")")  # fmt: skip
     p.add_argument("--mode", default="inter", choices=["intra", "inter"], help="output norm of c and the output-normalised metric: the layer's (inter, primary) or the head's")
     p.add_argument("--protect-sink", action="store_true", help="never remove position 0 (secondary protocol)")
     p.add_argument("--protect-current", action="store_true", help="never remove the query's own token (secondary protocol)")
