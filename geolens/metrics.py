@@ -156,10 +156,16 @@ def unregister_metric(name: str) -> Metric:
 
 
 def get_metric(name: str) -> Metric:
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown metric {name!r}; choose from {list(_REGISTRY)}") from None
+    """The registered metric ``name``; ValueError naming the choices otherwise."""
+    metric = find_metric(name)
+    if metric is None:
+        raise ValueError(f"unknown metric {name!r}; choose from {list(_REGISTRY)}")
+    return metric
+
+
+def find_metric(name: str) -> Metric | None:
+    """The registered metric ``name``, or None (e.g. for a metric of a saved result no longer registered)."""
+    return _REGISTRY.get(name) if isinstance(name, str) else None
 
 
 def metric_names(*, default_only: bool = False) -> tuple[str, ...]:

@@ -11,44 +11,33 @@ import textwrap
 import numpy as np
 import pandas as pd
 
+from geolens.metrics import find_metric
 from geolens.viz.common import PlotView, new_figure
 
-METRIC_STYLE = {
-    "raw_attention": ("raw attention α", "#888888"),
-    "value_weighted": ("value-weighted α‖ṽ‖", "#1f77b4"),
-    "output_normalized": ("output-normalised α‖ṽ‖/‖o‖", "#2ca02c"),
-    "contribution": ("contribution weights c", "#d62728"),
-    "contribution_abs": ("|contribution weights| |c|", "#ff7f0e"),
-    "value_zeroing": ("Value Zeroing", "#9467bd"),
-    "random": ("random", "#000000"),
-}
 QUANTITY_LABEL = {"delta_ppl": "ΔPPL", "delta_logprob": "Δ log-prob of the target"}
 
 
-# Marker and line style per metric, so that curves drawn on top of each other stay visible.
-METRIC_MARKS = {
-    "raw_attention": ("o", "-", 7),
-    "value_weighted": ("s", "--", 6),
-    "output_normalized": ("^", "-.", 5),
-    "contribution": ("D", "-", 4),
-    "contribution_abs": ("P", ":", 5),
-    "value_zeroing": ("v", ":", 5),
-    "random": ("x", (0, (6, 2)), 5),
-}
-# Pairs that coincide by construction, with the reason (geolens.faithfulness module docstring).
-COINCIDE_REASON = {
-    frozenset(("value_weighted", "output_normalized")): "‖o_i‖ is constant within a ranking group (a (head, query) "
-    "row, or a query in inter mode), so α‖ṽ‖/‖o‖ ranks the group's terms exactly as α‖ṽ‖ does",
-}
-
-
-def _label(metric: str) -> tuple[str, str]:
-    return METRIC_STYLE.get(metric, (metric, None))
+def _label(metric: str) -> tuple[str, str | None]:
+    """(legend label, colour) of a metric from :mod:`geolens.metrics`; (name, None) if unregistered."""
+    m = find_metric(metric)
+    return (m.label, m.colour) if m is not None else (metric, None)
 
 
 def _style(metric: str, index: int) -> dict:
-    marker, ls, ms = METRIC_MARKS.get(metric, ("os^Dv*"[index % 6], "-", 5))
+    """The metric's own marker and line style, so that curves drawn on top of each other stay visible."""
+    m = find_metric(metric)
+    marker = m.marker if m is not None and m.marker else "os^Dv*"[index % 6]
+    ls, ms = (m.linestyle, m.markersize) if m is not None else ("-", 5)
     return dict(marker=marker, ls=ls, ms=ms, markerfacecolor="none", markeredgewidth=1.2, lw=1.3)
+
+
+def _coincide_reason(a: str, b: str) -> str | None:
+    """Why two metrics' curves coincide by construction (``Metric.same_ranking_reason``), if they do."""
+    for x, y in ((a, b), (b, a)):
+        m = find_metric(x)
+        if m is not None and m.same_ranking_as == y and m.same_ranking_reason:
+            return m.same_ranking_reason
+    return None
 
 
 def coinciding_curves(curves: dict[str, np.ndarray], *, rel_tol: float = 0.01) -> list[dict]:
@@ -70,7 +59,7 @@ def coinciding_curves(curves: dict[str, np.ndarray], *, rel_tol: float = 0.01) -
             diff = float(np.nanmax(np.abs(values[a] - values[b]))) if values[a].size else 0.0
             if diff <= rel_tol * span or diff == 0.0:
                 default = "the same mean at every k" if diff == 0.0 else f"difference ≤ {rel_tol:.0%} of the y-range"
-                reason = COINCIDE_REASON.get(frozenset((names[a], names[b])), default)
+                reason = _coincide_reason(names[a], names[b]) or default
                 out.append(dict(a=names[a], b=names[b], max_diff=diff, identical=diff == 0.0, reason=reason))
     return out
 
