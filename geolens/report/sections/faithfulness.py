@@ -4,7 +4,9 @@ The primary protocol of :mod:`geolens.faithfulness` (the default :class:`Protoco
 masked at once, ``query`` ranking (all (head, source) terms of a query ranked together on the
 inter-head scale), sink and current token removable, every prediction after the first 8 positions
 scored. It runs on the report's held-out windows (up to 8; in quick mode 1 window and
-k ∈ {0.05, 0.5}); Value Zeroing is left out (one forward per source token). The claims are
+k ∈ {0.05, 0.5}) with every metric of :mod:`geolens.metrics` registered with ``default=True``, so
+Value Zeroing is left out (one forward per source token) and a metric registered by the user takes
+part. The claims are
 decided by paired bootstrap CIs over documents, after the range check; with fewer than
 :data:`geolens.faithfulness.MIN_DOCUMENTS` documents or without range they stay undecided.
 """
@@ -12,21 +14,23 @@ decided by paired bootstrap CIs over documents, after the range check; with fewe
 from __future__ import annotations
 
 from geolens.faithfulness import CLAIMED_ORDER, CLAIMED_STEPS, FRACTIONS, MIN_DOCUMENTS, Protocol, claimed_order_holds, faithfulness_curves
+from geolens.metrics import metric_names
 from geolens.report.build import sample_size
 from geolens.report.document import Claim, Section
 from geolens.viz.faithfulness import faithfulness_curves_plot
 
 ORDER = CLAIMED_ORDER
-METRICS = ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "random")
 QUANTITY = "delta_logprob"  # mean Δ log-prob: linear in the NLL, so not dominated by the largest k as ΔPPL is
 
 
 def settings(ctx) -> dict:
+    """Run size; the metrics are every registered one with ``default=True`` (geolens.metrics), in registry order."""
     n = ctx.heldout.shape[0]
+    metrics = metric_names(default_only=True)
     skip = min(8, max(0, ctx.heldout.shape[1] - 4))
     if ctx.config.quick:
-        return {"n_sequences": min(1, n), "fractions": (0.05, 0.5), "n_boot": 200, "metrics": METRICS, "chunk_size": 12, "skip_prefix": skip}
-    return {"n_sequences": min(8, n), "fractions": FRACTIONS, "n_boot": 1000, "metrics": METRICS, "chunk_size": 12, "skip_prefix": skip}
+        return {"n_sequences": min(1, n), "fractions": (0.05, 0.5), "n_boot": 200, "metrics": metrics, "chunk_size": 12, "skip_prefix": skip}
+    return {"n_sequences": min(8, n), "fractions": FRACTIONS, "n_boot": 1000, "metrics": metrics, "chunk_size": 12, "skip_prefix": skip}
 
 
 def _decided(order: dict) -> bool | None:
