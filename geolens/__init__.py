@@ -20,15 +20,18 @@ from geolens.adapter import (
 from geolens.contributions import (
     AttentionMetrics,
     InfluenceFactors,
+    LayerMetrics,
     ZeroNormOutputWarning,
     attention_metrics,
     contribution_weights,
     head_outputs,
     influence_factors,
+    layer_metrics,
     layer_output,
     per_source_totals,
     projected_value_norms,
 )
+from geolens.geometry import head_output_norms
 from geolens.models import load_model
 
 __version__ = "0.1.0"
@@ -37,13 +40,16 @@ __all__ = [
     "AttentionLayer",
     "AttentionMetrics",
     "InfluenceFactors",
+    "LayerMetrics",
     "ZeroNormOutputWarning",
     "attention_metrics",
     "contribution_weights",
     "get_attention_layer",
+    "head_output_norms",
     "head_outputs",
     "hook_name",
     "influence_factors",
+    "layer_metrics",
     "layer_output",
     "load_model",
     "model_mode",

@@ -19,7 +19,7 @@ import time
 import torch
 
 from geolens.adapter import AttentionLayer
-from geolens.contributions import _metrics_from_layer, contribution_weights_from_layer, iter_query_chunks
+from geolens.contributions import contribution_weights_from_layer, iter_query_chunks, layer_metrics
 
 
 def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = None) -> dict:
@@ -70,8 +70,8 @@ def main() -> None:
         "pattern_bytes": pattern.numel() * 4,
         "cw_full": extra(lambda: contribution_weights_from_layer(layer, "intra")),
         "cw_budget": extra(lambda: contribution_weights_from_layer(layer, "intra", memory_budget_bytes=budget)),
-        "metrics_full": extra(lambda: _metrics_from_layer(layer, "intra", 0.0)),
-        "metrics_budget": extra(lambda: _metrics_from_layer(layer, "intra", 0.0, memory_budget_bytes=budget)),
+        "metrics_full": extra(lambda: layer_metrics(layer, "intra")),
+        "metrics_budget": extra(lambda: layer_metrics(layer, "intra", memory_budget_bytes=budget)),
         "streamed": extra(streamed),
     }
     print(json.dumps(res))

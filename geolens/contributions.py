@@ -12,7 +12,10 @@ output o_i^h = Σ_j α_ij^h ṽ_j^h:
 Efficient form (docs/method.md §2): ``[head, query, key, d_model]`` is never built. With
 u_i^h = o_i W_O^{hT} the inner product is ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩, and with the Gram matrix
 G^h = W_O^h W_O^{hT} the norm is ‖ṽ_j^h‖² = v_j^h G^h v_j^{hT}. Cost is O(head·query·key·d_head)
-time and O(head·query·key) memory, the order of the attention pattern itself.
+time and O(head·query·key) memory, the order of the attention pattern itself. G, the norms it
+gives and query chunking live in :mod:`geolens.geometry` (re-exported here: ``projected_value_norms``,
+``head_outputs``, ``layer_output``, ``iter_query_chunks``, ``query_chunk_for_budget``);
+:func:`layer_metrics` returns every per-layer quantity as one :class:`LayerMetrics`.
 
 A zero-norm output o_i (a head whose value vectors cancel, or all-zero values) has no direction:
 its row of contribution weights, relative norms and alignments is defined as 0 and a
@@ -30,6 +33,18 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter import AttentionLayer, get_attention_layer, model_mode
+from geolens.geometry import (  # noqa: F401  (head_outputs, iter_query_chunks, query_chunk_for_budget: re-exported)
+    CONTRIBUTION_TEMPORARIES,
+    METRIC_TEMPORARIES,
+    fill_query_chunks,
+    gram,
+    head_outputs,
+    iter_query_chunks,
+    layer_output,
+    projected_value_norms,
+    query_chunk_for_budget,
+    split_query_chunk,
+)
 from geolens.validation import check_eps, check_layer
 
 Mode = Literal["intra", "inter"]
@@ -53,23 +68,6 @@ class ContributionPair(NamedTuple):
     inter: Float[Tensor, "*layer batch head query key"]
 
 
-def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head key"]:
-    """‖ṽ_j^h‖ = sqrt(v_j^h G^h v_j^{hT}) with G^h = W_O^h W_O^{hT} (docs/method.md §2, efficient form)."""
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-    sq = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v)
-    return sq.clamp_min(0).sqrt()
-
-
-def head_outputs(layer: AttentionLayer) -> Float[Tensor, "batch query head d_model"]:
-    """o_i^h = z_i^h W_O^h, the per-head output before b_O (TL's ``hook_result`` minus b_O/H)."""
-    return torch.einsum("bqhd,hdm->bqhm", layer.z, layer.W_O)
-
-
-def layer_output(layer: AttentionLayer) -> Float[Tensor, "batch query d_model"]:
-    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, docs/method.md §1)."""
-    return torch.einsum("bqhd,hdm->bqm", layer.z, layer.W_O)
-
-
 @dataclass
 class _Geometry:
     """Shared intermediate quantities for one layer and one mode.
@@ -89,11 +87,11 @@ def _inverse(x: Tensor, zero: Tensor) -> Tensor:
     return torch.where(zero, torch.zeros_like(x), 1.0 / torch.where(zero, torch.ones_like(x), x))
 
 
-def _projection(layer: AttentionLayer, mode: Mode, gram: Tensor) -> tuple[Tensor, Tensor]:
+def _projection(layer: AttentionLayer, mode: Mode) -> tuple[Tensor, Tensor]:
     """(u [batch, query, head, d_head], ‖o_i‖² [batch, head, query]) with ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩."""
     if mode == "intra":
         # u_i^h = o_i^h W_O^{hT} = z_i^h G^h
-        u = torch.einsum("bqhd,hde->bqhe", layer.z, gram)
+        u = torch.einsum("bqhd,hde->bqhe", layer.z, gram(layer.W_O))
         return u, torch.einsum("bqhd,bqhd->bhq", u, layer.z)
     o = layer_output(layer)
     u = torch.einsum("bqm,hdm->bqhd", o, layer.W_O)
@@ -102,20 +100,18 @@ def _projection(layer: AttentionLayer, mode: Mode, gram: Tensor) -> tuple[Tensor
 
 def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
     _check_mode(mode)
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-    u, out_sq = _projection(layer, mode, gram)
+    u, out_sq = _projection(layer, mode)
     dot = torch.einsum("bqhd,bkhd->bhqk", u, layer.v)
-    value_norm = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v).clamp_min(0).sqrt()
-    return _finish_geometry(layer, mode, eps, dot, value_norm, out_sq)
+    return _finish_geometry(layer, mode, eps, dot, projected_value_norms(layer), out_sq)
 
 
 def _geometry_both(layer: AttentionLayer, eps: float) -> tuple[_Geometry, _Geometry]:
-    """Intra and inter geometry in one pass: the Gram matrix, the value norms and the read of v
-    are shared, and both inner products come from one batched matmul over the two projections."""
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-    (u_a, sq_a), (u_e, sq_e) = (_projection(layer, m, gram) for m in ("intra", "inter"))
+    """Intra and inter geometry in one pass: the Gram matrix (cached, :func:`geolens.geometry.gram`),
+    the value norms and the read of v are shared, and both inner products come from one batched
+    matmul over the two projections."""
+    (u_a, sq_a), (u_e, sq_e) = (_projection(layer, m) for m in ("intra", "inter"))
     dots = torch.einsum("sbqhd,bkhd->sbhqk", torch.stack([u_a, u_e]), layer.v)
-    value_norm = torch.einsum("bkhd,hde,bkhe->bhk", layer.v, gram, layer.v).clamp_min(0).sqrt()
+    value_norm = projected_value_norms(layer)
     return (
         _finish_geometry(layer, "intra", eps, dots[0], value_norm, sq_a),
         _finish_geometry(layer, "inter", eps, dots[1], value_norm, sq_e),
@@ -189,61 +185,60 @@ class AttentionMetrics:
         return {name: getattr(self, name) for name in self.METRIC_NAMES}
 
 
-def query_chunk_for_budget(
-    layer: AttentionLayer, memory_budget_bytes: int, *, n_temporaries: int = 3
-) -> int:
-    """Largest query chunk whose ``[batch, head, chunk, key]`` temporaries fit the budget.
+class LayerMetrics(NamedTuple):
+    """Everything the efficient form gives for one layer and one mode (:func:`layer_metrics`).
 
-    One query row of one temporary takes ``batch · head · key · itemsize`` bytes; the efficient
-    form keeps at most ``n_temporaries`` such tensors alive at once (3 for contribution weights,
-    6 for :func:`attention_metrics`, measured in ``tests/test_long_context.py``). The outputs
-    themselves (``[batch, head, query, key]``, the size of the attention pattern) are not part of
-    the budget. Raises if even one query row does not fit.
+    ``relative_norm · alignment · attention = contribution``; ``value_norm`` broadcasts over the
+    query axis (``attention · value_norm`` is the value-weighted baseline, docs/method.md §2). A
+    NamedTuple, so it also unpacks as the 5-tuple ``(α, rel, cos, c, ‖ṽ‖)`` it replaces.
     """
-    b, h, n_q, n_k = layer.pattern.shape
-    row = b * h * n_k * torch.finfo(layer.pattern.dtype).bits // 8 * n_temporaries
-    chunk = int(memory_budget_bytes) // row
-    if chunk < 1:
-        raise ValueError(
-            f"memory_budget_bytes={memory_budget_bytes} is below the {row} bytes that one query row "
-            f"needs (batch {b} × head {h} × key {n_k} × {n_temporaries} float temporaries)"
-        )
-    return min(chunk, n_q)
+
+    attention: Float[Tensor, "batch head query key"]  # α_ij (the pattern itself)
+    relative_norm: Float[Tensor, "batch head query key"]  # ‖ṽ_j‖ / ‖o_i‖ (0 where ‖o_i‖ ≤ eps)
+    alignment: Float[Tensor, "batch head query key"]  # cos(o_i, ṽ_j) (0 where either norm is 0)
+    contribution: Float[Tensor, "batch head query key"]  # c_ij = α_ij ⟨o_i, ṽ_j⟩ / ‖o_i‖²
+    value_norm: Float[Tensor, "batch head 1 key"]  # ‖ṽ_j‖
 
 
-_CW_TEMPORARIES = 3
-_METRIC_TEMPORARIES = 6
-
-
-def iter_query_chunks(
+def layer_metrics(
     layer: AttentionLayer,
+    mode: Mode = "intra",
     *,
+    eps: float = 0.0,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
-    n_temporaries: int = _CW_TEMPORARIES,
-):
-    """Yield ``(queries, sub_layer)``: the layer restricted to consecutive query ranges.
+) -> LayerMetrics:
+    """α, ‖ṽ_j‖/‖o_i‖, cos(o_i, ṽ_j), c_ij and ‖ṽ_j‖ of one :class:`AttentionLayer` (docs/method.md §1–2).
 
-    For reductions over very long sequences that should never hold a ``[batch, head, query,
-    key]`` result: compute and reduce per chunk, e.g. ``contribution_weights_from_layer(sub)``,
-    so the extra memory is one chunk's temporaries (the chunk size comes from
-    ``memory_budget_bytes`` through :func:`query_chunk_for_budget`, or is given).
+    ``mode`` picks o_i: the head output (``"intra"``) or the layer output (``"inter"``); outputs
+    with ‖o_i‖ ≤ ``eps`` give rows of 0 (:class:`ZeroNormOutputWarning`). ``query_chunk_size`` or
+    ``memory_budget_bytes`` (:func:`query_chunk_for_budget`) bound the temporaries to
+    ``[batch, head, chunk, key]``; each chunk is written into preallocated outputs and the results
+    are identical.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> m = layer_metrics(geolens.get_attention_layer(model, cache, 0), "inter")
+    >>> tuple(m.contribution.shape), round(float(m.contribution[0, :, 5].sum()), 4)
+    ((2, 4, 20, 20), 1.0)
     """
-    n_q = layer.pattern.shape[2]
-    chunk = _resolve_chunk(layer, query_chunk_size, memory_budget_bytes, n_temporaries) or n_q
-    if chunk < 1:
-        raise ValueError("query_chunk_size must be a positive integer")
-    for s in range(0, n_q, chunk):
-        queries = slice(s, min(s + chunk, n_q))
-        yield queries, layer.query_slice(queries)
+    eps = check_eps(eps)
+    chunk = split_query_chunk(layer, query_chunk_size, memory_budget_bytes, n_temporaries=METRIC_TEMPORARIES)
+    if chunk is not None:
+        def part(sub: AttentionLayer) -> tuple[Tensor, ...]:
+            return layer_metrics(sub, mode, eps=eps)[1:4]
 
-
-def _resolve_chunk(layer: AttentionLayer, query_chunk_size, memory_budget_bytes, n_temporaries: int) -> int | None:
-    if memory_budget_bytes is None:
-        return query_chunk_size
-    if query_chunk_size is not None:
-        raise ValueError("pass either query_chunk_size or memory_budget_bytes, not both")
-    return query_chunk_for_budget(layer, memory_budget_bytes, n_temporaries=n_temporaries)
+        relative, cos, contribution = fill_query_chunks(layer, chunk, part, 3)
+        return LayerMetrics(layer.pattern, relative, cos, contribution, projected_value_norms(layer)[:, :, None, :])
+    g = _geometry(layer, mode, eps)
+    alpha = layer.pattern
+    inv_out = g.inv_out_norm[..., None]
+    relative = g.value_norm[:, :, None, :] * inv_out
+    cos = g.dot * inv_out * g.inv_value_norm[:, :, None, :]
+    contribution = alpha * g.dot * (inv_out * inv_out)
+    return LayerMetrics(alpha, relative, cos, contribution, g.value_norm[:, :, None, :])
 
 
 def _metrics_from_layer(
@@ -252,34 +247,19 @@ def _metrics_from_layer(
     eps: float,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
-) -> tuple[Tensor, ...]:
-    """(α, relative norm, cos, c, ‖ṽ‖) for a layer, computed over chunks of query positions.
+) -> LayerMetrics:
+    """:func:`layer_metrics` under its former private name and positional arguments."""
+    return layer_metrics(layer, mode, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
 
-    Chunking bounds the temporaries to ``[batch, head, chunk, key]``; each chunk is written into
-    preallocated outputs (α is the pattern itself), and results are identical.
-    ``memory_budget_bytes`` picks the chunk size (:func:`query_chunk_for_budget`).
-    """
-    n_q = layer.pattern.shape[2]
-    query_chunk_size = _resolve_chunk(layer, query_chunk_size, memory_budget_bytes, _METRIC_TEMPORARIES)
-    if query_chunk_size is not None and query_chunk_size < n_q:
-        if query_chunk_size < 1:
-            raise ValueError("query_chunk_size must be a positive integer")
-        outs = [torch.empty_like(layer.pattern) for _ in range(3)]
-        for s in range(0, n_q, query_chunk_size):
-            part = _metrics_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps)
-            for out, chunk in zip(outs, part[1:4]):
-                out[:, :, s : s + query_chunk_size] = chunk
-            value_norm = part[4]
-            del part
-        return (layer.pattern, *outs, value_norm)
-    g = _geometry(layer, mode, eps)
-    alpha = layer.pattern
-    inv_out = g.inv_out_norm[..., None]
-    relative = g.value_norm[:, :, None, :] * inv_out
-    cos = g.dot * inv_out * g.inv_value_norm[:, :, None, :]
-    contribution = alpha * g.dot * (inv_out * inv_out)
-    value_norm = g.value_norm[:, :, None, :]
-    return alpha, relative, cos, contribution, value_norm
+
+def _model_layer_metrics(
+    model, cache, layer: int, mode: Mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask
+) -> tuple[int, LayerMetrics]:
+    """(layer index, :func:`layer_metrics`) of one layer read from a cache (the public wrappers' body)."""
+    _check_mode(mode)
+    [l] = _layers(model, layer)
+    view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
+    return l, layer_metrics(view, mode, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
 
 
 def influence_factors(
@@ -298,11 +278,8 @@ def influence_factors(
 
     Arguments as in :func:`contribution_weights`; padded positions (``attention_mask``) are 0.
     """
-    _check_mode(mode)
-    [l] = _layers(model, layer)
-    view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
-    alpha, relative, cos, _, _ = _metrics_from_layer(view, mode, check_eps(eps), query_chunk_size, memory_budget_bytes)
-    return InfluenceFactors(alpha, relative, cos, l, mode, model_mode(model))
+    l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
 
 
 def contribution_weights_from_layer(
@@ -322,18 +299,15 @@ def contribution_weights_from_layer(
     """
     _check_mode(mode, allow_both=True)
     both = mode == "both"
-    n_q = layer.pattern.shape[2]
-    query_chunk_size = _resolve_chunk(
-        layer, query_chunk_size, memory_budget_bytes, _CW_TEMPORARIES * (2 if both else 1)
+    chunk = split_query_chunk(
+        layer, query_chunk_size, memory_budget_bytes, n_temporaries=CONTRIBUTION_TEMPORARIES * (2 if both else 1)
     )
-    if query_chunk_size is not None and query_chunk_size < n_q:
-        if query_chunk_size < 1:
-            raise ValueError("query_chunk_size must be a positive integer")
-        outs = [torch.empty_like(layer.pattern) for _ in range(2 if both else 1)]
-        for s in range(0, n_q, query_chunk_size):
-            part = contribution_weights_from_layer(layer.query_slice(slice(s, s + query_chunk_size)), mode, eps=eps)
-            for out, chunk in zip(outs, part if both else (part,)):
-                out[:, :, s : s + query_chunk_size] = chunk
+    if chunk is not None:
+        def part(sub: AttentionLayer) -> tuple[Tensor, ...]:
+            c = contribution_weights_from_layer(sub, mode, eps=eps)
+            return c if both else (c,)
+
+        outs = fill_query_chunks(layer, chunk, part, 2 if both else 1)
         return ContributionPair(*outs) if both else outs[0]
     if both:
         return ContributionPair(*(_contribution(layer, g) for g in _geometry_both(layer, eps)))
@@ -440,17 +414,12 @@ def attention_metrics(
     (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`
     (``attention_mask``: padded positions are 0 in all four).
     """
-    _check_mode(mode)
-    [l] = _layers(model, layer)
-    view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
-    alpha, relative, _, contribution, value_norm = _metrics_from_layer(
-        view, mode, check_eps(eps), query_chunk_size, memory_budget_bytes
-    )
+    l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
     return AttentionMetrics(
-        raw_attention=alpha,
-        value_weighted=alpha * value_norm,
-        output_normalized=alpha * relative,
-        contribution=contribution,
+        raw_attention=m.attention,
+        value_weighted=m.attention * m.value_norm,
+        output_normalized=m.attention * m.relative_norm,
+        contribution=m.contribution,
         layer=l,
         mode=mode,
         model_mode=model_mode(model),

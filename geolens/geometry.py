@@ -1,0 +1,256 @@
+"""The geometry core: the one home of the Gram matrix, the norms it gives and query chunking.
+
+docs/method.md §1–2. With W_O^h ``[head, d_head, d_model]`` the output map of head h, the projected
+value of source j is ṽ_j^h = v_j^h W_O^h and the head output o_i^h = z_i^h W_O^h. The efficient
+form (docs/method.md §2) never builds a ``d_model`` vector per (head, query, key): with the Gram
+matrix
+
+    G^h = W_O^h W_O^{hT}   ``[head, d_head, d_head]``
+
+inner products and norms of projected vectors are quadratic forms in ``d_head``:
+
+    ⟨x W_O^h, y W_O^h⟩ = x G^h yᵀ,    ‖ṽ_j^h‖² = v_j^h G^h v_j^{hT},    ‖o_i^h‖² = z_i^h G^h z_i^{hT}.
+
+- :func:`gram` is the only place that computes G (cached per W_O tensor, see there);
+- :func:`gram_norm` is the quadratic form sqrt(x G xᵀ) for any ``[..., head, d_head]`` vectors;
+- :func:`projected_value_norms`, :func:`head_output_norms`, :func:`head_outputs` and
+  :func:`layer_output` apply them to an :class:`~geolens.adapter.AttentionLayer`;
+- :func:`query_chunk_for_budget`, :func:`iter_query_chunks` and :func:`fill_query_chunks` split
+  the queries of a layer so that ``[batch, head, query, key]`` temporaries stay within a budget
+  (docs/method.md §2: chunked results equal the unchunked ones bit for bit).
+
+Numbers are bitwise those of the former call sites: the einsum equations are the same (the
+ellipsis form of :func:`gram_norm` contracts exactly as the spelled-out ones did), and callers that
+need a subset of positions slice the vectors before the quadratic form, as they always did.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Iterator, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from geolens.adapter import AttentionLayer
+
+# How many [batch, head, chunk, key] temporaries the efficient form keeps alive at once
+# (measured in tests/test_long_context.py): contribution weights of one mode, all metrics.
+CONTRIBUTION_TEMPORARIES = 3
+METRIC_TEMPORARIES = 6
+
+# id(W_O) -> (weak reference to W_O, its state when G was computed, G). An entry leaves when its
+# W_O is freed, so an id is never matched against another tensor.
+_GRAMS: dict[int, tuple[weakref.ref, tuple, Tensor]] = {}
+
+
+def _state(W_O: Tensor) -> tuple | None:
+    """What must not change for a cached G to stay valid, or None when W_O cannot be cached.
+
+    The version counter (shared by ``detach()`` views and the parameter they come from) moves on
+    every in-place edit; storage, layout, dtype and device catch ``.data`` reassignment. Tensors
+    that need gradients are never cached (a cached G would carry a stale autograd graph), nor are
+    inference tensors (they keep no version counter).
+    """
+    if W_O.requires_grad:
+        return None
+    try:
+        version = W_O._version
+    except RuntimeError:
+        return None
+    return (W_O.data_ptr(), W_O.storage_offset(), tuple(W_O.shape), W_O.stride(), W_O.dtype, W_O.device, version)
+
+
+def _forget(ref: weakref.ref, key: int) -> None:
+    entry = _GRAMS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _GRAMS[key]
+
+
+def gram(W_O: Float[Tensor, "head d_head d_model"]) -> Float[Tensor, "head d_head d_head"]:
+    """G^h = W_O^h W_O^{hT} per head (docs/method.md §2, efficient form): the only place it is computed.
+
+    The result is cached on the identity of the ``W_O`` tensor and recomputed when that tensor
+    changes (in-place edits move its version counter; a new tensor is a new key), so every quantity
+    of one :class:`~geolens.adapter.AttentionLayer` (and of its query chunks, which share ``W_O``)
+    reuses one G. A ``W_O`` that requires grad is never cached. Do not edit the returned tensor.
+
+    >>> import torch
+    >>> W_O = torch.randn(4, 8, 32, dtype=torch.float64)
+    >>> G = gram(W_O)
+    >>> tuple(G.shape), torch.allclose(G[1], W_O[1] @ W_O[1].T), gram(W_O) is G
+    ((4, 8, 8), True, True)
+    """
+    state = _state(W_O)
+    if state is not None:
+        entry = _GRAMS.get(id(W_O))
+        if entry is not None and entry[0]() is W_O and entry[1] == state:
+            return entry[2]
+    G = torch.einsum("hdm,hem->hde", W_O, W_O)
+    if state is not None:
+        _GRAMS[id(W_O)] = (weakref.ref(W_O, lambda ref, key=id(W_O): _forget(ref, key)), state, G)
+    return G
+
+
+def gram_norm(
+    x: Float[Tensor, "*batch head d_head"], G: Float[Tensor, "head d_head d_head"]
+) -> Float[Tensor, "*batch head"]:
+    """‖x^h W_O^h‖ = sqrt(x^h G^h x^{hT}) for vectors x ``[..., head, d_head]`` (docs/method.md §2).
+
+    Rounding can make the quadratic form slightly negative for a vector in (or near) the kernel of
+    W_O; it is clamped at 0 before the square root, so the result is never NaN.
+
+    >>> import torch
+    >>> W_O, x = torch.randn(4, 8, 32, dtype=torch.float64), torch.randn(3, 4, 8, dtype=torch.float64)
+    >>> explicit = torch.einsum("bhd,hdm->bhm", x, W_O).norm(dim=-1)
+    >>> torch.allclose(gram_norm(x, gram(W_O)), explicit)
+    True
+    """
+    return torch.einsum("...hd,hde,...he->...h", x, G, x).clamp_min(0).sqrt()
+
+
+def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head key"]:
+    """‖ṽ_j^h‖ = sqrt(v_j^h G^h v_j^{hT}) with G^h = W_O^h W_O^{hT} (docs/method.md §2, efficient form).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> layer = geolens.get_attention_layer(model, cache, 0)
+    >>> explicit = torch.einsum("bkhd,hdm->bhkm", layer.v, layer.W_O).norm(dim=-1)
+    >>> tuple(projected_value_norms(layer).shape), torch.allclose(projected_value_norms(layer), explicit, atol=1e-6)
+    ((2, 4, 20), True)
+    """
+    return gram_norm(layer.v, gram(layer.W_O)).transpose(1, 2).contiguous()
+
+
+def head_output_norms(layer: AttentionLayer, queries: slice = slice(None)) -> Float[Tensor, "batch query head"]:
+    """‖o_i^h‖ = ‖z_i^h W_O^h‖ = sqrt(z_i^h G^h z_i^{hT}) (docs/method.md §1–2; b_O excluded).
+
+    Layout as :func:`head_outputs` (``[batch, query, head]``); ``queries`` selects query positions
+    before the quadratic form (e.g. ``slice(1, None)`` for every query after the sink).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> layer = geolens.get_attention_layer(model, cache, 0)
+    >>> norms = head_output_norms(layer)
+    >>> tuple(norms.shape), torch.allclose(norms, head_outputs(layer).norm(dim=-1), atol=1e-6)
+    ((2, 20, 4), True)
+    """
+    return gram_norm(layer.z[:, queries], gram(layer.W_O))
+
+
+def head_outputs(layer: AttentionLayer) -> Float[Tensor, "batch query head d_model"]:
+    """o_i^h = z_i^h W_O^h, the per-head output before b_O (TL's ``hook_result`` minus b_O/H)."""
+    return torch.einsum("bqhd,hdm->bqhm", layer.z, layer.W_O)
+
+
+def layer_output(layer: AttentionLayer) -> Float[Tensor, "batch query d_model"]:
+    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, docs/method.md §1)."""
+    return torch.einsum("bqhd,hdm->bqm", layer.z, layer.W_O)
+
+
+def query_chunk_for_budget(
+    layer: AttentionLayer, memory_budget_bytes: int, *, n_temporaries: int = CONTRIBUTION_TEMPORARIES
+) -> int:
+    """Largest query chunk whose ``[batch, head, chunk, key]`` temporaries fit the budget.
+
+    One query row of one temporary takes ``batch · head · key · itemsize`` bytes; the efficient
+    form keeps at most ``n_temporaries`` such tensors alive at once (3 for contribution weights,
+    6 for :func:`geolens.contributions.attention_metrics`, measured in
+    ``tests/test_long_context.py``). The outputs themselves (``[batch, head, query, key]``, the
+    size of the attention pattern) are not part of the budget. Raises if even one query row does
+    not fit.
+    """
+    b, h, n_q, n_k = layer.pattern.shape
+    row = b * h * n_k * torch.finfo(layer.pattern.dtype).bits // 8 * n_temporaries
+    chunk = int(memory_budget_bytes) // row
+    if chunk < 1:
+        raise ValueError(
+            f"memory_budget_bytes={memory_budget_bytes} is below the {row} bytes that one query row "
+            f"needs (batch {b} × head {h} × key {n_k} × {n_temporaries} float temporaries)"
+        )
+    return min(chunk, n_q)
+
+
+def split_query_chunk(
+    layer: AttentionLayer,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    *,
+    n_temporaries: int = CONTRIBUTION_TEMPORARIES,
+) -> int | None:
+    """The query chunk size to split ``layer`` by, or None when one pass covers every query.
+
+    ``query_chunk_size`` is taken as given; ``memory_budget_bytes`` (not both) picks it through
+    :func:`query_chunk_for_budget`. Raises for a chunk size below 1.
+    """
+    chunk = query_chunk_size
+    if memory_budget_bytes is not None:
+        if query_chunk_size is not None:
+            raise ValueError("pass either query_chunk_size or memory_budget_bytes, not both")
+        chunk = query_chunk_for_budget(layer, memory_budget_bytes, n_temporaries=n_temporaries)
+    if chunk is None:
+        return None
+    if chunk < 1:
+        raise ValueError("query_chunk_size must be a positive integer")
+    return chunk if chunk < layer.pattern.shape[2] else None
+
+
+def query_slices(start: int, stop: int, chunk: int) -> Iterator[slice]:
+    """Consecutive slices of at most ``chunk`` positions covering ``start`` … ``stop − 1``.
+
+    >>> list(query_slices(0, 5, 2))
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
+    """
+    if chunk < 1:
+        raise ValueError("query_chunk_size must be a positive integer")
+    for s in range(start, stop, chunk):
+        yield slice(s, min(s + chunk, stop))
+
+
+def iter_query_chunks(
+    layer: AttentionLayer,
+    *,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    n_temporaries: int = CONTRIBUTION_TEMPORARIES,
+) -> Iterator[tuple[slice, AttentionLayer]]:
+    """Yield ``(queries, sub_layer)``: the layer restricted to consecutive query ranges.
+
+    For reductions over very long sequences that should never hold a ``[batch, head, query,
+    key]`` result: compute and reduce per chunk, e.g. ``contribution_weights_from_layer(sub)``,
+    so the extra memory is one chunk's temporaries (the chunk size comes from
+    ``memory_budget_bytes`` through :func:`query_chunk_for_budget`, or is given; neither: one
+    chunk of every query). The sub-layers share ``W_O`` and so one cached :func:`gram`.
+    """
+    n_q = layer.pattern.shape[2]
+    chunk = split_query_chunk(layer, query_chunk_size, memory_budget_bytes, n_temporaries=n_temporaries) or n_q
+    for queries in query_slices(0, n_q, chunk):
+        yield queries, layer.query_slice(queries)
+
+
+def fill_query_chunks(
+    layer: AttentionLayer,
+    query_chunk_size: int,
+    compute: Callable[[AttentionLayer], Sequence[Tensor]],
+    n_outputs: int,
+) -> list[Tensor]:
+    """Run ``compute`` on each query chunk of ``layer`` and write its ``[batch, head, chunk, key]``
+    results into ``n_outputs`` preallocated ``[batch, head, query, key]`` tensors.
+
+    The extra memory beyond the outputs is one chunk's temporaries; since every query row is
+    computed on its own, the results equal one unchunked pass.
+    """
+    outs = [torch.empty_like(layer.pattern) for _ in range(n_outputs)]
+    for queries, sub in iter_query_chunks(layer, query_chunk_size=query_chunk_size):
+        _write_chunk(outs, queries, compute(sub))
+    return outs
+
+
+def _write_chunk(outs: list[Tensor], queries: slice, parts: Sequence[Tensor]) -> None:
+    for out, part in zip(outs, parts, strict=True):
+        out[:, :, queries] = part
