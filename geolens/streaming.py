@@ -445,13 +445,12 @@ class HeadSinkRate(CorpusAnalysis):
 
     def update(self, model, cache, tokens) -> None:
         from geolens.adapter import get_attention_layer
+        from geolens.geometry import head_output_norms
 
         rates, norms = [], []
         for l in self.layers:
             layer = get_attention_layer(model, cache, l)
-            gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-            z = layer.z[:, 1:]  # [b, q-1, h, d]
-            norms.append(torch.einsum("bqhd,hde,bqhe->bqh", z, gram, z).clamp_min(0).sqrt())
+            norms.append(head_output_norms(layer, slice(1, None)))  # [b, q-1, h]
             rates.append(layer.pattern[:, :, 1:, 0].transpose(1, 2))  # [b, q-1, h]
         rate = torch.stack(rates, dim=2).flatten(0, 1)  # [b·(q-1), layer, head]
         norm = torch.stack(norms, dim=2).flatten(0, 1)

@@ -62,6 +62,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
+from geolens.geometry import gram, projected_value_norms
 from geolens.streaming import CorpusAnalysis, Moments, Sum
 from geolens.visibility import sink_visible, visible_keys
 
@@ -81,8 +82,6 @@ def value_norms(layer, space: Space = "value") -> Float[Tensor, "batch head key"
     _check_space(space)
     if space == "value":
         return layer.v.norm(dim=-1).transpose(1, 2)
-    from geolens.contributions import projected_value_norms
-
     return projected_value_norms(layer)
 
 
@@ -133,9 +132,9 @@ def _alignments(layer, space: Space, window: int | None = None) -> tuple[Tensor,
     u = layer.v  # [b, k, h, d]
     z = layer.z  # [b, q, h, d]
     if space == "projected":
-        gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-        zg = torch.einsum("bqhd,hde->bqhe", z, gram)
-        ug = torch.einsum("bkhd,hde->bkhe", u, gram)
+        G = gram(layer.W_O)
+        zg = torch.einsum("bqhd,hde->bqhe", z, G)
+        ug = torch.einsum("bkhd,hde->bkhe", u, G)
     else:
         zg, ug = z, u
     z_norm = torch.einsum("bqhd,bqhd->bhq", zg, z).clamp_min(0).sqrt()

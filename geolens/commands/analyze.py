@@ -18,15 +18,15 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens.adapter import get_attention_layer, model_mode, names_filter
-from geolens.contributions import contribution_weights_from_layer, per_source_totals, projected_value_norms
+from geolens.contributions import contribution_weights_from_layer, per_source_totals
+from geolens.geometry import gram, projected_value_norms
 
 
 def sink_summary(layer) -> dict[str, float]:
     """Mean sink rate, sink/non-sink projected-norm ratio and mean sink cosine of one layer."""
     alpha = layer.pattern  # [b, h, q, k]
     norms = projected_value_norms(layer)  # [b, h, k]
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-    dots = torch.einsum("bhd,hde,bkhe->bhk", layer.v[:, 0], gram, layer.v[:, 1:])
+    dots = torch.einsum("bhd,hde,bkhe->bhk", layer.v[:, 0], gram(layer.W_O), layer.v[:, 1:])
     cos = dots / (norms[:, :, :1] * norms[:, :, 1:]).clamp_min(1e-12)
     return {
         "sink_rate": alpha[:, :, 1:, 0].mean().item(),

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from geolens import geometry
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.selection.baseline import document_bootstrap, document_means, paired_comparison, random_rankings, win_tie_loss
 from geolens.selection.bounds import bound_violations
@@ -237,7 +238,7 @@ class SelectionAnalysis(CorpusAnalysis):
             window = sliding_window(model, l)
             y, visible = layer_contributions(layer, q_slice, window=window)  # [b,h,q,k,d], [q,k]
             pattern = layer.pattern[:, :, q_slice]
-            grams = {"value": None, "projected": torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)[:, None]}
+            grams = {"value": None, "projected": geometry.gram(layer.W_O)[:, None]}
             rand = self.draw_rankings(tokens, l, visible.expand(pattern.shape)).to(pattern.dtype)
             groups: dict[tuple, list[Condition]] = {}
             for c in self.conditions:

@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from geolens import geometry
 from geolens.selection.bounds import inversion_bounds
 from geolens.visibility import visible_keys
 
@@ -325,7 +326,7 @@ def head_selection_scores(
         raise ValueError(f"queries must be 'final', 'all' or a slice, got {queries!r}")
     gram = None
     if space == "projected":
-        gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)[:, None]  # [h, 1, d, d]
+        gram = geometry.gram(layer.W_O)[:, None]  # [h, 1, d, d]
     start, stop, _ = q_slice.indices(n_q)
     parts = []
     for s in range(start, stop, query_chunk_size):

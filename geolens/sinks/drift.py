@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, logits_from_cache, logits_hook, model_mode, sliding_window
+from geolens.geometry import gram, gram_norm
 from geolens.interventions.base import applied
 from geolens.interventions.sink_values import scale_sink_value
 from geolens.runner import run_corpus
@@ -56,17 +57,17 @@ def head_drift_statistics(layer, *, window: int | None = None) -> tuple[torch.Te
 def head_cone_statistics(layer, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """‖o_i^h‖ and cos(o_i^h, s_i^h) ``[batch, query−1, head]``, ‖ṽ_j‖ ``[batch, key−1, head]`` (queries, sources ≥ 1);
     NaN for queries i ≥ W and keys j ≥ W of a sliding ``window``."""
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    G = gram(layer.W_O)
     z = layer.z[:, 1:]  # [b, q-1, h, d], queries 1..q-1
     vt = layer.v[:, 1:]  # [b, k-1, h, d], sources 1..k-1
     counts = torch.arange(1, vt.shape[1] + 1, dtype=vt.dtype, device=vt.device)
     m = vt.cumsum(dim=1) / counts[None, :, None, None]  # m_i = mean_{1≤j≤i} v_j
-    zG = torch.einsum("bqhd,hde->bqhe", z, gram)
+    zG = torch.einsum("bqhd,hde->bqhe", z, G)
     z_norm = (zG * z).sum(-1).clamp_min(0).sqrt()
-    m_norm = torch.einsum("bqhd,hde,bqhe->bqh", m, gram, m).clamp_min(0).sqrt()
+    m_norm = gram_norm(m, G)
     cos = (zG * m).sum(-1) / (z_norm * m_norm)
     cos = torch.where(torch.isfinite(cos), cos, torch.full_like(cos, float("nan")))
-    v_norm = torch.einsum("bkhd,hde,bkhe->bkh", vt, gram, vt).clamp_min(0).sqrt()
+    v_norm = gram_norm(vt, G)
     if window is not None:
         n_q, n_k = layer.pattern.shape[-2:]
         unseen = ~sink_visible(n_q, n_k, window, device=z.device)[1:]

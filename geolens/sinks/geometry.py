@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
+from geolens.geometry import gram, gram_norm
 from geolens.runner import run_corpus
 from geolens.sinks._accumulate import histogram_add_at, moments_add_at
 from geolens.streaming import CorpusAnalysis, Histogram, Moments, Sum
@@ -86,12 +87,12 @@ def layer_sink_statistics(layer, eps: float = GU_EPSILON, *, window: int | None 
         raise ValueError(f"sink statistics need a square pattern (every query of the window), got {n_q} queries and {n_k} keys")
     seen = sink_visible(n_q, n_k, window, device=alpha.device)  # [q]
     tail = sink_window_keys(n_k, window, device=alpha.device)[1:]  # [k-1]: keys sharing a window with the sink
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
+    G = gram(layer.W_O)
     v0, vt = v[:, 0], v[:, 1:]  # [b,h,d], [b,k-1,h,d]
-    v0G = torch.einsum("bhd,hde->bhe", v0, gram)
+    v0G = torch.einsum("bhd,hde->bhe", v0, G)
     vn0, vnt = v0.norm(dim=-1), vt.norm(dim=-1)
     pn0 = torch.einsum("bhd,bhd->bh", v0G, v0).clamp_min(0).sqrt()
-    pnt = torch.einsum("bkhd,hde,bkhe->bkh", vt, gram, vt).clamp_min(0).sqrt()
+    pnt = gram_norm(vt, G)  # [b,k-1,h]
     nan = float("nan")
     value_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0, vt), vn0[:, None], vnt)).masked_fill(~tail[:, None], nan)
     proj_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0G, vt), pn0[:, None], pnt)).masked_fill(~tail[:, None], nan)
@@ -99,7 +100,7 @@ def layer_sink_statistics(layer, eps: float = GU_EPSILON, *, window: int | None 
     n_tail = w.sum()
     m = (vt * w[None, :, None, None]).sum(dim=1) / n_tail  # [b,h,d]: mean over 1 ≤ j ≤ W−1
     m_norm = m.norm(dim=-1)
-    m_pnorm = torch.einsum("bhd,hde,bhe->bh", m, gram, m).clamp_min(0).sqrt()
+    m_pnorm = gram_norm(m, G)
     sink_col = alpha[:, :, :, 0]  # [b,h,q]
     gu_score = (sink_col * seen.to(alpha.dtype)).sum(-1) / seen.sum()  # [b,h], query 0 included (Gu et al.)
 

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
+from geolens.geometry import head_output_norms
 from geolens.runner import run_corpus
 from geolens.sinks._accumulate import histogram_add_at
 from geolens.streaming import CorpusAnalysis, Histogram, Sum
@@ -35,9 +36,7 @@ from geolens.visibility import sink_visible
 def sink_rate_and_output_norm(layer, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(α_i0, ‖o_i^h‖) for queries i ≥ 1, each ``[batch·(query−1), head]``; α_i0 is NaN for the
     queries outside the sink's sliding ``window`` (so the histograms skip them)."""
-    gram = torch.einsum("hdm,hem->hde", layer.W_O, layer.W_O)
-    z = layer.z[:, 1:]  # [b, q-1, h, d]
-    norm = torch.einsum("bqhd,hde,bqhe->bqh", z, gram, z).clamp_min(0).sqrt()
+    norm = head_output_norms(layer, slice(1, None))  # [b, q-1, h]
     rate = layer.pattern[:, :, 1:, 0].transpose(1, 2)
     n_q, n_k = layer.pattern.shape[-2:]
     unseen = ~sink_visible(n_q, n_k, window, device=rate.device)[-(n_q - 1):][:, None] if n_q > 1 else None
