@@ -39,7 +39,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.adapter import AttentionLayer
-from geolens.contributions import _metrics_from_layer
+from geolens.contributions import layer_metrics
 from geolens.interventions.masking import random_scores
 
 MetricName = Literal[
@@ -68,8 +68,8 @@ class LayerInputs:
 
     @classmethod
     def from_layer(cls, view: AttentionLayer, mode: str) -> LayerInputs:
-        alpha, relative, _, contribution, value_norm = _metrics_from_layer(view, mode, 0.0)
-        return cls(view, mode, alpha, value_norm, relative, contribution)
+        m = layer_metrics(view, mode)
+        return cls(view, mode, m.attention, m.value_norm, m.relative_norm, m.contribution)
 
 
 @dataclass(frozen=True)
