@@ -213,8 +213,8 @@ def layer_metrics(
     ``mode`` picks o_i: the head output (``"intra"``) or the layer output (``"inter"``); outputs
     with ‖o_i‖ ≤ ``eps`` give rows of 0 (:class:`ZeroNormOutputWarning`). ``query_chunk_size`` or
     ``memory_budget_bytes`` (:func:`query_chunk_for_budget`) bound the temporaries to
-    ``[batch, head, chunk, key]``; each chunk is written into preallocated outputs and the results
-    are identical.
+    ``[batch, head, chunk, key]``; each chunk is written into preallocated outputs, and the results
+    equal the unchunked ones up to float rounding.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens

@@ -17,7 +17,8 @@ inner products and norms of projected vectors are quadratic forms in ``d_head``:
   :func:`layer_output` apply them to an :class:`~geolens.adapter.AttentionLayer`;
 - :func:`query_chunk_for_budget`, :func:`iter_query_chunks` and :func:`fill_query_chunks` split
   the queries of a layer so that ``[batch, head, query, key]`` temporaries stay within a budget
-  (docs/method.md §2: chunked results equal the unchunked ones bit for bit).
+  (docs/method.md §2: each query row is computed on its own, so chunked results equal the
+  unchunked ones up to the rounding of the matmul kernels, which may differ with the chunk size).
 
 Numbers are bitwise those of the former call sites: the einsum equations are the same (the
 ellipsis form of :func:`gram_norm` contracts exactly as the spelled-out ones did), and callers that
@@ -243,7 +244,8 @@ def fill_query_chunks(
     results into ``n_outputs`` preallocated ``[batch, head, query, key]`` tensors.
 
     The extra memory beyond the outputs is one chunk's temporaries; since every query row is
-    computed on its own, the results equal one unchunked pass.
+    computed on its own, the results equal one unchunked pass (up to matmul rounding, which can
+    change with the number of rows).
     """
     outs = [torch.empty_like(layer.pattern) for _ in range(n_outputs)]
     for queries, sub in iter_query_chunks(layer, query_chunk_size=query_chunk_size):
