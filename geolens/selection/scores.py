@@ -329,10 +329,10 @@ def head_selection_scores(
         gram = geometry.gram(layer.W_O)[:, None]  # [h, 1, d, d]
     start, stop, _ = q_slice.indices(n_q)
     parts = []
-    for s in range(start, stop, query_chunk_size):
-        y, visible = layer_contributions(layer, slice(s, min(s + query_chunk_size, stop)), window=window)
+    for queries in geometry.query_slices(start, stop, query_chunk_size):
+        y, visible = layer_contributions(layer, queries, window=window)
         y_norm = _norms(y, gram)
-        pattern = layer.pattern[:, :, s : min(s + query_chunk_size, stop)]
+        pattern = layer.pattern[:, :, queries]
         parts.append(
             selection_scores(y, rankings(y_norm, pattern, by), visible, sizes, distance=distance, gram=gram, sink=sink)
         )
