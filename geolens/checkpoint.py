@@ -40,6 +40,8 @@ from typing import Any, Sequence
 
 import torch
 
+from geolens.data import as_token_tensor
+
 FORMAT_VERSION = 2  # 2: the fingerprint holds the model and the analyses' arguments
 
 
@@ -90,8 +92,6 @@ def tokens_fingerprint(tokens, *, block: int = 4096) -> str:
 
     Read ``block`` rows at a time, so a memmapped corpus is hashed in bounded memory.
     """
-    from geolens.runner import as_token_tensor
-
     h = hashlib.sha256(repr(tuple(int(s) for s in tokens.shape)).encode())
     for start in range(0, int(tokens.shape[0]), block):
         rows = as_token_tensor(tokens[start : start + block]).to("cpu", torch.int64).contiguous()

@@ -194,6 +194,15 @@ def corpus_windows(model, name: str = "lee", seq_len: int = 128, n_sequences: in
     return token_windows(model, load_corpus(name), seq_len, n_sequences=n_sequences, **kwargs)
 
 
+def as_token_tensor(rows) -> torch.Tensor:
+    """A batch of token ids as an int64 tensor (numpy slices and memmaps are copied)."""
+    if isinstance(rows, torch.Tensor):
+        return rows
+    import numpy as np
+
+    return torch.from_numpy(np.array(rows, dtype=np.int64))
+
+
 def batches(tokens: torch.Tensor, batch_size: int):
     """Yield consecutive ``[batch_size, seq_len]`` slices of a token tensor."""
     for start in range(0, tokens.shape[0], batch_size):

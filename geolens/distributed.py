@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from geolens.runner import as_token_tensor, run_corpus, shard_bounds
+from geolens.data import as_token_tensor
+from geolens.runner import run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis
 
 

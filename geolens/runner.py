@@ -22,6 +22,8 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from geolens import checkpoint as ckpt_io
+from geolens.data import as_token_tensor
 from geolens.streaming import CorpusAnalysis
 from geolens.validation import check_attention_mask, refuse_unmasked_padding
 
@@ -76,15 +78,6 @@ def model_device(model) -> torch.device:
         return model.embed.W_E.device
     except AttributeError:
         return next(model.parameters()).device
-
-
-def as_token_tensor(rows) -> torch.Tensor:
-    """A batch of token ids as an int64 tensor (numpy slices and memmaps are copied)."""
-    if isinstance(rows, torch.Tensor):
-        return rows
-    import numpy as np
-
-    return torch.from_numpy(np.array(rows, dtype=np.int64))
 
 
 def unpadded_groups(model, batch: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
@@ -174,8 +167,6 @@ def run_corpus(
     >>> int(rates.sink_rate.count[0, 0])  # queries 1… of each prompt: 5 + 11
     16
     """
-    from geolens import checkpoint as ckpt_io
-
     _check_inputs(tokens, analyses, batch_size, checkpoint_every)
     if attention_mask is not None:
         attention_mask = check_attention_mask(as_token_tensor(attention_mask), *map(int, tokens.shape))
