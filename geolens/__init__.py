@@ -60,9 +60,9 @@ __all__ = [
 ]
 
 from geolens import checkpoint, runner, streaming  # noqa: E402  (issue 7; geolens.distributed is imported on use)
-from geolens.runner import run_corpus  # noqa: E402
+from geolens.runner import run_analysis, run_corpus  # noqa: E402
 
-__all__ += ["run_corpus"]
+__all__ += ["run_analysis", "run_corpus"]
 
 from geolens import faithfulness, multiple_choice, pruning  # noqa: E402  (issue 5: causal evaluation)
 from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing  # noqa: E402

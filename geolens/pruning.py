@@ -97,11 +97,9 @@ class AttentionEntropy(CorpusAnalysis):
 
 def attention_entropy(model, tokens: Int[Tensor, "n seq"], *, batch_size: int = 8, progress: bool = False) -> Float[Tensor, "layer head"]:
     """Mean attention entropy per head over ``tokens`` (streamed, :class:`AttentionEntropy`)."""
-    from geolens.runner import run_corpus
+    from geolens.runner import run_analysis
 
-    a = AttentionEntropy(model.cfg.n_layers, model.cfg.n_heads)
-    run_corpus(model, tokens, [a], batch_size=batch_size, progress=progress, desc="entropy")
-    return a.result()
+    return run_analysis(model, tokens, AttentionEntropy, model.cfg.n_layers, model.cfg.n_heads, batch_size=batch_size, progress=progress, desc="entropy")
 
 
 # ---------------------------------------------------------------------------------------------

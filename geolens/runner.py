@@ -199,3 +199,35 @@ def run_corpus(
             ckpt_io.save_checkpoint(checkpoint, analyses, done, fingerprint)
     bar.close()
     return analyses
+
+
+def run_analysis(
+    model,
+    tokens: torch.Tensor,
+    analysis_class,
+    *args,
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "corpus",
+    result_kwargs: dict | None = None,
+    **kwargs,
+):
+    """Build one analysis, run it over ``tokens`` with :func:`run_corpus` and return its result.
+
+    ``analysis_class(*args, **kwargs)`` makes the analysis (a :class:`CorpusAnalysis` class, or a
+    factory such as ``TaxonomyAnalysis.for_model`` with the model among ``args``);
+    ``batch_size``, ``progress`` and ``desc`` go to :func:`run_corpus`, ``result_kwargs`` to
+    ``result()``. The one-call functions of the topics (``sink_geometry``, ``head_taxonomy``,
+    ``mean_head_z``, …) are this call.
+
+    >>> from geolens.streaming import HeadSinkRate
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model, length=8)
+    >>> rates = run_analysis(model, tokens, HeadSinkRate.for_model, model, batch_size=1)
+    >>> int(rates["n_tokens"]) == tokens.shape[0] * 7  # queries 1…7 of every window
+    True
+    """
+    analysis = analysis_class(*args, **kwargs)
+    run_corpus(model, tokens, [analysis], batch_size=batch_size, progress=progress, desc=desc)
+    return analysis.result(**(result_kwargs or {}))

@@ -469,15 +469,14 @@ def head_taxonomy(
         tax = geolens.taxonomy.head_taxonomy(model, corpus_windows(model, "lee", 128, 200))
         tax.table.query("regime == 'Retriever'")
     """
-    from geolens.runner import run_corpus
+    from geolens.runner import run_analysis
 
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [n, seq] with seq ≥ 2, got {tuple(tokens.shape)}")
-    analysis = TaxonomyAnalysis.for_model(
-        model, space=space, skip_first_query=skip_first_query, queries=queries, prefix_lengths=prefix_lengths
-    )
-    run_corpus(model, tokens, [analysis], batch_size=batch_size, progress=progress, desc="taxonomy")
-    return analysis.result()
+    return run_analysis(
+        model, tokens, TaxonomyAnalysis.for_model, model, space=space, skip_first_query=skip_first_query, queries=queries,
+        prefix_lengths=prefix_lengths, batch_size=batch_size, progress=progress, desc="taxonomy",
+    )  # fmt: skip
 
 
 def compare_taxonomies(a: TaxonomyResult, b: TaxonomyResult, names: tuple[str, str] = ("a", "b")) -> dict:

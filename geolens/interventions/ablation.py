@@ -125,7 +125,6 @@ class MeanHeadZ(CorpusAnalysis):
 
 def mean_head_z(model, tokens: Tensor, *, batch_size: int = 8, progress: bool = False) -> Float[Tensor, "layer head d_head"]:
     """Reference means of z for mean ablation, streamed over ``tokens`` ``[n, seq]``."""
-    from geolens.runner import run_corpus
+    from geolens.runner import run_analysis
 
-    [analysis] = run_corpus(model, tokens, [MeanHeadZ.for_model(model)], batch_size=batch_size, progress=progress, desc="mean z")
-    return analysis.result()
+    return run_analysis(model, tokens, MeanHeadZ.for_model, model, batch_size=batch_size, progress=progress, desc="mean z")

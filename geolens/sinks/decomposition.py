@@ -38,7 +38,7 @@ import torch
 
 from geolens.adapter import PATTERN, VALUE, hook_name, model_mode, sliding_window
 from geolens.contributions import InfluenceFactors, ZeroNormOutputWarning, influence_factors
-from geolens.runner import run_corpus
+from geolens.runner import run_analysis
 from geolens.sinks._accumulate import add_moments_at
 from geolens.streaming import CorpusAnalysis, Moments
 
@@ -200,6 +200,5 @@ class DecompositionResult:
 
 def token_type_decomposition(model, tokens: torch.Tensor, *, batch_size: int = 8, layers=None, progress: bool = False) -> DecompositionResult:
     """Variance decomposition of log|c_ij| for sink vs tail sources (see the module docstring)."""
-    analysis = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads, layers=layers)
-    run_corpus(model, tokens, [analysis], batch_size=batch_size, progress=progress, desc="decomposition")
-    return analysis.result()
+    return run_analysis(model, tokens, TokenTypeDecomposition, model.cfg.n_layers, model.cfg.n_heads, layers=layers,
+                        batch_size=batch_size, progress=progress, desc="decomposition")  # fmt: skip

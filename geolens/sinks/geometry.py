@@ -40,7 +40,7 @@ import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.geometry import gram, gram_norm
-from geolens.runner import run_corpus
+from geolens.runner import run_analysis
 from geolens.sinks._accumulate import histogram_add_at, moments_add_at
 from geolens.streaming import CorpusAnalysis, Histogram, Moments, Sum
 from geolens.visibility import sink_visible, sink_window_keys
@@ -222,6 +222,5 @@ def sink_geometry(
     ``tokens`` ``[n, seq]`` must start with the sink (BOS) and be unpadded
     (:func:`geolens.data.corpus_windows` makes such windows). See the module docstring.
     """
-    analysis = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads, eps=eps, n_bins=n_bins, layers=layers)
-    run_corpus(model, tokens, [analysis], batch_size=batch_size, progress=progress, desc="sink geometry")
-    return analysis.result()
+    return run_analysis(model, tokens, SinkGeometry, model.cfg.n_layers, model.cfg.n_heads, eps=eps, n_bins=n_bins, layers=layers,
+                        batch_size=batch_size, progress=progress, desc="sink geometry")  # fmt: skip

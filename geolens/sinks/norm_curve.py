@@ -27,7 +27,7 @@ import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.geometry import head_output_norms
-from geolens.runner import run_corpus
+from geolens.runner import run_analysis
 from geolens.sinks._accumulate import histogram_add_at
 from geolens.streaming import CorpusAnalysis, Histogram, Sum
 from geolens.visibility import sink_visible
@@ -144,6 +144,5 @@ class NormCurveResult:
 def output_norm_curve(model, tokens: torch.Tensor, *, batch_size: int = 8, n_bins: int = 20, layers=None,
                       min_count: int = 20, progress: bool = False) -> NormCurveResult:  # fmt: skip
     """Mean head output norm per sink-rate bin and its quadratic convexity fit (module docstring)."""
-    analysis = NormCurve(model.cfg.n_layers, model.cfg.n_heads, n_bins=n_bins, layers=layers)
-    run_corpus(model, tokens, [analysis], batch_size=batch_size, progress=progress, desc="norm curve")
-    return analysis.result(min_count=min_count)
+    return run_analysis(model, tokens, NormCurve, model.cfg.n_layers, model.cfg.n_heads, n_bins=n_bins, layers=layers,
+                        batch_size=batch_size, progress=progress, desc="norm curve", result_kwargs={"min_count": min_count})  # fmt: skip
