@@ -288,25 +288,38 @@ def corpus_windows(model, corpus: str, seq_len: int, n_sequences: int | None, op
 # --- shared option declarations ------------------------------------------------------------------
 
 
-def add_model(p, *, default: str = "smollm2-135m", tiny: bool = False) -> None:
-    extra = ", tiny-gqa/tiny-mha/tiny-gemma" if tiny else ""
-    p.add_argument("--model", default=default, help=f"smollm2-135m (default), gemma3-270m{extra}, a local folder or a cached HF name")
+# The options every corpus command shares, in the order they are declared. Each entry: the
+# argparse settings of the option; a help text may depend on the option's default (``{default}``)
+# and on whether the command takes the tiny random models (``{tiny}``).
+RUN_OPTIONS: dict[str, dict] = {
+    "model": dict(help="smollm2-135m (default), gemma3-270m{tiny}, a local folder or a cached HF name"),
+    "corpus": dict(help="{default} (default), lee, enwiki, a local .txt/.jsonl file, or hf:<name>"),
+    "corpora": dict(nargs="+", help="offline corpus names or files"),
+    "n_sequences": dict(type=positive_int, help="corpus windows"),
+    "seq_len": dict(type=seq_len_int, help="tokens per window, BOS included"),
+    "batch_size": dict(type=positive_int, help="sequences per forward pass"),
+    "threads": dict(type=non_negative_int, help="torch threads (0: torch's default)"),
+}
 
 
-def add_corpus(p, *, default: str = "lee") -> None:
-    p.add_argument("--corpus", default=default, help=f"{default} (default), lee, enwiki, a local .txt/.jsonl file, or hf:<name>")
+def add_run_options(p, *, tiny: bool = False, own: dict[str, dict] | None = None, **defaults) -> None:
+    """Declare the shared options named in ``defaults`` (``seq_len=128`` adds ``--seq-len`` with
+    default 128), in the order of :data:`RUN_OPTIONS` whatever the order of the keywords.
 
-
-def add_window_options(p, *, n_sequences: int | None, seq_len: int | None, batch_size: int | None = None, n_help: str | None = None) -> None:
-    """``--n-sequences``, ``--seq-len`` and (when ``batch_size`` is not None) ``--batch-size``."""
-    p.add_argument("--n-sequences", type=positive_int, default=n_sequences, help=n_help or "corpus windows")
-    p.add_argument("--seq-len", type=seq_len_int, default=seq_len, help="tokens per window, BOS included")
-    if batch_size is not None:
-        p.add_argument("--batch-size", type=positive_int, default=batch_size, help="sequences per forward pass")
-
-
-def add_threads(p, *, default: int) -> None:
-    p.add_argument("--threads", type=non_negative_int, default=default, help="torch threads (0: torch's default)")
+    ``tiny``: ``--model`` also names the tiny random models. ``own``: a command's own argparse
+    settings for an option, replacing the shared ones (``{"seq_len": {"help": None}}``: no help
+    text; ``{"n_sequences": {"type": non_negative_int}}``; ``{"model": {"action": "append"}}``).
+    """
+    own = own or {}
+    unknown = sorted(set(defaults) - set(RUN_OPTIONS)) + sorted(set(own) - set(defaults))
+    if unknown:
+        raise ValueError(f"add_run_options: no shared option (or no default given) for {unknown}")
+    for name, shared in RUN_OPTIONS.items():
+        if name not in defaults:
+            continue
+        shared = {**shared, "help": shared["help"].format(default=defaults[name], tiny=", tiny-gqa/tiny-mha/tiny-gemma" if tiny else "")}
+        kwargs = {**shared, "default": defaults[name], **own.get(name, {})}
+        p.add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
 def add_out(p, *, default: str, help: str = "output folder") -> None:

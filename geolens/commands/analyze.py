@@ -75,11 +75,11 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_model, positive_int
+    from geolens.commands._options import add_run_options, positive_int
 
     p = subparsers.add_parser("analyze", help="per-layer sinks and the last token's top sources for one text")
     p.add_argument("text", help="the text to analyse (BOS is prepended)")
-    add_model(p)
+    add_run_options(p, model="smollm2-135m")
     p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default -1: the last)")
     p.add_argument("--top", type=positive_int, default=5, help="how many sources to list")
     p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")

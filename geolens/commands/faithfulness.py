@@ -295,16 +295,15 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_corpus, add_model, add_threads, layer_spec, non_negative_int, positive_int, seq_len_int
+    from geolens.commands._options import add_run_options, layer_spec, non_negative_int, positive_int
     from geolens.faithfulness import FRACTIONS
     from geolens.interventions.masking import RANKING_SCOPES
     from geolens.metrics import get_metric, metric_names
 
     p = subparsers.add_parser("faithfulness", help="comprehensiveness/sufficiency curves of attribution metrics by causal masking (docs/method.md §3)")
-    add_model(p)
-    add_corpus(p)
-    p.add_argument("--n-sequences", type=non_negative_int, default=100, help="documents (windows); 0 skips the language-modelling curves")
-    p.add_argument("--seq-len", type=seq_len_int, default=128)
+    add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=100, seq_len=128, own={
+        "n_sequences": {"type": non_negative_int, "help": "documents (windows); 0 skips the language-modelling curves"}, "seq_len": {"help": None},
+    })  # fmt: skip
     p.add_argument("--layers", type=layer_spec, default="all", help="layers masked together: 'all' (primary), 'early'/'middle'/'late' (thirds), '29', '20-29', '-2,-1'")
     p.add_argument("--ranking", default="query", choices=list(RANKING_SCOPES), help="terms ranked together: per (layer, head, query) row, per query across heads (primary), per source summed over heads")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="removal fractions k, each in (0, 1)")
@@ -324,7 +323,7 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run already in --out (same protocol)")
     p.add_argument("--n-boot", type=positive_int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    add_threads(p, default=0)
+    add_run_options(p, threads=0)
     p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
     p.add_argument("--out", default="", help="output folder (default: docs/faithfulness/<model>)")
     p.set_defaults(func=run)

@@ -106,10 +106,11 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from geolens.commands._options import add_run_options
     from geolens.multiple_choice import DEFAULT_TASKS
 
     p = subparsers.add_parser("mc", help="clean multiple-choice accuracy on the shipped BIG-bench tasks, with CIs")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, a folder or HF name")
+    add_run_options(p, model="smollm2-135m", own={"model": {"help": "smollm2-135m (default), gemma3-270m, a folder or HF name"}})
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated BIG-bench tasks, hf:<name> or .jsonl files (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--max-questions", type=int, default=0, help="first N questions of each task (0: all)")
     p.add_argument("--normalize", choices=("sum", "mean"), default="sum", help="choice score: summed log-prob (BIG-bench) or per token")

@@ -96,20 +96,17 @@ def _retention(text: str):
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_corpus, add_model, add_out, add_threads, int_list, non_negative_int, positive_int, seq_len_int
+    from geolens.commands._options import add_out, add_run_options, int_list, non_negative_int, positive_int
 
     p = subparsers.add_parser("pruning", help="head pruning by regime vs baselines, and the single-head sensitivity scan (docs/method.md §6)")
-    add_model(p)
-    add_corpus(p)
-    p.add_argument("--n-sequences", type=positive_int, default=4, help="evaluation windows for ΔPPL")
+    add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=4, seq_len=64, batch_size=8, threads=0, own={
+        "n_sequences": {"help": "evaluation windows for ΔPPL"}, "seq_len": {"help": None}, "batch_size": {"help": None},
+    })  # fmt: skip
     p.add_argument("--ref-sequences", type=positive_int, default=8, help="windows for the taxonomy, entropy and mean-ablation references")
     p.add_argument("--scan-sequences", type=non_negative_int, default=1, help="windows for the single-head scan (0: skip)")
-    p.add_argument("--seq-len", type=seq_len_int, default=64)
     p.add_argument("--mode", default="mean", choices=["mean", "zero"])
     p.add_argument("--retention", type=_retention, default=[], help="comma-separated retention levels in (0, 1] (default 0.9 … 0.1)")
     p.add_argument("--seeds", type=int_list(), default=[0, 1, 2], help="seeds of the random orders (default 0,1,2)")
     p.add_argument("--n-scored", type=positive_int, default=None, help="score only the last N predictions of each window")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    add_threads(p, default=0)
     add_out(p, default="docs/pruning")
     p.set_defaults(func=run)

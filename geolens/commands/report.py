@@ -120,18 +120,18 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_corpus, positive_int, seq_len_int
+    from geolens.commands._options import add_run_options, positive_int
 
     p = subparsers.add_parser("report", help="the full HTML + JSON report (offline, SmolLM2 by default)")
-    p.add_argument("--model", action="append", default=None,
-                   help="smollm2-135m (default), gemma3-270m, a local folder or a cached HF name; repeat for a cross-model report")
+    add_run_options(p, model=None, corpus="lee", n_sequences=None, seq_len=None, batch_size=None, own={
+        "model": {"action": "append", "help": "smollm2-135m (default), gemma3-270m, a local folder or a cached HF name; repeat for a cross-model report"},
+        "n_sequences": {"help": "corpus windows (default 64; 8 with --quick)"},
+        "seq_len": {"help": "tokens per window incl. BOS (default 128; 64 with --quick)"},
+        "batch_size": {"help": "sequences per forward pass (default 8)"},
+    })  # fmt: skip
     p.add_argument("--compare", nargs="+", default=None, metavar="REPORT_JSON",
                    help="build the cross-model page from saved report.json files (or run folders) instead of running")
-    add_corpus(p)
-    p.add_argument("--n-sequences", type=positive_int, default=None, help="corpus windows (default 64; 8 with --quick)")
     p.add_argument("--n-heldout", type=positive_int, default=None, help="extra windows for faithfulness and pruning (default 8; 1 with --quick)")
-    p.add_argument("--seq-len", type=seq_len_int, default=None, help="tokens per window incl. BOS (default 128; 64 with --quick)")
-    p.add_argument("--batch-size", type=positive_int, default=None, help="sequences per forward pass (default 8)")
     p.add_argument("--out", default="report", help="output folder (default: report/)")
     p.add_argument("--quick", action="store_true", help="small workload, under two minutes on a CPU")
     p.add_argument("--prompt", default=None, help="prompt of the example heatmaps")

@@ -127,12 +127,11 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_model, add_out, add_threads, add_window_options, int_list, non_negative_int, positive_int
+    from geolens.commands._options import add_out, add_run_options, int_list, non_negative_int, positive_int
 
     p = subparsers.add_parser("selection", help="token-selection geometry, random baseline, sink regime and N* (docs/method.md §5-6)")
-    add_model(p, tiny=True)
-    p.add_argument("--corpora", nargs="*", default=["lee", "enwiki"], help="corpora (none: only N*)")
-    add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)
+    add_run_options(p, tiny=True, model="smollm2-135m", corpora=["lee", "enwiki"], n_sequences=200, seq_len=128, batch_size=8,
+                    own={"corpora": {"nargs": "*", "help": "corpora (none: only N*)"}})  # fmt: skip
     p.add_argument("--max-n", type=positive_int, default=256, help="largest N of {1,2,4,...} (always below the visible count)")
     p.add_argument("--n-random", type=positive_int, default=16)
     p.add_argument("--n-boot", type=positive_int, default=2000)
@@ -141,6 +140,6 @@ def register(subparsers) -> None:
     p.add_argument("--nstar-corpus", default="lee")
     p.add_argument("--nstar-sequences", type=non_negative_int, default=32, help="windows for N* (0 = skip)")
     p.add_argument("--nstar-sizes", type=int_list(1), default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96], help="grid of N for N* (comma-separated; default 1,2,4,8,12,16,24,32,48,64,96)")
-    add_threads(p, default=1)
+    add_run_options(p, threads=1)
     add_out(p, default="docs/selection")
     p.set_defaults(func=run)

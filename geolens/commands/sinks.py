@@ -213,15 +213,11 @@ def _all_or_ints(text: str):
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import (
-        add_corpus, add_model, add_out, add_window_options, float_in, float_list, int_list, non_negative_int,
-        positive_int,
-    )  # fmt: skip
+    from geolens.commands._options import add_out, add_run_options, float_in, float_list, int_list, non_negative_int, positive_int
 
     p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)")
-    add_model(p)
-    add_corpus(p)
-    add_window_options(p, n_sequences=200, seq_len=128, batch_size=8, n_help="windows for the corpus pass (default 200)")
+    add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=200, seq_len=128, batch_size=8,
+                    own={"n_sequences": {"help": "windows for the corpus pass (default 200)"}})  # fmt: skip
     p.add_argument("--eps", type=float_in(0, 1), default=0.3, help="Gu et al. threshold on mean first-token attention")
     p.add_argument("--n-bins", type=positive_int, default=20, help="sink-rate bins on [0, 1]")
     p.add_argument("--min-count", type=positive_int, default=20, help="queries a bin needs to enter the quadratic fit")

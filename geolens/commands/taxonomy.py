@@ -93,15 +93,13 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_model, add_out, add_threads, add_window_options, int_at_least
+    from geolens.commands._options import add_out, add_run_options, int_at_least
 
     p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (docs/method.md §6)")
-    add_model(p, tiny=True)
-    p.add_argument("--corpora", nargs="+", default=["lee", "enwiki"], help="offline corpus names or files")
-    add_window_options(p, n_sequences=200, seq_len=128, batch_size=8)
+    add_run_options(p, tiny=True, model="smollm2-135m", corpora=["lee", "enwiki"], n_sequences=200, seq_len=128, batch_size=8)
     p.add_argument("--space", choices=["value", "projected"], default="value", help="‖v‖ (paper B) or ‖v W_O‖")
     p.add_argument("--queries", choices=["all", "final"], default="all", help="count every query ≥ 1, or the final query of each window (the authors' protocol)")
     p.add_argument("--prefix-lengths", type=int_at_least(2), nargs="*", default=[16, 32, 64, 128], help="window prefixes on which the regime shares are re-counted (each ≥ 2)")
-    add_threads(p, default=1)
+    add_run_options(p, threads=1)
     add_out(p, default="docs/taxonomy")
     p.set_defaults(func=run)
