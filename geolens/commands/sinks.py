@@ -22,8 +22,6 @@ import json
 import sys
 import time
 
-import numpy as np
-
 DEFAULT_LAMBDAS = "0,0.25,0.5,0.75,1,1.5,2"
 
 
@@ -119,14 +117,11 @@ def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
 def run(args) -> int:
     import torch
 
-    from geolens.data import corpus_windows
-    from geolens.models import load_model
-    from geolens.runner import run_corpus
-    from geolens.sinks import NormCurve, SinkGeometry, TokenTypeDecomposition, semantic_drift
-    from geolens.viz.sinks import decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
-
     from geolens.adapter import n_kv_heads
     from geolens.commands._options import UsageError, check_corpus, check_indices, check_model_name, check_out_dir
+    from geolens.models import load_model
+    from geolens.pipelines import save_figures, write_tables
+    from geolens.pipelines.sinks import SinksParams, run_sinks
 
     if args.controls_only and args.controls_sequences == 0:
         raise UsageError("--controls-only needs --controls-sequences ≥ 1")
@@ -140,38 +135,18 @@ def run(args) -> int:
         tokens = _windows(model, args.corpus, args.seq_len, args.controls_sequences)
         run_controls(model, tokens, args, out, t0)
         return 0
-    drift_layers = check_indices(args.drift_layers, model.cfg.n_layers, "layers", "--drift-layers")
-    drift_kv_heads = check_indices(args.drift_kv_heads, n_kv_heads(model), "kv heads", "--drift-kv-heads")
+    params = SinksParams(
+        eps=args.eps, n_bins=args.n_bins, min_count=args.min_count, decomposition_sequences=args.decomposition_sequences or None,
+        drift_sequences=args.drift_sequences, lambdas=args.lambdas,
+        drift_layers=check_indices(args.drift_layers, model.cfg.n_layers, "layers", "--drift-layers"),
+        drift_kv_heads=check_indices(args.drift_kv_heads, n_kv_heads(model), "kv heads", "--drift-kv-heads"),
+        low_norm_quantile=args.low_norm_quantile, batch_size=args.batch_size,
+    )  # fmt: skip
     tokens = _windows(model, args.corpus, args.seq_len, args.n_sequences)
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    geometry = SinkGeometry(L, H, eps=args.eps, n_bins=args.n_bins)
-    decomposition = TokenTypeDecomposition(L, H, max_sequences=args.decomposition_sequences or None)
-    norm = NormCurve(L, H, n_bins=args.n_bins)
-    run_corpus(model, tokens, [geometry, decomposition, norm], batch_size=args.batch_size, desc="sinks: corpus pass")
-    g, d, n = geometry.result(), decomposition.result(), norm.result(min_count=args.min_count)
-    g.heads.to_csv(out / "geometry_heads.csv", index=False, float_format="%.6g")
-    g.layers.to_csv(out / "geometry_layers.csv", index=False, float_format="%.6g")
-    g.sink_rate_hist.to_csv(out / "sink_rate_hist.csv", index=False, float_format="%.6g")
-    d.heads.to_csv(out / "decomposition_heads.csv", index=False, float_format="%.6g")
-    d.layers.to_csv(out / "decomposition_layers.csv", index=False, float_format="%.6g")
-    d.summary.to_csv(out / "decomposition_summary.csv", index=False, float_format="%.6g")
-    n.curves.to_csv(out / "norm_curves.csv", index=False, float_format="%.6g")
-    n.fits.to_csv(out / "norm_fits.csv", index=False, float_format="%.6g")
-    figures = [(sink_layer_bars(g), "sink_layers.png"), (decomposition_bars(d), "decomposition.png"), (norm_curve_plot(n), "norm_curve_layers.png")]
-    drift = None
-    if args.drift_sequences > 0:
-        drift_tokens = tokens[: args.drift_sequences]
-        drift = semantic_drift(
-            model, drift_tokens, lambdas=args.lambdas, layers=drift_layers,
-            kv_heads=drift_kv_heads, low_norm_quantile=args.low_norm_quantile,
-            batch_size=args.batch_size, progress=True,
-        )  # fmt: skip
-        drift.heads.to_csv(out / "drift_heads.csv", index=False, float_format="%.6g")
-        drift.summary.to_csv(out / "drift_summary.csv", index=False, float_format="%.6g")
-        figures.append((drift_plot(drift), "drift.png"))
-    for view, name in figures:
-        view.save(out / name, dpi=args.dpi)
-        view.close()
+    result = run_sinks(model, tokens, params)
+    g, d, n, drift = result.geometry, result.decomposition, result.norm_curve, result.drift
+    write_tables(out, result.tables)
+    save_figures(out, result.figures, dpi=args.dpi)
     controls = run_controls(model, tokens[: args.controls_sequences], args, out, t0) if args.controls_sequences > 0 else None
     summary = {
         "command": " ".join(["geolens"] + sys.argv[1:]),
