@@ -66,11 +66,9 @@ def run(args) -> int:
     import torch
 
     from geolens.distributed import load_any_model
-    from geolens.runner import run_corpus
-    from geolens.selection.analysis import SelectionAnalysis
+    from geolens.pipelines import save_figures, write_tables
+    from geolens.pipelines.selection import SelectionParams, run_selection
     from geolens.selection.effective_set import effective_set_size
-    from geolens.selection.regime import RegimeAnalysis
-    from geolens.viz.selection import f_by_layer_plot, f_vs_n_plot, similarity_decay_plot
 
     from geolens.commands._options import check_corpus, check_model_name, check_out_dir
     from geolens.commands._options import corpus_windows as windows
@@ -95,24 +93,17 @@ def run(args) -> int:
     for corpus in args.corpora:
         name = corpus_label(corpus)
         tokens = windows(model, corpus, args.seq_len, args.n_sequences, "--corpora")
-        sel = SelectionAnalysis.for_model(model, args.seq_len, max_n=args.max_n, n_random=args.n_random, queries=args.queries, seed=args.seed)
-        reg = RegimeAnalysis.for_model(model, args.seq_len)
-        run_corpus(model, tokens, [sel, reg], batch_size=args.batch_size, desc=f"selection {name}")
-        res = sel.result(n_boot=args.n_boot, seed=args.seed)
-        regime = reg.result()
-        for key in ("comparison", "scores", "by_layer", "violations", "sink_in_top", "heads", "correlations"):
-            res[key].to_csv(out / f"{key}_{name}.csv", index=False, float_format="%.6g")
-        regime["heads"].to_csv(out / f"regime_heads_{name}.csv", index=False, float_format="%.6g")
+        params = SelectionParams(
+            max_n=args.max_n, n_random=args.n_random, queries=args.queries, seed=args.seed, n_boot=args.n_boot,
+            batch_size=args.batch_size, label=name, title=f"{args.model}, {name}: F_N top-N vs random",
+        )  # fmt: skip
+        result = run_selection(model, tokens, params, desc=f"selection {name}")
+        regime = result.regime
+        write_tables(out, result.tables, suffix=f"_{name}")
         np.savetxt(out / f"similarity_by_lag_{name}.csv", regime["lag_sim"].mean(1), delimiter=",", fmt="%.5g", header="rows: layers (head mean); columns: lag 1..T-2")
         np.savetxt(out / f"attention_profile_{name}.csv", regime["profile"].mean(1), delimiter=",", fmt="%.5g", header="rows: layers (head mean); columns: distance 0..T-1 from the final query")
-        summary["corpora"][name] = headline(res, regime)
-        for view, fname in (
-            (f_vs_n_plot(res["scores"], title=f"{args.model}, {name}: F_N top-N vs random"), f"f_vs_n_{name}.png"),
-            (f_by_layer_plot(res["by_layer"], res["main_condition"], title=f"{name}: {res['main_condition']}"), f"f_by_layer_{name}.png"),
-            (similarity_decay_plot(regime["lag_sim"], regime["heads"]), f"similarity_decay_{name}.png"),
-        ):
-            view.save(out / fname, dpi=100)
-            view.close()
+        summary["corpora"][name] = headline(result.scores, regime)
+        save_figures(out, result.figures, dpi=100, suffix=f"_{name}")
     if args.nstar_sequences > 0:
         tokens = windows(model, args.nstar_corpus, args.seq_len, args.nstar_sequences, "--nstar-corpus")
         eff = effective_set_size(model, tokens, sizes=args.nstar_sizes, batch_size=args.batch_size)
