@@ -27,8 +27,9 @@ def run(args) -> int:
     import torch
 
     from geolens.distributed import load_any_model
-    from geolens.runner import run_corpus
-    from geolens.taxonomy import REGIMES, TaxonomyAnalysis, compare_taxonomies
+    from geolens.pipelines import write_tables
+    from geolens.pipelines.taxonomy import TaxonomyParams, run_taxonomy
+    from geolens.taxonomy import REGIMES, compare_taxonomies
     from geolens.viz.taxonomy import regime_grid_plot, save_regime_grid_html
 
     from geolens.commands._options import check_corpus, check_model_name, check_out_dir
@@ -42,19 +43,17 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.time()
     model = load_any_model(model_name, "cpu")
+    params = TaxonomyParams(space=args.space, queries=args.queries, prefix_lengths=args.prefix_lengths, batch_size=args.batch_size)
     results, n_windows = {}, {}
     for corpus in args.corpora:
         name = corpus_label(corpus)
         tokens = windows(model, corpus, args.seq_len, args.n_sequences, "--corpora")
-        analysis = TaxonomyAnalysis.for_model(model, space=args.space, queries=args.queries, prefix_lengths=args.prefix_lengths)
-        run_corpus(model, tokens, [analysis], batch_size=args.batch_size, desc=f"taxonomy {name}")
-        res = analysis.result()
-        results[name] = res
+        result = run_taxonomy(model, tokens, params, desc=f"taxonomy {name}")
+        results[name] = result.taxonomy
         n_windows[name] = int(tokens.shape[0])
-        res.table.to_csv(out / f"heads_{name}.csv", index=False, float_format="%.6g")
-        res.per_layer().to_csv(out / f"per_layer_{name}.csv")
-        res.offset_table().to_csv(out / f"offsets_{name}.csv", index=False, float_format="%.6g")
-        res.by_length().to_csv(out / f"by_length_{name}.csv", index=False, float_format="%.6g")
+        write_tables(out, result.tables, ("heads",), suffix=f"_{name}")
+        write_tables(out, result.tables, ("per_layer",), suffix=f"_{name}", float_format=None, index=True)
+        write_tables(out, result.tables, ("offsets", "by_length"), suffix=f"_{name}")
     summary = {
         "command": "geolens " + " ".join(sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},

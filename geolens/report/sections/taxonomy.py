@@ -1,54 +1,32 @@
 """Report section: the Retriever / Mixer / Reset head taxonomy (docs/method.md §6, paper B).
 
-:class:`~geolens.taxonomy.TaxonomyAnalysis` (winner w_i = argmax_j α_ij‖v_j‖ per query; the
-head's regime is its largest winner share) runs in the report's shared corpus pass; the grid is
-:func:`geolens.viz.taxonomy.regime_grid_plot`.
+The taxonomy pipeline (:func:`geolens.pipelines.taxonomy.run_taxonomy`) with the analysis'
+default settings: :class:`~geolens.taxonomy.TaxonomyAnalysis` (winner w_i = argmax_j α_ij‖v_j‖
+per query; the head's regime is its largest winner share) runs in the report's shared corpus
+pass; the grid is :func:`geolens.viz.taxonomy.regime_grid_plot`.
 """
 
 from __future__ import annotations
 
-from geolens.report.document import Claim, Section
-from geolens.taxonomy import REGIMES, TaxonomyAnalysis
-from geolens.viz.taxonomy import regime_grid_plot
+from geolens.pipelines.taxonomy import TaxonomyParams, run_taxonomy, taxonomy_analyses
+from geolens.report.document import Section
+from geolens.taxonomy import REGIMES
 
-RETRIEVER_RANGE = (0.058, 0.172)  # paper B as summarised in docs/method.md §6 (unconfirmed)
+
+def params(ctx) -> TaxonomyParams:
+    p = TaxonomyParams(batch_size=ctx.config.batch_size, label=f"{ctx.config.corpus} ({ctx.tokens.shape[0]} windows)")
+    p.title = f"Head regimes ({p.space} space)"
+    return p
 
 
 def analyses(ctx) -> dict:
-    return {"taxonomy": TaxonomyAnalysis.for_model(ctx.model)}
-
-
-def claims_from(tax) -> list[Claim]:
-    dist = tax.distribution
-    retr = float(dist["Retriever"])
-    lo, hi = RETRIEVER_RANGE
-    mixer, reset = float(dist["Mixer"]), float(dist["Reset"])
-    dominant = "Mixer" if mixer > reset else "Reset" if reset > mixer else "neither"
-    return [
-        Claim(
-            claim=f"Retrievers are a minority of heads ({100 * lo:.1f}–{100 * hi:.1f}%)",
-            source="paper B (docs/method.md §6; unconfirmed numbers)",
-            measured=f"Retriever {100 * retr:.1f}% of {tax.regimes.size} heads",
-            holds=bool(lo <= retr <= hi),
-            criterion=f"share within [{100 * lo:.1f}%, {100 * hi:.1f}%]",
-            numbers={"retriever_share": retr},
-        ),
-        Claim(
-            claim="Mixer- vs Reset-dominance depends on the architecture (LLaMA-3, Gemma: Mixer; LLaMA-2, Mistral: Reset)",
-            source="paper B (docs/method.md §6; unconfirmed)",
-            measured=f"Mixer {100 * mixer:.1f}%, Reset {100 * reset:.1f}%: {dominant}-dominated",
-            holds=None,
-            criterion="no prediction for this model's family is stated",
-            numbers={"mixer_share": mixer, "reset_share": reset, "dominant": dominant},
-        ),
-    ]
+    return taxonomy_analyses(ctx.model, ctx.tokens, params(ctx))
 
 
 def build(ctx, analyses: dict) -> Section:
-    tax = analyses["taxonomy"].result()
-    name = f"{ctx.config.corpus} ({ctx.tokens.shape[0]} windows)"
-    grid = regime_grid_plot({name: tax}, title=f"Head regimes ({tax.space} space)")
-    per_layer = tax.per_layer().reset_index()
+    run = run_taxonomy(ctx.model, ctx.tokens, params(ctx), analyses=analyses, progress=ctx.progress)
+    tax = run.taxonomy
+    per_layer = run.tables["per_layer"].reset_index()
     intro = (
         "For each head and query i, the winner is argmax_j α_ij‖v_j‖ over the keys i can see (its "
         "sliding window in a local layer). A head whose winners are mostly "
@@ -62,13 +40,13 @@ def build(ctx, analyses: dict) -> Section:
     dist = {r: float(tax.distribution[r]) for r in REGIMES}
     cols = ["layer", "head", "regime", "label", "share_other", "top_offset", "top_offset_share", "top_offset_share_of_other", "n_queries"]
     flagged = tax.table.loc[tax.table.offset_dominant, cols]
-    by_length = tax.by_length()
+    by_length = run.tables["by_length"]
     n_flagged = int(tax.table.offset_dominant.sum())
     return Section(
         key="taxonomy",
         title="Head taxonomy",
         intro=intro,
-        figures=[grid],
+        figures=[run.figures["regime_grid"]()],
         tables=[
             ("regime counts per layer", per_layer),
             (f"offset-dominated heads ({n_flagged} of {tax.regimes.size}: one offset wins > 50 % of the head's queries)", flagged),
@@ -80,6 +58,6 @@ def build(ctx, analyses: dict) -> Section:
             "offset_dominated": {"n_heads": n_flagged, "share_of_heads": n_flagged / tax.regimes.size, "labels": flagged["label"].tolist()},
             "by_length": by_length,
         },
-        claims=claims_from(tax),
+        claims=run.claims(),
         params={"space": tax.space, "skip_first_query": True, "queries": tax.queries, "prefix_lengths": tax.prefix_lengths},
     )
