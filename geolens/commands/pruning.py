@@ -21,12 +21,10 @@ import time
 def run(args) -> int:
     import torch
 
-    from geolens.interventions.ablation import MeanHeadZ
     from geolens.models import load_model
-    from geolens.pruning import RETENTION, AttentionEntropy, head_sensitivity, pruning_curves, pruning_orders
-    from geolens.runner import run_corpus
-    from geolens.taxonomy import TaxonomyAnalysis
-    from geolens.viz.faithfulness import pruning_curves_plot, sensitivity_map_plot
+    from geolens.pipelines import save_figures, write_tables
+    from geolens.pipelines.pruning import PruningParams, run_pruning
+    from geolens.pruning import RETENTION
 
     from geolens.commands._options import check_corpus, check_model_name, check_out_dir, corpus_windows
 
@@ -42,8 +40,6 @@ def run(args) -> int:
     cfg = model.cfg
     n_eval, n_ref = args.n_sequences, args.ref_sequences
     tokens = corpus_windows(model, args.corpus, args.seq_len, n_eval + n_ref)
-    ref, evaluation = tokens[n_eval:], tokens[:n_eval]
-    scan = evaluation[: args.scan_sequences]
     desc = (
         f"{args.model}; {args.mode}-ablation of hook_z; references (taxonomy, entropy, means) on {n_ref} windows, "
         f"ΔPPL on {n_eval} other windows × {args.seq_len} tokens of {args.corpus}"
@@ -51,32 +47,19 @@ def run(args) -> int:
     )
     print(desc)
     t0 = time.time()
-    # one pass over the reference windows for the taxonomy, the entropies and the means of z
-    references = [TaxonomyAnalysis.for_model(model), AttentionEntropy(cfg.n_layers, cfg.n_heads), MeanHeadZ.for_model(model)]
-    run_corpus(model, ref, references, batch_size=args.batch_size, desc="references")
-    tax = references[0].result()
-    tax.table.to_csv(out / "taxonomy.csv", index=False)
+    params = PruningParams(retention=retention, seeds=seeds, mode=args.mode, n_scored=args.n_scored, scan_sequences=args.scan_sequences,
+                           batch_size=args.batch_size, description=desc)  # fmt: skip
+    result = run_pruning(model, tokens[n_eval:], tokens[:n_eval], params)
+    tax, sens = result.taxonomy, result.sensitivity
+    write_tables(out, result.tables, ("taxonomy",), float_format=None)
     print("regimes:", {k: round(v, 3) for k, v in tax.distribution.items()})
-    orders = pruning_orders(model, ref, taxonomy_table=tax.table, entropy=references[1].result(), seeds=seeds)
-    (out / "orders.json").write_text(json.dumps({k: [list(h) for h in v] for k, v in orders.items()}))
-    means = references[2].result() if args.mode == "mean" else None
-    df = pruning_curves(model, evaluation, orders, retention, mode=args.mode, means=means, batch_size=args.batch_size, n_scored=args.n_scored)
-    df.to_csv(out / "pruning.csv", index=False)
-    print(df.pivot_table(index="order", columns="retention", values="delta_ppl", sort=False).to_string(float_format=lambda v: f"{v:.2f}"))
-    view = pruning_curves_plot(df, subtitle=desc)
-    view.save(out / "pruning.png", dpi=80)
-    view.close()
-    sens = None
-    if args.scan_sequences > 0:
-        sens = head_sensitivity(model, scan, mode=args.mode, means=means, n_scored=args.n_scored)
-        sens.table.merge(tax.table[["layer", "head", "regime"]], on=["layer", "head"]).to_csv(out / "sensitivity.csv", index=False)
-        crit = sens.critical.merge(tax.table[["layer", "head", "regime", "share_sink", "share_current", "share_other"]], on=["layer", "head"])
-        crit.to_csv(out / "critical_heads.csv", index=False)
-        print(f"single-head scan on {scan.shape[0]} windows (clean PPL {sens.clean_ppl:.2f}); critical heads (|robust z| > {sens.threshold}):")
-        print(crit.head(20).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        view = sensitivity_map_plot(sens.delta_ppl, sens.critical, subtitle=f"{args.mode}-ablation, one head at a time, {scan.shape[0]} windows × {args.seq_len}")
-        view.save(out / "sensitivity.png", dpi=80)
-        view.close()
+    (out / "orders.json").write_text(json.dumps({k: [list(h) for h in v] for k, v in result.orders.items()}))
+    write_tables(out, result.tables, ("pruning", "sensitivity", "critical_heads"), float_format=None)
+    print(result.tables["pruning_wide"].to_string(float_format=lambda v: f"{v:.2f}"))
+    save_figures(out, result.figures, dpi=80)
+    if sens is not None:
+        print(f"single-head scan on {result.scan_windows} windows (clean PPL {sens.clean_ppl:.2f}); critical heads (|robust z| > {sens.threshold}):")
+        print(result.tables["critical_heads"].head(20).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     run_info = dict(
         description=desc, model=args.model, corpus=args.corpus, n_sequences=n_eval, ref_sequences=n_ref,
         scan_sequences=args.scan_sequences, seq_len=args.seq_len, mode=args.mode, retention=list(retention),
