@@ -134,7 +134,8 @@ def _layers_text(layers) -> str:
 def _save_all(result, out: Path) -> list[dict]:
     """Tables, summary, the claimed-order verdicts and both curve figures."""
     from geolens.faithfulness import claimed_order_holds
-    from geolens.viz.faithfulness import faithfulness_curves_plot
+    from geolens.pipelines import save_figures
+    from geolens.pipelines.faithfulness import FaithfulnessRun
 
     result.save(out)
     pairs = result.pairs()
@@ -152,10 +153,7 @@ def _save_all(result, out: Path) -> list[dict]:
                                 f"ranking {p.get('ranking')}, sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
         view.save(out / "mc.png", dpi=80)
         view.close()
-    for q in ("delta_ppl", "delta_logprob"):
-        view = faithfulness_curves_plot(result.curves, q, subtitle=result.protocol_text())
-        view.save(out / f"curves_{q}.png", dpi=80)
-        view.close()
+    save_figures(out, FaithfulnessRun.of(result).figures, dpi=80)
     return checks
 
 
@@ -179,39 +177,38 @@ def _resume_state(out: Path, protocol_dict: dict, n_total: int):
 
 def _language_modelling(model, args, protocol, metrics, out: Path):
     from geolens.commands._options import corpus_windows
-    from geolens.faithfulness import FaithfulnessResult, faithfulness_curves
+    from geolens.faithfulness import FaithfulnessResult
+    from geolens.pipelines.faithfulness import FaithfulnessParams, run_faithfulness
 
     tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)  # UsageError if too few
     t0 = time.time()
-    parts, cleans, start0, spent = [], [], 0, 0.0
+    done, spent = None, 0.0
     if args.resume:
         per, clean = _resume_state(out, protocol.to_dict(model), tokens.shape[0])
         if per is not None:
-            parts, cleans, start0 = [per], [clean], len(clean)
+            done = (per, clean)
             spent = float(json.loads((out / "summary.json").read_text()).get("meta", {}).get("seconds", 0.0))
-            print(f"resuming after {start0} documents already in {out}", flush=True)
-    result = None
-    for start in range(start0, tokens.shape[0], args.block):
-        res = faithfulness_curves(
-            model, tokens[start : start + args.block], protocol, metrics,
-            chunk_size=args.chunk_size, seed=args.seed, progress=True, n_boot=args.n_boot, first_sequence=start,
-        )  # fmt: skip
-        parts.append(res.per_sequence)
-        cleans.append(res.clean)
-        done = start + len(res.clean)
-        result = FaithfulnessResult(
-            protocol=protocol.to_dict(model), per_sequence=pd.concat(parts, ignore_index=True),
-            clean=pd.concat(cleans, ignore_index=True), n_boot=args.n_boot,
-            meta=dict(n_sequences=done, n_sequences_requested=int(tokens.shape[0]), seq_len=int(tokens.shape[1]),
-                      metrics=list(metrics), seed=args.seed, model=args.model, corpus=args.corpus,
-                      seconds=round(spent + time.time() - t0, 1), complete=done == tokens.shape[0],
-                      command="geolens faithfulness " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "geolens faithfulness"),
-        )  # fmt: skip
-        checks = _save_all(result, out)  # every block: an interrupted run keeps a consistent set
-        print(f"  {done} / {tokens.shape[0]} documents, {time.time() - t0:.0f} s (saved)", flush=True)
-    if result is None:  # everything was already done: rewrite the tables from the saved results
+            print(f"resuming after {len(clean)} documents already in {out}", flush=True)
+    checks = None
+
+    def meta(n_done: int) -> dict:
+        return dict(n_sequences=n_done, n_sequences_requested=int(tokens.shape[0]), seq_len=int(tokens.shape[1]),
+                    metrics=list(metrics), seed=args.seed, model=args.model, corpus=args.corpus,
+                    seconds=round(spent + time.time() - t0, 1), complete=n_done == tokens.shape[0],
+                    command="geolens faithfulness " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "geolens faithfulness")  # fmt: skip
+
+    def save(result) -> None:  # every block: an interrupted run keeps a consistent set
+        nonlocal checks
+        checks = _save_all(result, out)
+        print(f"  {len(result.clean)} / {tokens.shape[0]} documents, {time.time() - t0:.0f} s (saved)", flush=True)
+
+    params = FaithfulnessParams(protocol=protocol, metrics=metrics, chunk_size=args.chunk_size, seed=args.seed, n_boot=args.n_boot, block=args.block)
+    run = run_faithfulness(model, tokens, params, done=done, meta=meta, on_block=save)
+    if run is None:  # everything was already done: rewrite the tables from the saved results
         result = FaithfulnessResult.load(out, n_boot=args.n_boot)
         checks = _save_all(result, out)
+    else:
+        result = run.result
     print(result)
     print(range_text(result.range_check()))
     for c in checks:
