@@ -141,30 +141,18 @@ def faithfulness_claims(pairs, range_check: dict) -> list:
     )
     rc = f"range check: random ΔPPL at k = {range_check['max_fraction']}: {100 * (range_check.get('random_delta_ppl_rel_at_max_fraction') or 0):+.2f} %"
     return [
-        Claim(
-            claim="Faithfulness order raw attention < value-weighted < output-normalised < contribution weights (comprehensiveness)",
-            source="paper A §3.1",
-            measured="paired Δ log-prob AUC differences (b − a, + = b more faithful): "
-            + ", ".join(f"{k}: {v['auc_diff']:+.3g} [{v['ci'][0]:+.3g}, {v['ci'][1]:+.3g}] {v['verdict']}" for k, v in steps.items())
-            + f"; {rc}{why}",
-            holds=_decided(comp),
-            criterion="every step's paired 95% bootstrap CI over documents lies above 0, after the range check (random ranking moves PPL ≥ 1 %)",
-            numbers={"steps": steps, "range_check": range_check},
-        ),
-        Claim(
-            claim="The same order under sufficiency (removing the least important terms hurts least for contribution weights)",
-            source="paper A §3.1",
-            measured="pairs " + ", ".join(f"{k}: {v}" for k, v in suff["pairs"].items()) + why,
-            holds=_decided(suff),
-            criterion="every step's paired 95% CI of the sufficiency Δ log-prob AUC difference lies above 0, after the range check",
-            numbers={"steps": suff["steps"]},
-        ),
-        Claim(
-            claim="Alignment (the cosine factor) gives the largest single gain in faithfulness",
-            source="paper A §3.1",
-            measured="comprehensiveness Δ log-prob AUC gains per step: " + ", ".join(f"{k} {v:+.3g}" for k, v in gains.items()) + why,
-            holds=alignment,
-            criterion="the output-normalised → contribution step has the largest gain of the three and its paired CI lies above 0",
-            numbers={"gains": gains},
-        ),
+        Claim(claim="Faithfulness order raw attention < value-weighted < output-normalised < contribution weights (comprehensiveness)", source="paper A §3.1",
+              measured="paired Δ log-prob AUC differences (b − a, + = b more faithful): "
+              + ", ".join(f"{k}: {v['auc_diff']:+.3g} [{v['ci'][0]:+.3g}, {v['ci'][1]:+.3g}] {v['verdict']}" for k, v in steps.items())
+              + f"; {rc}{why}",
+              holds=_decided(comp), criterion="every step's paired 95% bootstrap CI over documents lies above 0, after the range check (random ranking moves PPL ≥ 1 %)",
+              numbers={"steps": steps, "range_check": range_check}),
+        Claim(claim="The same order under sufficiency (removing the least important terms hurts least for contribution weights)", source="paper A §3.1",
+              measured="pairs " + ", ".join(f"{k}: {v}" for k, v in suff["pairs"].items()) + why,
+              holds=_decided(suff), criterion="every step's paired 95% CI of the sufficiency Δ log-prob AUC difference lies above 0, after the range check",
+              numbers={"steps": suff["steps"]}),
+        Claim(claim="Alignment (the cosine factor) gives the largest single gain in faithfulness", source="paper A §3.1",
+              measured="comprehensiveness Δ log-prob AUC gains per step: " + ", ".join(f"{k} {v:+.3g}" for k, v in gains.items()) + why,
+              holds=alignment, criterion="the output-normalised → contribution step has the largest gain of the three and its paired CI lies above 0",
+              numbers={"gains": gains}),
     ]

@@ -108,15 +108,9 @@ def pruning_claims(df, sample: dict | None = None) -> list:
     regime, random_mean = float(mean["regime"]), float(rand.mean())
     others = {o: float(mean[o]) for o in ("weight", "entropy") if o in mean.index}
     return [
-        Claim(
-            claim="Pruning heads in regime order (Reset first, Retrievers last) hurts less than pruning at random",
-            source="paper B (docs/method.md §6)",
-            measured=(
-                f"mean ΔPPL over retention levels: regime {regime:.3g}, random {random_mean:.3g} "
-                f"({len(rand)} seeds); " + ", ".join(f"{k} {v:.3g}" for k, v in others.items())
-            ),
-            holds=bool(regime < random_mean),
-            criterion="regime-order mean ΔPPL < mean of the random orders",
-            numbers={"regime": regime, "random": random_mean, **others, **({"sample": sample} if sample else {})},
-        )
+        Claim(claim="Pruning heads in regime order (Reset first, Retrievers last) hurts less than pruning at random", source="paper B (docs/method.md §6)",
+              measured=f"mean ΔPPL over retention levels: regime {regime:.3g}, random {random_mean:.3g} "
+                       f"({len(rand)} seeds); " + ", ".join(f"{k} {v:.3g}" for k, v in others.items()),
+              holds=bool(regime < random_mean), criterion="regime-order mean ΔPPL < mean of the random orders",
+              numbers={"regime": regime, "random": random_mean, **others, **({"sample": sample} if sample else {})})
     ]

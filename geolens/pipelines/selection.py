@@ -108,49 +108,33 @@ def selection_claims(res: dict) -> list:
     beats = bool((few.diff_lo > 0).all()) if len(few) else False
     best_n = int(main.loc[main["diff"].idxmax(), "N"])
     claims = [
-        Claim(
-            claim="Top-N sets are more separable than random N-subsets",
-            source="paper B",
-            measured="F_N top − random (cosine, value space): " + ", ".join(f"N={int(r.N)} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}]" for _, r in few.iterrows()),
-            holds=beats,
-            criterion="95% CI of the difference above 0 for every N ≤ 4",
-            numbers={"comparison": main},
-        ),
-        Claim(
-            claim="The separation advantage is largest for few tokens (N ≈ 1–4)",
-            source="paper B",
-            measured=f"largest top − random F_N difference at N = {best_n}",
-            holds=bool(best_n <= 4),
-            criterion="argmax over N of the difference ≤ 4",
-            numbers={"best_n": best_n},
-        ),
+        Claim(claim="Top-N sets are more separable than random N-subsets", source="paper B",
+              measured="F_N top − random (cosine, value space): " + ", ".join(f"N={int(r.N)} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}]" for _, r in few.iterrows()),
+              holds=beats, criterion="95% CI of the difference above 0 for every N ≤ 4",
+              numbers={"comparison": main}),
+        Claim(claim="The separation advantage is largest for few tokens (N ≈ 1–4)", source="paper B",
+              measured=f"largest top − random F_N difference at N = {best_n}",
+              holds=bool(best_n <= 4), criterion="argmax over N of the difference ≤ 4",
+              numbers={"best_n": best_n}),
     ]
     corr = res["correlations"].set_index("N")
     n_c = 4 if 4 in corr.index else int(corr.index[0])
     r = float(corr.loc[n_c, "pooled_r_sink_alignment_recall"])
     if np.isfinite(r):
         claims.append(
-            Claim(
-                claim="Sink similarity correlates with recall",
-                source="paper B",
-                measured=f"pooled Pearson r(mean cos(u_0, u_j), R_N) = {r:+.3f} at N = {n_c} (across heads Spearman {float(corr.loc[n_c, 'across_heads_spearman']):+.3f})",
-                holds=bool(abs(r) >= 0.1),
-                criterion="|r| ≥ 0.1",
-                numbers={"N": n_c, "pooled_r": r},
-            )
+            Claim(claim="Sink similarity correlates with recall", source="paper B",
+                  measured=f"pooled Pearson r(mean cos(u_0, u_j), R_N) = {r:+.3f} at N = {n_c} (across heads Spearman {float(corr.loc[n_c, 'across_heads_spearman']):+.3f})",
+                  holds=bool(abs(r) >= 0.1), criterion="|r| ≥ 0.1",
+                  numbers={"N": n_c, "pooled_r": r})
         )
     scores = res["scores"]
     f = scores[(scores.metric == "f") & (scores.kind == "top") & (scores.N == n_c)].set_index("condition")["mean"]
     if MAIN in f.index and NO_SINK in f.index:
         keep, excl = float(f[MAIN]), float(f[NO_SINK])
         claims.append(
-            Claim(
-                claim="F_N is about 2× lower when the sink is in the candidate set",
-                source="French summary of paper B (docs/method.md §5; unverified)",
-                measured=f"top-{n_c} F_N (cosine): with sink {keep:.3f}, without {excl:.3f} (ratio {keep / excl:.2f})" if excl else f"without sink F_N = 0",
-                holds=bool(excl > 0 and keep <= 0.5 * excl),
-                criterion="F_N with sink ≤ half of F_N without",
-                numbers={"N": n_c, "with_sink": keep, "without_sink": excl},
-            )
+            Claim(claim="F_N is about 2× lower when the sink is in the candidate set", source="French summary of paper B (docs/method.md §5; unverified)",
+                  measured=f"top-{n_c} F_N (cosine): with sink {keep:.3f}, without {excl:.3f} (ratio {keep / excl:.2f})" if excl else f"without sink F_N = 0",
+                  holds=bool(excl > 0 and keep <= 0.5 * excl), criterion="F_N with sink ≤ half of F_N without",
+                  numbers={"N": n_c, "with_sink": keep, "without_sink": excl})
         )
     return claims

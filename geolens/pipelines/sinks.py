@@ -112,44 +112,24 @@ def sink_claims(geometry, decomposition, norm_summary: dict, drift) -> list:
     tail_att_cos, tail_rel = float(s.loc["tail", "share_attention"] + s.loc["tail", "share_cosine"]), float(s.loc["tail", "share_relnorm"])
     inside = norm_summary["head_share_convex_argmin_inside"]
     claims = [
-        Claim(
-            claim="The sink's value vector is 3–10× smaller than the other tokens' (value space)",
-            source="paper B (docs/method.md §4; unconfirmed number)",
-            measured=f"median over heads of ‖v_0‖/mean‖v_j‖ = {value_ratio:.3f} (projected ‖ṽ_0‖/mean‖ṽ_j‖ = {proj_ratio:.3f})",
-            holds=bool(value_ratio <= 1 / 3),
-            criterion="median value-space ratio ≤ 1/3",
-            numbers={"value_norm_ratio_median": value_ratio, "proj_norm_ratio_median": proj_ratio},
-        ),
-        Claim(
-            claim="The sink's projected value is anti-aligned with the other tokens': cos(ṽ_0, ṽ_j) < 0",
-            source="papers A §3.2 and B",
-            measured=f"mean cos(ṽ_0, ṽ_j) = {cos_mean:+.3f}; negative in {100 * cos_neg:.0f}% of heads",
-            holds=bool(cos_mean < 0 and cos_neg > 0.5),
-            criterion="mean < 0 and negative in most heads",
-            numbers={"proj_cos_tail_mean": cos_mean, "share_heads_proj_cos_tail_negative": cos_neg},
-        ),
-        Claim(
-            claim="Sink contributions are governed by value geometry, tail contributions by attention and alignment",
-            source="paper A §3.2",
-            measured=(
-                f"share of Var(log|c|): sink attention {sink_att:.2f} vs norm+cosine {sink_geo:.2f}; "
-                f"tail attention+cosine {tail_att_cos:.2f} vs norm {tail_rel:.2f}"
-            ),
-            holds=bool(sink_att < sink_geo and tail_att_cos > tail_rel),
-            criterion="sink: attention share < norm+cosine; tail: attention+cosine > norm",
-            numbers={"sink_share_attention": sink_att, "sink_share_geometry": sink_geo, "tail_share_attention_cosine": tail_att_cos, "tail_share_relnorm": tail_rel},
-        ),
-        Claim(
-            claim="Head output norm vs sink rate is convex with its minimum at an intermediate sink rate",
-            source="paper A §3.3",
-            measured=(
-                f"{100 * inside:.0f}% of {norm_summary['head_n_fitted']} fitted head curves are convex with argmin in (0, 1)"
-                if np.isfinite(inside) else "no head had enough queries per bin for a fit"
-            ),
-            holds=bool(inside > 0.5) if np.isfinite(inside) else None,
-            criterion="more than half of the fitted head curves",
-            numbers={k: v for k, v in norm_summary.items()},
-        ),
+        Claim(claim="The sink's value vector is 3–10× smaller than the other tokens' (value space)", source="paper B (docs/method.md §4; unconfirmed number)",
+              measured=f"median over heads of ‖v_0‖/mean‖v_j‖ = {value_ratio:.3f} (projected ‖ṽ_0‖/mean‖ṽ_j‖ = {proj_ratio:.3f})",
+              holds=bool(value_ratio <= 1 / 3), criterion="median value-space ratio ≤ 1/3",
+              numbers={"value_norm_ratio_median": value_ratio, "proj_norm_ratio_median": proj_ratio}),
+        Claim(claim="The sink's projected value is anti-aligned with the other tokens': cos(ṽ_0, ṽ_j) < 0", source="papers A §3.2 and B",
+              measured=f"mean cos(ṽ_0, ṽ_j) = {cos_mean:+.3f}; negative in {100 * cos_neg:.0f}% of heads",
+              holds=bool(cos_mean < 0 and cos_neg > 0.5), criterion="mean < 0 and negative in most heads",
+              numbers={"proj_cos_tail_mean": cos_mean, "share_heads_proj_cos_tail_negative": cos_neg}),
+        Claim(claim="Sink contributions are governed by value geometry, tail contributions by attention and alignment", source="paper A §3.2",
+              measured=f"share of Var(log|c|): sink attention {sink_att:.2f} vs norm+cosine {sink_geo:.2f}; "
+                       f"tail attention+cosine {tail_att_cos:.2f} vs norm {tail_rel:.2f}",
+              holds=bool(sink_att < sink_geo and tail_att_cos > tail_rel), criterion="sink: attention share < norm+cosine; tail: attention+cosine > norm",
+              numbers={"sink_share_attention": sink_att, "sink_share_geometry": sink_geo, "tail_share_attention_cosine": tail_att_cos, "tail_share_relnorm": tail_rel}),
+        Claim(claim="Head output norm vs sink rate is convex with its minimum at an intermediate sink rate", source="paper A §3.3",
+              measured=f"{100 * inside:.0f}% of {norm_summary['head_n_fitted']} fitted head curves are convex with argmin in (0, 1)"
+                       if np.isfinite(inside) else "no head had enough queries per bin for a fit",
+              holds=bool(inside > 0.5) if np.isfinite(inside) else None, criterion="more than half of the fitted head curves",
+              numbers={k: v for k, v in norm_summary.items()}),
     ]
     if drift is not None:
         sm = drift.summary.set_index("lambda")
@@ -157,17 +137,11 @@ def sink_claims(geometry, decomposition, norm_summary: dict, drift) -> list:
         dppl = float(sm.loc[lo, "delta_ppl"])
         cos_lo, cos_1 = float(sm.loc[lo, "cos_cone_low_norm"]), float(sm.loc[1.0, "cos_cone_low_norm"])
         claims.append(
-            Claim(
-                claim="Removing the sink's value norm collapses low-norm head outputs into the semantic cone and raises perplexity",
-                source="paper A §3.3",
-                measured=(
-                    f"λ = {lo:g}: ΔPPL = {dppl:+.3f}; cos(o, cone) of low-norm heads {cos_1:+.3f} (λ=1) → {cos_lo:+.3f} "
-                    f"({drift.n_sequences} windows)"
-                ),
-                holds=bool(dppl > 0 and cos_lo > cos_1),
-                criterion="ΔPPL(λ_min) > 0 and low-norm heads' cosine with the cone rises",
-                numbers={"lambda": lo, "delta_ppl": dppl, "cos_cone_low_norm_lambda_min": cos_lo, "cos_cone_low_norm_lambda_1": cos_1,
-                         "sample": sample_size(drift.n_sequences)},
-            )
+            Claim(claim="Removing the sink's value norm collapses low-norm head outputs into the semantic cone and raises perplexity", source="paper A §3.3",
+                  measured=f"λ = {lo:g}: ΔPPL = {dppl:+.3f}; cos(o, cone) of low-norm heads {cos_1:+.3f} (λ=1) → {cos_lo:+.3f} "
+                           f"({drift.n_sequences} windows)",
+                  holds=bool(dppl > 0 and cos_lo > cos_1), criterion="ΔPPL(λ_min) > 0 and low-norm heads' cosine with the cone rises",
+                  numbers={"lambda": lo, "delta_ppl": dppl, "cos_cone_low_norm_lambda_min": cos_lo, "cos_cone_low_norm_lambda_1": cos_1,
+                           "sample": sample_size(drift.n_sequences)})
         )
     return claims

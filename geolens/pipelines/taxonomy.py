@@ -77,20 +77,12 @@ def taxonomy_claims(tax) -> list:
     mixer, reset = float(dist["Mixer"]), float(dist["Reset"])
     dominant = "Mixer" if mixer > reset else "Reset" if reset > mixer else "neither"
     return [
-        Claim(
-            claim=f"Retrievers are a minority of heads ({100 * lo:.1f}–{100 * hi:.1f}%)",
-            source="paper B (docs/method.md §6; unconfirmed numbers)",
-            measured=f"Retriever {100 * retr:.1f}% of {tax.regimes.size} heads",
-            holds=bool(lo <= retr <= hi),
-            criterion=f"share within [{100 * lo:.1f}%, {100 * hi:.1f}%]",
-            numbers={"retriever_share": retr},
-        ),
-        Claim(
-            claim="Mixer- vs Reset-dominance depends on the architecture (LLaMA-3, Gemma: Mixer; LLaMA-2, Mistral: Reset)",
-            source="paper B (docs/method.md §6; unconfirmed)",
-            measured=f"Mixer {100 * mixer:.1f}%, Reset {100 * reset:.1f}%: {dominant}-dominated",
-            holds=None,
-            criterion="no prediction for this model's family is stated",
-            numbers={"mixer_share": mixer, "reset_share": reset, "dominant": dominant},
-        ),
+        Claim(claim=f"Retrievers are a minority of heads ({100 * lo:.1f}–{100 * hi:.1f}%)", source="paper B (docs/method.md §6; unconfirmed numbers)",
+              measured=f"Retriever {100 * retr:.1f}% of {tax.regimes.size} heads",
+              holds=bool(lo <= retr <= hi), criterion=f"share within [{100 * lo:.1f}%, {100 * hi:.1f}%]",
+              numbers={"retriever_share": retr}),
+        Claim(claim="Mixer- vs Reset-dominance depends on the architecture (LLaMA-3, Gemma: Mixer; LLaMA-2, Mistral: Reset)", source="paper B (docs/method.md §6; unconfirmed)",
+              measured=f"Mixer {100 * mixer:.1f}%, Reset {100 * reset:.1f}%: {dominant}-dominated",
+              holds=None, criterion="no prediction for this model's family is stated",
+              numbers={"mixer_share": mixer, "reset_share": reset, "dominant": dominant}),
     ]
