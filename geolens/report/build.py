@@ -8,7 +8,8 @@ does not exist is left out, never filled with placeholder numbers). Each section
   needs. The analyses of all sections run together in **one** pass over the corpus
   (:func:`geolens.runner.run_corpus`), so the model's forward passes are shared;
 - ``build(ctx, analyses) -> Section``: everything the section shows, computed in this run (its
-  own interventions or extra forwards included).
+  own interventions or extra forwards included) by its topic's pipeline
+  (:mod:`geolens.pipelines`, given the analyses already run), which the topic's command runs too.
 
 **Sample sizes.** Every claim verdict carries ``numbers["sample"]`` (:func:`sample_size`): the
 number of windows behind it (corpus or held-out windows, as the section says; the corpus windows
