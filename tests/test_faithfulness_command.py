@@ -100,3 +100,21 @@ def test_results_readme_and_resume(tmp_path):
     assert len(clean) == 40 and len(per) == len(res.per_sequence)
     with pytest.raises(ValueError, match="another protocol"):
         _resume_state(tmp_path, dict(res.protocol, ranking="row"), 100)
+
+
+def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys):
+    """--replot reads what FaithfulnessResult.save wrote (summary.json, per_sequence.csv, clean.csv)."""
+    from test_faithfulness_scopes import synthetic_result
+
+    from geolens.cli import main
+
+    res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
+    res.meta = dict(model="toy", seq_len=128, corpus="lee", command="geolens faithfulness", complete=True)
+    res.save(tmp_path)
+    assert main(["faithfulness", "--replot", "--out", str(tmp_path)]) == 0
+    for name in ("pairs.csv", "auc.csv", "curves_delta_logprob.png", "README.md"):
+        assert (tmp_path / name).is_file(), name
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["faithfulness", "--replot", "--out", str(empty)]) == 2
+    assert "missing summary.json, per_sequence.csv, clean.csv" in capsys.readouterr().err

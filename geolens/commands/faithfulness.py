@@ -234,7 +234,7 @@ def run(args) -> int:
     if args.replot:  # tables and figures again from the saved per-document results, no model
         from geolens.faithfulness import FaithfulnessResult
 
-        missing = [n for n in ("protocol.json", "per_sequence.csv", "clean.csv") if not (out / n).is_file()]
+        missing = [n for n in ("summary.json", "per_sequence.csv", "clean.csv") if not (out / n).is_file()]
         if missing:
             raise UsageError(f"--replot: {out} holds no saved results (missing {', '.join(missing)})")
         check_out_dir(out)
