@@ -356,7 +356,7 @@ class GemmaHookedAdapter(HookedAdapter):
         return bool(getattr(model.cfg, "use_normalization_before_and_after", False))
 
 
-def _looks_like_bridge(model) -> bool:
+def _looks_like_bridge(model: TLModel) -> bool:
     """A TransformerLens 4.x ``TransformerBridge``, duck-typed on ``original_model`` and ``adapter``."""
     return hasattr(model, "original_model") and hasattr(model, "adapter")
 
@@ -444,12 +444,12 @@ def adapter_for(model: TLModel) -> ModelAdapter:
 # Free functions (public API): delegates to adapter_for(model)
 
 
-def is_bridge(model) -> bool:
+def is_bridge(model: TLModel) -> bool:
     """True for a TransformerLens 4.x ``TransformerBridge``."""
     return adapter_for(model).is_bridge
 
 
-def model_mode(model) -> str:
+def model_mode(model: TLModel) -> str:
     """Which TransformerLens numerics produced a cache: recorded with every result.
 
     ``"bridge"`` (TL 4.x, raw HF weights), ``"bridge-compat"`` (after
@@ -460,27 +460,27 @@ def model_mode(model) -> str:
     return adapter_for(model).model_mode
 
 
-def n_kv_heads(model) -> int:
+def n_kv_heads(model: TLModel) -> int:
     """Number of kv heads (n_heads without grouped-query attention)."""
     return adapter_for(model).n_kv_heads
 
 
-def attn_out_hook(model, layer: int) -> str:
+def attn_out_hook(model: TLModel, layer: int) -> str:
     """Name of the hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O."""
     return adapter_for(model).attn_out_hook(layer)
 
 
-def has_post_attention_norm(model) -> bool:
+def has_post_attention_norm(model: TLModel) -> bool:
     """Whether ``blocks.L.hook_attn_out`` comes after a norm (Gemma 2/3)."""
     return adapter_for(model).post_attention_norm
 
 
-def required_hook_names(model, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> list[str]:
+def required_hook_names(model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> list[str]:
     """The cache entries geolens needs: pattern and v per layer (plus the attention output)."""
     return adapter_for(model).required_hook_names(layers, with_attn_out=with_attn_out)
 
 
-def names_filter(model, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> Callable[[str], bool]:
+def names_filter(model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> Callable[[str], bool]:
     """A ``names_filter`` for ``run_with_cache`` that keeps only what geolens reads.
 
     Example::
@@ -503,12 +503,12 @@ def _cache_get(cache, name: str) -> Tensor:
     )
 
 
-def output_weights(model, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
+def output_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
     """(W_O, b_O) of one layer in TL layout; b_O is zeros when the model has none."""
     return adapter_for(model).output_weights(layer)
 
 
-def value_weights(model, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
+def value_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
     """(W_V, b_V) of one layer in TL layout with kv heads expanded to query heads (see
     :meth:`ModelAdapter.value_weights`)."""
     return adapter_for(model).value_weights(layer)
@@ -555,7 +555,7 @@ class AttentionLayer:
 
 
 def get_attention_layer(
-    model,
+    model: TLModel,
     cache,
     layer: int,
     *,
@@ -634,7 +634,7 @@ def get_attention_layer(
     )
 
 
-def sliding_window(model, layer: int) -> int | None:
+def sliding_window(model: TLModel, layer: int) -> int | None:
     """The layer's sliding attention window, or None for full causal attention.
 
     TL's cfg reports ``window_size=None`` for Gemma 3 although its local layers use a 512-token
@@ -664,7 +664,7 @@ def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: in
         )
 
 
-def logits_hook(model) -> str:
+def logits_hook(model: TLModel) -> str:
     """The cache entry from which :func:`logits_from_cache` gets the logits.
 
     TransformerBridge: ``unembed.hook_out`` (the logits themselves). HookedTransformer has no
@@ -674,12 +674,12 @@ def logits_hook(model) -> str:
     return adapter_for(model).logits_hook
 
 
-def logits_from_cache(model, cache) -> Float[Tensor, "batch pos d_vocab"]:
+def logits_from_cache(model: TLModel, cache) -> Float[Tensor, "batch pos d_vocab"]:
     """Logits of the cached forward pass (see :func:`logits_hook`)."""
     return adapter_for(model).logits_from_cache(cache)
 
 
-def unembed_input_hook(model) -> str:
+def unembed_input_hook(model: TLModel) -> str:
     """A hook whose activation ``[batch, pos, d_model]`` is followed only by position-wise maps
     up to the logits (so slicing positions there slices the logits, and saves the unembedding of
     the others): ``unembed.hook_in`` on a TransformerBridge, ``ln_final.hook_normalized`` on a
