@@ -1,31 +1,45 @@
-"""The one module that knows TransformerLens versions (docs/method.md §0).
+"""The one module that knows model families and TransformerLens versions (docs/method.md §0).
 
 geolens reads three things from a forward pass, per layer, in TransformerLens layouts:
 
 - ``pattern`` α: ``[batch, head, query_pos, key_pos]`` (``blocks.{l}.attn.hook_pattern``)
 - ``v``: ``[batch, key_pos, head, d_head]`` (``blocks.{l}.attn.hook_v``), grouped-query value
   heads expanded so that query head h reads kv head ``h // (n_heads // n_kv_heads)``
-  (``repeat_interleave``, as TransformerLens itself does)
+  (``repeat_interleave``, as TransformerLens itself does; :func:`kv_group_size` is the one
+  implementation of that rule)
 - ``W_O``: ``[head, d_head, d_model]`` and ``b_O``: ``[d_model]`` (zeros for bias-free models)
 
 and derives z_i^h = Σ_j α_ij^h v_j^h (``hook_z``), so that Σ_h z^h W_O^h + b_O is the pre-norm
-attention output. Two model families are supported:
+attention output.
 
-- TransformerLens 4.x ``TransformerBridge`` (its pre-norm attention output is
-  ``blocks.{l}.attn.hook_out``; for Gemma ``blocks.{l}.hook_attn_out`` comes after the
-  post-attention norm, docs/tl-notes.md);
-- TransformerLens 2.x/3.x ``HookedTransformer`` (whose ``W_V`` is already repeated to n_heads
-  while ``hook_v`` keeps n_kv_heads; its attention module has no ``hook_out``, and
-  ``blocks.{l}.hook_attn_out`` is pre-norm unless the config uses a post-attention norm).
+Everything family-specific lives on a :class:`ModelAdapter`, one class per model family, which
+:func:`adapter_for` picks (and caches) for a model:
 
-Everything else in geolens goes through :func:`get_attention_layer` and :func:`names_filter`.
+- :class:`BridgeAdapter`: TransformerLens 4.x ``TransformerBridge`` (its pre-norm attention
+  output is ``blocks.{l}.attn.hook_out``; sliding windows are read from the HF config, because
+  TL's cfg does not report them, docs/tl-notes.md);
+- :class:`GemmaBridgeAdapter`: a bridge whose blocks apply a norm after attention (Gemma 2/3:
+  ``blocks.{l}.hook_attn_out`` comes after it);
+- :class:`HookedAdapter`: TransformerLens 2.x/3.x ``HookedTransformer`` (whose ``W_V`` is already
+  repeated to n_heads while ``hook_v`` keeps n_kv_heads; its attention module has no
+  ``hook_out``, and ``blocks.{l}.hook_attn_out`` is the pre-norm attention output);
+- :class:`GemmaHookedAdapter`: a ``HookedTransformer`` with a post-attention norm (there the
+  pre-norm attention output has no hook at all).
+
+The free functions of this module (:func:`model_mode`, :func:`n_kv_heads`,
+:func:`attn_out_hook`, :func:`output_weights`, :func:`sliding_window`, ...) are thin delegates
+to ``adapter_for(model)``. Everything else in geolens goes through them,
+:func:`get_attention_layer` and :func:`names_filter`; no other module branches on the model
+family or the TransformerLens version (``tests/test_adapter.py`` scans for it).
 """
 
 from __future__ import annotations
 
+import re
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -36,6 +50,11 @@ from geolens.validation import check_attention_mask, check_cache_layers, check_d
 PATTERN = "attn.hook_pattern"
 VALUE = "attn.hook_v"
 Z = "attn.hook_z"
+RESID_PRE = "hook_resid_pre"
+RESID_POST = "hook_resid_post"
+ATTN_OUT = "hook_attn_out"  # what a block adds to the residual stream (after any post-attention norm)
+
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def hook_name(layer: int, name: str) -> str:
@@ -43,12 +62,394 @@ def hook_name(layer: int, name: str) -> str:
     return f"blocks.{layer}.{name}"
 
 
-def is_bridge(model) -> bool:
-    """True for a TransformerLens 4.x ``TransformerBridge`` (duck-typed on ``original_model``)."""
+def hook_layer(name: str) -> int | None:
+    """The layer of a block hook name (the inverse of :func:`hook_name`), None for other hooks."""
+    match = _BLOCK_HOOK.match(str(name))
+    return None if match is None else int(match.group(1))
+
+
+class TLModel(Protocol):
+    """What geolens reads of a model: the structural surface of TransformerLens 4.3's
+    ``transformer_lens.model_protocol.TransformerLensModel`` (``cfg``, ``run_with_cache``,
+    ``run_with_hooks``, ``to_tokens``) plus ``blocks``, which a ``TransformerBridge`` and a
+    ``HookedTransformer`` both have. Typing only: TL 2.x has no such module, and geolens
+    never checks it at runtime (minimal stand-ins with ``cfg`` and ``blocks`` are accepted)."""
+
+    @property
+    def cfg(self) -> Any: ...
+
+    @property
+    def blocks(self) -> Any: ...
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def to_tokens(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouped-query attention: the one rule
+
+
+def kv_group_size(n_heads: int, n_kv_heads: int, *, what: str = "the model") -> int:
+    """Query heads per kv head; query head h reads kv head ``h // kv_group_size(n_heads, n_kv_heads)``.
+
+    This is TransformerLens' (and HF's) ``repeat_interleave`` pairing; ``repeat`` would pair heads
+    wrongly (docs/tl-notes.md). ``what`` names the tensor in the error when n_kv_heads does not
+    divide n_heads.
+    """
+    n_heads, n_kv_heads = int(n_heads), int(n_kv_heads)
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"{what} has {n_kv_heads} heads, which does not divide n_heads={n_heads}")
+    return n_heads // n_kv_heads
+
+
+def kv_head_of(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """The kv head that query ``head`` reads (:func:`kv_group_size`)."""
+    return int(head) // kv_group_size(n_heads, n_kv_heads)
+
+
+def expand_kv_heads(
+    v: Float[Tensor, "batch key kv_head d_head"], n_heads: int, *, dim: int = 2, what: str = "hook_v"
+) -> Float[Tensor, "batch key head d_head"]:
+    """Align grouped-query heads (axis ``dim``) with query heads: head h reads kv head h // group.
+
+    Returns ``v`` itself when it already has ``n_heads`` heads.
+    """
+    kv = v.shape[dim]
+    if kv == n_heads:
+        return v
+    return v.repeat_interleave(kv_group_size(n_heads, kv, what=what), dim=dim)
+
+
+def _zeros_if_missing(get: Callable[[], Tensor | None], shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """TL 4.x raises AttributeError for bias-free models and TL 3.9 TypeError (docs/tl-notes.md)."""
+    try:
+        value = get()
+    except (AttributeError, TypeError):
+        value = None
+    if value is None:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapters: one class per model family
+
+
+class ModelAdapter:
+    """Everything geolens needs to know about one model's family, behind one object.
+
+    Holds the model weakly (it is cached per model by :func:`adapter_for`). Static facts of the
+    family (bridge or not, a post-attention norm) are class attributes; whatever a model can
+    change after loading (compatibility mode, its config) is read live.
+
+    To support another architecture, subclass the closest family, override what differs
+    (a hook name, a weight layout, :meth:`sliding_window`), give it a :meth:`matches` test and
+    put it in :data:`FAMILIES` ahead of its parent.
+    """
+
+    family: ClassVar[str] = "model"
+    is_bridge: ClassVar[bool] = False
+    post_attention_norm: ClassVar[bool] = False  # blocks.L.hook_attn_out comes after a norm
+
+    def __init__(self, model: TLModel):
+        try:
+            self._ref: Callable[[], TLModel | None] = weakref.ref(model)
+        except TypeError:  # a stand-in that cannot be weakly referenced (not cached either)
+            self._ref = lambda: model
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        raise NotImplementedError
+
+    @property
+    def model(self) -> TLModel:
+        model = self._ref()
+        if model is None:
+            raise ReferenceError("the model of this adapter no longer exists")
+        return model
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self._ref()).__name__})"
+
+    # --- numerics recorded with every result
+
+    @property
+    def model_mode(self) -> str:
+        """Which TransformerLens numerics produced a cache: ``"bridge"``, ``"bridge-compat"`` or ``"hooked"``."""
+        raise NotImplementedError
+
+    # --- heads
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.cfg.n_heads)
+
+    @property
+    def n_kv_heads(self) -> int:
+        cfg = self.model.cfg
+        n = getattr(cfg, "n_key_value_heads", None)
+        return int(n) if n else int(cfg.n_heads)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (1 without grouped-query attention)."""
+        return kv_group_size(self.n_heads, self.n_kv_heads)
+
+    def kv_head_of(self, head: int) -> int:
+        """The kv head that query ``head`` reads."""
+        return kv_head_of(head, self.n_heads, self.n_kv_heads)
+
+    def query_heads_of(self, kv_heads: Iterable[int]) -> tuple[int, ...]:
+        """The query heads reading any of ``kv_heads``, ascending by kv head, then by head."""
+        kv = sorted(set(int(k) for k in kv_heads))
+        return tuple(h for k in kv for h in range(self.n_heads) if self.kv_head_of(h) == k)
+
+    def expand_kv(self, x: Tensor, *, dim: int = 2, what: str = "hook_v") -> Tensor:
+        """``x`` with its kv-head axis ``dim`` expanded to the model's query heads."""
+        return expand_kv_heads(x, self.n_heads, dim=dim, what=what)
+
+    # --- hook names
+
+    def pattern_hook(self, layer: int) -> str:
+        return hook_name(layer, PATTERN)
+
+    def value_hook(self, layer: int) -> str:
+        return hook_name(layer, VALUE)
+
+    def z_hook(self, layer: int) -> str:
+        return hook_name(layer, Z)
+
+    def resid_pre_hook(self, layer: int) -> str:
+        """The residual stream entering block ``layer``."""
+        return hook_name(layer, RESID_PRE)
+
+    def resid_post_hook(self, layer: int) -> str:
+        """The residual stream leaving block ``layer``."""
+        return hook_name(layer, RESID_POST)
+
+    def block_attn_out_hook(self, layer: int) -> str:
+        """What block ``layer`` adds to the residual stream from attention (after any post-attention norm)."""
+        return hook_name(layer, ATTN_OUT)
+
+    def attn_out_hook(self, layer: int) -> str:
+        """The hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O."""
+        raise NotImplementedError
+
+    @property
+    def logits_hook(self) -> str:
+        """The cache entry from which :meth:`logits_from_cache` gets the logits."""
+        raise NotImplementedError
+
+    @property
+    def unembed_input_hook(self) -> str:
+        """A hook ``[batch, pos, d_model]`` followed only by position-wise maps up to the logits."""
+        raise NotImplementedError
+
+    def logits_from_cache(self, cache) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits of the cached forward pass (see :attr:`logits_hook`)."""
+        raise NotImplementedError
+
+    def required_hook_names(self, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> list[str]:
+        """The cache entries geolens needs: pattern and v per layer (plus the attention output)."""
+        layers = range(self.model.cfg.n_layers) if layers is None else layers
+        names = []
+        for l in layers:
+            names += [self.pattern_hook(l), self.value_hook(l)]
+            if with_attn_out:
+                names.append(self.attn_out_hook(l))
+        return names
+
+    # --- weights
+
+    def output_weights(self, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
+        """(W_O, b_O) of one layer in TL layout; b_O is zeros when the model has none."""
+        cfg = self.model.cfg
+        attn = self.model.blocks[layer].attn
+        W_O = attn.W_O
+        if W_O.ndim == 2:  # some bridge components keep nn.Linear layout [d_model, head*d_head]
+            W_O = W_O.T.reshape(cfg.n_heads, cfg.d_head, cfg.d_model)
+        b_O = _zeros_if_missing(lambda: attn.b_O, (cfg.d_model,), W_O)
+        return W_O, b_O
+
+    def value_weights(self, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
+        """(W_V, b_V) of one layer in TL layout, kv heads expanded to query heads; b_V is zeros
+        when the model has none.
+
+        A bridge keeps ``W_V`` with n_kv_heads heads, a ``HookedTransformer`` repeats it to
+        n_heads: both come back with n_heads. A 2-D ``W_V`` (nn.Linear layout
+        ``[kv_head*d_head, d_model]``, kept by bridge components without a config) is reshaped.
+        """
+        cfg = self.model.cfg
+        attn = self.model.blocks[layer].attn
+        W_V = attn.W_V
+        if W_V.ndim == 2:
+            W_V = W_V.reshape(-1, cfg.d_head, cfg.d_model).transpose(1, 2)
+        if W_V.ndim != 3:
+            raise ValueError(f"layer {layer}: W_V has shape {tuple(W_V.shape)}, expected [head, d_model, d_head]")
+        b_V = _zeros_if_missing(lambda: attn.b_V, (W_V.shape[0], W_V.shape[2]), W_V)
+        what = f"layer {layer}: W_V"
+        return self.expand_kv(W_V, dim=0, what=what), self.expand_kv(b_V, dim=0, what=what)
+
+    # --- visible keys
+
+    def sliding_window(self, layer: int) -> int | None:
+        """The layer's sliding attention window, or None for full causal attention."""
+        raise NotImplementedError
+
+
+class HookedAdapter(ModelAdapter):
+    """TransformerLens 2.x/3.x ``HookedTransformer`` (and minimal stand-ins with ``cfg`` and ``blocks``)."""
+
+    family = "hooked"
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        return True  # the fallback: anything that is not a bridge
+
+    @property
+    def model_mode(self) -> str:
+        """``"hooked"``: HookedTransformer processes weights as ``enable_compatibility_mode()`` does."""
+        return "hooked"
+
+    def attn_out_hook(self, layer: int) -> str:
+        if self.post_attention_norm:
+            raise ValueError(
+                "this HookedTransformer applies a norm after attention, so blocks.L.hook_attn_out is "
+                "not the attention sum; use geolens.contributions.layer_output (Σ_h z W_O) instead"
+            )
+        return self.block_attn_out_hook(layer)
+
+    @property
+    def logits_hook(self) -> str:
+        """``ln_final.hook_normalized``: HookedTransformer has no hook after the unembedding, so
+        the final normalised residual is cached and unembedded."""
+        return "ln_final.hook_normalized"
+
+    @property
+    def unembed_input_hook(self) -> str:
+        """``ln_final.hook_normalized`` (``unembed`` has no input hook; only the norm weight follows)."""
+        return "ln_final.hook_normalized"
+
+    def logits_from_cache(self, cache) -> Float[Tensor, "batch pos d_vocab"]:
+        return self.model.unembed(_cache_get(cache, self.logits_hook))
+
+    def sliding_window(self, layer: int) -> int | None:
+        """``cfg.window_size`` on layers whose ``cfg.attn_types`` entry is ``"local"``."""
+        cfg = self.model.cfg
+        attn_types = getattr(cfg, "attn_types", None)
+        if attn_types is not None and attn_types[layer] == "local":
+            return getattr(cfg, "window_size", None)
+        return None
+
+
+class GemmaHookedAdapter(HookedAdapter):
+    """A ``HookedTransformer`` with a norm after attention (``cfg.use_normalization_before_and_after``)."""
+
+    family = "hooked-gemma"
+    post_attention_norm = True
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        return bool(getattr(model.cfg, "use_normalization_before_and_after", False))
+
+
+def _looks_like_bridge(model: TLModel) -> bool:
+    """A TransformerLens 4.x ``TransformerBridge``, duck-typed on ``original_model`` and ``adapter``."""
     return hasattr(model, "original_model") and hasattr(model, "adapter")
 
 
-def model_mode(model) -> str:
+class BridgeAdapter(ModelAdapter):
+    """TransformerLens 4.x ``TransformerBridge`` over an HF model."""
+
+    family = "bridge"
+    is_bridge = True
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        return _looks_like_bridge(model)
+
+    @property
+    def model_mode(self) -> str:
+        """``"bridge"`` (raw HF weights) or ``"bridge-compat"`` (after ``enable_compatibility_mode()``:
+        norms folded, W_O centred for LayerNorm models, b_V folded into b_O, which changes ṽ)."""
+        return "bridge-compat" if getattr(self.model, "compatibility_mode", False) else "bridge"
+
+    def attn_out_hook(self, layer: int) -> str:
+        return hook_name(layer, "attn.hook_out")
+
+    @property
+    def logits_hook(self) -> str:
+        """``unembed.hook_out``: the logits themselves."""
+        return "unembed.hook_out"
+
+    @property
+    def unembed_input_hook(self) -> str:
+        return "unembed.hook_in"
+
+    def logits_from_cache(self, cache) -> Float[Tensor, "batch pos d_vocab"]:
+        return _cache_get(cache, self.logits_hook)
+
+    def sliding_window(self, layer: int) -> int | None:
+        """TL's cfg reports ``window_size=None`` for Gemma 3 although its local layers use a
+        512-token window (docs/tl-notes.md), so the HF config's ``layer_types`` is read."""
+        hf_cfg = getattr(self.model.original_model, "config", None)
+        hf_cfg = getattr(hf_cfg, "text_config", None) or hf_cfg
+        types = getattr(hf_cfg, "layer_types", None)
+        if types is not None and types[layer] == "sliding_attention":
+            return getattr(hf_cfg, "sliding_window", None)
+        return None
+
+
+class GemmaBridgeAdapter(BridgeAdapter):
+    """A bridge whose blocks apply a norm after attention (Gemma 2/3): ``blocks.L.hook_attn_out``
+    is then not the attention sum, ``attn.hook_out`` still is."""
+
+    family = "bridge-gemma"
+    post_attention_norm = True
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        if not _looks_like_bridge(model):
+            return False
+        if getattr(model.cfg, "use_normalization_before_and_after", False):
+            return True
+        block = model.blocks[0]
+        return any(n in getattr(block, "_modules", {}) for n in ("ln1_post", "post_attention_layernorm"))
+
+
+FAMILIES: list[type[ModelAdapter]] = [GemmaBridgeAdapter, BridgeAdapter, GemmaHookedAdapter, HookedAdapter]
+"""Tried in order by :func:`adapter_for`; a specialised family comes before its parent."""
+
+_ADAPTERS: "weakref.WeakKeyDictionary[Any, ModelAdapter]" = weakref.WeakKeyDictionary()
+
+
+def adapter_for(model: TLModel) -> ModelAdapter:
+    """The :class:`ModelAdapter` of ``model``'s family, built once per model and cached (weakly)."""
+    try:
+        return _ADAPTERS[model]
+    except (KeyError, TypeError):  # TypeError: a stand-in that cannot be weakly referenced
+        pass
+    adapter = next(cls for cls in FAMILIES if cls.matches(model))(model)
+    try:
+        _ADAPTERS[model] = adapter
+    except TypeError:
+        pass
+    return adapter
+
+
+# ---------------------------------------------------------------------------------------------
+# Free functions (public API): delegates to adapter_for(model)
+
+
+def is_bridge(model: TLModel) -> bool:
+    """True for a TransformerLens 4.x ``TransformerBridge``."""
+    return adapter_for(model).is_bridge
+
+
+def model_mode(model: TLModel) -> str:
     """Which TransformerLens numerics produced a cache: recorded with every result.
 
     ``"bridge"`` (TL 4.x, raw HF weights), ``"bridge-compat"`` (after
@@ -56,52 +457,30 @@ def model_mode(model) -> str:
     into b_O, which changes ṽ) or ``"hooked"`` (TL 2.x/3.x ``HookedTransformer``, which processes
     weights the same way by default).
     """
-    if is_bridge(model):
-        return "bridge-compat" if getattr(model, "compatibility_mode", False) else "bridge"
-    return "hooked"
+    return adapter_for(model).model_mode
 
 
-def n_kv_heads(model) -> int:
-    cfg = model.cfg
-    n = getattr(cfg, "n_key_value_heads", None)
-    return int(n) if n else int(cfg.n_heads)
+def n_kv_heads(model: TLModel) -> int:
+    """Number of kv heads (n_heads without grouped-query attention)."""
+    return adapter_for(model).n_kv_heads
 
 
-def attn_out_hook(model, layer: int) -> str:
+def attn_out_hook(model: TLModel, layer: int) -> str:
     """Name of the hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O."""
-    if is_bridge(model):
-        return hook_name(layer, "attn.hook_out")
-    if has_post_attention_norm(model):
-        raise ValueError(
-            "this HookedTransformer applies a norm after attention, so blocks.L.hook_attn_out is "
-            "not the attention sum; use geolens.contributions.layer_output (Σ_h z W_O) instead"
-        )
-    return hook_name(layer, "hook_attn_out")
+    return adapter_for(model).attn_out_hook(layer)
 
 
-def has_post_attention_norm(model) -> bool:
+def has_post_attention_norm(model: TLModel) -> bool:
     """Whether ``blocks.L.hook_attn_out`` comes after a norm (Gemma 2/3)."""
-    cfg = model.cfg
-    if getattr(cfg, "use_normalization_before_and_after", False):
-        return True
-    if is_bridge(model):
-        block = model.blocks[0]
-        return any(n in getattr(block, "_modules", {}) for n in ("ln1_post", "post_attention_layernorm"))
-    return False
+    return adapter_for(model).post_attention_norm
 
 
-def required_hook_names(model, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> list[str]:
+def required_hook_names(model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> list[str]:
     """The cache entries geolens needs: pattern and v per layer (plus the attention output)."""
-    layers = range(model.cfg.n_layers) if layers is None else layers
-    names = []
-    for l in layers:
-        names += [hook_name(l, PATTERN), hook_name(l, VALUE)]
-        if with_attn_out:
-            names.append(attn_out_hook(model, l))
-    return names
+    return adapter_for(model).required_hook_names(layers, with_attn_out=with_attn_out)
 
 
-def names_filter(model, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> Callable[[str], bool]:
+def names_filter(model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> Callable[[str], bool]:
     """A ``names_filter`` for ``run_with_cache`` that keeps only what geolens reads.
 
     Example::
@@ -124,35 +503,15 @@ def _cache_get(cache, name: str) -> Tensor:
     )
 
 
-def _zeros_if_missing(get: Callable[[], Tensor | None], shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """TL 4.x raises AttributeError for bias-free models and TL 3.9 TypeError (docs/tl-notes.md)."""
-    try:
-        value = get()
-    except (AttributeError, TypeError):
-        value = None
-    if value is None:
-        return torch.zeros(shape, dtype=like.dtype, device=like.device)
-    return value
-
-
-def output_weights(model, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
+def output_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
     """(W_O, b_O) of one layer in TL layout; b_O is zeros when the model has none."""
-    attn = model.blocks[layer].attn
-    W_O = attn.W_O
-    if W_O.ndim == 2:  # some bridge components keep nn.Linear layout [d_model, head*d_head]
-        W_O = W_O.T.reshape(model.cfg.n_heads, model.cfg.d_head, model.cfg.d_model)
-    b_O = _zeros_if_missing(lambda: attn.b_O, (model.cfg.d_model,), W_O)
-    return W_O, b_O
+    return adapter_for(model).output_weights(layer)
 
 
-def expand_kv_heads(v: Float[Tensor, "batch key kv_head d_head"], n_heads: int) -> Float[Tensor, "batch key head d_head"]:
-    """Align grouped-query value heads with query heads: head h reads kv head h // group."""
-    kv = v.shape[2]
-    if kv == n_heads:
-        return v
-    if n_heads % kv != 0:
-        raise ValueError(f"hook_v has {kv} heads, which does not divide n_heads={n_heads}")
-    return v.repeat_interleave(n_heads // kv, dim=2)
+def value_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
+    """(W_V, b_V) of one layer in TL layout with kv heads expanded to query heads (see
+    :meth:`ModelAdapter.value_weights`)."""
+    return adapter_for(model).value_weights(layer)
 
 
 @dataclass
@@ -196,7 +555,7 @@ class AttentionLayer:
 
 
 def get_attention_layer(
-    model,
+    model: TLModel,
     cache,
     layer: int,
     *,
@@ -214,12 +573,13 @@ def get_attention_layer(
     query rows and key columns are set to 0 (α and v), so every quantity is 0 there and the real
     positions equal each prompt run alone. Without it, a batch that looks padded is refused.
     """
+    adapter = adapter_for(model)
     cfg = model.cfg
     layer = check_layer(layer, cfg.n_layers)
     dtype = check_dtype(dtype)
     check_cache_layers(model, cache)
-    pattern = _cache_get(cache, hook_name(layer, PATTERN))
-    v = _cache_get(cache, hook_name(layer, VALUE))
+    pattern = _cache_get(cache, adapter.pattern_hook(layer))
+    v = _cache_get(cache, adapter.value_hook(layer))
     if pattern.ndim != 4 or v.ndim != 4:
         raise ValueError(
             f"layer {layer}: expected hook_pattern [batch, head, query, key] and hook_v "
@@ -233,12 +593,13 @@ def get_attention_layer(
             f"layer {layer}: hook_v {tuple(v.shape)} does not match hook_pattern {tuple(pattern.shape)} "
             "on batch and key positions"
         )
-    if v.shape[2] != n_kv_heads(model) or v.shape[3] != cfg.d_head:
+    n_kv = adapter.n_kv_heads
+    if v.shape[2] != n_kv or v.shape[3] != cfg.d_head:
         raise ValueError(
             f"layer {layer}: hook_v has {v.shape[2]} kv heads of size {v.shape[3]}, the model has "
-            f"{n_kv_heads(model)} kv heads of size {cfg.d_head}: the cache comes from another model"
+            f"{n_kv} kv heads of size {cfg.d_head}: the cache comes from another model"
         )
-    W_O, b_O = output_weights(model, layer)
+    W_O, b_O = adapter.output_weights(layer)
     if W_O.shape != (n_heads, v.shape[3], cfg.d_model):
         raise ValueError(f"layer {layer}: W_O has shape {tuple(W_O.shape)}, expected {(n_heads, v.shape[3], cfg.d_model)}")
     device = pattern.device
@@ -246,7 +607,7 @@ def get_attention_layer(
     v = expand_kv_heads(v.to(dtype), n_heads)
     query_mask = key_mask = None
     if attention_mask is None:
-        check_unpadded(pattern, window=sliding_window(model, layer), layer=layer)
+        check_unpadded(pattern, window=adapter.sliding_window(layer), layer=layer)
     else:
         mask = check_attention_mask(attention_mask, batch, n_k).to(device)
         if n_q != n_k:
@@ -266,30 +627,20 @@ def get_attention_layer(
         v=v,
         W_O=W_O.detach().to(device=device, dtype=dtype),
         b_O=b_O.detach().to(device=device, dtype=dtype),
-        n_kv_heads=n_kv_heads(model),
-        model_mode=model_mode(model),
+        n_kv_heads=n_kv,
+        model_mode=adapter.model_mode,
         query_mask=query_mask,
         key_mask=key_mask,
     )
 
 
-def sliding_window(model, layer: int) -> int | None:
+def sliding_window(model: TLModel, layer: int) -> int | None:
     """The layer's sliding attention window, or None for full causal attention.
 
     TL's cfg reports ``window_size=None`` for Gemma 3 although its local layers use a 512-token
     window (docs/tl-notes.md), so the HF config's ``layer_types`` is read when the model is a bridge.
     """
-    if is_bridge(model):
-        hf_cfg = getattr(model.original_model, "config", None)
-        hf_cfg = getattr(hf_cfg, "text_config", None) or hf_cfg
-        types = getattr(hf_cfg, "layer_types", None)
-        if types is not None and types[layer] == "sliding_attention":
-            return getattr(hf_cfg, "sliding_window", None)
-        return None
-    attn_types = getattr(model.cfg, "attn_types", None)
-    if attn_types is not None and attn_types[layer] == "local":
-        return getattr(model.cfg, "window_size", None)
-    return None
+    return adapter_for(model).sliding_window(layer)
 
 
 def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: int | None = None, layer: int = 0) -> None:
@@ -313,25 +664,24 @@ def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: in
         )
 
 
-def logits_hook(model) -> str:
+def logits_hook(model: TLModel) -> str:
     """The cache entry from which :func:`logits_from_cache` gets the logits.
 
     TransformerBridge: ``unembed.hook_out`` (the logits themselves). HookedTransformer has no
     hook after the unembedding, so its final normalised residual ``ln_final.hook_normalized``
     is cached and unembedded.
     """
-    return "unembed.hook_out" if is_bridge(model) else "ln_final.hook_normalized"
+    return adapter_for(model).logits_hook
 
 
-def logits_from_cache(model, cache) -> Float[Tensor, "batch pos d_vocab"]:
+def logits_from_cache(model: TLModel, cache) -> Float[Tensor, "batch pos d_vocab"]:
     """Logits of the cached forward pass (see :func:`logits_hook`)."""
-    x = _cache_get(cache, logits_hook(model))
-    return x if is_bridge(model) else model.unembed(x)
+    return adapter_for(model).logits_from_cache(cache)
 
 
-def unembed_input_hook(model) -> str:
+def unembed_input_hook(model: TLModel) -> str:
     """A hook whose activation ``[batch, pos, d_model]`` is followed only by position-wise maps
     up to the logits (so slicing positions there slices the logits, and saves the unembedding of
     the others): ``unembed.hook_in`` on a TransformerBridge, ``ln_final.hook_normalized`` on a
     HookedTransformer (whose ``unembed`` has no input hook; only the norm weight follows)."""
-    return "unembed.hook_in" if is_bridge(model) else "ln_final.hook_normalized"
+    return adapter_for(model).unembed_input_hook

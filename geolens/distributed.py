@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from geolens.data import as_token_tensor
+from geolens.models import load_any_model  # the launcher's loader (geolens.distributed.load_any_model: its old import path)
 from geolens.runner import run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis
 
@@ -159,29 +160,6 @@ def analysis_factory(spec: str, **kwargs) -> Callable:
     if isinstance(obj, type) and issubclass(obj, CorpusAnalysis):
         return lambda model: obj(model.cfg.n_layers, model.cfg.n_heads, **kwargs)
     return lambda model: obj(model, **kwargs)
-
-
-def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = torch.float32):
-    """``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (random, seeded) or a :func:`load_model` name.
-
-    With ``device_map`` (e.g. ``"auto"``) the model is split by accelerate over the GPUs this
-    process sees (set ``CUDA_VISIBLE_DEVICES`` per process when several processes share a node).
-    """
-    if name.startswith("tiny-"):
-        kind = name[len("tiny-") :]
-        try:
-            from geolens.testing import tiny_bridge
-
-            return tiny_bridge(kind).to(device)
-        except ImportError:  # TransformerLens 2.x/3.x: HookedTransformer
-            from geolens.testing import tiny_hooked
-
-            return tiny_hooked(kind).to(device)
-    from geolens.models import load_model
-
-    if device_map is not None:
-        return load_model(name, device=None, device_map=device_map, dtype=dtype)
-    return load_model(name, device=device, dtype=dtype)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -65,7 +65,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens.adapter import VALUE, get_attention_layer, hook_name, names_filter
+from geolens.adapter import adapter_for, get_attention_layer, names_filter
 from geolens.interventions.base import applied
 from geolens.interventions.masking import (
     RANKING_SCOPES,
@@ -256,6 +256,7 @@ def value_zeroing(
         raise ValueError("chunk_size must be a positive integer")
     scores = torch.zeros(len(layers), tokens.shape[0], n_pos, n_pos)
     layer_index = {l: n for n, l in enumerate(layers)}
+    adapter = adapter_for(model)
     for b in range(tokens.shape[0]):
         seq = tokens[b : b + 1]
         for start in range(0, n_pos, chunk):
@@ -271,15 +272,18 @@ def value_zeroing(
                 v[torch.arange(1, rows, device=v.device), sources.to(v.device)] = 0.0
                 return v
 
-            def capture(resid: Tensor, hook) -> None:
-                captured[int(hook.name.split(".")[1])] = resid.detach()
+            def capture(l: int):
+                def hook(resid: Tensor, hook) -> None:
+                    captured[l] = resid.detach()
 
-            hooks = [branch_hook(layers[0], rows)]
+                return hook
+
+            hooks = [branch_hook(model, layers[0], rows)]
             for l in layers:
                 if l != layers[0]:
-                    hooks.append((hook_name(l, "hook_resid_pre"), reset))
-                hooks.append((hook_name(l, VALUE), zero_value))
-                hooks.append((hook_name(l, "hook_resid_post"), capture))
+                    hooks.append((adapter.resid_pre_hook(l), reset))
+                hooks.append((adapter.value_hook(l), zero_value))
+                hooks.append((adapter.resid_post_hook(l), capture(l)))
             with torch.no_grad(), applied(model, hooks):
                 model(seq, return_type=None, stop_at_layer=layers[-1] + 1)
             for l, resid in captured.items():

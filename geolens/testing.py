@@ -6,7 +6,9 @@
 - ``tiny_hooked("gqa" | "mha")``: the same shapes as a TransformerLens 2.x/3.x
   ``HookedTransformer`` (only where that class exists).
 
-All use a character-level tokenizer (``<bos>`` = id 0) so that nothing is downloaded.
+All use a character-level tokenizer (``<bos>`` = id 0) so that nothing is downloaded. This module
+only writes their configurations; building the TransformerLens model is
+:mod:`geolens.models`' job (``_boot``, :func:`geolens.models.hooked_transformer`).
 """
 
 from __future__ import annotations
@@ -101,19 +103,19 @@ def tiny_bridge(kind: str = "gqa", *, seed: int = 0, compatibility_mode: bool = 
 
 def tiny_hooked(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2):
     """A tiny random ``HookedTransformer`` (TransformerLens 2.x/3.x) with non-zero biases."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from geolens.models import hooked_transformer
 
     common = dict(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=VOCAB_SIZE, n_ctx=128, seed=seed)
     if kind == "gqa":
-        cfg = HookedTransformerConfig(
+        fields = dict(
             **common, n_key_value_heads=2, act_fn="silu", normalization_type="RMS",
             positional_embedding_type="rotary", rotary_dim=8, gated_mlp=True,
         )  # fmt: skip
     elif kind == "mha":
-        cfg = HookedTransformerConfig(**common, act_fn="gelu_new", normalization_type="LN")
+        fields = dict(**common, act_fn="gelu_new", normalization_type="LN")
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}: use 'gqa' or 'mha'")
-    model = HookedTransformer(cfg, tokenizer=tiny_tokenizer())
+    model = hooked_transformer(fields, tiny_tokenizer())
     _randomise_biases(model)
     return model.eval()
 

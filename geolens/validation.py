@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from typing import Mapping
 
 import torch
@@ -138,17 +137,16 @@ def refuse_unmasked_padding(model, tokens: Tensor) -> None:
         )
 
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
-
-
 def check_cache_layers(model, cache: Mapping) -> None:
     """Refuse a cache holding blocks the model does not have (a cache of another model)."""
+    from geolens.adapter import hook_layer  # the adapter imports this module
+
     try:
         keys = list(cache.keys())
     except AttributeError:
         return
     n_layers = model.cfg.n_layers
-    found = [int(m.group(1)) for k in keys if (m := _BLOCK.match(str(k)))]
+    found = [layer for k in keys if (layer := hook_layer(k)) is not None]
     if found and max(found) >= n_layers:
         raise ValueError(
             f"the cache holds layer {max(found)} but the model has {n_layers} layers: the cache comes "

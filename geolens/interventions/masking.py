@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from geolens.adapter import PATTERN, hook_name, unembed_input_hook
+from geolens.adapter import PATTERN, adapter_for, hook_name, unembed_input_hook
 from geolens.interventions.base import FwdHooks, applied
 
 RankingScope = Literal["row", "query", "source"]
@@ -220,8 +220,9 @@ def pattern_mask_hooks(
     return [(hook_name(l, PATTERN), make(remove[n])) for n, l in enumerate(layers)]
 
 
-def branch_hook(layer: int, n_rows: int) -> tuple[str, callable]:
-    """A hook expanding a batch of one to ``n_rows`` identical rows at ``blocks.{layer}.hook_resid_pre``.
+def branch_hook(model, layer: int, n_rows: int) -> tuple[str, callable]:
+    """A hook expanding a batch of one to ``n_rows`` identical rows where block ``layer`` starts
+    (its ``hook_resid_pre``, :meth:`geolens.adapter.ModelAdapter.resid_pre_hook`).
 
     Everything before ``layer`` then runs once; per-row interventions at ``layer`` and later see
     ``n_rows`` copies. The logits come back with ``n_rows`` rows. Only a batch of one can branch:
@@ -234,7 +235,7 @@ def branch_hook(layer: int, n_rows: int) -> tuple[str, callable]:
             raise ValueError(f"branch_hook expects a batch of one at {hook.name}, got {resid.shape[0]} rows")
         return resid.expand(n_rows, *resid.shape[1:]).contiguous()
 
-    return (hook_name(layer, "hook_resid_pre"), hook)
+    return (adapter_for(model).resid_pre_hook(layer), hook)
 
 
 def token_nll(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
@@ -291,7 +292,7 @@ def masked_token_nll(
             n = chunk.shape[1]
             hooks = list(pattern_mask_hooks(model, chunk, layers)) + tail
             if branch:
-                hooks = [branch_hook(first, n)] + hooks
+                hooks = [branch_hook(model, first, n)] + hooks
                 inp = tokens
             else:
                 inp = tokens.expand(n, -1)

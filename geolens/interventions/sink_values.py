@@ -44,7 +44,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import hook_name, n_kv_heads
+from geolens.adapter import adapter_for, hook_name, n_kv_heads
 from geolens.interventions.base import applied
 
 VALUE = "attn.hook_v"
@@ -66,30 +66,25 @@ class SinkValueEdit:
 
 def group_size(model) -> int:
     """Query heads per kv head (1 without grouped-query attention)."""
-    n_heads, n_kv = int(model.cfg.n_heads), n_kv_heads(model)
-    if n_heads % n_kv:
-        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
-    return n_heads // n_kv
+    return adapter_for(model).group_size
 
 
 def affected_query_heads(model, kv_heads: Iterable[int]) -> tuple[int, ...]:
     """Query heads that read the given kv heads: h with h // group in kv_heads."""
-    g = group_size(model)
-    kv = sorted(set(int(k) for k in kv_heads))
-    return tuple(h for k in kv for h in range(k * g, (k + 1) * g))
+    return adapter_for(model).query_heads_of(kv_heads)
 
 
 def kv_heads_of(model, heads: Iterable[int]) -> tuple[int, ...]:
     """kv heads of the query ``heads``; raises :class:`PartialKVGroupError` for partial groups."""
-    g = group_size(model)
-    n_heads = int(model.cfg.n_heads)
+    adapter = adapter_for(model)
+    n_heads = adapter.n_heads
     heads = sorted(set(int(h) for h in heads))
     bad = [h for h in heads if not 0 <= h < n_heads]
     if bad:
         raise IndexError(f"query heads {bad} out of range for a model with {n_heads} heads")
-    kv = sorted({h // g for h in heads})
+    kv = sorted({adapter.kv_head_of(h) for h in heads})
     for k in kv:
-        group = set(range(k * g, (k + 1) * g))
+        group = set(adapter.query_heads_of([k]))
         if not group <= set(heads):
             raise PartialKVGroupError(
                 f"query heads {sorted(group & set(heads))} share kv head {k} with {sorted(group - set(heads))}: "

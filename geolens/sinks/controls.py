@@ -121,7 +121,7 @@ def edited_window(model, window: torch.Tensor, specs: Sequence[SinkEditSpec], la
     layers = sorted(int(l) for l in layers)
     store: dict = {}
     edit = sink_edit(model, list(specs), layers=layers, corpus_means=corpus_means, position=position)
-    hooks = [branch_hook(layers[0], len(specs))] + list(edit.fwd_hooks) + _capture_hooks(layers, store)
+    hooks = [branch_hook(model, layers[0], len(specs))] + list(edit.fwd_hooks) + _capture_hooks(layers, store)
     with torch.no_grad(), applied(model, hooks):
         logits = model(window, return_type="logits")
     nll = next_token_nll(logits, window.expand(len(specs), -1)).mean(1).cpu().numpy()

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
+from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, kv_head_of, model_mode, sliding_window
 from geolens.geometry import gram, gram_norm
 from geolens.runner import run_analysis
 from geolens.sinks._accumulate import histogram_add_at, moments_add_at
@@ -185,11 +185,10 @@ class SinkGeometry(CorpusAnalysis):
         return self
 
     def result(self) -> SinkGeometryResult:
-        group = self.n_heads // max(self.n_kv_heads, 1)
         rows = []
         for l in self.layers:
             for h in range(self.n_heads):
-                row = {"layer": l, "head": h, "kv_head": h // group}
+                row = {"layer": l, "head": h, "kv_head": kv_head_of(h, self.n_heads, self.n_kv_heads)}
                 for name in HEAD_STATS:
                     m = getattr(self, f"m_{name}")
                     key = "gu_sink_share" if name == "gu_sink" else name
