@@ -42,11 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    import torch
+
+    grad = torch.is_grad_enabled()  # commands turn autograd off; a caller's setting is restored
     try:
         return int(args.func(args) or 0)
     except UsageError as err:
         print(f"{err.prog or f'geolens {args.command}'}: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_grad_enabled(grad)
 
 
 if __name__ == "__main__":  # pragma: no cover

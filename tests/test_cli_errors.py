@@ -299,3 +299,29 @@ def test_build_report_refuses_an_example_layer_out_of_range_before_the_corpus_pa
     tokens = tiny_tokens(model, length=12)
     with pytest.raises(ValueError, match="example_layer 99 is out of range"):
         build.build_report(model, tokens, ReportConfig(n_heldout=1, example_layer=99), progress=False)
+
+
+def test_commands_restore_the_callers_autograd_mode(monkeypatch):
+    """A command run in-process (notebook, test) turns autograd off for itself only, also on error."""
+    import argparse
+
+    import torch
+
+    import geolens.cli as cli
+
+    def fake_parser(fail):
+        def func(args):
+            torch.set_grad_enabled(False)  # what the model-running commands do
+            if fail:
+                raise cli.UsageError("bad")
+            return 0
+
+        p = argparse.ArgumentParser()
+        p.set_defaults(func=func, command="fake")
+        return p
+
+    for fail in (False, True):
+        monkeypatch.setattr(cli, "build_parser", lambda: fake_parser(fail))
+        assert torch.is_grad_enabled()
+        assert cli.main([]) == (2 if fail else 0)
+        assert torch.is_grad_enabled()
