@@ -9,8 +9,13 @@ Core entry points::
     m = geolens.attention_metrics(model, cache, layer=5)
 """
 
+# The public API: one ``__all__``, each name with a short runnable ``>>>`` example on a tiny random
+# model in its docstring (run as doctests by tests/test_public_api.py). Everything else is imported
+# from its module (``geolens.sinks``, ``geolens.selection``, ``geolens.interventions``, ...).
+from geolens import checkpoint, faithfulness, multiple_choice, pruning, runner, selection, streaming, taxonomy
 from geolens.adapter import (
     AttentionLayer,
+    adapter_for,
     get_attention_layer,
     hook_name,
     model_mode,
@@ -24,52 +29,43 @@ from geolens.contributions import (
     ZeroNormOutputWarning,
     attention_metrics,
     contribution_weights,
-    head_outputs,
     influence_factors,
     layer_metrics,
-    layer_output,
     per_source_totals,
-    projected_value_norms,
 )
-from geolens.geometry import head_output_norms
+from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing
+from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms
+from geolens.metrics import register_metric
 from geolens.models import load_model
+from geolens.runner import run_analysis, run_corpus
+from geolens.sinks import sink_geometry
+from geolens.taxonomy import head_taxonomy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionLayer",
-    "AttentionMetrics",
-    "InfluenceFactors",
-    "LayerMetrics",
-    "ZeroNormOutputWarning",
-    "attention_metrics",
-    "contribution_weights",
+    # models and activations
+    "load_model",
+    "adapter_for",
+    "names_filter",
     "get_attention_layer",
-    "head_output_norms",
-    "head_outputs",
-    "hook_name",
+    # contribution weights and their geometry (docs/method.md §1-2)
+    "contribution_weights",
+    "attention_metrics",
     "influence_factors",
     "layer_metrics",
-    "layer_output",
-    "load_model",
-    "model_mode",
-    "names_filter",
     "per_source_totals",
     "projected_value_norms",
-    "required_hook_names",
+    "head_outputs",
+    "layer_output",
+    # corpus runs
+    "run_corpus",
+    "run_analysis",
+    # topics
+    "sink_geometry",
+    "head_taxonomy",
+    "faithfulness_curves",
+    "Protocol",
+    "value_zeroing",
+    "register_metric",
 ]
-
-from geolens import checkpoint, runner, streaming  # noqa: E402  (issue 7; geolens.distributed is imported on use)
-from geolens.runner import run_analysis, run_corpus  # noqa: E402
-
-__all__ += ["run_analysis", "run_corpus"]
-
-from geolens import faithfulness, multiple_choice, pruning  # noqa: E402  (issue 5: causal evaluation)
-from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing  # noqa: E402
-
-__all__ += ["Protocol", "faithfulness_curves", "value_zeroing"]
-
-from geolens import selection, taxonomy  # noqa: E402  (issue 4: token selection and head taxonomy)
-from geolens.taxonomy import head_taxonomy  # noqa: E402
-
-__all__ += ["head_taxonomy"]

@@ -427,7 +427,16 @@ _ADAPTERS: "weakref.WeakKeyDictionary[Any, ModelAdapter]" = weakref.WeakKeyDicti
 
 
 def adapter_for(model: TLModel) -> ModelAdapter:
-    """The :class:`ModelAdapter` of ``model``'s family, built once per model and cached (weakly)."""
+    """The :class:`ModelAdapter` of ``model``'s family, built once per model and cached (weakly).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> from geolens.adapter import adapter_for
+    >>> adapter = adapter_for(model)
+    >>> type(adapter).__name__, adapter.n_kv_heads, adapter is adapter_for(model)
+    ('BridgeAdapter', 2, True)
+    """
     try:
         return _ADAPTERS[model]
     except (KeyError, TypeError):  # TypeError: a stand-in that cannot be weakly referenced
@@ -486,6 +495,13 @@ def names_filter(model: TLModel, layers: Iterable[int] | None = None, *, with_at
     Example::
 
         logits, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model, layers=[1]))
+    >>> sorted(cache.keys())
+    ['blocks.1.attn.hook_pattern', 'blocks.1.attn.hook_v']
     """
     wanted = frozenset(required_hook_names(model, layers, with_attn_out=with_attn_out))
     return lambda name: name in wanted
@@ -572,6 +588,14 @@ def get_attention_layer(
     mask the cache was run with (``model.run_with_cache(tokens, attention_mask=mask)``): padded
     query rows and key columns are set to 0 (α and v), so every quantity is 0 there and the real
     positions equal each prompt run alone. Without it, a batch that looks padded is refused.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> layer = geolens.get_attention_layer(model, cache, layer=0)
+    >>> tuple(layer.pattern.shape), tuple(layer.v.shape), tuple(layer.W_O.shape)  # kv heads expanded to 4
+    ((2, 4, 20, 20), (2, 20, 4, 8), (4, 8, 32))
     """
     adapter = adapter_for(model)
     cfg = model.cfg

@@ -277,6 +277,15 @@ def influence_factors(
     """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (docs/method.md §1).
 
     Arguments as in :func:`contribution_weights`; padded positions (``attention_mask``) are 0.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> f = geolens.influence_factors(model, cache, layer=0)
+    >>> c = geolens.contribution_weights(model, cache, layer=0)
+    >>> bool(((f.attention * f.relative_norm * f.alignment) - c).abs().max() < 1e-5)  # c = α · ‖ṽ‖/‖o‖ · cos
+    True
     """
     l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
     return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
@@ -391,7 +400,16 @@ def contribution_weights(
 def per_source_totals(
     inter_contributions: Float[Tensor, "*layer batch head query key"],
 ) -> Float[Tensor, "*layer batch query key"]:
-    """C_ij = Σ_h c_ij^h for inter-head contribution weights (docs/method.md §2); Σ_j C_ij = 1."""
+    """C_ij = Σ_h c_ij^h for inter-head contribution weights (docs/method.md §2); Σ_j C_ij = 1.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> C = geolens.per_source_totals(geolens.contribution_weights(model, cache, layer=0, mode="inter"))
+    >>> tuple(C.shape), round(float(C[1, 9].sum()), 4)  # [batch, query, key]; each query sums to 1
+    ((2, 20, 20), 1.0)
+    """
     return inter_contributions.sum(dim=-3)
 
 
@@ -413,6 +431,14 @@ def attention_metrics(
     norm ‖o_i‖ the output-normalised baseline and the contribution weights use: the head's
     (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`
     (``attention_mask``: padded positions are 0 in all four).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> m = geolens.attention_metrics(model, cache, layer=1, mode="inter")
+    >>> tuple(m.contribution.shape), round(float(m.contribution[0, :, 7].sum()), 4)  # Σ_h Σ_j c_ij = 1
+    ((2, 4, 20, 20), 1.0)
     """
     l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
     return AttentionMetrics(

@@ -144,6 +144,13 @@ class Protocol:
             by the mask builders for identity checks).
         skip_prefix: score the next-token predictions of positions ≥ skip_prefix (masks still
             apply to every query).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> p = geolens.Protocol(layers=(1,), ranking="row", allow_sink=False, fractions=(0.1, 0.5))
+    >>> p.resolved_layers(model), p.ranking
+    ((1,), 'row')
     """
 
     layers: tuple[int, ...] | None = None
@@ -245,6 +252,13 @@ def value_zeroing(
     ``hook_resid_pre`` the perturbed rows are reset to the clean row, so each layer is "rerun"
     on its clean input, and its ``hook_resid_post`` is compared with row 0. The forward stops
     after the last scored layer.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> vz = geolens.value_zeroing(model, tiny_tokens(model, length=12), layers=[0])
+    >>> tuple(vz.shape)  # [layer, batch, query, key]
+    (1, 2, 12, 12)
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
@@ -664,6 +678,15 @@ def faithfulness_curves(
     equal element for element. Random
     rankings use seed ``seed + first_sequence + document index``. ``metrics``: names in
     :mod:`geolens.metrics` (None = every registered metric).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> protocol = geolens.Protocol(fractions=(0.1, 0.5), skip_prefix=4)
+    >>> res = geolens.faithfulness_curves(model, tiny_tokens(model, length=16), protocol,
+    ...                                   metrics=["raw_attention", "contribution", "random"], progress=False, n_boot=50)
+    >>> res.range_check()["has_range"], sorted(set(res.pairs().verdict))  # a random 2-layer model moves PPL < 1 %
+    (False, ['no range'])
     """
     metrics = metric_names() if metrics is None else metrics
     check_metric_names(metrics)

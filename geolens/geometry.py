@@ -145,12 +145,32 @@ def head_output_norms(layer: AttentionLayer, queries: slice = slice(None)) -> Fl
 
 
 def head_outputs(layer: AttentionLayer) -> Float[Tensor, "batch query head d_model"]:
-    """o_i^h = z_i^h W_O^h, the per-head output before b_O (TL's ``hook_result`` minus b_O/H)."""
+    """o_i^h = z_i^h W_O^h, the per-head output before b_O (TL's ``hook_result`` minus b_O/H).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> layer = geolens.get_attention_layer(model, cache, layer=0)
+    >>> tuple(geolens.head_outputs(layer).shape)  # [batch, query, head, d_model]
+    (2, 20, 4, 32)
+    """
     return torch.einsum("bqhd,hdm->bqhm", layer.z, layer.W_O)
 
 
 def layer_output(layer: AttentionLayer) -> Float[Tensor, "batch query d_model"]:
-    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, docs/method.md §1)."""
+    """o_i = Σ_h z_i^h W_O^h = ``attn.hook_out`` − b_O (b_O is never attributed, docs/method.md §1).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> tokens = tiny_tokens(model)
+    >>> _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model, with_attn_out=True))
+    >>> o = geolens.layer_output(geolens.get_attention_layer(model, cache, layer=0))
+    >>> b_O = model.blocks[0].attn.b_O if model.blocks[0].attn.b_O is not None else 0
+    >>> bool(((o + b_O) - cache["blocks.0.attn.hook_out"]).abs().max() < 1e-5)  # Σ_h z W_O + b_O = attention output
+    True
+    """
     return torch.einsum("bqhd,hdm->bqm", layer.z, layer.W_O)
 
 

@@ -138,6 +138,14 @@ def register_metric(name: str, *, label: str, fn: Callable[..., Tensor], **optio
     """Add a metric (the fields of :class:`Metric` as keywords); returns it.
 
     Raises ValueError for a name that is taken, reserved or not lower-case ``[a-z][a-z0-9_]*``.
+
+    >>> import geolens
+    >>> from geolens.metrics import metric_names, unregister_metric
+    >>> m = geolens.register_metric("value_norm_only", label="‖ṽ_j‖ alone",
+    ...                             fn=lambda x: x.value_norm.expand_as(x.alpha))
+    >>> "value_norm_only" in metric_names()  # now ranked by faithfulness_curves and drawn in the report
+    True
+    >>> _ = unregister_metric("value_norm_only")
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in RESERVED_NAMES:
         raise ValueError(f"bad metric name {name!r}: use lower-case letters, digits and _ (not {', '.join(RESERVED_NAMES)})")

@@ -165,7 +165,8 @@ def load_model(
     """Load a model as a TransformerLens ``TransformerBridge``, offline for shipped models.
 
     Args:
-        name: ``"smollm2-135m"`` (default), ``"gemma3-270m"``, a local HF checkpoint folder, or
+        name: ``"smollm2-135m"`` (default), ``"gemma3-270m"``, ``"tiny-gqa"`` / ``"tiny-mha"`` /
+            ``"tiny-gemma"`` (seeded random 2-layer models for tests), a local HF checkpoint folder, or
             any HF hub name (needs network access; the same code path as the local folder).
         compatibility_mode: call ``enable_compatibility_mode()`` (HookedTransformer numerics).
         device: torch device for the model (ignored when ``device_map`` or ``n_devices`` is given).
@@ -175,9 +176,22 @@ def load_model(
             which then loads the HF model itself. Needs ``pip install accelerate``.
         n_devices: shortcut for a balanced split over this many CUDA devices.
         max_memory: accelerate's per-device memory caps, e.g. ``{0: "70GiB", 1: "70GiB"}``.
+
+    >>> import geolens
+    >>> model = geolens.load_model("tiny-gqa")  # or "smollm2-135m", "gemma3-270m", a local folder
+    >>> model.cfg.n_layers, model.cfg.n_heads
+    (2, 4)
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
+        kind = name[len("tiny-") :]
+        try:
+            from geolens.testing import tiny_bridge as build
+        except ImportError:  # TransformerLens 2.x/3.x: HookedTransformer
+            from geolens.testing import tiny_hooked as build
+        tiny = build(kind)  # built on the CPU
+        return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
     if name in MODELS:
         path = str(converted_checkpoint(name))
     elif Path(name).is_dir() or "/" in name:
@@ -200,16 +214,6 @@ def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = t
     With ``device_map`` (e.g. ``"auto"``) the model is split by accelerate over the GPUs this
     process sees (set ``CUDA_VISIBLE_DEVICES`` per process when several processes share a node).
     """
-    if name.startswith("tiny-"):
-        kind = name[len("tiny-") :]
-        try:
-            from geolens.testing import tiny_bridge
-
-            return tiny_bridge(kind).to(device)
-        except ImportError:  # TransformerLens 2.x/3.x: HookedTransformer
-            from geolens.testing import tiny_hooked
-
-            return tiny_hooked(kind).to(device)
     if device_map is not None:
         return load_model(name, device=None, device_map=device_map, dtype=dtype)
     return load_model(name, device=device, dtype=dtype)

@@ -468,6 +468,13 @@ def head_taxonomy(
 
         tax = geolens.taxonomy.head_taxonomy(model, corpus_windows(model, "lee", 128, 200))
         tax.table.query("regime == 'Retriever'")
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> t = geolens.head_taxonomy(model, tiny_tokens(model, length=16), batch_size=2)
+    >>> len(t.table), set(t.table.regime) <= {"Mixer", "Retriever", "Reset"}
+    (8, True)
     """
     from geolens.runner import run_analysis
 

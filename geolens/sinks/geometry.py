@@ -220,6 +220,14 @@ def sink_geometry(
 
     ``tokens`` ``[n, seq]`` must start with the sink (BOS) and be unpadded
     (:func:`geolens.data.corpus_windows` makes such windows). See the module docstring.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
+    >>> from geolens.sinks import sink_geometry
+    >>> g = sink_geometry(model, tiny_tokens(model, length=16), batch_size=2)
+    >>> len(g.heads), list(g.heads.columns[:4])  # one row per (layer, head)
+    (8, ['layer', 'head', 'kv_head', 'sink_rate'])
     """
     return run_analysis(model, tokens, SinkGeometry, model.cfg.n_layers, model.cfg.n_heads, eps=eps, n_bins=n_bins, layers=layers,
                         batch_size=batch_size, progress=progress, desc="sink geometry")  # fmt: skip
