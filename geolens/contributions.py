@@ -253,32 +253,26 @@ def _metrics_from_layer(
 
 
 def _model_layer_metrics(
-    model, cache, layer: int, mode: Mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask
+    model, cache, layer: int, mode: Mode, *, dtype: torch.dtype = torch.float32, eps: float = 0.0,
+    query_chunk_size: int | None = None, memory_budget_bytes: int | None = None, attention_mask: Tensor | None = None
 ) -> tuple[int, LayerMetrics]:
-    """(layer index, :func:`layer_metrics`) of one layer read from a cache (the public wrappers' body)."""
+    """(layer index, :func:`layer_metrics`) of one layer read from a cache: the body of
+    :func:`influence_factors` and :func:`attention_metrics`, and the one place their keyword
+    arguments are declared (as in :func:`contribution_weights`)."""
     _check_mode(mode)
     [l] = _layers(model, layer)
     view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
     return l, layer_metrics(view, mode, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
 
 
-def influence_factors(
-    model,
-    cache,
-    layer: int,
-    mode: Mode = "intra",
-    *,
-    dtype: torch.dtype = torch.float32,
-    eps: float = 0.0,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-    attention_mask: Tensor | None = None,
-) -> InfluenceFactors:
+def influence_factors(model, cache, layer: int, mode: Mode = "intra", **options) -> InfluenceFactors:
     """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (docs/method.md §1).
 
-    Arguments as in :func:`contribution_weights`; padded positions (``attention_mask``) are 0.
+    Arguments as in :func:`contribution_weights`, keyword-only ones included (``dtype``, ``eps``,
+    ``query_chunk_size``, ``memory_budget_bytes``, ``attention_mask``); padded positions
+    (``attention_mask``) are 0.
     """
-    l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    l, m = _model_layer_metrics(model, cache, layer, mode, **options)
     return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
 
 
@@ -395,26 +389,16 @@ def per_source_totals(
     return inter_contributions.sum(dim=-3)
 
 
-def attention_metrics(
-    model,
-    cache,
-    layer: int,
-    mode: Mode = "intra",
-    *,
-    dtype: torch.dtype = torch.float32,
-    eps: float = 0.0,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-    attention_mask: Tensor | None = None,
-) -> AttentionMetrics:
+def attention_metrics(model, cache, layer: int, mode: Mode = "intra", **options) -> AttentionMetrics:
     """Raw attention, value-weighted, output-normalised value-weighted and contribution weights.
 
     All four are ``[batch, head, query, key]`` (docs/method.md §2 baselines). ``mode`` picks which output
     norm ‖o_i‖ the output-normalised baseline and the contribution weights use: the head's
-    (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`
-    (``attention_mask``: padded positions are 0 in all four).
+    (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`,
+    keyword-only ones included (``dtype``, ``eps``, ``query_chunk_size``, ``memory_budget_bytes``,
+    ``attention_mask``: padded positions are 0 in all four).
     """
-    l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    l, m = _model_layer_metrics(model, cache, layer, mode, **options)
     return AttentionMetrics(
         raw_attention=m.attention,
         value_weighted=m.attention * m.value_norm,
