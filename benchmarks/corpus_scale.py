@@ -80,7 +80,7 @@ print(json.dumps({"n_sequences": n, "rss_before": before, "run_peak": peak[0],
 
 def long_context_part(args) -> dict:
     """Extra peak RSS of contribution weights / metrics on one synthetic 4096-token layer."""
-    from geolens._long_context_probe import measure_in_subprocess
+    from long_context_probe import measure_in_subprocess  # benchmarks/, this script's folder
 
     r = measure_in_subprocess(args.long_length, args.memory_budget_mib * 2**20)
     print(f"long context: batch 1, 4 heads, {args.long_length} tokens; one [b, h, q, k] float32 tensor = {mib(r['pattern_bytes'])}; "

@@ -253,9 +253,12 @@ def _metrics_from_layer(
 
 
 def _model_layer_metrics(
-    model, cache, layer: int, mode: Mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask
+    model, cache, layer: int, mode: Mode, *, dtype: torch.dtype = torch.float32, eps: float = 0.0,
+    query_chunk_size: int | None = None, memory_budget_bytes: int | None = None, attention_mask: Tensor | None = None
 ) -> tuple[int, LayerMetrics]:
-    """(layer index, :func:`layer_metrics`) of one layer read from a cache (the public wrappers' body)."""
+    """(layer index, :func:`layer_metrics`) of one layer read from a cache: the body of
+    :func:`influence_factors` and :func:`attention_metrics`, and the one place their keyword
+    arguments are declared (as in :func:`contribution_weights`)."""
     _check_mode(mode)
     [l] = _layers(model, layer)
     view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
@@ -287,7 +290,8 @@ def influence_factors(
     >>> bool(((f.attention * f.relative_norm * f.alignment) - c).abs().max() < 1e-5)  # c = α · ‖ṽ‖/‖o‖ · cos
     True
     """
-    l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    options = dict(dtype=dtype, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
+    l, m = _model_layer_metrics(model, cache, layer, mode, attention_mask=attention_mask, **options)
     return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
 
 
@@ -440,7 +444,8 @@ def attention_metrics(
     >>> tuple(m.contribution.shape), round(float(m.contribution[0, :, 7].sum()), 4)  # Σ_h Σ_j c_ij = 1
     ((2, 4, 20, 20), 1.0)
     """
-    l, m = _model_layer_metrics(model, cache, layer, mode, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    options = dict(dtype=dtype, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
+    l, m = _model_layer_metrics(model, cache, layer, mode, attention_mask=attention_mask, **options)
     return AttentionMetrics(
         raw_attention=m.attention,
         value_weighted=m.attention * m.value_norm,

@@ -358,27 +358,18 @@ def mc_under_masks_per_question(
 
 
 def mc_accuracy_under_masks(
-    model,
-    questions: Sequence[Question],
-    protocol: Protocol,
-    metrics: Sequence[str],
-    *,
-    normalize: str = "sum",
-    seed: int = 0,
-    chunk_size: int = 18,
-    progress: bool = True,
-    n_boot: int = 2000,
+    model, questions: Sequence[Question], protocol: Protocol, metrics: Sequence[str], *, n_boot: int = 2000, seed: int = 0, **options
 ) -> pd.DataFrame:
     """Accuracy per (metric, direction, fraction) under the protocol's masks, plus the clean row.
 
     Returns rows ``metric, direction, fraction, accuracy, n_questions`` (``metric="clean"`` for
     the unmasked model), with ``accuracy_lo/hi``, mean ``logprob_correct`` [lo, hi] (bootstrap
-    over questions, all tasks together). :func:`mc_under_masks_per_question` gives the per-question
-    rows for paired comparisons (:func:`paired_difference`).
+    over questions, all tasks together, ``n_boot`` resamples). The rows come from
+    :func:`mc_under_masks_per_question`, which takes ``seed`` and the other keyword arguments
+    (``normalize``, ``chunk_size``, ``progress``) and gives the per-question rows for paired
+    comparisons (:func:`paired_difference`).
     """
-    per_q = mc_under_masks_per_question(
-        model, questions, protocol, metrics, normalize=normalize, seed=seed, chunk_size=chunk_size, progress=progress
-    )
+    per_q = mc_under_masks_per_question(model, questions, protocol, metrics, seed=seed, **options)
     rows = []
     for (m, d, k), g in per_q.groupby(["metric", "direction", "fraction"], sort=False):
         sm = mc_summary(g.assign(task="all"), n_boot=n_boot, seed=seed).iloc[0]

@@ -55,6 +55,14 @@ def make_tiny(kind: str, *, compatibility_mode: bool = False, seed: int = 0, n_l
     return tiny_hooked(kind, seed=seed, n_layers=n_layers)
 
 
+def random_corpus(n: int, seq: int, seed: int) -> torch.Tensor:
+    """``[n, seq]`` random token windows for the tiny models (ids 4–39), BOS (id 0) first."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(4, 40, (n, seq), generator=g)
+    t[:, 0] = 0  # BOS of the tiny tokenizer
+    return t
+
+
 @pytest.fixture(scope="session", params=TINY_KINDS)
 def tiny(request):
     """(model, tokens, full cache) for each tiny architecture."""

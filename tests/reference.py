@@ -33,39 +33,42 @@ def projected_values(model, cache, layer):
     return out
 
 
-def contributions(model, cache, layer, mode):
-    """c [b,h,q,k] by the definition c_ij = <o_i, α_ij ṽ_j> / ||o_i||^2, with loops."""
+def _outputs(model, cache, layer):
+    """pattern [b,h,q,k], ṽ [b,h,k,dm], α_ij ṽ_j [b,h,q,k,dm], head outputs o_i^h [b,h,q,dm], layer outputs o_i [b,q,dm]."""
     pattern, _, _ = raw_tensors(model, cache, layer)
     vt = projected_values(model, cache, layer)
+    weighted = pattern[..., None] * vt[:, :, None, :, :]  # fine for tiny models
+    head_out = weighted.sum(3)
+    return pattern, vt, weighted, head_out, head_out.sum(1)
+
+
+def _cells(pattern, head_out, layer_out, mode):
+    """(bi, hi, i, j, o_i) for every entry, with loops; o_i is the head's output (intra) or the layer's (inter)."""
     b, h, q, k = pattern.shape
-    weighted = pattern[..., None] * vt[:, :, None, :, :]  # [b,h,q,k,dm]: fine for tiny models
-    head_out = weighted.sum(3)  # [b,h,q,dm]
-    layer_out = head_out.sum(1)  # [b,q,dm]
-    c = torch.zeros(b, h, q, k, dtype=torch.float64)
     for bi in range(b):
         for hi in range(h):
             for i in range(q):
                 o = head_out[bi, hi, i] if mode == "intra" else layer_out[bi, i]
                 for j in range(k):
-                    c[bi, hi, i, j] = torch.dot(o, weighted[bi, hi, i, j]) / torch.dot(o, o)
+                    yield bi, hi, i, j, o
+
+
+def contributions(model, cache, layer, mode):
+    """c [b,h,q,k] by the definition c_ij = <o_i, α_ij ṽ_j> / ||o_i||^2, with loops."""
+    pattern, _, weighted, head_out, layer_out = _outputs(model, cache, layer)
+    c = torch.zeros(pattern.shape, dtype=torch.float64)
+    for bi, hi, i, j, o in _cells(pattern, head_out, layer_out, mode):
+        c[bi, hi, i, j] = torch.dot(o, weighted[bi, hi, i, j]) / torch.dot(o, o)
     return c
 
 
 def factors(model, cache, layer, mode):
     """(relative norm ||ṽ_j||/||o_i||, cosine <o_i, ṽ_j>/(||o_i|| ||ṽ_j||)) [b,h,q,k], with loops."""
-    pattern, _, _ = raw_tensors(model, cache, layer)
-    vt = projected_values(model, cache, layer)
-    head_out = (pattern[..., None] * vt[:, :, None]).sum(3)  # [b,h,q,dm]
-    layer_out = head_out.sum(1)
-    b, h, q, k = pattern.shape
-    rel = torch.zeros(b, h, q, k, dtype=torch.float64)
-    cos = torch.zeros(b, h, q, k, dtype=torch.float64)
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(q):
-                o = head_out[bi, hi, i] if mode == "intra" else layer_out[bi, i]
-                for j in range(k):
-                    w = vt[bi, hi, j]
-                    rel[bi, hi, i, j] = w.norm() / o.norm()
-                    cos[bi, hi, i, j] = torch.dot(o, w) / (o.norm() * w.norm())
+    pattern, vt, _, head_out, layer_out = _outputs(model, cache, layer)
+    rel = torch.zeros(pattern.shape, dtype=torch.float64)
+    cos = torch.zeros(pattern.shape, dtype=torch.float64)
+    for bi, hi, i, j, o in _cells(pattern, head_out, layer_out, mode):
+        w = vt[bi, hi, j]
+        rel[bi, hi, i, j] = w.norm() / o.norm()
+        cos[bi, hi, i, j] = torch.dot(o, w) / (o.norm() * w.norm())
     return rel, cos

@@ -8,12 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import make_tiny
+from conftest import make_tiny, random_corpus
 from geolens.checkpoint import atomic_torch_save, load_checkpoint
 from geolens.runner import run_corpus
 from geolens.streaming import CorpusAnalysis, HeadSinkRate, Moments
@@ -21,11 +22,7 @@ from geolens.streaming import CorpusAnalysis, HeadSinkRate, Moments
 REPO = Path(__file__).resolve().parents[1]
 
 
-def corpus_tokens(n=23, seq=14, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(4, 40, (n, seq), generator=g)
-    t[:, 0] = 0
-    return t
+corpus_tokens = partial(random_corpus, n=23, seq=14, seed=1)  # this file's corpus; keywords override
 
 
 def assert_identical(a: dict, b: dict):

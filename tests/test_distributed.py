@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import make_tiny
+from conftest import make_tiny, random_corpus
 from geolens.checkpoint import load_checkpoint
 from geolens.distributed import analysis_factory, merge_states, rank_checkpoint, run_corpus_distributed
 from geolens.runner import n_batches, run_corpus, shard_bounds
@@ -19,11 +20,7 @@ from geolens.streaming import HeadSinkRate
 REPO = Path(__file__).resolve().parents[1]
 
 
-def corpus_tokens(n=21, seq=14, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(4, 40, (n, seq), generator=g)
-    t[:, 0] = 0
-    return t
+corpus_tokens = partial(random_corpus, n=21, seq=14, seed=2)  # this file's corpus; keywords override
 
 
 def assert_merged_equals_single(merged: dict, single: dict):

@@ -3,16 +3,21 @@ extra memory beyond inputs and outputs stays within the budget."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import geolens
-from geolens._long_context_probe import measure_in_subprocess
 from geolens.contributions import (
     contribution_weights_from_layer,
     iter_query_chunks,
     query_chunk_for_budget,
 )
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the probe lives with the benchmarks
+from long_context_probe import measure_in_subprocess  # noqa: E402
 
 LONG = 4096
 

@@ -168,14 +168,19 @@ def test_report_command_is_registered(capsys):
     assert config.quick and config.n_sequences == 4 and config.seq_len == ReportConfig.quick_defaults().seq_len
 
 
-def test_sink_claims_follow_the_sink_numbers(tiny_report):
-    _, report, paths = tiny_report
+def _section_json(paths, key: str, module: str) -> dict:
+    """Section ``key`` of the report's JSON; skips the test when ``module`` is not installed (no such section)."""
     data = json.loads(paths["json"].read_text())
-    if "sinks" not in data["sections"]:
-        pytest.skip("geolens.sinks is not installed")
+    if key not in data["sections"]:
+        pytest.skip(f"{module} is not installed")
+    return data["sections"][key]
+
+
+def test_sink_claims_follow_the_sink_numbers(tiny_report):
     import numpy as np
 
-    sec = data["sections"]["sinks"]
+    _, _, paths = tiny_report
+    sec = _section_json(paths, "sinks", "geolens.sinks")
     ratios = [r["value_norm_ratio"] for r in sec["numbers"]["geometry_heads"]["rows"]]
     [norm_claim] = [c for c in sec["claims"] if "3–10×" in c["claim"]]
     assert norm_claim["numbers"]["value_norm_ratio_median"] == pytest.approx(float(np.median(ratios)))
@@ -233,10 +238,7 @@ def test_quick_corpus_pass_bar_advances_per_batch(tiny_gqa, capsys):
 
 def test_taxonomy_section_shows_the_offset_statistic(tiny_report):
     _, report, paths = tiny_report
-    data = json.loads(paths["json"].read_text())
-    if "taxonomy" not in data["sections"]:
-        pytest.skip("geolens.taxonomy is not installed")
-    sec = data["sections"]["taxonomy"]
+    sec = _section_json(paths, "taxonomy", "geolens.taxonomy")
     rows = sec["numbers"]["heads"]["rows"]
     assert {"top_offset", "top_offset_share", "label", "offset_dominant"} <= set(rows[0])
     dominated = [r["label"] for r in rows if r["offset_dominant"]]

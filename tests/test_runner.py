@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
-from conftest import make_tiny
+from conftest import make_tiny, random_corpus
 from geolens.runner import n_batches, run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis, HeadSinkRate
 
 
-def corpus_tokens(n=11, seq=14, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(4, 40, (n, seq), generator=g)
-    t[:, 0] = 0  # BOS of the tiny tokenizer
-    return t
+corpus_tokens = partial(random_corpus, n=11, seq=14, seed=0)  # this file's corpus; keywords override
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,12 @@ merge rounding).
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
-from conftest import make_tiny
+from conftest import make_tiny, random_corpus
 from geolens.distributed import analysis_factory, merge_states
 from geolens.runner import run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis
@@ -19,11 +21,7 @@ from geolens.streaming import CorpusAnalysis
 SPECS = ["sink-geometry", "norm-curve", "token-types", "taxonomy"]
 
 
-def corpus_tokens(n=13, seq=12, seed=4):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(4, 40, (n, seq), generator=g)
-    t[:, 0] = 0
-    return t
+corpus_tokens = partial(random_corpus, n=13, seq=12, seed=4)  # this file's corpus; keywords override
 
 
 def tensors(state, prefix=""):

@@ -15,12 +15,11 @@ from geolens.selection import (
     bound_violations,
     distances,
     head_selection_scores,
+    inversion_count,
     power_of_two_sizes,
     selection_scores,
-    separation_from_distances,
     top_n_mask,
 )
-from geolens.selection.bounds import inversion_count
 
 FIELDS = ["precision", "recall", "f", "rho_min", "rho_max", "ginv", "margin", "precision_bound", "recall_bound"]
 

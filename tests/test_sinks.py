@@ -88,14 +88,19 @@ def test_gu_threshold_is_a_parameter(corpus):
     assert low.gu_sink_rate == 1.0 and high.gu_sink_rate == 0.0
 
 
+def _whole_and_parts(model, tokens, analysis, *, split: int, batch_size: int):
+    """``analysis(n_layers, n_heads)`` run on the whole corpus (in batches of ``batch_size``) and,
+    separately, on ``tokens[:split]`` and ``tokens[split:]``: (whole, first part, second part)."""
+    whole, a, b = (analysis(model.cfg.n_layers, model.cfg.n_heads) for _ in range(3))
+    run_corpus(model, tokens, [whole], batch_size=batch_size, progress=False)
+    run_corpus(model, tokens[:split], [a], progress=False)
+    run_corpus(model, tokens[split:], [b], progress=False)
+    return whole, a, b
+
+
 def test_sink_geometry_state_round_trip_and_merge(corpus):
     model, tokens, _ = corpus
-    whole = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads)
-    run_corpus(model, tokens, [whole], batch_size=1, progress=False)
-    a = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads)
-    b = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads)
-    run_corpus(model, tokens[:1], [a], progress=False)
-    run_corpus(model, tokens[1:], [b], progress=False)
+    whole, a, b = _whole_and_parts(model, tokens, SinkGeometry, split=1, batch_size=1)
     restored = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads).load_state_dict(a.state_dict())
     restored.merge(b)
     x, y = whole.result().heads, restored.result().heads
@@ -158,12 +163,7 @@ def test_decomposition_identities(corpus):
 
 def test_decomposition_accumulator_merges_exactly(corpus):
     model, tokens, _ = corpus
-    whole = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads)
-    run_corpus(model, tokens, [whole], batch_size=2, progress=False)
-    a = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads)
-    b = TokenTypeDecomposition(model.cfg.n_layers, model.cfg.n_heads)
-    run_corpus(model, tokens[:2], [a], progress=False)
-    run_corpus(model, tokens[2:], [b], progress=False)
+    whole, a, b = _whole_and_parts(model, tokens, TokenTypeDecomposition, split=2, batch_size=2)
     a.merge(b)
     torch.testing.assert_close(whole.per_head.mean, a.per_head.mean)
     torch.testing.assert_close(whole.per_head.var, a.per_head.var)

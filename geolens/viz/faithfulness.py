@@ -64,12 +64,38 @@ def coinciding_curves(curves: dict[str, np.ndarray], *, rel_tol: float = 0.01) -
     return out
 
 
-def _coincidence_note(pairs: list[dict], panel: str) -> list[str]:
+def _coincidence_note(pairs: list[dict]) -> list[str]:
     lines = []
     for p in pairs:
         how = "identical" if p["identical"] else f"within {p['max_diff']:.3g}"
-        lines.append(f"{panel}: {_label(p['a'])[0]} and {_label(p['b'])[0]} coincide ({how}): {p['reason']}.")
+        lines.append(f"{p['direction']}: {_label(p['a'])[0]} and {_label(p['b'])[0]} coincide ({how}): {p['reason']}.")
     return lines
+
+
+def _direction_panels(axes, df: pd.DataFrame, column: str, *, value_key: str, band: bool, rel_tol: float) -> tuple[dict, list[dict]]:
+    """Comprehensiveness on ``axes[0]``, sufficiency on ``axes[1]``: one curve of ``column`` against k
+    per metric, each with its own label, colour, marker and line style (with ``band``, the CI band
+    ``column_lo`` … ``column_hi``).
+
+    Returns the plotted numbers (``"direction/metric"`` → ``fraction``, ``value_key`` and, with the
+    band, ``ci_low`` / ``ci_high``) and the pairs of curves that coincide in each panel
+    (:func:`coinciding_curves` with ``rel_tol``, each with its ``direction``).
+    """
+    data, coincide = {}, []
+    for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
+        panel = {}
+        for index, (metric, d) in enumerate(df[df.direction == direction].groupby("metric", sort=False)):
+            name, color = _label(metric)
+            x, y = d.fraction.to_numpy(), d[column].to_numpy()
+            ax.plot(x, y, label=name, color=color, **_style(metric, index))
+            entry = {"fraction": x, value_key: y}
+            if band:
+                entry.update(ci_low=d[f"{column}_lo"].to_numpy(), ci_high=d[f"{column}_hi"].to_numpy())
+                ax.fill_between(x, entry["ci_low"], entry["ci_high"], color=color, alpha=0.12)
+            data[f"{direction}/{metric}"] = entry
+            panel[metric] = y
+        coincide += [dict(direction=direction, **p) for p in coinciding_curves(panel, rel_tol=rel_tol)]
+    return data, coincide
 
 
 def _finish(fig, subtitle: str, notes: list[str]) -> None:
@@ -95,33 +121,20 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
     """
     fig = new_figure(figsize=(10, 4.6))
     axes = fig.subplots(1, 2, sharey=False)
-    data = {}
-    notes, coincide = [], []
+    data, coincide = _direction_panels(axes, curves, quantity, value_key="value", band=True, rel_tol=0.01)
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
-        sub = curves[curves.direction == direction]
-        panel = {}
-        for index, (metric, df) in enumerate(sub.groupby("metric", sort=False)):
-            name, color = _label(metric)
-            x, y = df.fraction.to_numpy(), df[quantity].to_numpy()
-            lo, hi = df[f"{quantity}_lo"].to_numpy(), df[f"{quantity}_hi"].to_numpy()
-            ax.plot(x, y, label=name, color=color, **_style(metric, index))
-            ax.fill_between(x, lo, hi, color=color, alpha=0.12)
-            data[f"{direction}/{metric}"] = dict(fraction=x, value=y, ci_low=lo, ci_high=hi)
-            panel[metric] = y
-        pairs = coinciding_curves(panel)
-        coincide += [dict(direction=direction, **p) for p in pairs]
-        notes += _coincidence_note(pairs, direction)
         better = "higher = more faithful" if (direction == "comprehensiveness") == (quantity == "delta_ppl") else "lower = more faithful"
         ax.set_title(f"{direction} ({better})", fontsize=10)
         ax.set_xscale("log")
         ax.set_xlabel("fraction k of terms removed per ranking group")
         ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity) + " (corpus, 95% CI)")
+        sub = curves[curves.direction == direction]
         if quantity == "delta_ppl" and len(sub) and sub[quantity].abs().max() > 50:
             ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     data["coincide"] = coincide
-    _finish(fig, subtitle, notes)
+    _finish(fig, subtitle, _coincidence_note(coincide))
     return PlotView(fig, title=f"faithfulness curves ({quantity})", data=data)
 
 
@@ -134,20 +147,12 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
     fig = new_figure(figsize=(10, 4.6))
     axes = fig.subplots(1, 2, sharey=True)
     clean = df[df.metric == "clean"].accuracy.item()
-    data = {"clean": clean}
-    notes, coincide = [], []
+    curves, coincide = _direction_panels(axes, df, "accuracy", value_key="accuracy", band=False, rel_tol=0.0)
+    data = {"clean": clean, **curves}
+    notes = []
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
-        sub = df[df.direction == direction]
-        panel = {}
-        for index, (metric, d) in enumerate(sub.groupby("metric", sort=False)):
-            name, color = _label(metric)
-            ax.plot(d.fraction, d.accuracy, label=name, color=color, **_style(metric, index))
-            data[f"{direction}/{metric}"] = dict(fraction=d.fraction.to_numpy(), accuracy=d.accuracy.to_numpy())
-            panel[metric] = d.accuracy.to_numpy()
-        pairs = coinciding_curves(panel, rel_tol=0.0)
-        coincide += [dict(direction=direction, **p) for p in pairs]
-        if pairs:
-            same = sorted({_label(m)[0] for p in pairs for m in (p["a"], p["b"])})
+        same = sorted({_label(m)[0] for p in coincide if p["direction"] == direction for m in (p["a"], p["b"])})
+        if same:
             notes.append(f"{direction}: identical accuracies for {', '.join(same)} (few questions: accuracy moves in steps of 1/n).")
         ax.axhline(clean, color="k", lw=0.8, ls=":", label="clean")
         ax.set_title(direction, fontsize=10)

@@ -25,33 +25,25 @@ def sink_layer_bars(geometry) -> PlotView:
     x = df["layer"].to_numpy()
     fig = new_figure(figsize=(11, 6.5))
     axes = fig.subplots(2, 2, sharex=True)
-    ax = axes[0, 0]
-    ax.bar(x - 0.2, df["sink_rate"], 0.4, label="mean α_i0 (i ≥ 1)")
-    ax.bar(x + 0.2, df["gu_sink_share"], 0.4, label=f"Gu et al. share of heads, ε={geometry.eps:g}")
-    ax.set_ylim(0, 1)
-    ax.set_title("sink rate")
-    ax.legend(fontsize=7)
-    ax = axes[0, 1]
-    ax.bar(x - 0.2, df["value_norm_ratio"], 0.4, label="‖v_0‖ / mean‖v_j‖")
-    ax.bar(x + 0.2, df["proj_norm_ratio"], 0.4, label="‖ṽ_0‖ / mean‖ṽ_j‖")
-    ax.axhline(1, color="k", lw=0.6)
-    ax.set_yscale("log")
-    ax.set_title("sink / non-sink value norm")
-    ax.legend(fontsize=7)
-    ax = axes[1, 0]
-    ax.bar(x - 0.2, df["value_cos_tail"], 0.4, label="cos(v_0, v_j)")
-    ax.bar(x + 0.2, df["proj_cos_tail"], 0.4, label="cos(ṽ_0, ṽ_j)")
-    ax.axhline(0, color="k", lw=0.6)
-    ax.set_title("sink cosine with non-sink values (mean over j > 0)")
-    ax.set_xlabel("layer")
-    ax.legend(fontsize=7)
-    ax = axes[1, 1]
-    ax.bar(x - 0.2, df["value_cos_mean_dir"], 0.4, label="cos(v_0, mean v_j)")
-    ax.bar(x + 0.2, df["proj_cos_mean_dir"], 0.4, label="cos(ṽ_0, mean ṽ_j)")
-    ax.axhline(0, color="k", lw=0.6)
-    ax.set_title("sink cosine with the mean non-sink direction")
-    ax.set_xlabel("layer")
-    ax.legend(fontsize=7)
+    panels = (  # left bars, right bars (column, legend label each), title
+        ("sink_rate", "mean α_i0 (i ≥ 1)", "gu_sink_share", f"Gu et al. share of heads, ε={geometry.eps:g}", "sink rate"),
+        ("value_norm_ratio", "‖v_0‖ / mean‖v_j‖", "proj_norm_ratio", "‖ṽ_0‖ / mean‖ṽ_j‖", "sink / non-sink value norm"),
+        ("value_cos_tail", "cos(v_0, v_j)", "proj_cos_tail", "cos(ṽ_0, ṽ_j)", "sink cosine with non-sink values (mean over j > 0)"),
+        ("value_cos_mean_dir", "cos(v_0, mean v_j)", "proj_cos_mean_dir", "cos(ṽ_0, mean ṽ_j)", "sink cosine with the mean non-sink direction"),
+    )
+    for ax, (left, left_label, right, right_label, title) in zip(axes.ravel(), panels):
+        ax.bar(x - 0.2, df[left], 0.4, label=left_label)
+        ax.bar(x + 0.2, df[right], 0.4, label=right_label)
+        ax.set_title(title)
+    rate, norm, cos_tail, cos_mean = axes.ravel()
+    rate.set_ylim(0, 1)
+    norm.axhline(1, color="k", lw=0.6)
+    norm.set_yscale("log")
+    for ax in (cos_tail, cos_mean):
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("layer")
+    for ax in axes.ravel():
+        ax.legend(fontsize=7)
     fig.suptitle(f"Sink geometry per layer (mean over heads; {geometry.model_mode})")
     fig.tight_layout()
     return PlotView(fig, title="sink geometry per layer", data={"layers": df})

@@ -106,24 +106,28 @@ def regime_grid_html(taxonomies: dict, *, title: str = "Head regimes", note: str
         f"<p>{html.escape(note)}</p>" if note else "",
         "<p class='legend'>" + "".join(f"<span style='background:{c}'>{r}</span>" for r, c in REGIME_COLORS.items()) + " (paler = smaller winning share)</p>",
     ]
-    for name, tax in taxonomies.items():
-        colors = _cell_colors(tax)
-        shares = tax.shares()
-        L, H = tax.regimes.shape
-        dist = ", ".join(f"{r} {100 * tax.distribution[r]:.1f}%" for r in REGIME_COLORS)
-        rows = [f"<table><caption><b>{html.escape(name)}</b><br>{dist}</caption>", "<tr><th></th>" + "".join(f"<th>{h}</th>" for h in range(H)) + "</tr>"]
-        for l in range(L):
-            cells = []
-            for h in range(H):
-                rgb = "#" + "".join(f"{int(round(255 * c)):02x}" for c in colors[l, h])
-                s = shares[l, h]
-                tip = f"layer {l} head {h}: {tax.regimes[l, h]} (sink {s[0]:.2f}, current {s[1]:.2f}, other {s[2]:.2f})"
-                cells.append(f"<td style='background:{rgb}' title='{html.escape(tip)}'>{tax.regimes[l, h][0]}</td>")
-            rows.append(f"<tr><th>{l}</th>" + "".join(cells) + "</tr>")
-        rows.append("</table>")
-        parts += rows
+    parts += [_grid_table(name, tax) for name, tax in taxonomies.items()]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _grid_table(name: str, tax) -> str:
+    """One corpus' grid as an HTML table on one line (the generated rows differ only in their numbers)."""
+    colors = _cell_colors(tax)
+    shares = tax.shares()
+    L, H = tax.regimes.shape
+    dist = ", ".join(f"{r} {100 * tax.distribution[r]:.1f}%" for r in REGIME_COLORS)
+    rows = [f"<table><caption><b>{html.escape(name)}</b><br>{dist}</caption>", "<tr><th></th>" + "".join(f"<th>{h}</th>" for h in range(H)) + "</tr>"]
+    for l in range(L):
+        cells = []
+        for h in range(H):
+            rgb = "#" + "".join(f"{int(round(255 * c)):02x}" for c in colors[l, h])
+            s = shares[l, h]
+            tip = f"layer {l} head {h}: {tax.regimes[l, h]} (sink {s[0]:.2f}, current {s[1]:.2f}, other {s[2]:.2f})"
+            cells.append(f"<td style='background:{rgb}' title='{html.escape(tip)}'>{tax.regimes[l, h][0]}</td>")
+        rows.append(f"<tr><th>{l}</th>" + "".join(cells) + "</tr>")
+    rows.append("</table>")
+    return "".join(rows)
 
 
 def save_regime_grid_html(taxonomies: dict, path: str | Path, **kwargs) -> Path:

@@ -4,7 +4,7 @@ Run in a fresh process (``measure_in_subprocess``) with large allocations mmappe
 memory leaves RSS and the RSS sampled every millisecond tracks live tensors. Used by
 ``tests/test_long_context.py`` and ``benchmarks/corpus_scale.py``.
 
-    python -m geolens._long_context_probe LENGTH BUDGET_BYTES   # prints one JSON line
+    python benchmarks/long_context_probe.py LENGTH BUDGET_BYTES   # from the repository root; prints one JSON line
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from geolens.contributions import contribution_weights_from_layer, iter_query_ch
 
 
 def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = None) -> dict:
-    """Run this module in a fresh interpreter and return its measurements (bytes)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """Run this file in a fresh interpreter and return its measurements (bytes)."""
+    script = os.path.abspath(__file__)
+    repo = os.path.dirname(os.path.dirname(script))  # for `import geolens` from a checkout
     pythonpath = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": pythonpath, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "geolens._long_context_probe", str(length), str(budget)],
+    proc = subprocess.run([sys.executable, script, str(length), str(budget)],
                           env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"long-context probe failed:\n{proc.stderr[-3000:]}")
