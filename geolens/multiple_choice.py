@@ -46,7 +46,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from geolens.faithfulness import DIRECTIONS, Protocol, curve_masks, metric_scores
+from geolens.faithfulness import DIRECTIONS, PAIRS, Protocol, curve_masks, faithfulness_sign, metric_scores, verdict
 from geolens.interventions.masking import masked_token_nll, tail_nll
 
 
@@ -370,12 +370,69 @@ def mc_accuracy_under_masks(
     comparisons (:func:`paired_difference`).
     """
     per_q = mc_under_masks_per_question(model, questions, protocol, metrics, seed=seed, **options)
+    return mc_conditions(per_q, n_boot=n_boot, seed=seed)
+
+
+def mc_conditions(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Accuracy and mean log p(correct) [95% CI over questions] per (metric, direction, fraction)
+    of :func:`mc_under_masks_per_question` rows (all tasks together)."""
     rows = []
-    for (m, d, k), g in per_q.groupby(["metric", "direction", "fraction"], sort=False):
+    for (m, d, k), g in per_question.groupby(["metric", "direction", "fraction"], sort=False):
         sm = mc_summary(g.assign(task="all"), n_boot=n_boot, seed=seed).iloc[0]
         rows.append(dict(
             metric=m, direction=d, fraction=float(k), accuracy=float(sm.accuracy), n_questions=int(sm.n_questions),
             accuracy_lo=float(sm.accuracy_lo), accuracy_hi=float(sm.accuracy_hi), logprob_correct=float(sm.logprob_correct),
             logprob_correct_lo=float(sm.logprob_correct_lo), logprob_correct_hi=float(sm.logprob_correct_hi),
         ))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def mc_pairs(per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Paired verdicts of multiple choice under masks, as the language-modelling ones.
+
+    For every (a, b) of ``pairs`` whose metrics both ran, each direction and fraction k: the mean
+    over questions of sign · (log p_b(correct) − log p_a(correct)), signed by
+    :func:`~geolens.faithfulness.faithfulness_sign` so that + means b is more faithful (removing
+    b's top-k lowers the correct answer's log-prob more, or keeping b's top-k keeps more of it),
+    its 95% percentile CI over the same question resamples (``n_boot``), the paired accuracy
+    difference with its CI, and the :func:`~geolens.faithfulness.verdict`. The range check: the
+    random ranking's mean change of log p(correct) at the largest k under comprehensiveness
+    (``random_delta_logprob`` [lo, hi]); when its CI contains 0 the masks do not move the answer
+    and every verdict is ``no range``.
+    """
+    key = ["task", "qid"]
+    clean = per_question[per_question.metric == "clean"].set_index(key)
+    n_q = len(clean)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_q, size=(n_boot, n_q))
+    order = clean.index
+
+    def column(metric, direction, k, col="logprob_correct"):
+        g = per_question[(per_question.metric == metric) & (per_question.direction == direction) & np.isclose(per_question.fraction, k)]
+        return g.set_index(key).reindex(order)[col].astype(float).to_numpy()
+
+    def boot(x):
+        return float(x.mean()), float(np.quantile(x[idx].mean(1), 0.025)), float(np.quantile(x[idx].mean(1), 0.975))
+
+    ran = set(per_question.metric)
+    fractions = sorted(set(per_question.fraction[per_question.metric != "clean"]))
+    has_range, rand = True, (float("nan"),) * 3
+    if "random" in ran and fractions:
+        rand = boot(column("random", "comprehensiveness", fractions[-1]) - clean["logprob_correct"].astype(float).to_numpy())
+        has_range = not (rand[1] <= 0 <= rand[2])
+    rows = []
+    for a, b in pairs:
+        if a not in ran or b not in ran:
+            continue
+        for d in DIRECTIONS:
+            sign = faithfulness_sign(d, "delta_logprob")
+            for k in fractions:
+                diff, lo, hi = boot(sign * (column(b, d, k) - column(a, d, k)))
+                acc = boot(np.sign(sign) * (column(b, d, k, "correct") - column(a, d, k, "correct")))
+                rows.append(dict(
+                    a=a, b=b, direction=d, fraction=float(k), quantity="logprob_correct", diff=diff, ci_low=lo, ci_high=hi,
+                    verdict=verdict(lo, hi, has_range, n_q), accuracy_diff=acc[0], accuracy_diff_lo=acc[1], accuracy_diff_hi=acc[2],
+                    n_questions=n_q, n_boot=n_boot, random_delta_logprob=rand[0], random_delta_logprob_lo=rand[1],
+                    random_delta_logprob_hi=rand[2],
+                ))  # fmt: skip
     return pd.DataFrame(rows)

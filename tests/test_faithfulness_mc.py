@@ -60,3 +60,57 @@ def test_bigbench_task_offline():
     qs = load_questions("bigbench:general_knowledge")
     assert len(qs) >= 50 and all(0 <= q.answer < len(q.choices) for q in qs)
     assert qs[0].prompt.endswith("A:") and "horses" in qs[0].prompt
+
+
+def _per_question(n=40, seed=0, random_shift=-0.5):
+    """Synthetic mc_under_masks_per_question rows: metric b lowers log p(correct) by 1 more than a
+    under comprehensiveness at every k; under sufficiency they are equal."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    clean = rng.normal(-5, 1, n)
+    rows = [dict(task="t", qid=q, metric="clean", direction="none", fraction=0.0, logprob_correct=clean[q], correct=1) for q in range(n)]
+    for k in (0.1, 0.5):
+        noise = rng.normal(0, 0.3, n)
+        for metric, comp in (("raw_attention", -1.0), ("contribution", -2.0), ("random", random_shift)):
+            for q in range(n):
+                rows.append(dict(task="t", qid=q, metric=metric, direction="comprehensiveness", fraction=k,
+                                 logprob_correct=clean[q] + comp * k + (noise[q] if metric != "random" else 0.0), correct=int(metric != "contribution")))
+                rows.append(dict(task="t", qid=q, metric=metric, direction="sufficiency", fraction=k,
+                                 logprob_correct=clean[q] - 0.1 + noise[q], correct=1))
+    return pd.DataFrame(rows)
+
+
+def test_mc_pairs_paired_verdicts_against_hand_computation():
+    import numpy as np
+
+    from geolens.multiple_choice import mc_pairs
+
+    per_q = _per_question()
+    pairs = mc_pairs(per_q, pairs=[("raw_attention", "contribution")], n_boot=500)
+    comp = pairs[(pairs.direction == "comprehensiveness")].set_index("fraction")
+    # + = b (contribution) more faithful: it lowers log p(correct) by k more than raw attention
+    assert np.allclose(comp["diff"].to_numpy(), [0.1, 0.5])
+    assert list(comp.verdict) == ["holds", "holds"]
+    assert np.allclose(comp.accuracy_diff, 1.0)  # contribution's masks flip every answer: + = more faithful
+    suff = pairs[pairs.direction == "sufficiency"]
+    assert np.allclose(suff["diff"], 0) and set(suff.verdict) == {"tie"}
+    assert pairs.n_questions.eq(40).all()
+    assert np.isclose(pairs.random_delta_logprob.iloc[0], -0.25)  # −0.5 · k at k = 0.5
+
+
+def test_mc_pairs_no_range_when_random_masks_do_not_move_the_answer():
+    from geolens.multiple_choice import mc_pairs
+
+    pairs = mc_pairs(_per_question(random_shift=0.0), pairs=[("raw_attention", "contribution")], n_boot=200)
+    assert set(pairs.verdict) == {"no range"}
+
+
+def test_mc_task_option_takes_several_tasks():
+    from geolens.commands._options import UsageError, check_multiple_choice
+
+    both = check_multiple_choice("bigbench:general_knowledge,bigbench:disambiguation_qa")
+    assert len(both) == 69 + 258 and {q.task for q in both} == {"general_knowledge", "disambiguation_qa"}
+    with pytest.raises(UsageError, match="bigbench:nope"):
+        check_multiple_choice("bigbench:general_knowledge,bigbench:nope")

@@ -251,13 +251,19 @@ def check_corpus(name: str, option: str = "--corpus") -> str:
 
 
 def check_multiple_choice(name: str, option: str = "--mc-task"):
-    """Load a multiple-choice set (:func:`geolens.multiple_choice.load_questions`) or UsageError."""
+    """Load one or several comma-separated multiple-choice sets
+    (:func:`geolens.multiple_choice.load_questions`), concatenated, or UsageError."""
     from geolens.multiple_choice import load_questions
 
-    try:
-        return load_questions(name)
-    except (OSError, ValueError, KeyError, TypeError, ModuleNotFoundError, json.JSONDecodeError) as err:
-        raise UsageError(f"{option} {name}: {type(err).__name__}: {err} ({option} '' skips it)") from err
+    questions = []
+    for part in (p.strip() for p in name.split(",")):
+        if not part:
+            continue
+        try:
+            questions += load_questions(part)
+        except (OSError, ValueError, KeyError, TypeError, ModuleNotFoundError, json.JSONDecodeError) as err:
+            raise UsageError(f"{option} {part}: {type(err).__name__}: {err} ({option} '' skips it)") from err
+    return questions
 
 
 def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:

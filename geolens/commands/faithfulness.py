@@ -272,7 +272,7 @@ def run(args) -> int:
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
     if questions:
-        from geolens.multiple_choice import mc_accuracy_under_masks
+        from geolens.multiple_choice import mc_conditions, mc_pairs, mc_under_masks_per_question
 
         mc_protocol = Protocol(
             layers=protocol.layers, ranking=protocol.ranking, allow_sink=protocol.allow_sink,
@@ -280,8 +280,17 @@ def run(args) -> int:
         )  # fmt: skip
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
-        mc = mc_accuracy_under_masks(model, questions, mc_protocol, metrics, seed=args.seed, chunk_size=args.mc_chunk_size)
+        per_q = mc_under_masks_per_question(model, questions, mc_protocol, metrics, seed=args.seed, chunk_size=args.mc_chunk_size)
+        per_q.to_csv(out / "mc_questions.csv", index=False)
+        mc = mc_conditions(per_q, n_boot=args.n_boot, seed=args.seed)
         mc.to_csv(out / "mc.csv", index=False)
+        pairs = mc_pairs(per_q, n_boot=args.n_boot, seed=args.seed)
+        pairs.to_csv(out / "mc_pairs.csv", index=False)
+        if len(pairs):
+            r = pairs.iloc[0]
+            print(f"multiple choice range check: random ranking at k = {max(mc_fractions):g} changes log p(correct) by "
+                  f"{r.random_delta_logprob:+.3f} [{r.random_delta_logprob_lo:+.3f}, {r.random_delta_logprob_hi:+.3f}]")
+            print(pairs[["a", "b", "direction", "fraction", "diff", "ci_low", "ci_high", "verdict"]].to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
         (out / "mc_protocol.json").write_text(json.dumps(dict(task=args.mc_task, n_questions=len(questions), protocol=mc_protocol.to_dict(model), seconds=round(time.time() - t1, 1)), indent=2))
         print(mc.pivot_table(index="metric", columns=["direction", "fraction"], values="accuracy", sort=False).to_string(float_format=lambda v: f"{v:.3f}"))
         view = mc_accuracy_plot(mc, subtitle=f"{args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model).replace("protocol: ", ""))
@@ -311,7 +320,7 @@ def register(subparsers) -> None:
     p.add_argument("--protect-sink", action="store_true", help="never remove position 0 (secondary protocol)")
     p.add_argument("--protect-current", action="store_true", help="never remove the query's own token (secondary protocol)")
     p.add_argument("--skip-prefix", type=non_negative_int, default=8, help="score every prediction after the first N positions")
-    p.add_argument("--mc-task", default="", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, or '' to skip (default)")
+    p.add_argument("--mc-task", default="", help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, several of them comma-separated, or '' to skip (default)")
     p.add_argument("--mc-questions", type=non_negative_int, default=25)
     p.add_argument("--mc-fractions", default="0.1,0.5,0.9", help="removal fractions of the multiple-choice part, each in (0, 1)")
     p.add_argument("--chunk-size", type=positive_int, default=12, help="masks per batched forward")
