@@ -321,9 +321,15 @@ def mc_under_masks_per_question(
     seed: int = 0,
     chunk_size: int = 18,
     progress: bool = True,
+    first_question: int = 0,
+    qids: Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """One row per (question, condition): the :func:`score_questions` columns plus ``metric,
     direction, fraction`` (``metric="clean"``, ``direction="none"`` for the unmasked model).
+
+    ``first_question`` (the index of ``questions[0]`` in the whole set) and ``qids`` (each
+    question's index within its task) let a long set run in blocks with the same random-metric
+    seeds and question ids as one call.
 
     Each (question, choice) sequence gets its own metric scores and masks under ``protocol``
     (:func:`geolens.faithfulness.metric_scores`, :func:`~geolens.faithfulness.curve_masks`); its
@@ -335,8 +341,8 @@ def mc_under_masks_per_question(
     n_k, n_d = len(protocol.fractions), len(DIRECTIONS)
     n_heads = model.cfg.n_heads
     out, seen = [], {}
-    for qi, q in enumerate(tqdm(questions, desc="multiple choice", disable=not progress)):
-        qid = seen.get(q.task, 0)
+    for qi, q in enumerate(tqdm(questions, desc="multiple choice", disable=not progress), start=first_question):
+        qid = seen.get(q.task, 0) if qids is None else int(qids[qi - first_question])
         seen[q.task] = qid + 1
         rows = choice_tokens(model, q)
         lengths = [n for _, n in rows]

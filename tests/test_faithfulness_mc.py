@@ -114,3 +114,39 @@ def test_mc_task_option_takes_several_tasks():
     assert len(both) == 69 + 258 and {q.task for q in both} == {"general_knowledge", "disambiguation_qa"}
     with pytest.raises(UsageError, match="bigbench:nope"):
         check_multiple_choice("bigbench:general_knowledge,bigbench:nope")
+
+
+def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
+    """Blocks of questions, saved as they land and resumed, give the rows of one call."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from geolens.commands._options import UsageError
+    from geolens.commands.faithfulness import _mc_blocks
+    from geolens.multiple_choice import mc_under_masks_per_question
+
+    model, _, _ = tiny_gqa
+    qs = [Question(q.prompt, q.choices, q.answer, task=t) for t in ("a", "b") for q in QUESTIONS]
+    protocol = Protocol(layers=(0, 1), fractions=(0.5,))
+    metrics = ["raw_attention", "random"]
+    whole = mc_under_masks_per_question(model, qs, protocol, metrics, progress=False)
+    args = SimpleNamespace(mc_task="x", seed=0, block=2, mc_chunk_size=18, resume=False)  # blocks of 2 questions
+    calls = []
+
+    def run_block(*a, **kw):
+        calls.append(kw["first_question"])
+        if len(calls) == 3 and not args.resume:
+            raise KeyboardInterrupt  # interrupted after two saved blocks
+        return mc_under_masks_per_question(*a, progress=False, **kw)
+
+    with pytest.raises(KeyboardInterrupt):
+        _mc_blocks(model, qs, protocol, metrics, args, tmp_path, run_block)
+    assert pd.read_csv(tmp_path / "mc_questions.csv").query("metric == 'clean'").shape[0] == 4
+    args.resume = True
+    got = _mc_blocks(model, qs, protocol, metrics, args, tmp_path, run_block)
+    assert calls == [0, 2, 4, 4]
+    cols = ["task", "qid", "metric", "direction", "fraction", "logprob_correct", "correct"]
+    pd.testing.assert_frame_equal(got[cols].reset_index(drop=True), whole[cols].reset_index(drop=True), check_dtype=False, rtol=1e-6)
+    with pytest.raises(UsageError, match="other tasks, metrics or protocol"):
+        _mc_blocks(model, qs, protocol, ["raw_attention"], args, tmp_path, run_block)

@@ -280,8 +280,7 @@ def run(args) -> int:
         )  # fmt: skip
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
-        per_q = mc_under_masks_per_question(model, questions, mc_protocol, metrics, seed=args.seed, chunk_size=args.mc_chunk_size)
-        per_q.to_csv(out / "mc_questions.csv", index=False)
+        per_q = _mc_blocks(model, questions, mc_protocol, metrics, args, out, mc_under_masks_per_question)
         mc = mc_conditions(per_q, n_boot=args.n_boot, seed=args.seed)
         mc.to_csv(out / "mc.csv", index=False)
         pairs = mc_pairs(per_q, n_boot=args.n_boot, seed=args.seed)
@@ -298,6 +297,40 @@ def run(args) -> int:
         view.close()
     print(f"results in {out}/")
     return 0
+
+
+def _mc_blocks(model, questions, protocol, metrics, args, out: Path, run_block):
+    """Multiple choice under masks in blocks of ``--block`` questions, each block appended to
+    ``mc_questions.csv`` as it lands; ``--resume`` keeps the questions already there (same
+    protocol, tasks and metrics, from ``mc_progress.json``) and runs the rest."""
+    from geolens.commands._options import UsageError
+
+    seen: dict[str, int] = {}
+    qids = []
+    for q in questions:
+        qids.append(seen.get(q.task, 0))
+        seen[q.task] = qids[-1] + 1
+    path, info_path = out / "mc_questions.csv", out / "mc_progress.json"
+    info = dict(task=args.mc_task, n_questions=len(questions), protocol=protocol.to_dict(model), metrics=list(metrics), seed=args.seed)
+    done = pd.DataFrame()
+    if args.resume and path.exists() and info_path.exists():
+        if json.loads(info_path.read_text()) != json.loads(json.dumps(info)):
+            raise UsageError(f"--resume: {out}/mc_questions.csv was made with other tasks, metrics or protocol; use a new --out")
+        done = pd.read_csv(path)
+    info_path.write_text(json.dumps(info, indent=2))
+    n_done = done[done.metric == "clean"].shape[0] if len(done) else 0
+    if n_done:
+        print(f"multiple choice: resuming after {n_done} questions already in {path}", flush=True)
+    block = max(1, int(args.block))
+    parts = [done] if len(done) else []
+    for start in range(n_done, len(questions), block):
+        stop = min(start + block, len(questions))
+        part = run_block(model, questions[start:stop], protocol, metrics, seed=args.seed, chunk_size=args.mc_chunk_size,
+                         first_question=start, qids=qids[start:stop])  # fmt: skip
+        parts.append(part)
+        pd.concat(parts, ignore_index=True).to_csv(path, index=False)
+        print(f"  {stop} / {len(questions)} questions (saved)", flush=True)
+    return pd.concat(parts, ignore_index=True)
 
 
 def register(subparsers) -> None:
@@ -325,7 +358,7 @@ def register(subparsers) -> None:
     p.add_argument("--mc-fractions", default="0.1,0.5,0.9", help="removal fractions of the multiple-choice part, each in (0, 1)")
     p.add_argument("--chunk-size", type=positive_int, default=12, help="masks per batched forward")
     p.add_argument("--mc-chunk-size", type=positive_int, default=60)
-    p.add_argument("--block", type=positive_int, default=5, help="documents per saved block")
+    p.add_argument("--block", type=positive_int, default=5, help="documents (multiple choice: questions) per saved block")
     p.add_argument("--resume", action="store_true", help="continue the run already in --out (same protocol)")
     p.add_argument("--n-boot", type=positive_int, default=1000)
     p.add_argument("--seed", type=int, default=0)
