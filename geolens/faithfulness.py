@@ -620,7 +620,9 @@ class FaithfulnessResult:
     def save(self, out_dir) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.per_sequence.to_csv(out / "per_sequence.csv", index=False)
+        # gzip without a timestamp: the same results give the same bytes (and stay small in git)
+        self.per_sequence.to_csv(out / PER_SEQUENCE, index=False, compression=dict(method="gzip", mtime=0))
+        (out / "per_sequence.csv").unlink(missing_ok=True)  # the uncompressed file of older versions
         self.clean.to_csv(out / "clean.csv", index=False)
         self.curves.to_csv(out / "curves.csv", index=False)
         self.auc().to_csv(out / "auc.csv", index=False)
@@ -629,7 +631,7 @@ class FaithfulnessResult:
 
     @classmethod
     def load(cls, out_dir, n_boot: int | None = None) -> "FaithfulnessResult":
-        """Read back what :meth:`save` wrote (``per_sequence.csv``, ``clean.csv``, ``summary.json``)."""
+        """Read back what :meth:`save` wrote (``per_sequence.csv.gz``, ``clean.csv``, ``summary.json``)."""
         out = Path(out_dir)
         info = json.loads((out / "summary.json").read_text())
         p = info["protocol"]
@@ -637,9 +639,20 @@ class FaithfulnessResult:
                         allow_sink=p["allow_sink"], allow_current=p["allow_current"], mode=p["mode"],
                         fractions=tuple(p["fractions"]), skip_prefix=p["skip_prefix"])  # fmt: skip
         return cls(
-            protocol=protocol, per_sequence=pd.read_csv(out / "per_sequence.csv"), clean=pd.read_csv(out / "clean.csv"),
+            protocol=protocol, per_sequence=pd.read_csv(per_sequence_path(out)), clean=pd.read_csv(out / "clean.csv"),
             meta=info.get("meta", {}), n_boot=n_boot or p.get("n_boot", 1000),
         )
+
+
+PER_SEQUENCE = "per_sequence.csv.gz"  # each document's mean NLL under each mask
+
+
+def per_sequence_path(out_dir) -> Path:
+    """The per-document results in a folder: ``per_sequence.csv.gz``, or the uncompressed
+    ``per_sequence.csv`` written by older versions (the path of the first when neither exists)."""
+    out = Path(out_dir)
+    old = out / "per_sequence.csv"
+    return old if old.exists() and not (out / PER_SEQUENCE).exists() else out / PER_SEQUENCE
 
 
 def same_ranking_by_construction(protocol: Protocol) -> bool:

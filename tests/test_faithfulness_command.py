@@ -103,7 +103,7 @@ def test_results_readme_and_resume(tmp_path):
 
 
 def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys):
-    """--replot reads what FaithfulnessResult.save wrote (summary.json, per_sequence.csv, clean.csv)."""
+    """--replot reads what FaithfulnessResult.save wrote (summary.json, per_sequence.csv.gz, clean.csv)."""
     from test_faithfulness_scopes import synthetic_result
 
     from geolens.cli import main
@@ -117,4 +117,28 @@ def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["faithfulness", "--replot", "--out", str(empty)]) == 2
-    assert "missing summary.json, per_sequence.csv, clean.csv" in capsys.readouterr().err
+    assert "missing summary.json, per_sequence.csv.gz, clean.csv" in capsys.readouterr().err
+
+
+def test_per_sequence_saved_gzipped_deterministic_and_old_csv_still_read(tmp_path):
+    from test_faithfulness_scopes import synthetic_result
+
+    from geolens.commands.faithfulness import _resume_state
+    from geolens.faithfulness import FaithfulnessResult
+
+    res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
+    res.save(tmp_path / "a")
+    res.save(tmp_path / "b")
+    a, b = (tmp_path / d / "per_sequence.csv.gz" for d in "ab")
+    assert a.read_bytes() == b.read_bytes()  # no gzip timestamp
+    assert not (tmp_path / "a" / "per_sequence.csv").exists()
+    old = tmp_path / "old"
+    res.save(old)
+    res.per_sequence.to_csv(old / "per_sequence.csv", index=False)  # a folder written by an older version
+    (old / "per_sequence.csv.gz").unlink()
+    back = FaithfulnessResult.load(old)
+    assert len(back.per_sequence) == len(res.per_sequence)
+    per, _ = _resume_state(old, dict(res.protocol), 100)
+    assert len(per) == len(res.per_sequence)
+    res.save(old)  # rewriting converts it
+    assert (old / "per_sequence.csv.gz").exists() and not (old / "per_sequence.csv").exists()

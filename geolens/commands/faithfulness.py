@@ -8,12 +8,12 @@ removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every predict
     geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/smollm2-135m
 
 Writes under ``--out``: ``summary.json`` (protocol, clean PPL, range check, AUCs, the paired
-differences with their verdicts), ``per_sequence.csv`` (each document's mean NLL under each mask),
+differences with their verdicts), ``per_sequence.csv.gz`` (each document's mean NLL under each mask),
 ``clean.csv``, ``curves.csv``, ``auc.csv``, ``pairs.csv``, ``pairs.md``,
 ``curves_delta_ppl.png``, ``curves_delta_logprob.png`` and, with ``--mc-task``, ``mc.csv`` and
 ``mc.png``. The protocol and the range check are printed first. Documents are processed in
 blocks; after each block every table and figure is rewritten for the documents done so far, and
-``--resume`` continues an interrupted run from its ``per_sequence.csv`` (same protocol only).
+``--resume`` continues an interrupted run from its ``per_sequence.csv.gz`` (same protocol only).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def results_markdown(result) -> str:
     if len(other):
         lines += ["", "Other pairs:", "", pairs_markdown(other)]
     lines += ["", "Figures: `curves_delta_logprob.png`, `curves_delta_ppl.png`; tables: `pairs.csv`, `auc.csv`, `curves.csv`; "
-              "everything above is recomputed from `per_sequence.csv` and `clean.csv` by `geolens faithfulness --replot --out <this folder>`."]  # fmt: skip
+              "everything above is recomputed from `per_sequence.csv.gz` and `clean.csv` by `geolens faithfulness --replot --out <this folder>`."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -159,7 +159,9 @@ def _save_all(result, out: Path) -> list[dict]:
 
 def _resume_state(out: Path, protocol_dict: dict, n_total: int):
     """(per_sequence, clean) already in ``out`` for the same protocol, or (None, None)."""
-    if not (out / "per_sequence.csv").exists() or not (out / "summary.json").exists():
+    from geolens.faithfulness import per_sequence_path
+
+    if not per_sequence_path(out).exists() or not (out / "summary.json").exists():
         return None, None
     p = json.loads((out / "summary.json").read_text())["protocol"]
     same = (p["layers"] == protocol_dict["layers"] and p["ranking_scope"] == protocol_dict["ranking"]
@@ -170,7 +172,7 @@ def _resume_state(out: Path, protocol_dict: dict, n_total: int):
         from geolens.commands._options import UsageError
 
         raise UsageError(f"--resume: {out}/summary.json was made with another protocol; use a new --out")
-    per, clean = pd.read_csv(out / "per_sequence.csv", keep_default_na=False), pd.read_csv(out / "clean.csv")
+    per, clean = pd.read_csv(per_sequence_path(out), keep_default_na=False), pd.read_csv(out / "clean.csv")
     per["fraction"] = per["fraction"].astype(float)
     return per, clean
 
@@ -234,7 +236,11 @@ def run(args) -> int:
     if args.replot:  # tables and figures again from the saved per-document results, no model
         from geolens.faithfulness import FaithfulnessResult
 
-        missing = [n for n in ("summary.json", "per_sequence.csv", "clean.csv") if not (out / n).is_file()]
+        from geolens.faithfulness import per_sequence_path
+
+        missing = [n for n in ("summary.json", "per_sequence.csv.gz", "clean.csv") if not (out / n).is_file()]
+        if "per_sequence.csv.gz" in missing and per_sequence_path(out).is_file():
+            missing.remove("per_sequence.csv.gz")
         if missing:
             raise UsageError(f"--replot: {out} holds no saved results (missing {', '.join(missing)})")
         check_out_dir(out)
