@@ -88,6 +88,16 @@ def sinks(model: str) -> dict[str, str] | None:
         out["ΔPPL when v_0 is scaled by λ in every layer (λ = 0 / λ = 2)"] = (
             f"{d.loc[0.0, 'delta_ppl']:+.1f} / {d.loc[2.0, 'delta_ppl']:+.1f} (no CI; {nd} windows)"
         )
+    ctl = f / "controls_summary.json"
+    if ctl.exists():
+        c = json.loads(ctl.read_text())
+        by = c["claim_by_scope"]
+        layers = [k for k in by if k != "all"]
+        parts = [f"{v} in layer{'s' if len(ls) > 1 else ''} {', '.join(ls)}" for v in ("holds", "fails", "undecided")
+                 if (ls := [k for k in layers if by[k] == v])]
+        out["the sink's norm specifically matters (norm edits of v_0 beat the norm-preserving controls, per-layer edits)"] = (
+            f"all layers at once: {by.get('all', '?')}; " + "; ".join(parts) + f" (paired CIs over {c['n_windows']} windows × {c['seq_len']} tokens)"
+        )
     return out
 
 
