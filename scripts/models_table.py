@@ -176,7 +176,8 @@ def faithfulness(model: str) -> dict[str, str] | None:
         for q in s["pairs"]:
             if q["a"] == a and q["b"] == b and q["direction"] == "comprehensiveness" and q["quantity"] == "delta_logprob":
                 out[f"faithfulness, {what}: AUC gain in Δ log-prob, comprehensiveness (+ = b more faithful)"] = (
-                    f"{q['auc_diff']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}] {q['verdict']}; n = {pr['n_sequences']} documents"
+                    f"{q['auc_diff']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}] {q['verdict']}; n = {pr['n_sequences']} documents, "
+                    f"{len(pr['fractions'])} values of k (AUCs of grids that differ are compared only through their verdicts)"
                 )
     return out
 
