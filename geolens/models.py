@@ -187,10 +187,13 @@ def load_model(
     if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
         kind = name[len("tiny-") :]
         try:
-            from geolens.testing import tiny_bridge as build
-        except ImportError:  # TransformerLens 2.x/3.x: HookedTransformer
-            from geolens.testing import tiny_hooked as build
-        tiny = build(kind)  # built on the CPU
+            from geolens.testing import tiny_bridge
+
+            tiny = tiny_bridge(kind)  # built on the CPU
+        except ImportError:  # TransformerLens 2.x/3.x (no transformer_lens.model_bridge): HookedTransformer
+            from geolens.testing import tiny_hooked
+
+            tiny = tiny_hooked(kind)
         return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
     if name in MODELS:
         path = str(converted_checkpoint(name))
