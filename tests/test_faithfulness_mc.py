@@ -79,7 +79,8 @@ def _per_question(n=40, seed=0, random_shift=-0.5):
                                  logprob_correct=clean[q] + comp * k + (noise[q] if metric != "random" else 0.0), correct=int(metric != "contribution")))
                 rows.append(dict(task="t", qid=q, metric=metric, direction="sufficiency", fraction=k,
                                  logprob_correct=clean[q] - 0.1 + noise[q], correct=1))
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    return df.assign(chance=1 / 3, logprob_correct_norm=df.logprob_correct, n_choices=3)
 
 
 def test_mc_pairs_paired_verdicts_against_hand_computation():
@@ -150,3 +151,20 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
     pd.testing.assert_frame_equal(got[cols].reset_index(drop=True), whole[cols].reset_index(drop=True), check_dtype=False, rtol=1e-6)
     with pytest.raises(UsageError, match="other tasks, metrics or protocol"):
         _mc_blocks(model, qs, protocol, ["raw_attention"], args, tmp_path, run_block)
+
+
+def test_replot_multiple_choice_from_a_partial_run(tmp_path, capsys):
+    """--replot on a multiple-choice folder (no language-modelling files) rewrites mc.csv,
+    mc_pairs.csv, mc_protocol.json and mc.png from the questions answered so far."""
+    from geolens.cli import main
+
+    per_q = _per_question(n=12)
+    per_q.to_csv(tmp_path / "mc_questions.csv", index=False)
+    protocol = dict(layers=[0, 1], ranking="query", allow_sink=True, allow_current=True, mode="inter", fractions=[0.1, 0.5])
+    (tmp_path / "mc_progress.json").write_text(json.dumps(dict(task="bigbench:t", n_questions=30, protocol=protocol, metrics=["raw_attention", "contribution", "random"], seed=0)))
+    assert main(["faithfulness", "--replot", "--out", str(tmp_path)]) == 0
+    info = json.loads((tmp_path / "mc_protocol.json").read_text())
+    assert info["n_questions"] == 12 and info["n_questions_planned"] == 30 and info["complete"] is False
+    for name in ("mc.csv", "mc_pairs.csv", "mc.png"):
+        assert (tmp_path / name).is_file(), name
+    assert "12 of 30 questions" in capsys.readouterr().out

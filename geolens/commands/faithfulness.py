@@ -241,13 +241,17 @@ def run(args) -> int:
         missing = [n for n in ("summary.json", "per_sequence.csv.gz", "clean.csv") if not (out / n).is_file()]
         if "per_sequence.csv.gz" in missing and per_sequence_path(out).is_file():
             missing.remove("per_sequence.csv.gz")
-        if missing:
+        has_mc = (out / "mc_questions.csv").is_file() and (out / "mc_progress.json").is_file()
+        if missing and not has_mc:
             raise UsageError(f"--replot: {out} holds no saved results (missing {', '.join(missing)})")
         check_out_dir(out)
-        result = FaithfulnessResult.load(out, n_boot=args.n_boot)
-        for c in _save_all(result, out):
-            print(c)
-        print(result)
+        if not missing:
+            result = FaithfulnessResult.load(out, n_boot=args.n_boot)
+            for c in _save_all(result, out):
+                print(c)
+            print(result)
+        if has_mc:  # multiple choice, also from a run still under way (the questions answered so far)
+            _mc_outputs(pd.read_csv(out / "mc_questions.csv"), out, n_boot=args.n_boot, seed=args.seed)
         return 0
     model_name = check_model_name(args.model)
     out = check_out_dir(out)
@@ -261,7 +265,6 @@ def run(args) -> int:
     import torch
 
     from geolens.models import load_model
-    from geolens.viz.faithfulness import mc_accuracy_plot
 
     torch.set_grad_enabled(False)
     if args.threads:
@@ -278,7 +281,7 @@ def run(args) -> int:
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
     if questions:
-        from geolens.multiple_choice import mc_conditions, mc_pairs, mc_under_masks_per_question
+        from geolens.multiple_choice import mc_under_masks_per_question
 
         mc_protocol = Protocol(
             layers=protocol.layers, ranking=protocol.ranking, allow_sink=protocol.allow_sink,
@@ -287,22 +290,43 @@ def run(args) -> int:
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
         per_q = _mc_blocks(model, questions, mc_protocol, metrics, args, out, mc_under_masks_per_question)
-        mc = mc_conditions(per_q, n_boot=args.n_boot, seed=args.seed)
-        mc.to_csv(out / "mc.csv", index=False)
-        pairs = mc_pairs(per_q, n_boot=args.n_boot, seed=args.seed)
-        pairs.to_csv(out / "mc_pairs.csv", index=False)
-        if len(pairs):
-            r = pairs.iloc[0]
-            print(f"multiple choice range check: random ranking at k = {max(mc_fractions):g} changes log p(correct) by "
-                  f"{r.random_delta_logprob:+.3f} [{r.random_delta_logprob_lo:+.3f}, {r.random_delta_logprob_hi:+.3f}]")
-            print(pairs[["a", "b", "direction", "fraction", "diff", "ci_low", "ci_high", "verdict"]].to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
-        (out / "mc_protocol.json").write_text(json.dumps(dict(task=args.mc_task, n_questions=len(questions), protocol=mc_protocol.to_dict(model), seconds=round(time.time() - t1, 1)), indent=2))
-        print(mc.pivot_table(index="metric", columns=["direction", "fraction"], values="accuracy", sort=False).to_string(float_format=lambda v: f"{v:.3f}"))
-        view = mc_accuracy_plot(mc, subtitle=f"{args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model).replace("protocol: ", ""))
-        view.save(out / "mc.png", dpi=80)
-        view.close()
+        _mc_outputs(per_q, out, n_boot=args.n_boot, seed=args.seed, seconds=round(time.time() - t1, 1))
     print(f"results in {out}/")
     return 0
+
+
+def _mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | None = None) -> None:
+    """``mc.csv`` (accuracy and log p(correct) per condition), ``mc_pairs.csv`` (paired verdicts),
+    ``mc_protocol.json`` and ``mc.png`` from the per-question rows (``mc_questions.csv``) and the
+    run's ``mc_progress.json``; printed too. A partial run counts the questions answered so far."""
+    from geolens.faithfulness import _span
+    from geolens.multiple_choice import mc_conditions, mc_pairs
+    from geolens.viz.faithfulness import mc_accuracy_plot
+
+    info = json.loads((out / "mc_progress.json").read_text())
+    n_done = int((per_q.metric == "clean").sum())
+    mc = mc_conditions(per_q, n_boot=n_boot, seed=seed)
+    mc.to_csv(out / "mc.csv", index=False)
+    pairs = mc_pairs(per_q, n_boot=n_boot, seed=seed)
+    pairs.to_csv(out / "mc_pairs.csv", index=False)
+    tasks = per_q[per_q.metric == "clean"].task.value_counts(sort=False).to_dict()
+    summary = dict(task=info["task"], n_questions=n_done, n_questions_planned=info["n_questions"], complete=n_done == info["n_questions"],
+                   questions_per_task=tasks, protocol=info["protocol"], metrics=info["metrics"], n_boot=n_boot)  # fmt: skip
+    if seconds is not None:
+        summary["seconds"] = seconds
+    (out / "mc_protocol.json").write_text(json.dumps(summary, indent=2))
+    print(f"multiple choice: {n_done} of {info['n_questions']} questions ({tasks})")
+    if len(pairs):
+        r = pairs.iloc[0]
+        print(f"multiple choice range check: random ranking at the largest k changes log p(correct) by "
+              f"{r.random_delta_logprob:+.3f} [{r.random_delta_logprob_lo:+.3f}, {r.random_delta_logprob_hi:+.3f}]")
+        print(pairs[["a", "b", "direction", "fraction", "diff", "ci_low", "ci_high", "verdict"]].to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
+    print(mc.pivot_table(index="metric", columns=["direction", "fraction"], values="accuracy", sort=False).to_string(float_format=lambda v: f"{v:.3f}"))
+    p = info["protocol"]
+    view = mc_accuracy_plot(mc, subtitle=f"{info['task']}, {n_done} questions; layers masked {_span(p['layers']) if p.get('layers') else 'all'}, "
+                            f"ranking {p.get('ranking')}, sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
+    view.save(out / "mc.png", dpi=80)
+    view.close()
 
 
 def _mc_blocks(model, questions, protocol, metrics, args, out: Path, run_block):
