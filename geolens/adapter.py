@@ -293,6 +293,35 @@ class ModelAdapter:
         what = f"layer {layer}: W_V"
         return self.expand_kv(W_V, dim=0, what=what), self.expand_kv(b_V, dim=0, what=what)
 
+    # --- the rest of a block
+
+    def block_after_attention(
+        self, layer: int, resid_pre: Float[Tensor, "... d_model"], attn_out: Float[Tensor, "... d_model"]
+    ) -> Float[Tensor, "... d_model"]:
+        """``blocks.{layer}.hook_resid_post`` from the block's input and its pre-norm attention
+        output Σ_h z^h W_O^h + b_O, without running attention: the post-attention norm where the
+        family has one (``ln1_post``), the residual add, then ``ln2``, the MLP and, after a
+        post-attention norm, ``ln2_post``. Rows are independent, so any leading shape works.
+
+        The model's own modules do the work (both TransformerLens families name them alike).
+        Blocks that run attention and MLP in parallel are refused.
+        """
+        cfg = self.model.cfg
+        if getattr(cfg, "parallel_attn_mlp", False):
+            raise NotImplementedError(f"layer {layer}: blocks with parallel attention and MLP are not supported here")
+        block = self.model.blocks[layer]
+        if self.post_attention_norm:
+            attn_out = block.ln1_post(attn_out)
+        resid_mid = resid_pre + attn_out
+        mlp_out = block.mlp(block.ln2(resid_mid))
+        if self.post_attention_norm:
+            mlp_out = block.ln2_post(mlp_out)
+        return resid_mid + mlp_out
+
+    def final_norm(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The model's final norm (``ln_final``) applied to a residual stream."""
+        return self.model.ln_final(resid)
+
     # --- visible keys
 
     def sliding_window(self, layer: int) -> int | None:

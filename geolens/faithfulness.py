@@ -66,11 +66,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from geolens.adapter import adapter_for, get_attention_layer, names_filter
-from geolens.interventions.base import applied
 from geolens.interventions.masking import (
     RANKING_SCOPES,
     RankingScope,
-    branch_hook,
     mask_from_ranks,
     masked_token_nll,
     removal_ranks,
@@ -237,6 +235,7 @@ def value_zeroing(
     layers: Sequence[int] | None = None,
     *,
     chunk_size: int | None = None,
+    final_norm: bool = False,
 ) -> Float[Tensor, "layer batch query key"]:
     """Value Zeroing scores VZ_ij^{(l)} = 1 − cos(x̃_i^{(l)}, x̃_i^{(l), ¬j}) (Mohebbi et al. 2023).
 
@@ -245,13 +244,18 @@ def value_zeroing(
     in every head (``hook_v``; with grouped-query attention, in every kv head, hence in every
     query head), everything before layer l unchanged. Future sources (j > i) score 0. Mohebbi et
     al. normalise each row to sum 1 afterwards; that does not change the per-row ranking, so the
-    raw cosine distances are returned.
+    raw cosine distances are returned. ``final_norm=True`` scores the last layer after the
+    model's final norm (``ln_final``), as inseq and Hugging Face ``hidden_states[-1]`` do; the
+    other layers are unchanged.
 
-    Runs through the model with hooks, batched over source tokens, all ``layers`` in one forward
-    per chunk: row 0 is the clean run; row 1 + r zeroes source j_r. At each scored layer's
-    ``hook_resid_pre`` the perturbed rows are reset to the clean row, so each layer is "rerun"
-    on its clean input, and its ``hook_resid_post`` is compared with row 0. The forward stops
-    after the last scored layer.
+    One clean forward, then no attention is recomputed: zeroing v_j leaves the pattern as it is,
+    so the pre-norm attention output without source j is exactly the clean one minus
+    Σ_h α_ij^h ṽ_j^h (ṽ_j^h = v_j W_O^h), and only queries i ≥ j change. Only those rows go
+    through the rest of the block (post-attention norm where there is one, residual add, MLP;
+    :meth:`~geolens.adapter.ModelAdapter.block_after_attention`). ``chunk_size`` bounds the
+    sources handled together (default: as many as keep about 4096 rows per MLP call). The
+    block's rebuilt clean output is checked against the cached one, so a block this does not
+    describe raises instead of giving wrong scores.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -260,52 +264,55 @@ def value_zeroing(
     >>> tuple(vz.shape)  # [layer, batch, query, key]
     (1, 2, 12, 12)
     """
+    from geolens.geometry import layer_output
+    from geolens.validation import check_layer
+
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
     n_layers = model.cfg.n_layers
-    layers = sorted({int(l) % n_layers for l in (range(n_layers) if layers is None else layers)})
+    layers = sorted({check_layer(l, n_layers) for l in (range(n_layers) if layers is None else layers)})
     n_pos = tokens.shape[1]
-    chunk = n_pos if chunk_size is None else int(chunk_size)
-    if chunk < 1:
+    if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) < 1):
         raise ValueError("chunk_size must be a positive integer")
+    chunk = max(1, 4096 // n_pos) if chunk_size is None else int(chunk_size)
     scores = torch.zeros(len(layers), tokens.shape[0], n_pos, n_pos)
-    layer_index = {l: n for n, l in enumerate(layers)}
     adapter = adapter_for(model)
+    wanted = set()
+    for l in layers:
+        wanted |= {adapter.resid_pre_hook(l), adapter.resid_post_hook(l), adapter.pattern_hook(l), adapter.value_hook(l)}
+    model_dtype = next(model.parameters()).dtype
     for b in range(tokens.shape[0]):
-        seq = tokens[b : b + 1]
-        for start in range(0, n_pos, chunk):
-            sources = torch.arange(start, min(start + chunk, n_pos))
-            rows = 1 + len(sources)
-            captured: dict[int, Tensor] = {}
-
-            def reset(resid: Tensor, hook) -> Tensor:
-                return resid[:1].expand(rows, *resid.shape[1:]).contiguous()
-
-            def zero_value(v: Tensor, hook, sources=sources) -> Tensor:
-                v = v.clone()
-                v[torch.arange(1, rows, device=v.device), sources.to(v.device)] = 0.0
-                return v
-
-            def capture(l: int):
-                def hook(resid: Tensor, hook) -> None:
-                    captured[l] = resid.detach()
-
-                return hook
-
-            hooks = [branch_hook(model, layers[0], rows)]
-            for l in layers:
-                if l != layers[0]:
-                    hooks.append((adapter.resid_pre_hook(l), reset))
-                hooks.append((adapter.value_hook(l), zero_value))
-                hooks.append((adapter.resid_post_hook(l), capture(l)))
-            with torch.no_grad(), applied(model, hooks):
-                model(seq, return_type=None, stop_at_layer=layers[-1] + 1)
-            for l, resid in captured.items():
-                resid = resid.float()
-                cos = torch.nn.functional.cosine_similarity(resid[1:], resid[:1], dim=-1)  # [source, query]
-                scores[layer_index[l], b][:, sources] = (1.0 - cos).T.cpu()
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
-    return scores * causal
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens[b : b + 1], names_filter=lambda name: name in wanted, stop_at_layer=layers[-1] + 1)
+        for n, l in enumerate(layers):
+            view = get_attention_layer(model, cache, l)
+            resid_pre = cache[adapter.resid_pre_hook(l)][0]
+            clean = cache[adapter.resid_post_hook(l)][0]
+            attn_out = (layer_output(view)[0] + view.b_O).to(model_dtype)  # [query, d_model]
+            v_tilde = torch.einsum("khd,hdm->hkm", view.v[0], view.W_O)  # [head, key, d_model]
+            pattern = view.pattern[0]  # [head, query, key]
+            with torch.no_grad():
+                rebuilt = adapter.block_after_attention(l, resid_pre[None], attn_out[None])[0]
+                scale = clean.float().norm(dim=-1).clamp_min(1e-6)
+                err = float(((rebuilt - clean).float().norm(dim=-1) / scale).max())
+                if err > 1e-3:
+                    raise RuntimeError(
+                        f"value_zeroing: layer {l}: the block rebuilt from its attention output differs from "
+                        f"hook_resid_post by {err:.2g} (relative); this block structure is not supported"
+                    )
+                last = final_norm and l == n_layers - 1
+                reference = adapter.final_norm(clean[None])[0] if last else clean
+                for start in range(0, n_pos, chunk):
+                    sources = torch.arange(start, min(start + chunk, n_pos), device=pattern.device)
+                    delta = torch.einsum("hqs,hsm->sqm", pattern[:, :, sources], v_tilde[:, sources])  # [source, query, d_model]
+                    s_idx, q_idx = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]).nonzero(as_tuple=True)
+                    rows = attn_out[q_idx] - delta[s_idx, q_idx].to(model_dtype)
+                    out = adapter.block_after_attention(l, resid_pre[q_idx][None], rows[None])[0]
+                    if last:
+                        out = adapter.final_norm(out[None])[0]
+                    cos = torch.nn.functional.cosine_similarity(out.float(), reference[q_idx].float(), dim=-1)
+                    scores[n, b, q_idx.cpu(), sources[s_idx].cpu()] = (1.0 - cos).cpu()
+    return scores
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from geolens.interventions import active_hook_count, applied
 from geolens.interventions.masking import masked_token_nll, token_nll
 
 
-def naive_value_zeroing(model, tokens, layer):
-    """One full forward per source token j, v_j zeroed at ``layer`` only; 1 − cos of resid_post."""
+def naive_value_zeroing(model, tokens, layer, final_norm=False):
+    """One full forward per source token j, v_j zeroed at ``layer`` only; 1 − cos of resid_post
+    (after ``ln_final`` with ``final_norm``)."""
     n = tokens.shape[1]
     out = torch.zeros(tokens.shape[0], n, n, dtype=torch.float64)
     name_v, name_r = f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.hook_resid_post"
@@ -30,7 +31,9 @@ def naive_value_zeroing(model, tokens, layer):
         seq = tokens[b : b + 1]
         with torch.no_grad():
             _, cache = model.run_with_cache(seq, names_filter=lambda name: name == name_r)
-        clean = cache[name_r][0].double()
+        post = (lambda r: model.ln_final(r)) if final_norm else (lambda r: r)
+        with torch.no_grad():
+            clean = post(cache[name_r])[0].double()
         for j in range(n):
             got = {}
 
@@ -40,7 +43,7 @@ def naive_value_zeroing(model, tokens, layer):
                 return v
 
             def save(r, hook):
-                got["r"] = r[0].double()
+                got["r"] = post(r)[0].double()
 
             with torch.no_grad(), applied(model, [(name_v, zero), (name_r, save)]):
                 model(seq, return_type="logits")
@@ -64,6 +67,45 @@ def test_value_zeroing_matches_naive_rerun(tiny):
         assert torch.allclose(got[n].double(), want, atol=2e-5), (l, (got[n].double() - want).abs().max())
     assert (got.triu(1) == 0).all()  # future sources never matter
     assert got.max() > 0
+
+
+def test_value_zeroing_final_norm_scores_last_layer_after_ln_final(tiny):
+    model, tokens, _ = tiny
+    last = model.cfg.n_layers - 1
+    # A HookedTransformer folds ln_final's gain into W_U (fold_ln): its ln_final only rescales,
+    # which no cosine sees (a LayerNorm still centres). Elsewhere the gain is made non-uniform so that the norm matters.
+    weights = [p for n, p in model.ln_final.named_parameters() if n.endswith("weight")]
+    saved = [w.detach().clone() for w in weights]
+    try:
+        with torch.no_grad():  # a non-uniform gain, so that the norm changes the cosines
+            for w in weights:
+                w.mul_(torch.linspace(0.2, 3.0, w.numel()).reshape(w.shape))
+        got = value_zeroing(model, tokens[:1, :10], [0, last], final_norm=True)
+        plain = value_zeroing(model, tokens[:1, :10], [0, last])
+        want = naive_value_zeroing(model, tokens[:1, :10], last, final_norm=True)
+    finally:
+        with torch.no_grad():
+            for w, s in zip(weights, saved):
+                w.copy_(s)
+    assert torch.equal(got[0], plain[0])  # other layers unchanged
+    assert torch.allclose(got[1].double(), want, atol=2e-5), (got[1].double() - want).abs().max()
+    if weights:
+        assert not torch.allclose(got[1], plain[1], atol=1e-4)  # the norm changes the scores
+
+
+def test_value_zeroing_refuses_a_block_it_cannot_rebuild(tiny_gqa, monkeypatch):
+    from geolens.adapter import adapter_for
+
+    model, tokens, _ = tiny_gqa
+    adapter = type(adapter_for(model))
+    real = adapter.block_after_attention
+    monkeypatch.setattr(adapter, "block_after_attention", lambda self, l, r, a: 2 * real(self, l, r, a))
+    with pytest.raises(RuntimeError, match="not supported"):
+        value_zeroing(model, tokens[:1, :8], [0])
+    monkeypatch.undo()
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="chunk_size"):
+            value_zeroing(model, tokens[:1, :8], [0], chunk_size=bad)
 
 
 def test_area_under_curve_by_hand():
