@@ -97,7 +97,7 @@ def timed(fn, repeats: int = 1):
 def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
     from geolens.data import corpus_windows
 
-    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1)
+    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
     n_layers = model.cfg.n_layers
     with torch.no_grad():
         model.run_with_cache(tokens)  # warm-up
@@ -138,7 +138,7 @@ def memory_child(seq_len: int) -> None:
     from geolens.data import corpus_windows
 
     model = geolens.load_model("smollm2-135m")
-    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1)
+    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
         with PeakRSS() as mem:
@@ -155,8 +155,9 @@ def memory_child(seq_len: int) -> None:
 BUDGET = 256 * 2**20  # bytes of query-chunk temporaries per layer
 
 
-def streamed_forward(model, tokens, *, with_geolens: bool) -> float:
-    """Seconds spent in geolens hooks (both modes, all layers, reduced per chunk) during one forward."""
+def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET) -> float:
+    """Seconds spent in geolens hooks (both modes, all layers, reduced per chunk) during one forward
+    (on a GPU the device is synchronised around each hook, so the time is the hook's own)."""
     from geolens.adapter import PATTERN, VALUE, hook_name
     from geolens.contributions import iter_query_chunks
     from geolens.interventions.base import applied
@@ -166,16 +167,20 @@ def streamed_forward(model, tokens, *, with_geolens: bool) -> float:
 
     def grab(layer: int, name: str):
         def hook(x, hook):
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
             t = time.perf_counter()
             got = seen.setdefault(layer, {})
             got[hook_name(layer, name)] = x.detach()
             if len(got) == 2:
                 view = get_attention_layer(model, seen.pop(layer), layer)
                 acc = 0.0
-                for _, sub in iter_query_chunks(view, memory_budget_bytes=BUDGET, n_temporaries=6):
+                for _, sub in iter_query_chunks(view, memory_budget_bytes=budget, n_temporaries=6):
                     intra, inter = contribution_weights_from_layer(sub, "both")
                     acc += float(intra.sum()) + float(inter.sum())
                 del view
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
             spent[0] += time.perf_counter() - t
             return x
 
@@ -194,7 +199,7 @@ def scaling_child(seq_len: int, repeats: int) -> None:
     from geolens.data import corpus_windows
 
     model = geolens.load_model("smollm2-135m")
-    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1)
+    tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
     streamed_forward(model, tokens[:, :64], with_geolens=True)  # warm-up
     # plain forward time, measured around the call (streamed_forward returns hook time only)
     best_fwd = float("inf")

@@ -159,6 +159,7 @@ class ModelAdapter:
             self._ref: Callable[[], TLModel | None] = weakref.ref(model)
         except TypeError:  # a stand-in that cannot be weakly referenced (not cached either)
             self._ref = lambda: model
+        self._compute_W_O: dict[tuple, tuple] = {}
 
     @classmethod
     def matches(cls, model) -> bool:
@@ -212,6 +213,11 @@ class ModelAdapter:
         return expand_kv_heads(x, self.n_heads, dim=dim, what=what)
 
     # --- hook names
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether every layer's query i attends to keys j ≤ i only (TransformerLens' ``attention_dir``)."""
+        return getattr(self.model.cfg, "attention_dir", "causal") == "causal"
 
     def pattern_hook(self, layer: int) -> str:
         return hook_name(layer, PATTERN)
@@ -273,6 +279,28 @@ class ModelAdapter:
             W_O = W_O.T.reshape(cfg.n_heads, cfg.d_head, cfg.d_model)
         b_O = _zeros_if_missing(lambda: attn.b_O, (cfg.d_model,), W_O)
         return W_O, b_O
+
+    def compute_output_weights(self, layer: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+        """:meth:`output_weights` detached and cast for computation. W_O comes back as the *same*
+        tensor object while the weight is unchanged, so quantities cached on it (the Gram
+        matrices of :func:`geolens.geometry.gram`) are reused across calls; any in-place edit,
+        ``.data`` reassignment or new parameter gives a new tensor."""
+        W_O, b_O = self.output_weights(layer)
+        b_O = b_O.detach().to(device=device, dtype=dtype)
+        root = W_O
+        while root._base is not None:
+            root = root._base
+        try:
+            state = (W_O.data_ptr(), W_O.storage_offset(), tuple(W_O.shape), W_O.stride(), W_O.dtype, W_O._version)
+        except RuntimeError:  # an inference tensor keeps no version counter: never cached
+            return W_O.detach().to(device=device, dtype=dtype), b_O
+        key = (layer, dtype, str(device))
+        hit = self._compute_W_O.get(key)
+        if hit is not None and hit[0]() is root and hit[1] == state:
+            return hit[2], b_O
+        out = W_O.detach().to(device=device, dtype=dtype)
+        self._compute_W_O[key] = (weakref.ref(root), state, out)
+        return out, b_O
 
     def value_weights(self, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
         """(W_V, b_V) of one layer in TL layout, kv heads expanded to query heads; b_V is zeros
@@ -559,6 +587,9 @@ def value_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_mod
     return adapter_for(model).value_weights(layer)
 
 
+CAUSAL_BLOCKS = 4  # query blocks of a causal layer (AttentionLayer.query_blocks)
+
+
 @dataclass
 class AttentionLayer:
     """One attention layer's tensors in docs/method.md §0 layouts, in one compute dtype."""
@@ -574,15 +605,39 @@ class AttentionLayer:
     # Padded positions already hold α = 0 and v = 0, so every quantity is 0 there.
     query_mask: Bool[Tensor, "batch query"] | None = None
     key_mask: Bool[Tensor, "batch key"] | None = None
+    # True when query i (at absolute position query_start + i) never sees a key after it (a causal
+    # decoder): computations may then skip the keys after each block of queries. False (unknown)
+    # for a layer built by hand, which is always safe.
+    causal: bool = False
+    query_start: int = 0
 
     @property
     def n_heads(self) -> int:
         return self.pattern.shape[1]
 
+    def query_blocks(self) -> list[tuple[slice, int]]:
+        """(query slice, number of keys it can see) per block of queries: :data:`CAUSAL_BLOCKS`
+        blocks (one below 16 queries) when the layer is known causal (block b needs the keys up to
+        its last query only, so a [query, key] product does 10/16 of the full work), else one
+        block with every key."""
+        n_q, n_k = self.pattern.shape[-2:]
+        if not self.causal:
+            return [(slice(0, n_q), n_k)]
+        size = -(-n_q // CAUSAL_BLOCKS) if n_q >= 4 * CAUSAL_BLOCKS else n_q
+        return [(slice(s, min(s + size, n_q)), min(n_k, self.query_start + min(s + size, n_q))) for s in range(0, n_q, size)]
+
     @cached_property
     def z(self) -> Float[Tensor, "batch query head d_head"]:
-        """z_i^h = Σ_j α_ij^h v_j^h, what ``hook_z`` holds (recomputed in the compute dtype)."""
-        return torch.einsum("bhqk,bkhd->bqhd", self.pattern, self.v)
+        """z_i^h = Σ_j α_ij^h v_j^h, what ``hook_z`` holds (recomputed in the compute dtype; in a
+        causal layer each block of queries reads only the keys it can see, where α ≠ 0)."""
+        blocks = self.query_blocks()
+        if len(blocks) == 1 and blocks[0][1] == self.pattern.shape[-1]:
+            return torch.einsum("bhqk,bkhd->bqhd", self.pattern, self.v)
+        v = self.v.transpose(1, 2)  # [batch, head, key, d_head]
+        out = v.new_empty(*self.pattern.shape[:3], v.shape[-1])
+        for queries, k_end in blocks:
+            torch.matmul(self.pattern[:, :, queries, :k_end], v[:, :, :k_end], out=out[:, :, queries])
+        return out.transpose(1, 2)
 
     def query_slice(self, queries: slice) -> "AttentionLayer":
         """The same layer restricted to a range of query positions (for chunked computation)."""
@@ -596,6 +651,8 @@ class AttentionLayer:
             self.model_mode,
             None if self.query_mask is None else self.query_mask[:, queries],
             self.key_mask,
+            self.causal,
+            self.query_start + range(self.pattern.shape[2])[queries].start,
         )
 
 
@@ -652,7 +709,8 @@ def get_attention_layer(
             f"layer {layer}: hook_v has {v.shape[2]} kv heads of size {v.shape[3]}, the model has "
             f"{n_kv} kv heads of size {cfg.d_head}: the cache comes from another model"
         )
-    W_O, b_O = adapter.output_weights(layer)
+    device = pattern.device
+    W_O, b_O = adapter.compute_output_weights(layer, dtype, device)
     if W_O.shape != (n_heads, v.shape[3], cfg.d_model):
         raise ValueError(f"layer {layer}: W_O has shape {tuple(W_O.shape)}, expected {(n_heads, v.shape[3], cfg.d_model)}")
     device = pattern.device
@@ -678,12 +736,13 @@ def get_attention_layer(
         layer=layer,
         pattern=pattern,
         v=v,
-        W_O=W_O.detach().to(device=device, dtype=dtype),
-        b_O=b_O.detach().to(device=device, dtype=dtype),
+        W_O=W_O,
+        b_O=b_O,
         n_kv_heads=n_kv,
         model_mode=adapter.model_mode,
         query_mask=query_mask,
         key_mask=key_mask,
+        causal=adapter.is_causal and n_q == n_k,
     )
 
 

@@ -36,6 +36,7 @@ from geolens.adapter import AttentionLayer, get_attention_layer, model_mode
 from geolens.geometry import (  # noqa: F401  (head_outputs, iter_query_chunks, query_chunk_for_budget: re-exported)
     CONTRIBUTION_TEMPORARIES,
     METRIC_TEMPORARIES,
+    causal_matmul,
     fill_query_chunks,
     gram,
     head_outputs,
@@ -93,9 +94,11 @@ def _projection(layer: AttentionLayer, mode: Mode) -> tuple[Tensor, Tensor]:
         # u_i^h = o_i^h W_O^{hT} = z_i^h G^h
         u = torch.einsum("bqhd,hde->bqhe", layer.z, gram(layer.W_O))
         return u, torch.einsum("bqhd,bqhd->bhq", u, layer.z)
-    o = layer_output(layer)
-    u = torch.einsum("bqm,hdm->bqhd", o, layer.W_O)
-    return u, (o * o).sum(-1)[:, None, :].expand(-1, layer.n_heads, -1)
+    # u_i^h = o_i W_O^{hT} = Σ_h' z_i^h' G^{h'h}: one product with the cross-head Gram, o_i never built
+    z = layer.z.reshape(*layer.z.shape[:2], -1)
+    u = z @ gram(layer.W_O, cross_heads=True)
+    out_sq = (u * z).sum(-1)  # z G z^T = ‖o_i‖²
+    return u.reshape(layer.z.shape), out_sq[:, None, :].expand(-1, layer.n_heads, -1)
 
 
 def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
@@ -105,20 +108,8 @@ def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
     return _finish_geometry(layer, mode, eps, dot, projected_value_norms(layer), out_sq)
 
 
-def _geometry_both(layer: AttentionLayer, eps: float) -> tuple[_Geometry, _Geometry]:
-    """Intra and inter geometry in one pass: the Gram matrix (cached, :func:`geolens.geometry.gram`),
-    the value norms and the read of v are shared, and both inner products come from one batched
-    matmul over the two projections."""
-    (u_a, sq_a), (u_e, sq_e) = (_projection(layer, m) for m in ("intra", "inter"))
-    dots = torch.einsum("sbqhd,bkhd->sbhqk", torch.stack([u_a, u_e]), layer.v)
-    value_norm = projected_value_norms(layer)
-    return (
-        _finish_geometry(layer, "intra", eps, dots[0], value_norm, sq_a),
-        _finish_geometry(layer, "inter", eps, dots[1], value_norm, sq_e),
-    )
-
-
-def _finish_geometry(layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor, value_norm: Tensor, out_sq: Tensor) -> _Geometry:
+def _out_norm(layer: AttentionLayer, mode: Mode, eps: float, out_sq: Tensor, stacklevel: int) -> tuple[Tensor, Tensor]:
+    """(‖o_i‖, zero rows) from ‖o_i‖², warning once about real (unpadded) outputs of norm ≤ eps."""
     out_norm = out_sq.clamp_min(0).sqrt()
     zero_rows = out_norm <= eps
     # padded queries (α = 0 by construction) are zero rows by design, not worth a warning
@@ -130,14 +121,31 @@ def _finish_geometry(layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor,
             f"layer {layer.layer}: {n} {what} have zero norm (≤ {eps:g}); their contribution "
             "weights, relative norms and alignments are set to 0",
             ZeroNormOutputWarning,
-            stacklevel=4,
+            stacklevel=stacklevel + 1,
         )
+    return out_norm, zero_rows
+
+
+def _finish_geometry(layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor, value_norm: Tensor, out_sq: Tensor) -> _Geometry:
+    out_norm, zero_rows = _out_norm(layer, mode, eps, out_sq, stacklevel=4)
     return _Geometry(
         dot=dot,
         value_norm=value_norm,
         inv_out_norm=_inverse(out_norm, zero_rows),
         inv_value_norm=_inverse(value_norm, value_norm == 0),
     )
+
+
+def _contribution_of(layer: AttentionLayer, mode: Mode, eps: float, u: Tensor, out_sq: Tensor) -> Tensor:
+    """c_ij = α_ij ⟨u_i / ‖o_i‖², v_j⟩: the 1/‖o_i‖² scale goes on u (``[batch, query, head,
+    d_head]``) before the product, the keys after each causal query block are skipped
+    (:func:`~geolens.geometry.causal_matmul`, α = 0 there) and α multiplies the rest in place."""
+    out_norm, zero_rows = _out_norm(layer, mode, eps, out_sq, stacklevel=4)
+    inv_sq = _inverse(out_norm, zero_rows) ** 2  # [batch, head, query]
+    c = causal_matmul(u.transpose(1, 2) * inv_sq[..., None], layer.v.permute(0, 2, 3, 1), layer)
+    for queries, k_end in layer.query_blocks():
+        c[..., queries, :k_end].mul_(layer.pattern[..., queries, :k_end])
+    return c
 
 
 @dataclass
@@ -322,14 +330,9 @@ def contribution_weights_from_layer(
 
         outs = fill_query_chunks(layer, chunk, part, 2 if both else 1)
         return ContributionPair(*outs) if both else outs[0]
-    if both:
-        return ContributionPair(*(_contribution(layer, g) for g in _geometry_both(layer, eps)))
-    return _contribution(layer, _geometry(layer, mode, eps))
-
-
-def _contribution(layer: AttentionLayer, g: _Geometry) -> Tensor:
-    """c = α · ⟨o_i, ṽ_j⟩ / ‖o_i‖², in place on the inner products."""
-    return g.dot.mul_(layer.pattern).mul_((g.inv_out_norm**2)[..., None])
+    if both:  # one pass: the layer's z, the cached Gram matrices and the read of v are shared
+        return ContributionPair(*(_contribution_of(layer, m, eps, *_projection(layer, m)) for m in ("intra", "inter")))
+    return _contribution_of(layer, mode, eps, *_projection(layer, mode))
 
 
 def _layers(model, layer: int | None) -> list[int]:

@@ -236,6 +236,7 @@ def value_zeroing(
     *,
     chunk_size: int | None = None,
     final_norm: bool = False,
+    normalize: bool = False,
 ) -> Float[Tensor, "layer batch query key"]:
     """Value Zeroing scores VZ_ij^{(l)} = 1 − cos(x̃_i^{(l)}, x̃_i^{(l), ¬j}) (Mohebbi et al. 2023).
 
@@ -298,7 +299,7 @@ def value_zeroing(
                 if err > 1e-3:
                     raise RuntimeError(
                         f"value_zeroing: layer {l}: the block rebuilt from its attention output differs from "
-                        f"hook_resid_post by {err:.2g} (relative); this block structure is not supported"
+                        f"the cached block output by {err:.2g} (relative); this block structure is not supported"
                     )
                 last = final_norm and l == n_layers - 1
                 reference = adapter.final_norm(clean[None])[0] if last else clean
@@ -312,6 +313,8 @@ def value_zeroing(
                         out = adapter.final_norm(out[None])[0]
                     cos = torch.nn.functional.cosine_similarity(out.float(), reference[q_idx].float(), dim=-1)
                     scores[n, b, q_idx.cpu(), sources[s_idx].cpu()] = (1.0 - cos).cpu()
+    if normalize:
+        scores = scores / scores.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
     return scores
 
 

@@ -41,9 +41,11 @@ from geolens.adapter import AttentionLayer
 CONTRIBUTION_TEMPORARIES = 3
 METRIC_TEMPORARIES = 6
 
-# id(W_O) -> (weak reference to W_O, its state when G was computed, G). An entry leaves when its
+# id(W_O) -> (weak reference to W_O, its state when G was computed, G); _CROSS_GRAMS likewise for
+# the cross-head Gram. An entry leaves when its
 # W_O is freed, so an id is never matched against another tensor.
 _GRAMS: dict[int, tuple[weakref.ref, tuple, Tensor]] = {}
+_CROSS_GRAMS: dict[int, tuple[weakref.ref, tuple, Tensor]] = {}
 
 
 def _state(W_O: Tensor) -> tuple | None:
@@ -63,14 +65,17 @@ def _state(W_O: Tensor) -> tuple | None:
     return (W_O.data_ptr(), W_O.storage_offset(), tuple(W_O.shape), W_O.stride(), W_O.dtype, W_O.device, version)
 
 
-def _forget(ref: weakref.ref, key: int) -> None:
-    entry = _GRAMS.get(key)
+def _forget(ref: weakref.ref, key: int, table: dict) -> None:
+    entry = table.get(key)
     if entry is not None and entry[0] is ref:
-        del _GRAMS[key]
+        del table[key]
 
 
-def gram(W_O: Float[Tensor, "head d_head d_model"]) -> Float[Tensor, "head d_head d_head"]:
-    """G^h = W_O^h W_O^{hT} per head (docs/method.md §2, efficient form): the only place it is computed.
+def gram(W_O: Float[Tensor, "head d_head d_model"], *, cross_heads: bool = False) -> Tensor:
+    """G^h = W_O^h W_O^{hT} per head ``[head, d_head, d_head]`` (docs/method.md §2, efficient form):
+    the only place it is computed. ``cross_heads=True`` gives every pair of heads at once,
+    G^{h'h} = W_O^{h'} W_O^{hT} as one ``[head·d_head, head·d_head]`` matrix, whose diagonal blocks
+    are the per-head G^h: with it, o_i W_O^{hT} = Σ_{h'} z_i^{h'} G^{h'h} without building o_i.
 
     The result is cached on the identity of the ``W_O`` tensor and recomputed when that tensor
     changes (in-place edits move its version counter; a new tensor is a new key), so every quantity
@@ -84,14 +89,44 @@ def gram(W_O: Float[Tensor, "head d_head d_model"]) -> Float[Tensor, "head d_hea
     ((4, 8, 8), True, True)
     """
     state = _state(W_O)
+    key, table = id(W_O), (_CROSS_GRAMS if cross_heads else _GRAMS)
     if state is not None:
-        entry = _GRAMS.get(id(W_O))
+        entry = table.get(key)
         if entry is not None and entry[0]() is W_O and entry[1] == state:
             return entry[2]
-    G = torch.einsum("hdm,hem->hde", W_O, W_O)
+    if cross_heads:
+        flat = W_O.reshape(-1, W_O.shape[-1])
+        G = flat @ flat.T
+    else:
+        G = torch.einsum("hdm,hem->hde", W_O, W_O)
     if state is not None:
-        _GRAMS[id(W_O)] = (weakref.ref(W_O, lambda ref, key=id(W_O): _forget(ref, key)), state, G)
+        table[key] = (weakref.ref(W_O, lambda ref, key=key, table=table: _forget(ref, key, table)), state, G)
     return G
+
+
+def causal_matmul(a: Float[Tensor, "*batch query d"], b: Float[Tensor, "*batch d key"], layer: AttentionLayer) -> Float[Tensor, "*batch query key"]:
+    """``a @ b`` for the keys each query of ``layer`` can see (:meth:`~geolens.adapter.AttentionLayer.query_blocks`), 0 for the
+    keys after a query's block; exact wherever the result is later multiplied by α (α = 0 there).
+
+    >>> import torch
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> import geolens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> layer = geolens.get_attention_layer(model, cache, 0)
+    >>> a, b = torch.randn(2, 4, 20, 8), torch.randn(2, 4, 8, 20)
+    >>> torch.allclose(causal_matmul(a, b, layer).tril(), (a @ b).tril(), atol=1e-5)
+    True
+    """
+    blocks = layer.query_blocks()
+    n_k = b.shape[-1]
+    if len(blocks) == 1 and blocks[0][1] == n_k:
+        return a @ b
+    out = a.new_empty(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_k)
+    for queries, k_end in blocks:
+        torch.matmul(a[..., queries, :], b[..., :k_end], out=out[..., queries, :k_end])
+        out[..., queries, k_end:].zero_()
+    return out
 
 
 def gram_norm(

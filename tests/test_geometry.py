@@ -280,3 +280,66 @@ def test_docstring_examples():
     for test in finder.find(contributions.layer_metrics, "layer_metrics", globs=vars(contributions)):
         runner.run(test)
     assert runner.failures == 0 and runner.tries > 0
+
+
+def test_cross_head_gram_against_loops_and_its_diagonal_blocks():
+    W_O = torch.randn(3, 4, 6, dtype=torch.float64)
+    G = gram(W_O, cross_heads=True)
+    assert G.shape == (12, 12) and gram(W_O, cross_heads=True) is G
+    for h in range(3):
+        for g in range(3):
+            want = torch.zeros(4, 4, dtype=torch.float64)
+            for d in range(4):
+                for e in range(4):
+                    want[d, e] = sum(W_O[h, d, m] * W_O[g, e, m] for m in range(6))
+            torch.testing.assert_close(G[4 * h : 4 * h + 4, 4 * g : 4 * g + 4], want)
+        torch.testing.assert_close(G[4 * h : 4 * h + 4, 4 * h : 4 * h + 4], gram(W_O)[h])
+    W_O.mul_(2)  # an in-place edit invalidates the cached entry
+    torch.testing.assert_close(gram(W_O, cross_heads=True), 4 * G)
+
+
+def test_causal_blocks_skip_only_invisible_keys(tiny):
+    from geolens.testing import tiny_tokens
+
+    model = tiny[0]
+    tokens = tiny_tokens(model, length=24)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+    layer = geolens.get_attention_layer(model, cache, 0)
+    assert layer.causal
+    n = tokens.shape[1]
+    blocks = layer.query_blocks()
+    assert len(blocks) == 4 and blocks[-1][1] == n
+    for queries, k_end in blocks:  # every key a query of the block can see is inside the block's range
+        assert k_end == min(n, queries.stop) and bool((layer.pattern[:, :, queries, k_end:] == 0).all())
+    full = torch.einsum("bhqk,bkhd->bqhd", layer.pattern, layer.v)
+    torch.testing.assert_close(layer.z, full, atol=1e-6, rtol=1e-5)
+    chunk = layer.query_slice(slice(7, 19))  # a query chunk keeps its absolute positions
+    assert chunk.query_start == 7 and chunk.query_blocks() == [(slice(0, 12), 19)]
+    by_hand = geolens.AttentionLayer(0, layer.pattern, layer.v, layer.W_O, layer.b_O, layer.n_kv_heads, layer.model_mode)
+    assert not by_hand.causal and by_hand.query_blocks() == [(slice(0, n), n)]  # unknown: no skipping
+    for mode in ("intra", "inter"):
+        torch.testing.assert_close(
+            contribution_weights_from_layer(layer, mode), contribution_weights_from_layer(by_hand, mode), atol=1e-6, rtol=1e-5
+        )
+
+
+def test_contributions_follow_an_in_place_weight_edit(tiny_gqa):
+    """W_O (and its Gram matrices) are cached across calls while the weight is unchanged; an
+    in-place edit of one head must show up in the next call, equal to the naive reference."""
+    model, tokens, cache = tiny_gqa
+    before = geolens.contribution_weights(model, cache, layer=0, mode="inter")
+    geolens.contribution_weights(model, cache, layer=0, mode="inter")  # served from the caches
+    W = model.blocks[0].attn.W_O
+    saved = W.detach().clone()
+    try:
+        with torch.no_grad():
+            W[1].mul_(3.0)
+        after = geolens.contribution_weights(model, cache, layer=0, mode="inter")
+        want = reference.contributions(model, cache, 0, "inter")
+    finally:
+        with torch.no_grad():
+            W.copy_(saved)
+    assert not torch.allclose(after, before, atol=1e-4)
+    torch.testing.assert_close(after.double(), want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(geolens.contribution_weights(model, cache, layer=0, mode="inter"), before)

@@ -83,6 +83,8 @@ def run(args) -> int:
 
 
 def _run_one(args, model_name: str, out: Path, sections) -> int:
+    import torch
+
     from geolens.commands._options import check_index, corpus_windows
     from geolens.models import load_model
     from geolens.report import ReportConfig, build_report, write_report
@@ -106,9 +108,13 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
         model = load_model(model_name, compatibility_mode=args.compat)
     if config.example_layer is not None:
         config.example_layer = check_index(config.example_layer, model.cfg.n_layers, "layers", "--example-layer")
+    loaded = time.perf_counter() - start
     tokens = corpus_windows(model, config.corpus, config.seq_len, config.n_sequences + config.n_heldout)
     report = build_report(model, tokens, config, progress=not args.no_progress)
     paths = write_report(report, out)
+    print(f"\nwall time per part ({'quick' if args.quick else 'full'} run, {torch.get_num_threads()} torch threads):")
+    print(f"{'model load':<40} {loaded:7.1f} s")
+    print(f"{'corpus pass (shared by the sections)':<40} {report.params['corpus_pass_seconds']:7.1f} s")
     for s in report.sections:
         print(f"{s.title:<40} {s.seconds:7.1f} s")
     print("\npaper claim → measured")
