@@ -130,7 +130,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, extra=memory_in_subprocess(seq_len), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
 def memory_child(seq_len: int) -> None:
@@ -141,13 +141,22 @@ def memory_child(seq_len: int) -> None:
     tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+        # The Gram matrices are cached per model (like the weights, independent of the text); fill
+        # that cache on a short prefix first, so the peak below is what one text costs.
+        from geolens.geometry import _CROSS_GRAMS, _GRAMS
+
+        _, short = model.run_with_cache(tokens[:, :8], names_filter=geolens.names_filter(model))
+        for l in range(model.cfg.n_layers):
+            contribution_weights_from_layer(get_attention_layer(model, short, l), "both")
+        gram_bytes = sum(e[2].numel() * e[2].element_size() for t in (_GRAMS, _CROSS_GRAMS) for e in t.values())
+        del short
         with PeakRSS() as mem:
             total = 0.0
             for l in range(model.cfg.n_layers):
                 view = get_attention_layer(model, cache, l)
                 total += sum(float(c.sum()) for c in contribution_weights_from_layer(view, "both"))
                 del view
-    print(mem.extra)
+    print(mem.extra, gram_bytes)
 
 
 # --- scaling with length: geolens inside the forward pass ------------------------------------
@@ -236,14 +245,15 @@ def scaling(lengths, repeats: int) -> None:
         print(f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}")
 
 
-def memory_in_subprocess(seq_len: int) -> int:
+def memory_in_subprocess(seq_len: int) -> tuple[int, int]:
     import subprocess
     import sys
 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
     out = subprocess.run([sys.executable, __file__, "--memory-child", str(seq_len)], env=env, check=True,
                          capture_output=True, text=True).stdout  # fmt: skip
-    return int(out.strip().splitlines()[-1])
+    extra, grams = out.strip().splitlines()[-1].split()
+    return int(extra), int(grams)
 
 
 def main() -> None:
@@ -266,18 +276,20 @@ def main() -> None:
           "(b) = intra + inter contribution weights of all 30 layers in one pass (mode='both'), "
           "(b2) = the same as two single-mode passes")  # fmt: skip
     print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
-          f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17}")  # fmt: skip
+          f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
     for n in args.lengths:
         r = bench(model, n, args.naive_layers, args.repeats)
         mib = 2**20
         print(
             f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['b2']:>16.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} "
             f"{r['b2'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
-            f"{r['b1'] / r['a']:>10.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f}"
+            f"{r['b1'] / r['a']:>10.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f} {r['gram_bytes'] / mib:>15.1f}"
         )
     print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
           "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
-          "keeping every layer's two results costs on top.")  # fmt: skip
+          "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
+          "(per head and cross-head, all layers; filled on a short prefix before the peak is measured, since it does "
+          "not depend on the text).")  # fmt: skip
     if args.scaling:
         scaling(args.scaling, args.repeats)
 
