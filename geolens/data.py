@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from geolens.validation import check_context
+
 OFFLINE_CORPORA = {
     "lee": "lee_background.cor",
     "enwiki": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
@@ -166,6 +168,7 @@ def token_windows(
     """
     if seq_len < 2:
         raise ValueError("seq_len must be at least 2 (BOS and one token)")
+    check_context(model, seq_len, name=f"seq_len {seq_len}: a window")
     tok = model.tokenizer
     bos = bos_token_id(model) if bos_id is None else bos_id
     body = seq_len - 1

@@ -100,7 +100,7 @@ def gram(W_O: Float[Tensor, "head d_head d_model"], *, cross_heads: bool = False
     else:
         G = torch.einsum("hdm,hem->hde", W_O, W_O)
     if state is not None:
-        table[key] = (weakref.ref(W_O, lambda ref, key=key, table=table: _forget(ref, key, table)), state, G)
+        table[key] = (weakref.ref(W_O, lambda ref, key=key, table=table, forget=_forget: forget(ref, key, table)), state, G)
     return G
 
 

@@ -25,7 +25,7 @@ from geolens import checkpoint as ckpt_io
 from geolens.adapter import hook_layer
 from geolens.data import as_token_tensor
 from geolens.streaming import CorpusAnalysis
-from geolens.validation import check_attention_mask, refuse_unmasked_padding
+from geolens.validation import check_attention_mask, check_context, refuse_unmasked_padding
 
 
 def n_batches(n_sequences: int, batch_size: int) -> int:
@@ -165,6 +165,7 @@ def run_corpus(
     16
     """
     _check_inputs(tokens, analyses, batch_size, checkpoint_every)
+    check_context(model, int(tokens.shape[-1]), name="a token window")
     if attention_mask is not None:
         attention_mask = check_attention_mask(as_token_tensor(attention_mask), *map(int, tokens.shape))
     total = n_batches(int(tokens.shape[0]), batch_size)

@@ -47,6 +47,26 @@ def check_layer(layer, n_layers: int, *, name: str = "layer", allow_negative: bo
     return index % n_layers
 
 
+def check_context(model, n_positions: int, *, name: str = "sequence") -> int:
+    """``n_positions``, or ValueError when it exceeds the model's context (``cfg.n_ctx``).
+
+    Beyond its context a rotary model still runs, silently extrapolating positions it was never
+    trained on (and a learned-position model fails); geolens refuses such sequences where it runs
+    the model itself (:func:`geolens.run_corpus`, :func:`geolens.data.token_windows`, the CLI).
+    Contribution weights computed from a cache the caller made are exact for that forward
+    whatever its length.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> check_context(tiny_bridge("gqa"), 128)
+    128
+    """
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    n = int(n_positions)
+    if n_ctx is not None and n > int(n_ctx):
+        raise ValueError(f"{name} of {n} tokens is longer than the model's context (n_ctx = {int(n_ctx)})")
+    return n
+
+
 def check_eps(eps, *, name: str = "eps") -> float:
     """A finite, non-negative float (a zero-norm threshold).
 
