@@ -216,6 +216,6 @@ register_metric("contribution", label="contribution weights c", colour="#d62728"
 register_metric("contribution_abs", label="|contribution weights| |c|", colour="#ff7f0e", marker="P", linestyle=":",
                 fn=lambda x: x.contribution, absolute=True, description="|c_ij| (source ranking: |Σ_h c_ij^h|)")  # fmt: skip
 register_metric("value_zeroing", label="Value Zeroing", colour="#9467bd", marker="v", linestyle=":", fn=_value_zeroing,
-                per_layer=False, default=False, description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one forward per source")  # fmt: skip
+                per_layer=False, default=False, description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row")  # fmt: skip
 register_metric("random", label="random", colour="#000000", marker="x", linestyle=(0, (6, 2)), fn=_random,
                 per_layer=False, description="uniform scores: the floor")  # fmt: skip
