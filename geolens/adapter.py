@@ -283,8 +283,10 @@ class ModelAdapter:
     def compute_output_weights(self, layer: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """:meth:`output_weights` detached and cast for computation. W_O comes back as the *same*
         tensor object while the weight is unchanged, so quantities cached on it (the Gram
-        matrices of :func:`geolens.geometry.gram`) are reused across calls; any in-place edit,
-        ``.data`` reassignment or new parameter gives a new tensor."""
+        matrices of :func:`geolens.geometry.gram`) are reused across calls. "Unchanged" means the
+        same parameter object, storage, layout and version counter *and* the same content
+        fingerprint (its sum and its product with a fixed random probe, one cheap pass): writes
+        through ``.data`` do not move the version counter, the fingerprint catches them."""
         W_O, b_O = self.output_weights(layer)
         b_O = b_O.detach().to(device=device, dtype=dtype)
         root = W_O
@@ -294,6 +296,9 @@ class ModelAdapter:
             state = (W_O.data_ptr(), W_O.storage_offset(), tuple(W_O.shape), W_O.stride(), W_O.dtype, W_O._version)
         except RuntimeError:  # an inference tensor keeps no version counter: never cached
             return W_O.detach().to(device=device, dtype=dtype), b_O
+        flat = W_O.detach().reshape(-1)
+        probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat)
+        state += (float(flat.sum()), float(flat @ probe))
         key = (layer, dtype, str(device))
         hit = self._compute_W_O.get(key)
         if hit is not None and hit[0]() is root and hit[1] == state:
@@ -640,7 +645,9 @@ class AttentionLayer:
         return out.transpose(1, 2)
 
     def query_slice(self, queries: slice) -> "AttentionLayer":
-        """The same layer restricted to a range of query positions (for chunked computation)."""
+        """The same layer restricted to a contiguous range of query positions (for chunked computation)."""
+        if queries.step not in (None, 1):
+            raise ValueError(f"query_slice takes a contiguous range of queries, got step {queries.step}")
         return AttentionLayer(
             self.layer,
             self.pattern[:, :, queries],
@@ -732,7 +739,7 @@ def get_attention_layer(
             )
         pattern = pattern * (mask[:, None, :, None] & mask[:, None, None, :])
         v = v * mask[:, :, None, None]
-    return AttentionLayer(
+    view = AttentionLayer(
         layer=layer,
         pattern=pattern,
         v=v,
@@ -744,6 +751,10 @@ def get_attention_layer(
         key_mask=key_mask,
         causal=adapter.is_causal and n_q == n_k,
     )
+    # the config says causal; the pattern must agree, else every key is read (a bidirectional model)
+    if view.causal and any(bool(view.pattern[..., queries, k_end:].any()) for queries, k_end in view.query_blocks()):
+        view.causal = False
+    return view
 
 
 def sliding_window(model: TLModel, layer: int) -> int | None:

@@ -222,3 +222,22 @@ def test_paired_auc_difference_by_hand():
     suff = out[(out.direction == "sufficiency") & (out.quantity == "delta_logprob")].iloc[0]
     assert suff.auc_diff == pytest.approx(-0.2)
     assert row.verdict == "no range"  # no random ranking ran: no range check, no verdict
+
+
+@pytest.mark.parametrize("kind", ["gqa", "gemma"])
+def test_value_zeroing_runs_in_bfloat16(kind):
+    """The rebuilt-block guard allows the model's own rounding: a bf16 model is scored, not refused,
+    and its scores follow the float32 ones."""
+    from conftest import HAS_BRIDGE, make_tiny
+
+    if kind == "gemma" and not HAS_BRIDGE:
+        pytest.skip("the tiny Gemma model needs TransformerBridge")
+    model = make_tiny(kind)
+    tokens = torch.randint(4, 40, (1, 10))
+    tokens[:, 0] = 0
+    want = value_zeroing(model, tokens, [0])
+    model.to(torch.bfloat16)
+    got = value_zeroing(model, tokens, [0])
+    assert (got.triu(1) == 0).all()
+    assert torch.allclose(got, want, atol=0.05), (got - want).abs().max()
+    assert got.max() > 0

@@ -343,3 +343,44 @@ def test_contributions_follow_an_in_place_weight_edit(tiny_gqa):
     assert not torch.allclose(after, before, atol=1e-4)
     torch.testing.assert_close(after.double(), want, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(geolens.contribution_weights(model, cache, layer=0, mode="inter"), before)
+
+
+def test_contributions_follow_a_write_through_data(tiny_gqa):
+    """Writes through ``.data`` do not move the version counter; the cached W_O must still notice."""
+    model, _, cache = tiny_gqa
+    before = geolens.contribution_weights(model, cache, layer=0, mode="inter")
+    W = model.blocks[0].attn.W_O
+    root = W
+    while root._base is not None:
+        root = root._base
+    saved = root.detach().clone()
+    try:
+        root.data[..., :4] *= 5
+        after = geolens.contribution_weights(model, cache, layer=0, mode="inter")
+        want = reference.contributions(model, cache, 0, "inter")
+    finally:
+        root.data.copy_(saved)
+    assert not torch.allclose(after, before, atol=1e-4)
+    torch.testing.assert_close(after.double(), want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(geolens.contribution_weights(model, cache, layer=0, mode="inter"), before)
+
+
+def test_a_pattern_that_looks_ahead_is_never_treated_as_causal(tiny_gqa):
+    """The config says causal; a pattern with weight after the query (a bidirectional model) must
+    switch the key skipping off, so that no term is lost."""
+    model, _, _ = tiny_gqa
+    from geolens.testing import tiny_tokens
+
+    tokens = tiny_tokens(model, length=24)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+    name = geolens.adapter_for(model).pattern_hook(0)
+    entries = {k: cache[k] for k in cache.keys()}
+    entries[name] = torch.full_like(cache[name], 1.0 / 24)  # every query attends to every key
+    layer = geolens.get_attention_layer(model, entries, 0)
+    assert not layer.causal and layer.query_blocks() == [(slice(0, 24), 24)]
+    c = contribution_weights_from_layer(layer, "intra")
+    assert bool((c.triu(1) != 0).any())  # terms after the query are kept
+    torch.testing.assert_close(c.sum(-1), torch.ones_like(c.sum(-1)), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="contiguous"):
+        layer.query_slice(slice(0, None, 2))
