@@ -160,6 +160,7 @@ class ModelAdapter:
         except TypeError:  # a stand-in that cannot be weakly referenced (not cached either)
             self._ref = lambda: model
         self._compute_W_O: dict[tuple, tuple] = {}
+        self._probes: dict[tuple, Tensor] = {}
 
     @classmethod
     def matches(cls, model) -> bool:
@@ -297,7 +298,10 @@ class ModelAdapter:
         except RuntimeError:  # an inference tensor keeps no version counter: never cached
             return W_O.detach().to(device=device, dtype=dtype), b_O
         flat = W_O.detach().reshape(-1)
-        probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat)
+        probe = self._probes.get((flat.numel(), flat.dtype, flat.device))
+        if probe is None:
+            probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat)
+            self._probes[(flat.numel(), flat.dtype, flat.device)] = probe
         state += (float(flat.sum()), float(flat @ probe))
         key = (layer, dtype, str(device))
         hit = self._compute_W_O.get(key)
