@@ -36,7 +36,6 @@ from geolens.adapter import AttentionLayer, get_attention_layer, model_mode
 from geolens.geometry import (  # noqa: F401  (head_outputs, iter_query_chunks, query_chunk_for_budget: re-exported)
     CONTRIBUTION_TEMPORARIES,
     METRIC_TEMPORARIES,
-    causal_matmul,
     fill_query_chunks,
     gram,
     head_outputs,
@@ -88,34 +87,38 @@ def _inverse(x: Tensor, zero: Tensor) -> Tensor:
     return torch.where(zero, torch.zeros_like(x), 1.0 / torch.where(zero, torch.ones_like(x), x))
 
 
-def _projection(layer: AttentionLayer, mode: Mode) -> tuple[Tensor, Tensor]:
-    """(u [batch, query, head, d_head], ‖o_i‖² [batch, head, query]) with ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩."""
+def _projection(z: Float[Tensor, "batch query head d_head"], W_O: Tensor, mode: Mode) -> tuple[Tensor, Tensor]:
+    """(u [batch, query, head, d_head], ‖o_i‖² [batch, head, query]) with ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩,
+    for any rows z of a layer (each query row is its own computation)."""
     if mode == "intra":
-        # u_i^h = o_i^h W_O^{hT} = z_i^h G^h
-        u = torch.einsum("bqhd,hde->bqhe", layer.z, gram(layer.W_O))
-        return u, torch.einsum("bqhd,bqhd->bhq", u, layer.z)
+        # u_i^h = o_i^h W_O^{hT} = z_i^h G^h, as one batched product over heads
+        by_head = z.transpose(1, 2)  # [batch, head, query, d_head]
+        u = by_head @ gram(W_O)
+        return u.transpose(1, 2), (u * by_head).sum(-1)
     # u_i^h = o_i W_O^{hT} = Σ_h' z_i^h' G^{h'h}: one product with the cross-head Gram, o_i never built
-    z = layer.z.reshape(*layer.z.shape[:2], -1)
-    u = z @ gram(layer.W_O, cross_heads=True)
-    out_sq = (u * z).sum(-1)  # z G z^T = ‖o_i‖²
-    return u.reshape(layer.z.shape), out_sq[:, None, :].expand(-1, layer.n_heads, -1)
+    flat = z.reshape(*z.shape[:2], -1)
+    u = flat @ gram(W_O, cross_heads=True)
+    out_sq = (u * flat).sum(-1)  # z G z^T = ‖o_i‖²
+    return u.reshape(z.shape), out_sq[:, None, :].expand(-1, z.shape[2], -1)
 
 
 def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
     _check_mode(mode)
-    u, out_sq = _projection(layer, mode)
+    u, out_sq = _projection(layer.z, layer.W_O, mode)
     dot = torch.einsum("bqhd,bkhd->bhqk", u, layer.v)
     return _finish_geometry(layer, mode, eps, dot, projected_value_norms(layer), out_sq)
 
 
-def _out_norm(layer: AttentionLayer, mode: Mode, eps: float, out_sq: Tensor, stacklevel: int) -> tuple[Tensor, Tensor]:
-    """(‖o_i‖, zero rows) from ‖o_i‖², warning once about real (unpadded) outputs of norm ≤ eps."""
-    out_norm = out_sq.clamp_min(0).sqrt()
+def _zero_rows(layer: AttentionLayer, out_norm: Tensor, eps: float, queries: slice = slice(None)) -> tuple[Tensor, int]:
+    """(rows with ‖o_i‖ ≤ eps, how many of them are real) for ``[batch, head, query]`` norms of the
+    given queries; padded queries (α = 0 by construction) are zero rows by design and not counted."""
     zero_rows = out_norm <= eps
-    # padded queries (α = 0 by construction) are zero rows by design, not worth a warning
-    real_zero = zero_rows if layer.query_mask is None else zero_rows & layer.query_mask[:, None, :]
-    if bool(real_zero.any()):
-        n = int(real_zero.sum()) if mode == "intra" else int(real_zero[:, 0].sum())
+    real = zero_rows if layer.query_mask is None else zero_rows & layer.query_mask[:, None, queries]
+    return zero_rows, int(real.sum()) if bool(real.any()) else 0
+
+
+def _warn_zero_rows(layer: AttentionLayer, mode: Mode, eps: float, n: int, stacklevel: int) -> None:
+    if n:
         what = "(batch, head, query) head outputs" if mode == "intra" else "(batch, query) layer outputs"
         warnings.warn(
             f"layer {layer.layer}: {n} {what} have zero norm (≤ {eps:g}); their contribution "
@@ -123,6 +126,13 @@ def _out_norm(layer: AttentionLayer, mode: Mode, eps: float, out_sq: Tensor, sta
             ZeroNormOutputWarning,
             stacklevel=stacklevel + 1,
         )
+
+
+def _out_norm(layer: AttentionLayer, mode: Mode, eps: float, out_sq: Tensor, stacklevel: int) -> tuple[Tensor, Tensor]:
+    """(‖o_i‖, zero rows) from ‖o_i‖², warning once about real (unpadded) outputs of norm ≤ eps."""
+    out_norm = out_sq.clamp_min(0).sqrt()
+    zero_rows, n = _zero_rows(layer, out_norm, eps)
+    _warn_zero_rows(layer, mode, eps, n if mode == "intra" else n // layer.n_heads, stacklevel + 1)
     return out_norm, zero_rows
 
 
@@ -136,16 +146,75 @@ def _finish_geometry(layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor,
     )
 
 
-def _contribution_of(layer: AttentionLayer, mode: Mode, eps: float, u: Tensor, out_sq: Tensor) -> Tensor:
-    """c_ij = α_ij ⟨u_i / ‖o_i‖², v_j⟩: the 1/‖o_i‖² scale goes on u (``[batch, query, head,
-    d_head]``) before the product, the keys after each causal query block are skipped
-    (:func:`~geolens.geometry.causal_matmul`, α = 0 there) and α multiplies the rest in place."""
-    out_norm, zero_rows = _out_norm(layer, mode, eps, out_sq, stacklevel=4)
-    inv_sq = _inverse(out_norm, zero_rows) ** 2  # [batch, head, query]
-    c = causal_matmul(u.transpose(1, 2) * inv_sq[..., None], layer.v.permute(0, 2, 3, 1), layer)
-    for queries, k_end in layer.query_blocks():
-        c[..., queries, :k_end].mul_(layer.pattern[..., queries, :k_end])
-    return c
+def _contributions(
+    layer: AttentionLayer, modes: tuple[Mode, ...], eps: float, out: Tensor | None = None
+) -> Float[Tensor, "mode batch head query key"]:
+    """c_ij = α_ij ⟨u_i / ‖o_i‖², v_j⟩ for each mode in one pass over α.
+
+    z comes from the forward when the cache has it (:attr:`~geolens.adapter.AttentionLayer.z_hint`),
+    used at once and checked during the pass: ``z_probes @ α^T`` is filled block by block while
+    each block of α is in cache and compared with z r (:meth:`~geolens.adapter.AttentionLayer.z_matches`,
+    Freivalds' check); if it fails, the layer is redone with z = α v, overwriting the output.
+    Without a usable ``hook_z``, z is α v (:attr:`~geolens.adapter.AttentionLayer.z`).
+
+    Each mode's u (:func:`_projection`, one large product per mode) is scaled by 1/‖o_i‖² before
+    the big product; then one batched product per query block
+    (:meth:`~geolens.adapter.AttentionLayer.query_blocks`) covers every mode (the mode axis rides
+    along the query rows), reads only the keys the block can see and is multiplied by α while it
+    is still in cache, straight into the output (``out`` when given, e.g. a slice of an
+    all-layer result). Keys after a causal block are 0 (α = 0 there). The only big temporary is
+    one block's product.
+    """
+    hinted = "z" not in layer.__dict__ and layer.z_hint is not None and layer.z_fits(layer.z_hint)
+    if hinted:
+        out, n_zero, probed = _contribution_pass(layer, modes, eps, out, layer.z_hint, check=True)
+        if layer.z_matches(layer.z_hint, probed):
+            layer.__dict__["z"] = layer.z_hint  # checked: later reads of layer.z skip the check
+        else:
+            layer.z_hint = None
+            hinted = False
+    if not hinted:
+        out, n_zero, _ = _contribution_pass(layer, modes, eps, out, layer.z, check=False)
+    for mode, n in zip(modes, n_zero):
+        _warn_zero_rows(layer, mode, eps, n if mode == "intra" else n // layer.n_heads, stacklevel=3)
+    return out
+
+
+def _contribution_pass(
+    layer: AttentionLayer, modes: tuple[Mode, ...], eps: float, out: Tensor | None, z: Tensor, check: bool
+) -> tuple[Tensor, list[int], Tensor | None]:
+    """The pass of :func:`_contributions` with a given z: (output, real zero-norm rows per mode,
+    ``z_probes @ α^T`` when ``check``)."""
+    pattern = layer.pattern
+    b, h, n_q, n_k = pattern.shape
+    d, n_m = layer.v.shape[-1], len(modes)
+    u = pattern.new_empty(b, h, n_q, n_m, d)
+    n_zero = []
+    for m, mode in enumerate(modes):
+        u_m, out_sq = _projection(z, layer.W_O, mode)
+        out_norm = out_sq.clamp_min(0).sqrt()
+        zero_rows, n = _zero_rows(layer, out_norm, eps)
+        n_zero.append(n)
+        torch.mul(u_m.transpose(1, 2), (_inverse(out_norm, zero_rows) ** 2)[..., None], out=u[:, :, :, m])
+    blocks = layer.query_blocks()
+    rows = max(q.stop - q.start for q, _ in blocks)
+    vk = layer.v.transpose(1, 2).contiguous().view(b * h, n_k, d)  # [batch·head, key, d_head]
+    out = pattern.new_empty(n_m, b, h, n_q, n_k) if out is None else out
+    buffer = pattern.new_empty(b * h * rows * n_m * max(k for _, k in blocks))
+    probed = pattern.new_empty(b, h, 2, n_q) if check else None
+    for queries, k_end in blocks:
+        n = queries.stop - queries.start
+        block = buffer[: b * h * n * n_m * k_end].view(b * h, n * n_m, k_end)
+        torch.bmm(u[:, :, queries].reshape(b * h, n * n_m, d), vk[:, :k_end].transpose(1, 2), out=block)
+        block = block.view(b, h, n, n_m, k_end)
+        alpha = pattern[:, :, queries, :k_end]
+        for m in range(n_m):
+            torch.mul(block[:, :, :, m], alpha, out=out[m, :, :, queries, :k_end])
+        if k_end < n_k:
+            out[:, :, :, queries, k_end:].zero_()
+        if check:
+            probed[:, :, :, queries] = layer.z_probes[..., :k_end] @ alpha.transpose(-1, -2)
+    return out, n_zero, probed
 
 
 @dataclass
@@ -303,6 +372,32 @@ def influence_factors(
     return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
 
 
+def _layer_contributions(
+    layer: AttentionLayer,
+    modes: tuple[Mode, ...],
+    eps: float,
+    query_chunk_size: int | None,
+    memory_budget_bytes: int | None,
+    out: Tensor | None = None,
+) -> Float[Tensor, "mode batch head query key"]:
+    """:func:`_contributions` of every mode, over query chunks when asked, written into ``out``."""
+    chunk = split_query_chunk(
+        layer, query_chunk_size, memory_budget_bytes, n_temporaries=CONTRIBUTION_TEMPORARIES * len(modes)
+    )
+    if chunk is None:
+        return _contributions(layer, modes, eps, out)
+    if out is None:
+        out = layer.pattern.new_empty(len(modes), *layer.pattern.shape)
+    for queries, sub in iter_query_chunks(layer, query_chunk_size=chunk):
+        _contributions(sub, modes, eps, out[:, :, :, queries])
+    return out
+
+
+def _modes(mode: ContributionMode) -> tuple[Mode, ...]:
+    _check_mode(mode, allow_both=True)
+    return ("intra", "inter") if mode == "both" else (mode,)
+
+
 def contribution_weights_from_layer(
     layer: AttentionLayer,
     mode: ContributionMode = "intra",
@@ -313,26 +408,15 @@ def contribution_weights_from_layer(
 ) -> Float[Tensor, "batch head query key"] | ContributionPair:
     """c_ij for one :class:`AttentionLayer` (docs/method.md §2, efficient form), optionally query-chunked.
 
-    Chunks are written into preallocated outputs, so the extra memory beyond the output is
-    one chunk's temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`;
+    Chunks are written straight into the output, so the extra memory beyond it is one chunk's
+    temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`;
     ``mode="both"`` counts twice the temporaries of one mode). ``mode="both"`` returns a
-    :class:`ContributionPair` computed in one pass.
+    :class:`ContributionPair` computed in one pass (its two tensors are views of one
+    ``[2, batch, head, query, key]`` allocation).
     """
-    _check_mode(mode, allow_both=True)
-    both = mode == "both"
-    chunk = split_query_chunk(
-        layer, query_chunk_size, memory_budget_bytes, n_temporaries=CONTRIBUTION_TEMPORARIES * (2 if both else 1)
-    )
-    if chunk is not None:
-        def part(sub: AttentionLayer) -> tuple[Tensor, ...]:
-            c = contribution_weights_from_layer(sub, mode, eps=eps)
-            return c if both else (c,)
-
-        outs = fill_query_chunks(layer, chunk, part, 2 if both else 1)
-        return ContributionPair(*outs) if both else outs[0]
-    if both:  # one pass: the layer's z, the cached Gram matrices and the read of v are shared
-        return ContributionPair(*(_contribution_of(layer, m, eps, *_projection(layer, m)) for m in ("intra", "inter")))
-    return _contribution_of(layer, mode, eps, *_projection(layer, mode))
+    modes = _modes(mode)
+    out = _layer_contributions(layer, modes, check_eps(eps), query_chunk_size, memory_budget_bytes)
+    return ContributionPair(*out) if mode == "both" else out[0]
 
 
 def _layers(model, layer: int | None) -> list[int]:
@@ -385,23 +469,20 @@ def contribution_weights(
     >>> tuple(c.shape), round(float(c[0, 0, 5].sum()), 4)
     ((2, 4, 20, 20), 1.0)
     """
-    _check_mode(mode, allow_both=True)
+    modes = _modes(mode)
     eps = check_eps(eps)
-    out = [
-        contribution_weights_from_layer(
-            get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask),
-            mode,
-            eps=eps,
-            query_chunk_size=query_chunk_size,
-            memory_budget_bytes=memory_budget_bytes,
+    layers = _layers(model, layer)
+    out = None  # all layers: [mode, layer, batch, head, query, key], each layer written in place
+    for i, l in enumerate(layers):
+        view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
+        if layer is None and out is None:
+            out = view.pattern.new_empty(len(modes), len(layers), *view.pattern.shape)
+        result = _layer_contributions(
+            view, modes, eps, query_chunk_size, memory_budget_bytes, None if out is None else out[:, i]
         )
-        for l in _layers(model, layer)
-    ]
-    if layer is not None:
-        return out[0]
-    if mode == "both":
-        return ContributionPair(torch.stack([o.intra for o in out]), torch.stack([o.inter for o in out]))
-    return torch.stack(out)
+    if out is None:
+        out = result
+    return ContributionPair(*out) if mode == "both" else out[0]
 
 
 def per_source_totals(

@@ -104,31 +104,6 @@ def gram(W_O: Float[Tensor, "head d_head d_model"], *, cross_heads: bool = False
     return G
 
 
-def causal_matmul(a: Float[Tensor, "*batch query d"], b: Float[Tensor, "*batch d key"], layer: AttentionLayer) -> Float[Tensor, "*batch query key"]:
-    """``a @ b`` for the keys each query of ``layer`` can see (:meth:`~geolens.adapter.AttentionLayer.query_blocks`), 0 for the
-    keys after a query's block; exact wherever the result is later multiplied by α (α = 0 there).
-
-    >>> import torch
-    >>> from geolens.testing import tiny_bridge, tiny_tokens
-    >>> import geolens
-    >>> model = tiny_bridge("gqa")
-    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
-    >>> layer = geolens.get_attention_layer(model, cache, 0)
-    >>> a, b = torch.randn(2, 4, 20, 8), torch.randn(2, 4, 8, 20)
-    >>> torch.allclose(causal_matmul(a, b, layer).tril(), (a @ b).tril(), atol=1e-5)
-    True
-    """
-    blocks = layer.query_blocks()
-    n_k = b.shape[-1]
-    if len(blocks) == 1 and blocks[0][1] == n_k:
-        return a @ b
-    out = a.new_empty(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_k)
-    for queries, k_end in blocks:
-        torch.matmul(a[..., queries, :], b[..., :k_end], out=out[..., queries, :k_end])
-        out[..., queries, k_end:].zero_()
-    return out
-
-
 def gram_norm(
     x: Float[Tensor, "*batch head d_head"], G: Float[Tensor, "head d_head d_head"]
 ) -> Float[Tensor, "*batch head"]:

@@ -15,6 +15,8 @@ torch.float64
 
 from __future__ import annotations
 
+import weakref
+
 import math
 import operator
 from typing import Mapping
@@ -157,18 +159,37 @@ def refuse_unmasked_padding(model, tokens: Tensor) -> None:
         )
 
 
-def check_cache_layers(model, cache: Mapping) -> None:
-    """Refuse a cache holding blocks the model does not have (a cache of another model)."""
+# id(cache) -> (weak reference to the cache, its number of entries, its deepest block index): a
+# full ActivationCache has over a thousand names, and every layer read checks them.
+_DEEPEST: dict[int, tuple[weakref.ref, int, int]] = {}
+
+
+def _deepest_block(cache: Mapping) -> int:
+    """The largest ``blocks.{l}.`` index among the cache's names (-1 without any), remembered per
+    cache object while its number of entries is unchanged."""
     from geolens.adapter import hook_layer  # the adapter imports this module
 
+    n_keys = len(cache)
+    entry = _DEEPEST.get(id(cache))
+    if entry is not None and entry[0]() is cache and entry[1] == n_keys:
+        return entry[2]
+    deepest = max((layer for k in cache.keys() if (layer := hook_layer(k)) is not None), default=-1)
     try:
-        keys = list(cache.keys())
-    except AttributeError:
+        ref = weakref.ref(cache, lambda _, key=id(cache): _DEEPEST.pop(key, None))
+    except TypeError:  # a plain dict cannot be weakly referenced: not remembered
+        return deepest
+    _DEEPEST[id(cache)] = (ref, n_keys, deepest)
+    return deepest
+
+
+def check_cache_layers(model, cache: Mapping) -> None:
+    """Refuse a cache holding blocks the model does not have (a cache of another model)."""
+    if not hasattr(cache, "keys"):
         return
     n_layers = model.cfg.n_layers
-    found = [layer for k in keys if (layer := hook_layer(k)) is not None]
-    if found and max(found) >= n_layers:
+    deepest = _deepest_block(cache)
+    if deepest >= n_layers:
         raise ValueError(
-            f"the cache holds layer {max(found)} but the model has {n_layers} layers: the cache comes "
+            f"the cache holds layer {deepest} but the model has {n_layers} layers: the cache comes "
             "from another model"
         )
