@@ -10,10 +10,9 @@ On SmolLM2-135M (CPU), for sequence lengths 128 and 512 (batch 1), measures in o
 (c) a naive reference that materialises α_ij ṽ_j as ``[query, key, d_model]`` per head and
     projects it on o_i, timed on ``--naive-layers`` layers and scaled to all layers.
 
-(a), (b), (b2) and (b1) are timed in interleaved rounds (best of ``--repeats`` each), so that a
-slow spell of this shared machine hits a whole round rather than one column. The run also times
-writing fresh memory of the size of the kept results: on this VM first-touch page faults are a
-large part of (b) that no arithmetic change removes.
+(a), (b), (b2) and (b1) are timed in interleaved rounds whose order rotates (best of ``--repeats``
+each), so that a slow spell of this shared machine hits a whole round rather than one column and
+every column is measured in every position.
 
 and the extra peak memory of (b) when each layer's results are reduced before the next layer
 (RSS sampled every 2 ms while it runs, minus the RSS before, in a fresh subprocess whose large
@@ -124,15 +123,22 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
         result = geolens_all()  # warm-up
         result_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in result)
         del result
-        # (a), (b), (b2), (b1) interleaved, best of `repeats` rounds each: a slow spell of a shared
-        # machine then hits every column of a round instead of one column
-        t_a = t_b = t_b2 = t_b1 = t_touch = float("inf")
-        for _ in range(repeats):
-            t_a = min(t_a, timed(lambda: model.run_with_cache(tokens))[0])
-            t_b = min(t_b, timed(geolens_all)[0])
-            t_b2 = min(t_b2, timed(geolens_two_passes)[0])
-            t_b1 = min(t_b1, timed(geolens_intra)[0])
-            t_touch = min(t_touch, timed(lambda: torch.empty(result_bytes // 4).fill_(1.0))[0])
+        # (a), (b), (b2) and (b1) interleaved in rounds, the order rotated
+        # each round (on this VM a column run right after a forward is measurably slower than the
+        # same column run again), best of `repeats` rounds each: a slow spell of the shared
+        # machine then hits every column of a round, and every column sees every position
+        columns = {
+            "a": lambda: model.run_with_cache(tokens),
+            "b": geolens_all,
+            "b2": geolens_two_passes,
+            "b1": geolens_intra,
+        }
+        best = dict.fromkeys(columns, float("inf"))
+        names = list(columns)
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                best[name] = min(best[name], timed(columns[name])[0])
+        t_a, t_b, t_b2, t_b1 = (best[k] for k in ("a", "b", "b2", "b1"))
         _, cache = model.run_with_cache(tokens)
 
         views = [get_attention_layer(model, cache, l) for l in range(naive_layers)]
@@ -142,7 +148,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, touch=t_touch, **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
 def memory_child(seq_len: int) -> None:
@@ -272,7 +278,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--naive-layers", type=int, default=1, help="layers timed for the naive reference")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (5 rotate every column through every position)")
     parser.add_argument("--scaling", type=int, nargs="*", default=[], help="lengths of the scaling table")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
@@ -289,19 +295,14 @@ def main() -> None:
           "(b2) = the same as two single-mode passes")  # fmt: skip
     print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
           f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
-    rows = []
     for n in args.lengths:
         r = bench(model, n, args.naive_layers, args.repeats)
-        rows.append((n, r))
         mib = 2**20
         print(
             f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['b2']:>16.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} "
             f"{r['b2'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
             f"{r['b1'] / r['a']:>10.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f} {r['gram_bytes'] / mib:>15.1f}"
         )
-    for n, r in rows:
-        print(f"{n} tokens: writing {r['result_bytes'] / 2**20:.0f} MiB of fresh memory (the size of the kept results) takes "
-              f"{r['touch']:.3f} s on this machine ({r['touch'] / r['a']:.3f}× (a)): the part of (b) that is page faults, not arithmetic")  # fmt: skip
     print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
           "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
           "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
