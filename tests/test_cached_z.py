@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import reference
 import torch
+from conftest import make_tiny
 
 import geolens
 from geolens import contribution_weights, get_attention_layer
@@ -15,10 +16,8 @@ from geolens.testing import tiny_tokens
 
 @pytest.fixture(scope="module")
 def gqa_24():
-    from geolens.testing import tiny_bridge
-
     torch.manual_seed(0)
-    model = tiny_bridge("gqa")
+    model = make_tiny("gqa")
     tokens = tiny_tokens(model, length=24)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
@@ -97,10 +96,8 @@ def test_a_lower_precision_z_is_not_a_hint(gqa_24):
 
 def test_z_is_not_used_with_an_attention_mask():
     """With padding the pattern and v are masked after the forward, so the forward's z is stale."""
-    from geolens.testing import tiny_bridge
-
     torch.manual_seed(0)
-    model = tiny_bridge("gqa")
+    model = make_tiny("gqa")
     tokens = tiny_tokens(model, length=10)
     mask = torch.ones_like(tokens)
     mask[0, :3] = 0
