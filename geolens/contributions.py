@@ -176,7 +176,7 @@ def _contributions(
     if not hinted:
         out, n_zero, _ = _contribution_pass(layer, modes, eps, out, layer.z, check=False)
     for mode, n in zip(modes, n_zero):
-        _warn_zero_rows(layer, mode, eps, n if mode == "intra" else n // layer.n_heads, stacklevel=3)
+        _warn_zero_rows(layer, mode, eps, n if mode == "intra" else n // layer.n_heads, stacklevel=4)
     return out
 
 
