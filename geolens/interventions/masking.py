@@ -93,9 +93,8 @@ def removal_mask(
     ok = eligible_sources(n_q, n_k, allow_sink=allow_sink, allow_current=allow_current, device=scores.device)
     ok = ok.expand_as(scores)
     fill = float("-inf") if largest else float("inf")
-    ranked = torch.where(ok, scores.to(torch.float64), torch.full_like(scores, fill, dtype=torch.float64))
-    order = torch.sort(ranked, dim=-1, descending=largest, stable=True).indices
-    rank = torch.argsort(order, dim=-1)  # rank[j] = position of source j in the ranking
+    ranked = torch.where(ok, scores, torch.full_like(scores, fill))
+    rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
     n_remove = torch.floor(ok.sum(-1, keepdim=True).to(torch.float64) * fraction + 0.5).long()
     return (rank < n_remove) & ok
 
@@ -140,16 +139,21 @@ def removal_ranks(
         # heads of one source stay together and the lower source index goes first
         flat = scores.movedim(-3, -1).reshape(*scores.shape[:-3], n_q, n_k * n_h)
         ok_flat = ok[:, :, None].expand(n_q, n_k, n_h).reshape(n_q, n_k * n_h)
-        ranked = torch.where(ok_flat, flat.to(torch.float64), torch.full_like(flat, fill, dtype=torch.float64))
-        order = torch.sort(ranked, dim=-1, descending=largest, stable=True).indices
-        rank = torch.argsort(order, dim=-1).to(torch.int32)
+        ranked = torch.where(ok_flat, flat, torch.full_like(flat, fill))
+        rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
         rank = rank.reshape(*scores.shape[:-3], n_q, n_k, n_h).movedim(-1, -3).contiguous()
         n_ok = (ok.sum(-1) * n_h)[None, :, None]  # [1, q, 1]
         return rank, n_ok, ok
-    ranked = torch.where(ok, scores.to(torch.float64), torch.full_like(scores, fill, dtype=torch.float64))
-    order = torch.sort(ranked, dim=-1, descending=largest, stable=True).indices
-    rank = torch.argsort(order, dim=-1).to(torch.int32)
+    ranked = torch.where(ok, scores, torch.full_like(scores, fill))
+    rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
     return rank, ok.sum(-1)[:, None], ok
+
+
+def _inverse_permutation(order: Tensor) -> Tensor:
+    """rank[..., order[..., i]] = i: each term's position in the sorted order, by one scatter
+    (the same as a second argsort, without its O(n log n) sort)."""
+    positions = torch.arange(order.shape[-1], dtype=torch.int32, device=order.device).expand(order.shape)
+    return torch.empty(order.shape, dtype=torch.int32, device=order.device).scatter_(-1, order, positions)
 
 
 def mask_from_ranks(rank: Tensor, n_eligible: Tensor, eligible: Tensor, fraction: float) -> Bool[Tensor, "..."]:
