@@ -71,6 +71,7 @@ from geolens.interventions.masking import (
     RankingScope,
     mask_from_ranks,
     masked_token_nll,
+    removal_masks,
     removal_ranks,
     require_pattern_hooks,
     token_nll,
@@ -383,8 +384,11 @@ def curve_masks(scores: Float[Tensor, "layer 1 head query key"], protocol: Proto
 
     The head axis is the scores' (n_heads or 1) except under ``source`` ranking (always 1).
     """
-    ranks = ranked_removals(scores, protocol)
-    return torch.cat([mask_from_ranks(*ranks[d], k) for d in DIRECTIONS for k in protocol.fractions], dim=1)
+    options = dict(scope=protocol.ranking, allow_sink=protocol.allow_sink, allow_current=protocol.allow_current)
+    return torch.cat(
+        [m for d in DIRECTIONS for m in removal_masks(scores, protocol.fractions, largest=d == "comprehensiveness", **options)],
+        dim=1,
+    )
 
 
 def sink_only_mask(n_layers: int, n_pos: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from geolens.faithfulness import (
     verdict,
 )
 from geolens.interventions import active_hook_count, applied
-from geolens.interventions.masking import mask_from_ranks, masked_token_nll, pattern_mask_hooks, removal_ranks, token_nll
+from geolens.interventions.masking import mask_from_ranks, masked_token_nll, pattern_mask_hooks, removal_masks, removal_ranks, token_nll
 
 
 def naive_scoped_removal(scores, fraction, scope, largest, allow_sink, allow_current):
@@ -351,3 +351,22 @@ def test_masks_need_hook_pattern():
     with pytest.raises(ValueError, match="masking needs the attention-pattern hook") as e:
         faithfulness_curves(NoPattern(), torch.zeros(1, 12, dtype=torch.long), Protocol(), ["random"], progress=False)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("scope", ["row", "query", "source"])
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("allow", [(False, False), (True, True), (True, False)])
+def test_removal_masks_equal_masks_from_full_ranking(scope, largest, allow):
+    """The top-k selection used for one or two fractions gives the masks of the full stable
+    ranking bit for bit, ties included (scores drawn from 3 values, so ties are everywhere)."""
+    g = torch.Generator().manual_seed(3)
+    for n_heads in (1, 4):
+        scores = torch.randint(0, 3, (2, 1, n_heads, 11, 11), generator=g).float() - 1.0
+        kw = dict(scope=scope, largest=largest, allow_sink=allow[0], allow_current=allow[1])
+        ranks = removal_ranks(scores, **kw)
+        for fractions in ([0.1], [0.0, 1.0], [0.37, 0.5], [0.1, 0.5, 0.9]):
+            got = removal_masks(scores, fractions, **kw)
+            for k, mask in zip(fractions, got, strict=True):
+                assert torch.equal(mask.expand_as(mask_from_ranks(*ranks, k)), mask_from_ranks(*ranks, k)), (fractions, k)
+    with pytest.raises(ValueError, match="fraction"):
+        removal_masks(scores, [1.5])

@@ -123,6 +123,67 @@ def removal_ranks(
     ``n_eligible`` the number of eligible terms of the group (broadcastable), ``eligible`` the
     eligibility mask (broadcastable). Ties are broken by increasing source index, then head.
     """
+    ranked, n_ok, ok, unflatten = _ranking_rows(scores, scope, largest, allow_sink, allow_current)
+    rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
+    return unflatten(rank), n_ok, ok
+
+
+def removal_masks(
+    scores: Float[Tensor, "*lead head query key"],
+    fractions: Sequence[float],
+    *,
+    scope: RankingScope = "row",
+    largest: bool = True,
+    allow_sink: bool = False,
+    allow_current: bool = False,
+) -> list[Bool[Tensor, "..."]]:
+    """``mask_from_ranks(*removal_ranks(scores, ...), k)`` for each k in ``fractions``, the same
+    masks bit for bit, computed the cheaper way: one full ranking for many fractions, else per
+    fraction a selection of the top ⌊k·n + 1/2⌋ terms of each group (:func:`torch.topk` for the
+    threshold value, ties at it taken by increasing position, as the stable sort takes them),
+    which avoids sorting every group when only a few fractions are asked for.
+    """
+    for k in fractions:
+        if not 0.0 <= k <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {k}")
+    if len(fractions) > 2:
+        ranks = removal_ranks(scores, scope=scope, largest=largest, allow_sink=allow_sink, allow_current=allow_current)
+        return [mask_from_ranks(*ranks, k) for k in fractions]
+    ranked, n_ok, ok, unflatten = _ranking_rows(scores, scope, largest, allow_sink, allow_current)
+    eligible = unflatten(ok if ranked.shape[-1] == ok.shape[-1] else _flat_eligible(ok, ranked.shape[-1] // ok.shape[-1]))
+    return [unflatten(_top_terms(ranked, _n_remove(n_ok, k), largest)) & eligible for k in fractions]
+
+
+def _n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
+    return torch.floor(n_eligible.to(torch.float64) * fraction + 0.5).to(torch.int32)
+
+
+def _top_terms(ranked: Tensor, n: Tensor, largest: bool) -> Bool[Tensor, "..."]:
+    """The first ``n`` terms of each row (``n`` broadcasts over rows) in the order of a stable sort
+    of ``ranked`` (descending when ``largest``): the terms beyond the n-th value, plus the terms
+    equal to it in order of position until n are taken."""
+    n = n.expand(*ranked.shape[:-1], 1)
+    most = int(n.max()) if n.numel() else 0
+    if most == 0:
+        return torch.zeros(ranked.shape, dtype=torch.bool, device=ranked.device)
+    top = torch.topk(ranked, most, dim=-1, largest=largest, sorted=True).values  # [..., most]
+    threshold = top.gather(-1, (n.long() - 1).clamp_min(0))  # the n-th value of each row
+    beyond = ranked > threshold if largest else ranked < threshold
+    at = ranked == threshold
+    need = n - beyond.sum(-1, keepdim=True, dtype=torch.int32)
+    taken = beyond | (at & (at.cumsum(-1, dtype=torch.int32) <= need))
+    return taken & (n > 0)
+
+
+def _flat_eligible(ok: Tensor, n_h: int) -> Tensor:
+    n_q, n_k = ok.shape
+    return ok[:, :, None].expand(n_q, n_k, n_h).reshape(n_q, n_k * n_h)
+
+
+def _ranking_rows(scores: Tensor, scope: str, largest: bool, allow_sink: bool, allow_current: bool):
+    """(rows to rank with ineligible terms at the far end, eligible count per row, eligibility
+    ``[query, key]``, the map from row layout back to the scores' layout) for :func:`removal_ranks`
+    and :func:`removal_masks`."""
     if scope not in RANKING_SCOPES:
         raise ValueError(f"unknown ranking scope {scope!r}; choose from {list(RANKING_SCOPES)}")
     if scores.ndim < 3:
@@ -138,15 +199,15 @@ def removal_ranks(
         # [..., head, q, k] -> [..., q, k, head] -> [..., q, k·head]: key-major, so ties between the
         # heads of one source stay together and the lower source index goes first
         flat = scores.movedim(-3, -1).reshape(*scores.shape[:-3], n_q, n_k * n_h)
-        ok_flat = ok[:, :, None].expand(n_q, n_k, n_h).reshape(n_q, n_k * n_h)
-        ranked = torch.where(ok_flat, flat, torch.full_like(flat, fill))
-        rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
-        rank = rank.reshape(*scores.shape[:-3], n_q, n_k, n_h).movedim(-1, -3).contiguous()
-        n_ok = (ok.sum(-1) * n_h)[None, :, None]  # [1, q, 1]
-        return rank, n_ok, ok
+        ranked = torch.where(_flat_eligible(ok, n_h), flat, torch.full_like(flat, fill))
+        lead = scores.shape[:-3]
+
+        def unflatten(x: Tensor) -> Tensor:
+            return x.expand(*lead, n_q, n_k * n_h).reshape(*lead, n_q, n_k, n_h).movedim(-1, -3).contiguous()
+
+        return ranked, (ok.sum(-1) * n_h)[None, :, None], ok, unflatten
     ranked = torch.where(ok, scores, torch.full_like(scores, fill))
-    rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
-    return rank, ok.sum(-1)[:, None], ok
+    return ranked, ok.sum(-1)[:, None], ok, lambda x: x
 
 
 def _inverse_permutation(order: Tensor) -> Tensor:
@@ -160,8 +221,7 @@ def mask_from_ranks(rank: Tensor, n_eligible: Tensor, eligible: Tensor, fraction
     """Remove the first ⌊fraction · n + 1/2⌋ terms of each group ranked by :func:`removal_ranks`."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
-    n_remove = torch.floor(n_eligible.to(torch.float64) * fraction + 0.5).to(torch.int32)
-    return (rank < n_remove) & eligible
+    return (rank < _n_remove(n_eligible, fraction)) & eligible
 
 
 def random_scores(shape: Sequence[int], *, seed: int, device=None) -> Float[Tensor, "..."]:
