@@ -584,10 +584,9 @@ def _cache_lookup(cache, name: str) -> Tensor | None:
 
 
 def _cache_get(cache, name: str) -> Tensor:
-    try:
-        return cache[name]
-    except KeyError:
-        pass
+    found = _cache_lookup(cache, name)
+    if found is not None:
+        return found
     raise KeyError(
         f"the cache has no entry {name!r}. geolens needs hook_pattern and hook_v of each layer it "
         "analyses: run `model.run_with_cache(tokens, names_filter=geolens.names_filter(model))` "

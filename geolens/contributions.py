@@ -109,12 +109,15 @@ def _geometry(layer: AttentionLayer, mode: Mode, eps: float) -> _Geometry:
     return _finish_geometry(layer, mode, eps, dot, projected_value_norms(layer), out_sq)
 
 
-def _zero_rows(layer: AttentionLayer, out_norm: Tensor, eps: float, queries: slice = slice(None)) -> tuple[Tensor, int]:
-    """(rows with ‖o_i‖ ≤ eps, how many of them are real) for ``[batch, head, query]`` norms of the
-    given queries; padded queries (α = 0 by construction) are zero rows by design and not counted."""
+def _norm_and_zero_rows(layer: AttentionLayer, mode: Mode, out_sq: Tensor, eps: float) -> tuple[Tensor, Tensor, int]:
+    """(‖o_i‖, rows with ‖o_i‖ ≤ eps, how many real outputs that is) from ``[batch, head, query]``
+    ‖o_i‖²; padded queries (α = 0 by construction) are zero rows by design and not counted, and
+    an inter-head output (repeated over heads) counts once."""
+    out_norm = out_sq.clamp_min(0).sqrt()
     zero_rows = out_norm <= eps
-    real = zero_rows if layer.query_mask is None else zero_rows & layer.query_mask[:, None, queries]
-    return zero_rows, int(real.sum()) if bool(real.any()) else 0
+    real = zero_rows if layer.query_mask is None else zero_rows & layer.query_mask[:, None, :]
+    n = int(real.sum()) if bool(real.any()) else 0
+    return out_norm, zero_rows, n if mode == "intra" else n // layer.n_heads
 
 
 def _warn_zero_rows(layer: AttentionLayer, mode: Mode, eps: float, n: int, stacklevel: int) -> None:
@@ -130,9 +133,8 @@ def _warn_zero_rows(layer: AttentionLayer, mode: Mode, eps: float, n: int, stack
 
 def _out_norm(layer: AttentionLayer, mode: Mode, eps: float, out_sq: Tensor, stacklevel: int) -> tuple[Tensor, Tensor]:
     """(‖o_i‖, zero rows) from ‖o_i‖², warning once about real (unpadded) outputs of norm ≤ eps."""
-    out_norm = out_sq.clamp_min(0).sqrt()
-    zero_rows, n = _zero_rows(layer, out_norm, eps)
-    _warn_zero_rows(layer, mode, eps, n if mode == "intra" else n // layer.n_heads, stacklevel + 1)
+    out_norm, zero_rows, n = _norm_and_zero_rows(layer, mode, out_sq, eps)
+    _warn_zero_rows(layer, mode, eps, n, stacklevel + 1)
     return out_norm, zero_rows
 
 
@@ -176,7 +178,7 @@ def _contributions(
     if not hinted:
         out, n_zero, _ = _contribution_pass(layer, modes, eps, out, layer.z, check=False)
     for mode, n in zip(modes, n_zero):
-        _warn_zero_rows(layer, mode, eps, n if mode == "intra" else n // layer.n_heads, stacklevel=4)
+        _warn_zero_rows(layer, mode, eps, n, stacklevel=4)
     return out
 
 
@@ -192,8 +194,7 @@ def _contribution_pass(
     n_zero = []
     for m, mode in enumerate(modes):
         u_m, out_sq = _projection(z, layer.W_O, mode)
-        out_norm = out_sq.clamp_min(0).sqrt()
-        zero_rows, n = _zero_rows(layer, out_norm, eps)
+        out_norm, zero_rows, n = _norm_and_zero_rows(layer, mode, out_sq, eps)
         n_zero.append(n)
         torch.mul(u_m.transpose(1, 2), (_inverse(out_norm, zero_rows) ** 2)[..., None], out=u[:, :, :, m])
     blocks = layer.query_blocks()

@@ -15,10 +15,9 @@ torch.float64
 
 from __future__ import annotations
 
-import weakref
-
 import math
 import operator
+import weakref
 from typing import Mapping
 
 import torch

@@ -87,16 +87,11 @@ def removal_mask(
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
     if scores.ndim < 2:
         raise ValueError(f"scores must end with [query, key] axes, got shape {tuple(scores.shape)}")
-    if torch.isnan(scores).any():
-        raise ValueError("scores contain NaN; rank a finite metric")
-    n_q, n_k = scores.shape[-2:]
-    ok = eligible_sources(n_q, n_k, allow_sink=allow_sink, allow_current=allow_current, device=scores.device)
-    ok = ok.expand_as(scores)
-    fill = float("-inf") if largest else float("inf")
-    ranked = torch.where(ok, scores, torch.full_like(scores, fill))
-    rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
-    n_remove = torch.floor(ok.sum(-1, keepdim=True).to(torch.float64) * fraction + 0.5).long()
-    return (rank < n_remove) & ok
+    # one group per (…, query i): the "row" scope of removal_masks with a head axis of 1
+    [mask] = removal_masks(
+        scores[..., None, :, :], [fraction], scope="row", largest=largest, allow_sink=allow_sink, allow_current=allow_current
+    )
+    return mask.expand(*scores.shape[:-2], 1, *scores.shape[-2:])[..., 0, :, :]
 
 
 def removal_ranks(
@@ -123,7 +118,7 @@ def removal_ranks(
     ``n_eligible`` the number of eligible terms of the group (broadcastable), ``eligible`` the
     eligibility mask (broadcastable). Ties are broken by increasing source index, then head.
     """
-    ranked, n_ok, ok, unflatten = _ranking_rows(scores, scope, largest, allow_sink, allow_current)
+    ranked, n_ok, ok, _, unflatten = _ranking_rows(scores, scope, largest, allow_sink, allow_current)
     rank = _inverse_permutation(torch.sort(ranked, dim=-1, descending=largest, stable=True).indices)
     return unflatten(rank), n_ok, ok
 
@@ -149,9 +144,8 @@ def removal_masks(
     if len(fractions) > 2:
         ranks = removal_ranks(scores, scope=scope, largest=largest, allow_sink=allow_sink, allow_current=allow_current)
         return [mask_from_ranks(*ranks, k) for k in fractions]
-    ranked, n_ok, ok, unflatten = _ranking_rows(scores, scope, largest, allow_sink, allow_current)
-    eligible = unflatten(ok if ranked.shape[-1] == ok.shape[-1] else _flat_eligible(ok, ranked.shape[-1] // ok.shape[-1]))
-    return [unflatten(_top_terms(ranked, _n_remove(n_ok, k), largest)) & eligible for k in fractions]
+    ranked, n_ok, _, row_ok, unflatten = _ranking_rows(scores, scope, largest, allow_sink, allow_current)
+    return [unflatten(_top_terms(ranked, _n_remove(n_ok, k), largest) & row_ok) for k in fractions]
 
 
 def _n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
@@ -175,15 +169,10 @@ def _top_terms(ranked: Tensor, n: Tensor, largest: bool) -> Bool[Tensor, "..."]:
     return taken & (n > 0)
 
 
-def _flat_eligible(ok: Tensor, n_h: int) -> Tensor:
-    n_q, n_k = ok.shape
-    return ok[:, :, None].expand(n_q, n_k, n_h).reshape(n_q, n_k * n_h)
-
-
 def _ranking_rows(scores: Tensor, scope: str, largest: bool, allow_sink: bool, allow_current: bool):
     """(rows to rank with ineligible terms at the far end, eligible count per row, eligibility
-    ``[query, key]``, the map from row layout back to the scores' layout) for :func:`removal_ranks`
-    and :func:`removal_masks`."""
+    ``[query, key]``, the same eligibility in row layout, the map from row layout back to the
+    scores' layout) for :func:`removal_ranks` and :func:`removal_masks`."""
     if scope not in RANKING_SCOPES:
         raise ValueError(f"unknown ranking scope {scope!r}; choose from {list(RANKING_SCOPES)}")
     if scores.ndim < 3:
@@ -199,15 +188,16 @@ def _ranking_rows(scores: Tensor, scope: str, largest: bool, allow_sink: bool, a
         # [..., head, q, k] -> [..., q, k, head] -> [..., q, k·head]: key-major, so ties between the
         # heads of one source stay together and the lower source index goes first
         flat = scores.movedim(-3, -1).reshape(*scores.shape[:-3], n_q, n_k * n_h)
-        ranked = torch.where(_flat_eligible(ok, n_h), flat, torch.full_like(flat, fill))
+        row_ok = ok[:, :, None].expand(n_q, n_k, n_h).reshape(n_q, n_k * n_h)
+        ranked = torch.where(row_ok, flat, torch.full_like(flat, fill))
         lead = scores.shape[:-3]
 
         def unflatten(x: Tensor) -> Tensor:
             return x.expand(*lead, n_q, n_k * n_h).reshape(*lead, n_q, n_k, n_h).movedim(-1, -3).contiguous()
 
-        return ranked, (ok.sum(-1) * n_h)[None, :, None], ok, unflatten
+        return ranked, (ok.sum(-1) * n_h)[None, :, None], ok, row_ok, unflatten
     ranked = torch.where(ok, scores, torch.full_like(scores, fill))
-    return ranked, ok.sum(-1)[:, None], ok, lambda x: x
+    return ranked, ok.sum(-1)[:, None], ok, ok, lambda x: x
 
 
 def _inverse_permutation(order: Tensor) -> Tensor:
