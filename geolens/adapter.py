@@ -288,8 +288,9 @@ class ModelAdapter:
         tensor object while the weight is unchanged, so quantities cached on it (the Gram
         matrices of :func:`geolens.geometry.gram`) are reused across calls. "Unchanged" means the
         same parameter object, storage, layout and version counter *and* the same content
-        fingerprint (its sum and its product with a fixed random probe, one cheap pass): writes
-        through ``.data`` do not move the version counter, the fingerprint catches them."""
+        fingerprint (the sum of the storage it views and its product with a fixed random probe,
+        read in place): writes through ``.data`` do not move the version counter, the fingerprint
+        catches them."""
         W_O, b_O = self.output_weights(layer)
         b_O = b_O.detach().to(device=device, dtype=dtype)
         root = W_O
@@ -299,7 +300,10 @@ class ModelAdapter:
             state = (W_O.data_ptr(), W_O.storage_offset(), tuple(W_O.shape), W_O.stride(), W_O.dtype, W_O._version)
         except RuntimeError:  # an inference tensor keeps no version counter: never cached
             return W_O.detach().to(device=device, dtype=dtype), b_O
-        flat = W_O.detach().reshape(-1)
+        # fingerprint the storage W_O views (a bridge's W_O is a transposed view of the Linear
+        # weight, which reshape(-1) would copy on every call)
+        flat = root.detach()
+        flat = flat.view(-1) if flat.is_contiguous() else W_O.detach().reshape(-1)
         probe = self._probes.get((flat.numel(), flat.dtype, flat.device))
         if probe is None:
             probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat)
