@@ -12,7 +12,9 @@ On SmolLM2-135M (CPU), for sequence lengths 128 and 512 (batch 1), measures in o
 
 (a), (b), (b2) and (b1) are timed in interleaved rounds whose order rotates (best of ``--repeats``
 each), so that a slow spell of this shared machine hits a whole round rather than one column and
-every column is measured in every position.
+every column is measured in every position. The page faults of the fastest (a) and (b) calls are
+printed too: every new page the kernel maps costs a fault (about a microsecond on a VM), and (a)'s
+cache and (b)'s kept results are both new memory.
 
 and the extra peak memory of (b) when each layer's results are reduced before the next layer
 (RSS sampled every 2 ms while it runs, minus the RSS before, in a fresh subprocess whose large
@@ -28,6 +30,7 @@ peak RSS of the hooked forward (fresh subprocess), then the least-squares expone
 time against length (log-log).
 
     python benchmarks/contributions.py [--lengths 128 512] [--naive-layers 1] [--scaling 128 512 1024 2048 4096]
+        [--scaling-repeats 5] [--out docs/benchmarks/contributions.json] [--plot docs/benchmarks/scaling.png]
 """
 
 from __future__ import annotations
@@ -90,13 +93,22 @@ def naive_layer(view, mode: str) -> torch.Tensor:
     return out
 
 
-def timed(fn, repeats: int = 1):
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, result
+def minor_faults() -> int:
+    """Page faults of this process so far that mapped a new page (``getrusage``'s ru_minflt)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def timed_faults(fn) -> tuple[float, int]:
+    """(seconds, page faults) of one call, its result dropped after the clock stops."""
+    faults = minor_faults()
+    t = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t
+    faults = minor_faults() - faults
+    del result
+    return seconds, faults
 
 
 def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
@@ -134,10 +146,13 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             "b1": geolens_intra,
         }
         best = dict.fromkeys(columns, float("inf"))
+        faults = dict.fromkeys(columns, 0)  # page faults of each column's fastest call
         names = list(columns)
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                best[name] = min(best[name], timed(columns[name])[0])
+                seconds, n_faults = timed_faults(columns[name])
+                if seconds < best[name]:
+                    best[name], faults[name] = seconds, n_faults
         t_a, t_b, t_b2, t_b1 = (best[k] for k in ("a", "b", "b2", "b1"))
         _, cache = model.run_with_cache(tokens)
 
@@ -148,7 +163,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, faults_a=faults["a"], faults_b=faults["b"], **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
 def memory_child(seq_len: int) -> None:
@@ -255,12 +270,43 @@ def scaling(lengths, repeats: int) -> None:
         out = subprocess.run([sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats)], env=env,
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
         fwd, geo, extra = map(float, out.strip().splitlines()[-1].split())
-        rows.append((n, fwd, geo))
+        rows.append((n, fwd, geo, extra))
         print(f"{n:>5} {fwd:>10.3f} {geo:>10.3f} {geo / fwd:>12.3f} {extra / 2**20:>15.1f}")
+    slope = None
     if len(rows) >= 2:
         x, y = np.log([r[0] for r in rows]), np.log([r[2] for r in rows])
         slope = float(np.polyfit(x, y, 1)[0])
         print(f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}")
+    return dict(budget_bytes=BUDGET, repeats=repeats, exponent=slope,
+                rows=[dict(seq_len=n, forward_s=f, geolens_s=g, ratio=g / f, peak_extra_bytes=e) for n, f, g, e in rows])  # fmt: skip
+
+
+def plot_scaling(table: dict, path: str) -> None:
+    """Log-log plot of forward and geolens seconds against length, with geolens / forward."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = table["rows"]
+    n = [r["seq_len"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.loglog(n, [r["forward_s"] for r in rows], "o-", label="forward (no cache)")
+    left.loglog(n, [r["geolens_s"] for r in rows], "s-", label=f"geolens, both modes (exponent {table['exponent']:.2f})")
+    left.set(xlabel="tokens", ylabel="seconds, best of %d" % table["repeats"], title="SmolLM2-135M, 30 layers, CPU")
+    left.set_xticks(n, [str(x) for x in n])
+    left.legend(fontsize=8)
+    right.semilogx(n, [r["ratio"] for r in rows], "s-", color="C1")
+    right.axhline(0.25, color="grey", lw=0.8, ls="--", label="0.25 (issue 15's goal at 512)")
+    right.set(xlabel="tokens", ylabel="geolens / forward", title="relative cost", ylim=(0, None))
+    right.set_xticks(n, [str(x) for x in n])
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def memory_in_subprocess(seq_len: int) -> tuple[int, int]:
@@ -280,9 +326,14 @@ def main() -> None:
     parser.add_argument("--naive-layers", type=int, default=1, help="layers timed for the naive reference")
     parser.add_argument("--repeats", type=int, default=5, help="rounds (5 rotate every column through every position)")
     parser.add_argument("--scaling", type=int, nargs="*", default=[], help="lengths of the scaling table")
+    parser.add_argument("--scaling-repeats", type=int, help="repeats per scaling length (default: --repeats)")
+    parser.add_argument("--out", help="write every measured figure to this JSON file")
+    parser.add_argument("--plot", help="save the scaling figure (PNG) here; needs --scaling")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.plot and len(args.scaling) < 2:
+        parser.error("--plot draws the scaling table: give at least two --scaling lengths")
     if args.memory_child:
         memory_child(args.memory_child)
         return
@@ -295,6 +346,7 @@ def main() -> None:
           "(b2) = the same as two single-mode passes")  # fmt: skip
     print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
           f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
+    rows = []
     for n in args.lengths:
         r = bench(model, n, args.naive_layers, args.repeats)
         mib = 2**20
@@ -303,13 +355,33 @@ def main() -> None:
             f"{r['b2'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
             f"{r['b1'] / r['a']:>10.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f} {r['gram_bytes'] / mib:>15.1f}"
         )
+        rows.append(r)
+    page = os.sysconf("SC_PAGE_SIZE")
+    for r in rows:
+        print(f"{r['seq_len']:>5} tokens: page faults (new pages mapped) during the fastest call: "
+              f"(a) {r['faults_a']} ({r['faults_a'] * page / 2**20:.0f} MiB), (b) {r['faults_b']} "
+              f"({r['faults_b'] * page / 2**20:.0f} MiB; its kept results are {r['result_bytes'] / 2**20:.0f} MiB)")  # fmt: skip
     print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
           "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
           "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
           "(per head and cross-head, all layers; filled on a short prefix before the peak is measured, since it does "
           "not depend on the text).")  # fmt: skip
+    record = dict(model="smollm2-135m", torch=torch.__version__, threads=torch.get_num_threads(),
+                  repeats=args.repeats, naive_layers=args.naive_layers, lengths=rows)  # fmt: skip
     if args.scaling:
-        scaling(args.scaling, args.repeats)
+        record["scaling"] = scaling(args.scaling, args.scaling_repeats or args.repeats)
+        if args.plot:
+            plot_scaling(record["scaling"], args.plot)
+            print(f"scaling figure: {args.plot}")
+    if args.out:
+        import json
+        import subprocess
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        record["commit"] = commit or None
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+        print(f"figures: {args.out}")
 
 
 if __name__ == "__main__":
