@@ -7,10 +7,13 @@ On SmolLM2-135M (CPU), for sequence lengths 128 and 512 (batch 1), measures in o
     (``mode="both"``: shared z, Gram products and pattern read; the cache's ``hook_z`` is used
     once Freivalds' check against α and v passes, during the same read of α) from that cache;
 (b2) the same two results as two single-mode passes (the previous way), side by side;
+(b1) intra only, one pass;
+(b0) a diagnostic: (b) writing its results into memory mapped once before the rounds, so that
+    the kernel maps no new page for them (what (b) costs beyond the page faults of its results);
 (c) a naive reference that materialises α_ij ṽ_j as ``[query, key, d_model]`` per head and
     projects it on o_i, timed on ``--naive-layers`` layers and scaled to all layers.
 
-(a), (b), (b2) and (b1) are timed in interleaved rounds whose order rotates (best of ``--repeats``
+(a), (b), (b2), (b1) and (b0) are timed in interleaved rounds whose order rotates (best of ``--repeats``
 each), so that a slow spell of this shared machine hits a whole round rather than one column and
 every column is measured in every position. b/a is the ratio of the best times; the verdict on
 issue 15's goal (b/a <= 0.25) is read from a confidence interval instead: the geometric mean of
@@ -159,10 +162,20 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
         def geolens_intra():
             return [contribution_weights_from_layer(get_attention_layer(model, cache, l), "intra") for l in range(n_layers)]
 
+        # (b0), a diagnostic: (b) writing into result memory mapped once before the rounds, the same
+        # pass with no page faults for the results (the private out= of the all-layer path)
+        from geolens.contributions import _layer_contributions
+
+        mapped = [torch.zeros(2, *get_attention_layer(model, cache, l).pattern.shape) for l in range(n_layers)]
+
+        def geolens_mapped():
+            return [_layer_contributions(get_attention_layer(model, cache, l), ("intra", "inter"), 0.0, None, None, out=mapped[l])
+                    for l in range(n_layers)]  # fmt: skip
+
         result = geolens_all()  # warm-up
         result_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in result)
         del result
-        # (a), (b), (b2) and (b1) interleaved in rounds, the order rotated
+        # (a), (b), (b2), (b1) and (b0) interleaved in rounds, the order rotated
         # each round (on this VM a column run right after a forward is measurably slower than the
         # same column run again), best of `repeats` rounds each: a slow spell of the shared
         # machine then hits every column of a round, and every column sees every position
@@ -171,6 +184,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             "b": geolens_all,
             "b2": geolens_two_passes,
             "b1": geolens_intra,
+            "b0": geolens_mapped,
         }
         best = dict.fromkeys(columns, float("inf"))
         faults = dict.fromkeys(columns, 0)  # page faults of each column's fastest call
@@ -182,7 +196,8 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
                 rounds[name].append(seconds)
                 if seconds < best[name]:
                     best[name], faults[name] = seconds, n_faults
-        t_a, t_b, t_b2, t_b1 = (best[k] for k in ("a", "b", "b2", "b1"))
+        t_a, t_b, t_b2, t_b1, t_b0 = (best[k] for k in ("a", "b", "b2", "b1", "b0"))
+        del mapped
         _, cache = model.run_with_cache(tokens)
 
         views = [get_attention_layer(model, cache, l) for l in range(naive_layers)]
@@ -192,7 +207,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, c=t_c, faults_a=faults["a"], faults_b=faults["b"], rounds=rounds,
+    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, b0=t_b0, c=t_c, faults_b0=faults["b0"], faults_a=faults["a"], faults_b=faults["b"], rounds=rounds,
                 ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
@@ -350,18 +365,50 @@ def memory_in_subprocess(seq_len: int) -> tuple[int, int]:
     return int(extra), int(grams)
 
 
+def markdown(record: dict) -> str:
+    """The README's tables from a ``--out`` JSON file (``--markdown FILE``), so that the published
+    figures are this script's, not retyped."""
+    mib = 2**20
+    lines = [
+        "| seq | (a) `run_with_cache` s | (b) geolens intra + inter, one pass, 30 layers s | b/a (best times) | b/a per round, geometric mean [95% CI] | (b2) two single-mode passes / a | intra only / a | (b0) (b) into mapped memory / a | (c) naive s | c/b | extra peak MiB (/ one layer's pattern) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in record["lengths"]:
+        ci = r["ratio_b_a"]
+        lines.append(
+            f"| {r['seq_len']} | {r['a']:.3f} | {r['b']:.3f} | {r['b'] / r['a']:.3f} | {ci['geometric_mean']:.3f} "
+            f"[{ci['low']:.3f}, {ci['high']:.3f}] | {r['b2'] / r['a']:.3f} | {r['b1'] / r['a']:.3f} | {r['b0'] / r['a']:.3f} | {r['c']:.2f} | "
+            f"{r['c'] / r['b']:.0f} | {r['extra'] / mib:.1f} ({r['extra'] / r['pattern_bytes']:.1f}×) |"
+        )
+    if "scaling" in record:
+        sc = record["scaling"]
+        lines += ["", "| seq | forward s | geolens s | geolens / forward | peak extra MiB |", "|---:|---:|---:|---:|---:|"]
+        for r in sc["rows"]:
+            lines.append(f"| {r['seq_len']} | {r['forward_s']:.3f} | {r['geolens_s']:.3f} | {r['ratio']:.3f} | {r['peak_extra_bytes'] / mib:.1f} |")
+        if sc["exponent"] is not None:
+            lines += ["", f"Exponent of geolens time against length (log-log least squares, {len(sc['rows'])} lengths): {sc['exponent']:.2f}"]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--naive-layers", type=int, default=1, help="layers timed for the naive reference")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds (5 rotate every column through every position)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (a multiple of 5 rotates every column through every position equally)")
     parser.add_argument("--scaling", type=int, nargs="*", default=[], help="lengths of the scaling table")
     parser.add_argument("--scaling-repeats", type=int, help="repeats per scaling length (default: --repeats)")
     parser.add_argument("--out", help="write every measured figure to this JSON file")
     parser.add_argument("--plot", help="save the scaling figure (PNG) here; needs --scaling")
+    parser.add_argument("--markdown", metavar="JSON", help="print the README's tables from a --out file and exit")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.markdown:
+        import json
+
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
+        return
     if args.plot and len(args.scaling) < 2:
         parser.error("--plot draws the scaling table: give at least two --scaling lengths")
     if args.memory_child:
@@ -375,7 +422,7 @@ def main() -> None:
           "(b) = intra + inter contribution weights of all 30 layers in one pass (mode='both'), "
           "(b2) = the same as two single-mode passes")  # fmt: skip
     print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
-          f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
+          f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'b0/a':>7} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
     rows = []
     for n in args.lengths:
         r = bench(model, n, args.naive_layers, args.repeats)
@@ -383,7 +430,7 @@ def main() -> None:
         print(
             f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['b2']:>16.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} "
             f"{r['b2'] / r['a']:>7.3f} {r['c'] / r['b']:>8.0f} "
-            f"{r['b1'] / r['a']:>10.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f} {r['gram_bytes'] / mib:>15.1f}"
+            f"{r['b1'] / r['a']:>10.3f} {r['b0'] / r['a']:>7.3f} {r['extra'] / mib:>15.1f} {r['extra'] / r['pattern_bytes']:>14.1f} {r['result_bytes'] / mib:>17.1f} {r['gram_bytes'] / mib:>15.1f}"
         )
         rows.append(r)
     page = os.sysconf("SC_PAGE_SIZE")
@@ -395,7 +442,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['seq_len']:>5} tokens: page faults (new pages mapped) during the fastest call: "
               f"(a) {r['faults_a']} ({r['faults_a'] * page / 2**20:.0f} MiB), (b) {r['faults_b']} "
-              f"({r['faults_b'] * page / 2**20:.0f} MiB; its kept results are {r['result_bytes'] / 2**20:.0f} MiB)")  # fmt: skip
+              f"({r['faults_b'] * page / 2**20:.0f} MiB; its kept results are {r['result_bytes'] / 2**20:.0f} MiB), "
+              f"(b0) {r['faults_b0']}")  # fmt: skip
     print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
           "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
           "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
