@@ -45,7 +45,7 @@ from geolens.geometry import (  # noqa: F401  (head_outputs, iter_query_chunks, 
     query_chunk_for_budget,
     split_query_chunk,
 )
-from geolens.validation import check_eps, check_layer
+from geolens.validation import check_eps, check_layer, check_out
 
 Mode = Literal["intra", "inter"]
 ContributionMode = Literal["intra", "inter", "both"]
@@ -399,6 +399,20 @@ def _modes(mode: ContributionMode) -> tuple[Mode, ...]:
     return ("intra", "inter") if mode == "both" else (mode,)
 
 
+def _mode_out(out: Tensor | None, modes: tuple[Mode, ...], shape: tuple[int, ...], dtype, device, inputs) -> Tensor | None:
+    """A caller's ``out`` (``shape``, with a leading axis of 2 for both modes) as the internal
+    ``[mode, …]`` view, or None."""
+    if out is None:
+        return None
+    full = (len(modes), *shape) if len(modes) > 1 else shape
+    out = check_out(out, full, dtype, device, inputs=inputs)
+    return out if len(modes) > 1 else out.unsqueeze(0)
+
+
+def _layer_inputs(layer: AttentionLayer) -> tuple[Tensor | None, ...]:
+    return (layer.pattern, layer.v, layer.z_hint)
+
+
 def contribution_weights_from_layer(
     layer: AttentionLayer,
     mode: ContributionMode = "intra",
@@ -406,6 +420,7 @@ def contribution_weights_from_layer(
     eps: float = 0.0,
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
+    out: Tensor | None = None,
 ) -> Float[Tensor, "batch head query key"] | ContributionPair:
     """c_ij for one :class:`AttentionLayer` (docs/method.md §2, efficient form), optionally query-chunked.
 
@@ -413,10 +428,12 @@ def contribution_weights_from_layer(
     temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`;
     ``mode="both"`` counts twice the temporaries of one mode). ``mode="both"`` returns a
     :class:`ContributionPair` computed in one pass (its two tensors are views of one
-    ``[2, batch, head, query, key]`` allocation).
+    ``[2, batch, head, query, key]`` allocation). ``out``: as in :func:`contribution_weights`.
     """
     modes = _modes(mode)
-    out = _layer_contributions(layer, modes, check_eps(eps), query_chunk_size, memory_budget_bytes)
+    eps = check_eps(eps)
+    out = _mode_out(out, modes, tuple(layer.pattern.shape), layer.pattern.dtype, layer.pattern.device, _layer_inputs(layer))
+    out = _layer_contributions(layer, modes, eps, query_chunk_size, memory_budget_bytes, out)
     return ContributionPair(*out) if mode == "both" else out[0]
 
 
@@ -437,6 +454,7 @@ def contribution_weights(
     query_chunk_size: int | None = None,
     memory_budget_bytes: int | None = None,
     attention_mask: Tensor | None = None,
+    out: Tensor | None = None,
 ) -> Float[Tensor, "*layer batch head query key"] | ContributionPair:
     """Contribution weights c_ij (docs/method.md §2) from a TransformerLens ``ActivationCache``.
 
@@ -457,6 +475,12 @@ def contribution_weights(
         attention_mask: ``[batch, pos]``, 1 = real token (TransformerLens' convention), the mask the
             cache was run with. Padded queries and keys get 0; real positions equal each prompt
             run alone. Without it a batch that looks padded is refused.
+        out: a tensor to write the result into, as ``out=`` in torch: exactly the result's shape
+            (for ``mode="both"``, ``[2, *shape]``: intra then inter), in ``dtype``, on the cache's
+            device, sharing no memory with the cache; the result is a view of it. Reusing one
+            ``out`` across calls (a loop over texts of one shape) saves mapping fresh memory for
+            every result, which on a CPU costs about a third of the call at 512 tokens
+            (``benchmarks/contributions.py``, column b0).
 
     Returns:
         ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all
@@ -473,14 +497,19 @@ def contribution_weights(
     modes = _modes(mode)
     eps = check_eps(eps)
     layers = _layers(model, layer)
-    out = None  # all layers: [mode, layer, batch, head, query, key], each layer written in place
+    given = out
+    out = None  # [mode, (layer,) batch, head, query, key], each layer written in place
     for i, l in enumerate(layers):
         view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
-        if layer is None and out is None:
-            out = view.pattern.new_empty(len(modes), len(layers), *view.pattern.shape)
-        result = _layer_contributions(
-            view, modes, eps, query_chunk_size, memory_budget_bytes, None if out is None else out[:, i]
-        )
+        shape = tuple(view.pattern.shape) if layer is not None else (len(layers), *view.pattern.shape)
+        if given is not None:
+            # checked against every layer's inputs, so that no layer's cache is overwritten
+            checked = _mode_out(given, modes, shape, view.pattern.dtype, view.pattern.device, _layer_inputs(view))
+            out = checked if out is None else out
+        elif layer is None and out is None:
+            out = view.pattern.new_empty(len(modes), *shape)
+        target = None if out is None else out[:, i] if layer is None else out
+        result = _layer_contributions(view, modes, eps, query_chunk_size, memory_budget_bytes, target)
     if out is None:
         out = result
     return ContributionPair(*out) if mode == "both" else out[0]

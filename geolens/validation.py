@@ -98,6 +98,30 @@ def check_dtype(dtype, *, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
+def check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, inputs: tuple[Tensor, ...] = ()) -> Tensor:
+    """An ``out=`` tensor for a result of ``shape``: a tensor of exactly that shape, dtype and
+    device, sharing no memory with ``inputs`` (it would overwrite them while they are read).
+
+    >>> import torch
+    >>> check_out(torch.empty(2, 3), (2, 3), torch.float32, torch.device("cpu")).shape
+    torch.Size([2, 3])
+    """
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out must be a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out has shape {tuple(out.shape)}, the result has shape {tuple(shape)}")
+    if out.dtype != dtype:
+        raise ValueError(f"out has dtype {out.dtype}, the result is computed in {dtype} (the dtype argument)")
+    if out.device != torch.device(device):
+        raise ValueError(f"out is on {out.device}, the result is on {device}")
+    if out.requires_grad:
+        raise ValueError("out requires grad: pass a plain tensor (results are computed without autograd)")
+    storage = out.untyped_storage().data_ptr()
+    if any(x is not None and x.numel() and x.untyped_storage().data_ptr() == storage for x in inputs):
+        raise ValueError("out shares memory with the cached activations it is computed from: pass a separate tensor")
+    return out
+
+
 def check_attention_mask(attention_mask, batch: int, n_pos: int) -> Bool[Tensor, "batch pos"]:
     """``attention_mask`` as a bool ``[batch, pos]`` tensor (True = real token, TL's convention).
 

@@ -49,3 +49,81 @@ def test_unknown_mode(tiny):
     model, _, cache = tiny
     with pytest.raises(ValueError, match="mode must be one of 'intra', 'inter', 'both'"):
         contribution_weights(model, cache, 0, "all")
+
+
+# --- out=: results written into a caller's tensor ------------------------------------------------
+
+
+def _poisoned(*shape):
+    """A tensor whose every entry is NaN, so that any entry the call leaves unwritten shows."""
+    return torch.full(shape, float("nan"))
+
+
+@pytest.mark.parametrize("mode", ["intra", "inter", "both"])
+@pytest.mark.parametrize("layer", [0, None])
+def test_out_holds_the_same_result(tiny, mode, layer):
+    model, _, cache = tiny
+    want = contribution_weights(model, cache, layer, mode)
+    shape = tuple((want.intra if mode == "both" else want).shape)
+    buffer = _poisoned(2, *shape) if mode == "both" else _poisoned(*shape)
+    got = contribution_weights(model, cache, layer, mode, out=buffer)
+    for g, w in zip(got if mode == "both" else [got], want if mode == "both" else [want]):
+        assert torch.equal(g, w)  # every entry written (no NaN left), bit for bit
+        assert g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()  # a view of out
+
+
+def test_out_chunked_and_strided(tiny):
+    """Query chunks write into slices of out; an out with another memory layout works too."""
+    model, _, cache = tiny
+    want = contribution_weights(model, cache, 0, "both", query_chunk_size=5)
+    pair_shape = (2, *want.intra.shape)
+    strided = _poisoned(*reversed(pair_shape)).permute(*reversed(range(len(pair_shape))))  # column-major
+    assert not strided.is_contiguous()
+    got = contribution_weights(model, cache, 0, "both", query_chunk_size=5, out=strided)
+    assert torch.equal(got.intra, want.intra) and torch.equal(got.inter, want.inter)
+
+
+def test_out_reused_across_texts(tiny):
+    """The loop it is for: one buffer, one text after another, each result right."""
+    model, tokens, cache = tiny
+    other = tokens.flip(0)  # the same shape, other rows
+    with torch.no_grad():
+        _, cache2 = model.run_with_cache(other)
+    buffer = _poisoned(2, model.cfg.n_layers, *cache["blocks.0.attn.hook_pattern"].shape)
+    first = contribution_weights(model, cache, None, "both", out=buffer)
+    first_intra = first.intra.clone()
+    second = contribution_weights(model, cache2, None, "both", out=buffer)
+    assert torch.equal(first_intra, contribution_weights(model, cache, None, "intra"))
+    assert torch.equal(second.intra, contribution_weights(model, cache2, None, "intra"))
+    assert torch.equal(second.inter, contribution_weights(model, cache2, None, "inter"))
+
+
+def test_out_from_layer(tiny):
+    from geolens.adapter import get_attention_layer
+    from geolens.contributions import contribution_weights_from_layer
+
+    model, _, cache = tiny
+    view = get_attention_layer(model, cache, 1)
+    want = contribution_weights_from_layer(view, "inter")
+    assert torch.equal(contribution_weights_from_layer(view, "inter", out=_poisoned(*want.shape)), want)
+
+
+def test_bad_out_is_refused(tiny):
+    model, _, cache = tiny
+    shape = tuple(cache["blocks.0.attn.hook_pattern"].shape)
+    with pytest.raises(ValueError, match=r"out has shape .* the result has shape"):
+        contribution_weights(model, cache, 0, "both", out=torch.empty(shape))  # both needs [2, ...]
+    with pytest.raises(ValueError, match=r"out has shape"):
+        contribution_weights(model, cache, None, "intra", out=torch.empty(shape))  # all layers need [layer, ...]
+    with pytest.raises(ValueError, match="out has dtype torch.float64, the result is computed in torch.float32"):
+        contribution_weights(model, cache, 0, "intra", out=torch.empty(shape, dtype=torch.float64))
+    with pytest.raises(ValueError, match="requires grad"):
+        contribution_weights(model, cache, 0, "intra", out=torch.empty(shape, requires_grad=True))
+    with pytest.raises(TypeError, match="out must be a tensor"):
+        contribution_weights(model, cache, 0, "intra", out=[0.0])
+    # the cache's own pattern: writing there would change α while it is read
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    saved = pattern.clone()
+    with pytest.raises(ValueError, match="shares memory with the cached activations"):
+        contribution_weights(model, cache, 0, "intra", out=pattern)
+    assert torch.equal(pattern, saved)
