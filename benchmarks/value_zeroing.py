@@ -51,6 +51,29 @@ CHECKPOINT = Path(os.environ.get("GEOLENS_CACHE", Path.home() / ".cache" / "geol
 INSEQ_MIN_SCORE = 1e-5  # inseq's ValueZeroing zeroes raw scores below this before normalising rows
 
 
+GOAL_SPEEDUP = 3.0  # issue 15: at least 3× faster than inseq (at no more peak memory)
+
+
+def speedup_interval(slow: list[float], fast: list[float], level: float = 0.95) -> dict:
+    """slow/fast as a ratio of geometric means, with a Welch t-interval on the difference of mean
+    log times (the two tools run in separate processes, so their calls are not paired)."""
+    import numpy as np
+    from scipy import stats
+
+    a, b = np.log(slow), np.log(fast)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf((1 + level) / 2, df) * np.sqrt(va + vb))
+    d = float(a.mean() - b.mean())
+    return {"ratio": float(np.exp(d)), "low": float(np.exp(d - half)), "high": float(np.exp(d + half)), "level": level}
+
+
+def verdict(interval: dict, goal: float) -> str:
+    if interval["low"] >= goal:
+        return "met"
+    return "not met" if interval["high"] < goal else "undecided"
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
@@ -181,6 +204,7 @@ def main() -> None:
         "geolens_s": g["times"], "inseq_s": i["times"], "geolens_median_s": g_med, "inseq_median_s": i_med,
         "speedup": i_med / g_med, "geolens_peak_rss_mib": g["peak_rss_mib"], "inseq_peak_rss_mib": i["peak_rss_mib"],
         "geolens_by_chunk": [{"chunk_size": c or "default", "median_s": statistics.median(r["times"]), "speedup": i_med / statistics.median(r["times"]),
+                              "speedup_interval": speedup_interval(i["times"], r["times"]), "times": r["times"],
                               "peak_rss_mib": r["peak_rss_mib"]} for c, (r, _) in zip(args.geolens_chunks, runs)],
         "max_abs_diff_between_chunk_settings": same,
         "max_abs_diff": float(diff.max()), "max_abs_diff_per_layer": per_layer.tolist(),
@@ -191,7 +215,11 @@ def main() -> None:
     print(f"SmolLM2-135M, {n} tokens, all {gs.shape[0]} layers, {args.threads} threads, median of {args.repeats}")
     for c, (r, _) in zip(args.geolens_chunks, runs):
         med = statistics.median(r["times"])
-        print(f"  geolens value_zeroing(final_norm=True, chunk_size={c or 'default'}): {med:.3f} s ({i_med / med:.1f}× faster)   peak RSS {r['peak_rss_mib']:.0f} MiB")
+        ci = speedup_interval(i["times"], r["times"])
+        print(f"  geolens value_zeroing(final_norm=True, chunk_size={c or 'default'}): {med:.3f} s ({i_med / med:.1f}× faster; "
+              f"geometric means {ci['ratio']:.2f}× [{ci['low']:.2f}, {ci['high']:.2f}], 95% Welch interval; "
+              f"goal >= {GOAL_SPEEDUP:.0f}×: {verdict(ci, GOAL_SPEEDUP)})   peak RSS {r['peak_rss_mib']:.0f} MiB "
+              f"({'no more' if r['peak_rss_mib'] <= i['peak_rss_mib'] else 'more'} than inseq's {i['peak_rss_mib']:.0f}, one process each)")  # fmt: skip
     print(f"  inseq 0.7.1 value_zeroing: {i_med:.3f} s   peak RSS {i['peak_rss_mib']:.0f} MiB")
     print(f"  chunk settings agree to {same:.1e}")
     print(f"  agreement (default chunk): max |diff| {diff.max():.2e} (largest score {ins[:, causal].abs().max():.3f}); "
