@@ -13,7 +13,8 @@ text), all 30 layers, ``--threads`` torch threads, each in a fresh subprocess:
 
 - time: median of ``--repeats`` calls after one warm-up call, model loaded once; geolens once per
   ``--geolens-chunks`` setting (the default, and a small ``chunk_size`` that trades speed for memory);
-- memory: the subprocess's peak RSS (``ru_maxrss``: loading, warm-up and timed calls);
+- memory: the subprocess's peak RSS (``ru_maxrss``: loading, warm-up and timed calls), and the
+  same peak just before the first Value Zeroing call (the model loaded and run once);
 - agreement: inseq's ``target_attributions`` ``[key, step, layer]`` (step t scores query t)
   against geolens ``value_zeroing(..., final_norm=True)`` passed through inseq's post-processing
   (scores below its hard-coded ``min_score_threshold`` 1e-5 set to 0, then each row normalised to
@@ -91,6 +92,7 @@ def child_geolens(args) -> None:
     text = " ".join(load_corpus("lee", max_docs=3))
     ids = model.to_tokens(text)[:, : args.n_tokens]
     model(ids)  # the first forward pages the weights in, as inseq's warm-up does
+    model_rss = peak_rss_mib()  # the process's peak with the model loaded and run once
     chunk = args.chunk or None
     geolens.value_zeroing(model, ids, final_norm=True, chunk_size=chunk)  # warm-up
     times = []
@@ -99,7 +101,7 @@ def child_geolens(args) -> None:
         vz = geolens.value_zeroing(model, ids, final_norm=True, chunk_size=chunk)
         times.append(time.perf_counter() - t0)
     torch.save({"ids": ids[0].tolist(), "scores": vz[:, 0]}, args.child_out)
-    print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib()}))
+    print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib(), "model_peak_rss_mib": model_rss}))
 
 
 def child_inseq(args) -> None:
@@ -122,6 +124,8 @@ def child_inseq(args) -> None:
     if tok(text)["input_ids"] != ids:
         raise SystemExit("inseq child: the text does not re-tokenise to geolens' ids")
     model = inseq.load_model(hf, "value_zeroing", tokenizer=tok)
+    hf(torch.tensor([ids]))  # one plain forward pages the weights in, as in the geolens child
+    model_rss = peak_rss_mib()
 
     def call():
         out = model.attribute(input_texts=tok.decode(ids[:1]), generated_texts=text, show_progress=False)
@@ -134,7 +138,7 @@ def child_inseq(args) -> None:
         scores = call()
         times.append(time.perf_counter() - t0)
     torch.save({"scores": scores.permute(2, 1, 0).contiguous()}, args.child_out)  # [layer, query, key]
-    print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib()}))
+    print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib(), "model_peak_rss_mib": model_rss}))
 
 
 def run_child(python: str, which: str, args, tmp: Path, child_in: Path | None = None, chunk: int = 0) -> tuple[dict, Path]:
@@ -203,9 +207,11 @@ def main() -> None:
         "model": "smollm2-135m", "n_tokens": n, "layers": gs.shape[0], "threads": args.threads, "repeats": args.repeats,
         "geolens_s": g["times"], "inseq_s": i["times"], "geolens_median_s": g_med, "inseq_median_s": i_med,
         "speedup": i_med / g_med, "geolens_peak_rss_mib": g["peak_rss_mib"], "inseq_peak_rss_mib": i["peak_rss_mib"],
+        "inseq_model_peak_rss_mib": i["model_peak_rss_mib"],
         "geolens_by_chunk": [{"chunk_size": c or "default", "median_s": statistics.median(r["times"]), "speedup": i_med / statistics.median(r["times"]),
                               "speedup_interval": speedup_interval(i["times"], r["times"]), "times": r["times"],
-                              "peak_rss_mib": r["peak_rss_mib"]} for c, (r, _) in zip(args.geolens_chunks, runs)],
+                              "peak_rss_mib": r["peak_rss_mib"], "model_peak_rss_mib": r["model_peak_rss_mib"]}
+                             for c, (r, _) in zip(args.geolens_chunks, runs)],
         "max_abs_diff_between_chunk_settings": same,
         "max_abs_diff": float(diff.max()), "max_abs_diff_per_layer": per_layer.tolist(),
         "rows": int(causal.any(-1).sum()) * gs.shape[0], "rows_with_threshold_flip": int(flipped.sum()),
@@ -219,8 +225,10 @@ def main() -> None:
         print(f"  geolens value_zeroing(final_norm=True, chunk_size={c or 'default'}): {med:.3f} s ({i_med / med:.1f}× faster; "
               f"geometric means {ci['ratio']:.2f}× [{ci['low']:.2f}, {ci['high']:.2f}], 95% Welch interval; "
               f"goal >= {GOAL_SPEEDUP:.0f}×: {verdict(ci, GOAL_SPEEDUP)})   peak RSS {r['peak_rss_mib']:.0f} MiB "
-              f"({'no more' if r['peak_rss_mib'] <= i['peak_rss_mib'] else 'more'} than inseq's {i['peak_rss_mib']:.0f}, one process each)")  # fmt: skip
-    print(f"  inseq 0.7.1 value_zeroing: {i_med:.3f} s   peak RSS {i['peak_rss_mib']:.0f} MiB")
+              f"({'no more' if r['peak_rss_mib'] <= i['peak_rss_mib'] else 'more'} than inseq's {i['peak_rss_mib']:.0f}, one process each; "
+              f"{r['model_peak_rss_mib']:.0f} with the model loaded and run once, before Value Zeroing)")  # fmt: skip
+    print(f"  inseq 0.7.1 value_zeroing: {i_med:.3f} s   peak RSS {i['peak_rss_mib']:.0f} MiB "
+          f"({i['model_peak_rss_mib']:.0f} with the model loaded and run once)")  # fmt: skip
     print(f"  chunk settings agree to {same:.1e}")
     print(f"  agreement (default chunk): max |diff| {diff.max():.2e} (largest score {ins[:, causal].abs().max():.3f}); "
           f"worst layer {int(per_layer.argmax())} ({per_layer.max():.2e})")  # fmt: skip
