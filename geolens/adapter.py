@@ -301,9 +301,11 @@ class ModelAdapter:
         except RuntimeError:  # an inference tensor keeps no version counter: never cached
             return W_O.detach().to(device=device, dtype=dtype), b_O
         # fingerprint the storage W_O views (a bridge's W_O is a transposed view of the Linear
-        # weight, which reshape(-1) would copy on every call)
+        # weight, which reshape(-1) would copy on every call), unless that storage is much larger
+        # than W_O (a flat buffer of many parameters): then W_O's own entries, copied
         flat = root.detach()
-        flat = flat.view(-1) if flat.is_contiguous() else W_O.detach().reshape(-1)
+        in_place = flat.is_contiguous() and flat.numel() <= 4 * W_O.numel()
+        flat = flat.view(-1) if in_place else W_O.detach().reshape(-1)
         probe = self._probes.get((flat.numel(), flat.dtype, flat.device))
         if probe is None:
             probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat)

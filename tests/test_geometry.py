@@ -384,3 +384,24 @@ def test_a_pattern_that_looks_ahead_is_never_treated_as_causal(tiny_gqa):
     torch.testing.assert_close(c.sum(-1), torch.ones_like(c.sum(-1)), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="contiguous"):
         layer.query_slice(slice(0, None, 2))
+
+
+@pytest.mark.parametrize("extra", [0, 10_000])
+def test_cached_W_O_follows_writes_into_a_shared_buffer(tiny_gqa, monkeypatch, extra):
+    """W_O as a view of a larger flat buffer (extra > 0: the fingerprint reads W_O's own entries
+    instead of the whole buffer) or of a same-size one: a write through the buffer is noticed."""
+    model, _, _ = tiny_gqa
+    adapter = geolens.adapter_for(model)
+    W_O, b_O = adapter.output_weights(0)
+    W_O = W_O.detach()
+    buffer = torch.zeros(extra + W_O.numel())
+    buffer[extra:] = W_O.reshape(-1)
+    view = buffer[extra:].view(W_O.shape)
+    monkeypatch.setattr(adapter, "output_weights", lambda layer: (view, b_O))
+    first, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
+    assert torch.equal(first, W_O)
+    again, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
+    assert again is first  # unchanged: the same cached tensor
+    buffer.data[extra + 3] += 1.0  # through .data: no version bump
+    changed, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
+    assert changed is not first and changed.reshape(-1)[3] == W_O.reshape(-1)[3] + 1.0
