@@ -28,7 +28,7 @@ allocations are mmapped so that freed memory leaves RSS), compared with one laye
 ``[head, query, key]`` float32 pattern. Prints the ratios.
 
 Scaling (``--scaling 128 512 1024 2048 4096``): a full cache of every layer's pattern does not
-fit in memory at 4096 tokens (30 × 9 × 4096² floats = 18 GiB), so there geolens runs *inside*
+fit in memory at 4096 tokens (30 × 9 × 4096² floats = 16.9 GiB), so there geolens runs *inside*
 the forward pass: hooks on ``hook_v`` / ``hook_pattern`` compute both modes for each layer as it
 is produced, query-chunked under a memory budget, reduce them and drop them. The table gives,
 per length, the plain forward time, the geolens time spent in those hooks, their ratio and the
@@ -111,7 +111,7 @@ def minor_faults() -> int:
 
 def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> dict:
     """Geometric mean of the per-round ratios num/den with a t-interval on their logs (the two
-    columns of a round ran back to back, so a slow spell of the machine hits both)."""
+    columns ran in the same round, so a slow spell of the machine hits both)."""
     import numpy as np
     from scipy import stats
 
@@ -190,11 +190,13 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
         best = dict.fromkeys(columns, float("inf"))
         faults = dict.fromkeys(columns, 0)  # page faults of each column's fastest call
         rounds = {name: [] for name in columns}  # seconds of each column, round by round
+        round_faults = {name: [] for name in columns}  # page faults of each column, round by round
         names = list(columns)
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
                 seconds, n_faults = timed_faults(columns[name])
                 rounds[name].append(seconds)
+                round_faults[name].append(n_faults)
                 if seconds < best[name]:
                     best[name], faults[name] = seconds, n_faults
         t_a, t_b, t_b2, t_b1, t_b0 = (best[k] for k in ("a", "b", "b2", "b1", "b0"))
@@ -208,7 +210,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, b0=t_b0, c=t_c, faults_b0=faults["b0"], faults_a=faults["a"], faults_b=faults["b"], rounds=rounds,
+    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, b0=t_b0, c=t_c, faults_b0=faults["b0"], faults_a=faults["a"], faults_b=faults["b"], rounds=rounds, round_faults=round_faults,
                 ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), ratio_b0_a=ratio_interval(rounds["b0"], rounds["a"]), **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
@@ -443,6 +445,9 @@ def main() -> None:
                   f"[{ci['low']:.3f}, {ci['high']:.3f}] ({ci['level']:.0%} t-interval over {ci['rounds']} rounds); "
                   f"goal {name}/a <= {GOAL_B_A}: {verdict(ci, GOAL_B_A)}")  # fmt: skip
     for r in rows:
+        median = {k: sorted(v)[len(v) // 2] for k, v in r["round_faults"].items()}
+        print(f"{r['seq_len']:>5} tokens: page faults per call, median over rounds: (a) {median['a']}, (b) {median['b']}, "
+              f"(b0) {median['b0']}")  # fmt: skip
         print(f"{r['seq_len']:>5} tokens: page faults (new pages mapped) during the fastest call: "
               f"(a) {r['faults_a']} ({r['faults_a'] * page / 2**20:.0f} MiB), (b) {r['faults_b']} "
               f"({r['faults_b'] * page / 2**20:.0f} MiB; its kept results are {r['result_bytes'] / 2**20:.0f} MiB), "

@@ -236,6 +236,8 @@ def main() -> None:
           f"zeroes at inseq's 1e-5 threshold; max |diff| on the other rows {clean_rows.max():.2e}")  # fmt: skip
     print(f"  load average {os.getloadavg()[0]:.2f}")
     if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+        result["commit"] = commit.stdout.strip() or None
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -306,11 +306,13 @@ class ModelAdapter:
         flat = root.detach()
         in_place = flat.is_contiguous() and flat.numel() <= 4 * W_O.numel()
         flat = flat.view(-1) if in_place else W_O.detach().reshape(-1)
-        probe = self._probes.get((flat.numel(), flat.dtype, flat.device))
+        # float32 probe, float64 sums: in a bf16 or fp16 weight, a sum rounded in the weight's own
+        # dtype would not see a change of one entry
+        probe = self._probes.get((flat.numel(), flat.device))
         if probe is None:
-            probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat)
-            self._probes[(flat.numel(), flat.dtype, flat.device)] = probe
-        state += (float(flat.sum()), float(flat @ probe))
+            probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel())).to(flat.device)
+            self._probes[(flat.numel(), flat.device)] = probe
+        state += (float(torch.sum(flat, dtype=torch.float64)), float(torch.sum(flat * probe, dtype=torch.float64)))
         key = (layer, dtype, str(device))
         hit = self._compute_W_O.get(key)
         if hit is not None and hit[0]() is root and hit[1] == state:

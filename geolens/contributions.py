@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import AttentionLayer, get_attention_layer, model_mode
+from geolens.adapter import AttentionLayer, _cache_lookup, get_attention_layer, model_mode, required_hook_names
 from geolens.geometry import (  # noqa: F401  (head_outputs, iter_query_chunks, query_chunk_for_budget: re-exported)
     CONTRIBUTION_TEMPORARIES,
     METRIC_TEMPORARIES,
@@ -399,18 +399,12 @@ def _modes(mode: ContributionMode) -> tuple[Mode, ...]:
     return ("intra", "inter") if mode == "both" else (mode,)
 
 
-def _mode_out(out: Tensor | None, modes: tuple[Mode, ...], shape: tuple[int, ...], dtype, device, inputs) -> Tensor | None:
-    """A caller's ``out`` (``shape``, with a leading axis of 2 for both modes) as the internal
-    ``[mode, …]`` view, or None."""
-    if out is None:
-        return None
+def _mode_out(out: Tensor, modes: tuple[Mode, ...], shape: tuple[int, ...], dtype, device, inputs, dtype_from: str) -> Tensor:
+    """A caller's ``out`` (``shape``, with a leading axis of 2 for both modes), checked
+    (:func:`~geolens.validation.check_out`), as the internal ``[mode, …]`` view."""
     full = (len(modes), *shape) if len(modes) > 1 else shape
-    out = check_out(out, full, dtype, device, inputs=inputs)
+    out = check_out(out, full, dtype, device, inputs=inputs, dtype_from=dtype_from)
     return out if len(modes) > 1 else out.unsqueeze(0)
-
-
-def _layer_inputs(layer: AttentionLayer) -> tuple[Tensor | None, ...]:
-    return (layer.pattern, layer.v, layer.z_hint)
 
 
 def contribution_weights_from_layer(
@@ -432,7 +426,9 @@ def contribution_weights_from_layer(
     """
     modes = _modes(mode)
     eps = check_eps(eps)
-    out = _mode_out(out, modes, tuple(layer.pattern.shape), layer.pattern.dtype, layer.pattern.device, _layer_inputs(layer))
+    if out is not None:
+        inputs = (layer.pattern, layer.v, layer.z_hint)
+        out = _mode_out(out, modes, tuple(layer.pattern.shape), layer.pattern.dtype, layer.pattern.device, inputs, "the layer's dtype")
     out = _layer_contributions(layer, modes, eps, query_chunk_size, memory_budget_bytes, out)
     return ContributionPair(*out) if mode == "both" else out[0]
 
@@ -477,7 +473,8 @@ def contribution_weights(
             run alone. Without it a batch that looks padded is refused.
         out: a tensor to write the result into, as ``out=`` in torch: exactly the result's shape
             (for ``mode="both"``, ``[2, *shape]``: intra then inter), in ``dtype``, on the cache's
-            device, sharing no memory with the cache; the result is a view of it. Reusing one
+            device, sharing no memory with the cache's pattern, v or z of any layer; the result
+            is a view of it. Reusing one
             ``out`` across calls (a loop over texts of one shape) saves mapping fresh memory for
             every result, which on a CPU costs about a third of the call at 512 tokens
             (``benchmarks/contributions.py``, column b0).
@@ -497,17 +494,18 @@ def contribution_weights(
     modes = _modes(mode)
     eps = check_eps(eps)
     layers = _layers(model, layer)
-    given = out
-    out = None  # [mode, (layer,) batch, head, query, key], each layer written in place
+    given, out = out, None  # out: [mode, (layer,) batch, head, query, key], each layer written in place
     for i, l in enumerate(layers):
         view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
-        shape = tuple(view.pattern.shape) if layer is not None else (len(layers), *view.pattern.shape)
-        if given is not None:
-            # checked against every layer's inputs, so that no layer's cache is overwritten
-            checked = _mode_out(given, modes, shape, view.pattern.dtype, view.pattern.device, _layer_inputs(view))
-            out = checked if out is None else out
-        elif layer is None and out is None:
-            out = view.pattern.new_empty(len(modes), *shape)
+        if i == 0:
+            shape = tuple(view.pattern.shape) if layer is not None else (len(layers), *view.pattern.shape)
+            if given is not None:
+                # before the first write: no pattern, v or z entry of the cache (any layer) may be
+                # overwritten, whether this call reads it or the caller keeps it
+                inputs = [_cache_lookup(cache, name) for name in required_hook_names(model)]
+                out = _mode_out(given, modes, shape, dtype, view.pattern.device, [*inputs, view.pattern, view.v], "the dtype argument")
+            elif layer is None:
+                out = view.pattern.new_empty(len(modes), *shape)
         target = None if out is None else out[:, i] if layer is None else out
         result = _layer_contributions(view, modes, eps, query_chunk_size, memory_budget_bytes, target)
     if out is None:

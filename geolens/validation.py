@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import operator
 import weakref
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import torch
 from jaxtyping import Bool
@@ -98,9 +98,19 @@ def check_dtype(dtype, *, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
-def check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, inputs: tuple[Tensor, ...] = ()) -> Tensor:
+def _memory_span(x: Tensor) -> tuple[int, int]:
+    """The byte range of ``x``'s whole storage."""
+    storage = x.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def check_out(
+    out, shape: tuple[int, ...], dtype: torch.dtype, device, *, inputs: Iterable[Tensor | None] = (), dtype_from: str = "the dtype argument"
+) -> Tensor:
     """An ``out=`` tensor for a result of ``shape``: a tensor of exactly that shape, dtype and
-    device, sharing no memory with ``inputs`` (it would overwrite them while they are read).
+    device, whose elements do not overlap one another (an expanded tensor) and whose memory
+    overlaps none of ``inputs`` (it would overwrite them while they are read, or a cache the
+    caller keeps).
 
     >>> import torch
     >>> check_out(torch.empty(2, 3), (2, 3), torch.float32, torch.device("cpu")).shape
@@ -111,14 +121,19 @@ def check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, the result has shape {tuple(shape)}")
     if out.dtype != dtype:
-        raise ValueError(f"out has dtype {out.dtype}, the result is computed in {dtype} (the dtype argument)")
+        raise ValueError(f"out has dtype {out.dtype}, the result is computed in {dtype} ({dtype_from})")
     if out.device != torch.device(device):
         raise ValueError(f"out is on {out.device}, the result is on {device}")
     if out.requires_grad:
         raise ValueError("out requires grad: pass a plain tensor (results are computed without autograd)")
-    storage = out.untyped_storage().data_ptr()
-    if any(x is not None and x.numel() and x.untyped_storage().data_ptr() == storage for x in inputs):
-        raise ValueError("out shares memory with the cached activations it is computed from: pass a separate tensor")
+    if any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride())):
+        raise ValueError("out has elements that share memory (an expanded tensor): pass a tensor of its own, e.g. torch.empty(shape)")
+    start, end = _memory_span(out)
+    for x in inputs:
+        if x is not None and x.numel() and x.device == out.device:
+            x_start, x_end = _memory_span(x)
+            if x_start < end and start < x_end:
+                raise ValueError("out shares memory with the cached activations the result is computed from: pass a separate tensor")
     return out
 
 

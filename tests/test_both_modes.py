@@ -121,9 +121,50 @@ def test_bad_out_is_refused(tiny):
         contribution_weights(model, cache, 0, "intra", out=torch.empty(shape, requires_grad=True))
     with pytest.raises(TypeError, match="out must be a tensor"):
         contribution_weights(model, cache, 0, "intra", out=[0.0])
-    # the cache's own pattern: writing there would change α while it is read
+    with pytest.raises(ValueError, match="an expanded tensor"):
+        contribution_weights(model, cache, 0, "intra", out=torch.zeros(1).expand(shape))
+    # the cache's own entries: writing there would change α while it is read, or a cache the
+    # caller keeps; any layer the call reads counts, and the check comes before the first write
+    for name, call in [
+        ("blocks.0.attn.hook_pattern", lambda out: contribution_weights(model, cache, 0, "intra", out=out)),
+        ("blocks.1.attn.hook_pattern", lambda out: contribution_weights(model, cache, 0, "intra", out=out)),
+    ]:
+        pattern = cache[name]
+        saved = pattern.clone()
+        with pytest.raises(ValueError, match="shares memory with the cached activations"):
+            call(pattern)
+        assert torch.equal(pattern, saved)
+    layers = model.cfg.n_layers
+    entries = {k: cache[k] for k in cache.keys()}
+    big = torch.zeros(layers + 1, *shape)  # layer 1's pattern lives inside the out of all layers
+    entries["blocks.1.attn.hook_pattern"] = big[1].copy_(cache["blocks.1.attn.hook_pattern"])
+    with pytest.raises(ValueError, match="shares memory"):
+        contribution_weights(model, entries, None, "intra", out=big[1:])
+    assert torch.equal(big[1], cache["blocks.1.attn.hook_pattern"])  # layer 0 was not written first
+
+
+def test_out_sharing_the_cache_is_refused_with_a_mask(tiny):
+    """With attention_mask= the layer computes on masked copies; the cache itself must still be
+    protected."""
+    model, tokens, cache = tiny
+    mask = torch.ones_like(tokens)
     pattern = cache["blocks.0.attn.hook_pattern"]
     saved = pattern.clone()
     with pytest.raises(ValueError, match="shares memory with the cached activations"):
-        contribution_weights(model, cache, 0, "intra", out=pattern)
+        contribution_weights(model, cache, 0, "intra", attention_mask=mask, out=pattern)
     assert torch.equal(pattern, saved)
+
+
+def test_out_overlapping_through_another_storage_object_is_refused(tiny):
+    """Two tensors over the same bytes but different storage objects (numpy views)."""
+    import numpy as np
+
+    model, _, cache = tiny
+    shape = tuple(cache["blocks.0.attn.hook_pattern"].shape)
+    n = int(np.prod(shape))
+    memory = np.zeros(n + 8, dtype=np.float32)
+    entries = {k: cache[k] for k in cache.keys()}
+    entries["blocks.0.attn.hook_pattern"] = torch.from_numpy(memory[:n].reshape(shape)).copy_(cache["blocks.0.attn.hook_pattern"])
+    out = torch.from_numpy(memory[8:].reshape(shape))  # overlaps the pattern, shifted by 8 floats
+    with pytest.raises(ValueError, match="shares memory"):
+        contribution_weights(model, entries, 0, "intra", out=out)

@@ -405,3 +405,21 @@ def test_cached_W_O_follows_writes_into_a_shared_buffer(tiny_gqa, monkeypatch, e
     buffer.data[extra + 3] += 1.0  # through .data: no version bump
     changed, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
     assert changed is not first and changed.reshape(-1)[3] == W_O.reshape(-1)[3] + 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cached_W_O_follows_a_small_write_in_a_low_precision_weight(tiny_gqa, monkeypatch, dtype):
+    """A bf16/fp16 W_O of a million entries: one entry changed through .data by a few of its own
+    ulps is noticed (a fingerprint summed in the weight's dtype would round the change away)."""
+    model, _, _ = tiny_gqa
+    adapter = geolens.adapter_for(model)
+    _, b_O = adapter.output_weights(0)
+    g = torch.Generator().manual_seed(0)
+    weight = (0.02 * torch.randn(16, 128, 512, generator=g)).to(dtype)
+    monkeypatch.setattr(adapter, "output_weights", lambda layer: (weight, b_O))
+    first, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
+    assert adapter.compute_output_weights(0, torch.float32, "cpu")[0] is first
+    weight.data[3, 5, 7] += 0.05
+    changed, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
+    assert changed is not first
+    assert changed[3, 5, 7] == weight[3, 5, 7].float()
