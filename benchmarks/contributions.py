@@ -245,15 +245,18 @@ def memory_child(seq_len: int) -> None:
 BUDGET = 256 * 2**20  # bytes of query-chunk temporaries per layer
 
 
-def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET) -> float:
+def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET, reuse: bool = False) -> float:
     """Seconds spent in geolens hooks (both modes, all layers, reduced per chunk) during one forward
-    (on a GPU the device is synchronised around each hook, so the time is the hook's own)."""
+    (on a GPU the device is synchronised around each hook, so the time is the hook's own).
+    ``reuse``: every chunk's results go into one buffer per chunk shape (``out=``), allocated once
+    per forward, instead of fresh memory per chunk."""
     from geolens.adapter import PATTERN, VALUE, Z, hook_name
     from geolens.contributions import iter_query_chunks
     from geolens.interventions.base import applied
 
     spent = [0.0]
     seen: dict[int, dict] = {}
+    buffers: dict[tuple[int, ...], torch.Tensor] = {}
 
     def grab(layer: int, name: str):
         def hook(x, hook):
@@ -266,7 +269,13 @@ def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET)
                 view = get_attention_layer(model, seen.pop(layer), layer)
                 acc = 0.0
                 for _, sub in iter_query_chunks(view, memory_budget_bytes=budget, n_temporaries=6):
-                    intra, inter = contribution_weights_from_layer(sub, "both")
+                    out = None
+                    if reuse:
+                        shape = (2, *sub.pattern.shape)
+                        out = buffers.get(shape)
+                        if out is None:
+                            out = buffers[shape] = sub.pattern.new_empty(shape)
+                    intra, inter = contribution_weights_from_layer(sub, "both", out=out)
                     acc += float(intra.sum()) + float(inter.sum())
                 del view
             if x.is_cuda:
@@ -301,7 +310,11 @@ def scaling_child(seq_len: int, repeats: int) -> None:
     with PeakRSS() as mem:
         for _ in range(repeats):
             best_geo = min(best_geo, streamed_forward(model, tokens, with_geolens=True))
-    print(best_fwd, best_geo, mem.extra)
+    best_reuse = float("inf")
+    with PeakRSS() as mem_reuse:
+        for _ in range(repeats):
+            best_reuse = min(best_reuse, streamed_forward(model, tokens, with_geolens=True, reuse=True))
+    print(best_fwd, best_geo, mem.extra, best_reuse, mem_reuse.extra)
 
 
 def scaling(lengths, repeats: int) -> None:
@@ -312,21 +325,27 @@ def scaling(lengths, repeats: int) -> None:
 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
     print(f"\nScaling: geolens (both modes, all layers) inside the forward, query chunks under {BUDGET // 2**20} MiB")
-    print(f"{'seq':>5} {'forward s':>10} {'geolens s':>10} {'geolens/fwd':>12} {'peak extra MiB':>15}")
+    print("(with out=: each chunk's results written into one buffer per chunk shape, reused for the whole forward)")
+    print(f"{'seq':>5} {'forward s':>10} {'geolens s':>10} {'geolens/fwd':>12} {'peak extra MiB':>15} "
+          f"{'out= s':>8} {'out=/fwd':>9} {'out= peak MiB':>14}")  # fmt: skip
     rows = []
     for n in lengths:
         out = subprocess.run([sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats)], env=env,
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
-        fwd, geo, extra = map(float, out.strip().splitlines()[-1].split())
-        rows.append((n, fwd, geo, extra))
-        print(f"{n:>5} {fwd:>10.3f} {geo:>10.3f} {geo / fwd:>12.3f} {extra / 2**20:>15.1f}")
-    slope = None
+        fwd, geo, extra, reuse, extra_reuse = map(float, out.strip().splitlines()[-1].split())
+        rows.append((n, fwd, geo, extra, reuse, extra_reuse))
+        print(f"{n:>5} {fwd:>10.3f} {geo:>10.3f} {geo / fwd:>12.3f} {extra / 2**20:>15.1f} "
+              f"{reuse:>8.3f} {reuse / fwd:>9.3f} {extra_reuse / 2**20:>14.1f}")  # fmt: skip
+    slope = slope_reuse = None
     if len(rows) >= 2:
-        x, y = np.log([r[0] for r in rows]), np.log([r[2] for r in rows])
-        slope = float(np.polyfit(x, y, 1)[0])
-        print(f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}")
-    return dict(budget_bytes=BUDGET, repeats=repeats, exponent=slope,
-                rows=[dict(seq_len=n, forward_s=f, geolens_s=g, ratio=g / f, peak_extra_bytes=e) for n, f, g, e in rows])  # fmt: skip
+        x = np.log([r[0] for r in rows])
+        slope = float(np.polyfit(x, np.log([r[2] for r in rows]), 1)[0])
+        slope_reuse = float(np.polyfit(x, np.log([r[4] for r in rows]), 1)[0])
+        print(f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}; "
+              f"with out=: {slope_reuse:.2f}")  # fmt: skip
+    return dict(budget_bytes=BUDGET, repeats=repeats, exponent=slope, exponent_out=slope_reuse,
+                rows=[dict(seq_len=n, forward_s=f, geolens_s=g, ratio=g / f, peak_extra_bytes=e, geolens_out_s=r,
+                           ratio_out=r / f, peak_extra_out_bytes=er) for n, f, g, e, r, er in rows])  # fmt: skip
 
 
 def plot_scaling(table: dict, path: str) -> None:
@@ -342,10 +361,15 @@ def plot_scaling(table: dict, path: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     left.loglog(n, [r["forward_s"] for r in rows], "o-", label="forward (no cache)")
     left.loglog(n, [r["geolens_s"] for r in rows], "s-", label=f"geolens, both modes (exponent {table['exponent']:.2f})")
+    if "geolens_out_s" in rows[0]:
+        left.loglog(n, [r["geolens_out_s"] for r in rows], "^-", label=f"geolens, out= reused (exponent {table['exponent_out']:.2f})")
     left.set(xlabel="tokens", ylabel="seconds, best of %d" % table["repeats"], title="SmolLM2-135M, 30 layers, CPU")
     left.set_xticks(n, [str(x) for x in n])
     left.legend(fontsize=8)
-    right.semilogx(n, [r["ratio"] for r in rows], "s-", color="C1")
+    right.semilogx(n, [r["ratio"] for r in rows], "s-", color="C1", label="fresh results")
+    if "ratio_out" in rows[0]:
+        right.semilogx(n, [r["ratio_out"] for r in rows], "^-", color="C2", label="out= reused")
+        right.legend(fontsize=8)
     right.set(xlabel="tokens", ylabel="geolens / forward", title="geolens inside the forward / the forward", ylim=(0, None))
     right.set_xticks(n, [str(x) for x in n])
     for ax in (left, right):
@@ -383,11 +407,14 @@ def markdown(record: dict) -> str:
         )
     if "scaling" in record:
         sc = record["scaling"]
-        lines += ["", "| seq | forward s | geolens s | geolens / forward | peak extra MiB |", "|---:|---:|---:|---:|---:|"]
+        lines += ["", "| seq | forward s | geolens s | geolens / forward | peak extra MiB | geolens, `out=` reused s | / forward | peak extra MiB |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for r in sc["rows"]:
-            lines.append(f"| {r['seq_len']} | {r['forward_s']:.3f} | {r['geolens_s']:.3f} | {r['ratio']:.3f} | {r['peak_extra_bytes'] / mib:.1f} |")
+            lines.append(f"| {r['seq_len']} | {r['forward_s']:.3f} | {r['geolens_s']:.3f} | {r['ratio']:.3f} | {r['peak_extra_bytes'] / mib:.1f} "
+                         f"| {r['geolens_out_s']:.3f} | {r['ratio_out']:.3f} | {r['peak_extra_out_bytes'] / mib:.1f} |")  # fmt: skip
         if sc["exponent"] is not None:
-            lines += ["", f"Exponent of geolens time against length (log-log least squares, {len(sc['rows'])} lengths): {sc['exponent']:.2f}"]
+            lines += ["", f"Exponent of geolens time against length (log-log least squares, {len(sc['rows'])} lengths): "
+                          f"{sc['exponent']:.2f}; with `out=` reused: {sc['exponent_out']:.2f}"]  # fmt: skip
     return "\n".join(lines)
 
 
