@@ -18,9 +18,9 @@ each), so that a slow spell of this shared machine hits a whole round rather tha
 every column is measured in every position. b/a is the ratio of the best times; the verdict on
 issue 15's goal (b/a <= 0.25) is read from a confidence interval instead: the geometric mean of
 the per-round ratios b_r / a_r with a 95% t-interval on their logs (met when the whole interval is
-at or below the goal, not met when it is above, else undecided). The page faults of the fastest (a) and (b) calls are
-printed too: every new page the kernel maps costs a fault (about a microsecond on a VM), and (a)'s
-cache and (b)'s kept results are both new memory.
+at or below the goal, not met when it is above, else undecided). The page faults of (a), (b) and
+(b0) are printed too (median over rounds, and those of the fastest call): every new page the
+kernel maps costs a fault, and (a)'s cache and (b)'s kept results are both new memory.
 
 and the extra peak memory of (b) when each layer's results are reduced before the next layer
 (RSS sampled every 2 ms while it runs, minus the RSS before, in a fresh subprocess whose large
@@ -185,10 +185,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
             "b0": geolens_mapped,
         }
         for fn in columns.values():  # one untimed call each: no column's first call is timed
-            del_result = fn()
-            del del_result
-        best = dict.fromkeys(columns, float("inf"))
-        faults = dict.fromkeys(columns, 0)  # page faults of each column's fastest call
+            fn()
         rounds = {name: [] for name in columns}  # seconds of each column, round by round
         round_faults = {name: [] for name in columns}  # page faults of each column, round by round
         names = list(columns)
@@ -197,9 +194,9 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
                 seconds, n_faults = timed_faults(columns[name])
                 rounds[name].append(seconds)
                 round_faults[name].append(n_faults)
-                if seconds < best[name]:
-                    best[name], faults[name] = seconds, n_faults
-        t_a, t_b, t_b2, t_b1, t_b0 = (best[k] for k in ("a", "b", "b2", "b1", "b0"))
+        fastest = {name: times.index(min(times)) for name, times in rounds.items()}  # each column's best round
+        t_a, t_b, t_b2, t_b1, t_b0 = (rounds[k][fastest[k]] for k in ("a", "b", "b2", "b1", "b0"))
+        faults = {name: round_faults[name][i] for name, i in fastest.items()}  # page faults of the fastest call
         mapped.clear()  # free the reused results before the naive reference
         _, cache = model.run_with_cache(tokens)
 

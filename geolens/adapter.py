@@ -288,8 +288,9 @@ class ModelAdapter:
         tensor object while the weight is unchanged, so quantities cached on it (the Gram
         matrices of :func:`geolens.geometry.gram`) are reused across calls. "Unchanged" means the
         same parameter object, storage, layout and version counter *and* the same content
-        fingerprint (the sum of the storage it views and its product with a fixed random probe,
-        read in place): writes through ``.data`` do not move the version counter, the fingerprint
+        fingerprint (float64 sums of the entries and of their product with a fixed random probe,
+        over the storage W_O views, read in place, or over W_O's own entries when that storage is
+        much larger): writes through ``.data`` do not move the version counter, the fingerprint
         catches them."""
         W_O, b_O = self.output_weights(layer)
         b_O = b_O.detach().to(device=device, dtype=dtype)

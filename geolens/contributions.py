@@ -474,10 +474,9 @@ def contribution_weights(
         out: a tensor to write the result into, as ``out=`` in torch: exactly the result's shape
             (for ``mode="both"``, ``[2, *shape]``: intra then inter), in ``dtype``, on the cache's
             device, sharing no memory with the cache's pattern, v or z of any layer; the result
-            is a view of it. Reusing one
-            ``out`` across calls (a loop over texts of one shape) saves mapping fresh memory for
-            every result, which on a CPU costs about a third of the call at 512 tokens
-            (``benchmarks/contributions.py``, column b0).
+            is a view of it. Reusing one ``out`` across calls (a loop over texts of one shape)
+            saves mapping fresh memory for every result, which on a CPU costs about a third of
+            the call at 512 tokens (``benchmarks/contributions.py``, column b0).
 
     Returns:
         ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all
@@ -503,7 +502,7 @@ def contribution_weights(
                 # before the first write: no pattern, v or z entry of the cache (any layer) may be
                 # overwritten, whether this call reads it or the caller keeps it
                 inputs = [_cache_lookup(cache, name) for name in required_hook_names(model)]
-                out = _mode_out(given, modes, shape, dtype, view.pattern.device, [*inputs, view.pattern, view.v], "the dtype argument")
+                out = _mode_out(given, modes, shape, dtype, view.pattern.device, inputs, "the dtype argument")
             elif layer is None:
                 out = view.pattern.new_empty(len(modes), *shape)
         target = None if out is None else out[:, i] if layer is None else out
