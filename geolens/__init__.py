@@ -41,7 +41,7 @@ from geolens.runner import run_analysis, run_corpus
 from geolens.sinks import sink_geometry
 from geolens.taxonomy import head_taxonomy
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     # models and activations
