@@ -41,8 +41,21 @@ from typing import Any, Sequence
 import torch
 
 from geolens.data import as_token_tensor
+from geolens.files import umask
 
 FORMAT_VERSION = 2  # 2: the fingerprint holds the model and the analyses' arguments
+
+
+class WriteError(OSError):
+    """A write that failed (full disk, permissions, read-only folder), said in one line that names
+    the file and what was kept; ``errno`` is the original one."""
+
+    def __init__(self, err: OSError, message: str):
+        super().__init__(err.errno, err.strerror, err.filename)
+        self.message = f"{message} ({err.strerror or type(err).__name__})"
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -52,6 +65,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would hide the file from the user's group
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -188,17 +202,23 @@ def check_writable(path) -> None:
 
 
 def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict[str, Any]) -> None:
-    """Atomically write the states of ``analyses`` after ``next_batch`` batches."""
-    atomic_torch_save(
-        {
-            "format": FORMAT_VERSION,
-            "next_batch": int(next_batch),
-            "states": [a.state_dict() for a in analyses],
-            "fingerprint": fingerprint,
-            "torch_rng": torch.get_rng_state(),
-        },
-        path,
-    )
+    """Atomically write the states of ``analyses`` after ``next_batch`` batches.
+
+    A failed write (full disk, permissions) raises :class:`WriteError` naming the checkpoint;
+    the checkpoint saved before stays intact (the write goes to a temporary file first).
+    """
+    state = {
+        "format": FORMAT_VERSION,
+        "next_batch": int(next_batch),
+        "states": [a.state_dict() for a in analyses],
+        "fingerprint": fingerprint,
+        "torch_rng": torch.get_rng_state(),
+    }
+    try:
+        atomic_torch_save(state, path)
+    except OSError as err:
+        kept = "the checkpoint saved before is intact" if Path(path).exists() else "no checkpoint was saved yet"
+        raise WriteError(err, f"cannot write the checkpoint {path}; {kept}") from err
 
 
 def _not_a_checkpoint(path, reason: str) -> ValueError:

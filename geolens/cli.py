@@ -5,14 +5,24 @@ and sets ``func``), so capabilities add commands without touching this file.
 
 User errors (:class:`geolens.commands._options.UsageError`, argparse errors included) are printed
 as one line ``geolens <command>: error: <message>`` on stderr, with exit code 2 and no traceback.
+
+Output folders (:mod:`geolens.run_folder`) are completed here when the command returns. An
+interrupt (SIGINT, Ctrl-C: exit 130; SIGTERM: exit 143) ends the command with one line saying what
+is left (``interrupted; nothing written`` or ``interrupted; partial results in … (incomplete)``)
+and no traceback; one that arrives after the results are complete exits 0. A write that fails
+(full disk, read-only or unwritable folder, quota) is one line naming the path and what to do,
+exit 1; files already saved (checkpoints included) stay as they were.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
+import signal
 import sys
+from contextlib import contextmanager
 
 import geolens
 import geolens.commands
@@ -29,7 +39,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a command (a KeyboardInterrupt, so ``finally`` blocks run)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_interrupt():
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while the command runs."""
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: leave the handlers alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# errno values of a write that cannot succeed as things are, and what the user can do about it
+_IO_ADVICE = {
+    errno.ENOSPC: "free some disk space or write elsewhere (--out)",
+    errno.EDQUOT: "free some of your disk quota or write elsewhere (--out)",
+    errno.EACCES: "check the permissions of that folder or write elsewhere (--out)",
+    errno.EPERM: "check the permissions of that folder or write elsewhere (--out)",
+    errno.EROFS: "that file system is read-only: write elsewhere (--out)",
+}
+
+
+def _io_error_line(err: OSError) -> str | None:
+    """One line for a write error the user can act on, or None for any other OSError."""
+    if err.errno not in _IO_ADVICE:
+        return None
+    from geolens.checkpoint import WriteError
+
+    text = str(err) if isinstance(err, WriteError) else None
+    if text is None:
+        where = f" {err.filename}" if err.filename else ""
+        text = f"cannot write{where}: {err.strerror or type(err).__name__}"
+    return f"{text}; {_IO_ADVICE[err.errno]}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from geolens import run_folder
+
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -44,12 +107,51 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
+    prog = f"geolens {args.command}"
     grad = torch.is_grad_enabled()  # commands turn autograd off; a caller's setting is restored
+    completed: list = []
     try:
-        return int(args.func(args) or 0)
-    except UsageError as err:
-        print(f"{err.prog or f'geolens {args.command}'}: error: {err}", file=sys.stderr)
-        return 2
+        with _signals_interrupt():
+            try:
+                code = int(args.func(args) or 0)
+                if code == 0:
+                    completed = run_folder.complete_all()
+                return code
+            except UsageError as err:
+                run_folder.leave_all()
+                print(f"{err.prog or prog}: error: {err}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt as err:
+                signum = getattr(err, "signum", signal.SIGINT)
+                folders = run_folder.open_folders()
+                if completed or (folders and all(f.state == "complete" for f in folders)):
+                    done = completed or [f.path for f in folders]
+                    run_folder.leave_all()
+                    print(f"{prog}: interrupted after the results were complete in {', '.join(map(str, done))}", file=sys.stderr)
+                    return 0
+                left = run_folder.leave_all()
+                print(f"{prog}: interrupted; {'; '.join(left) if left else 'nothing written'}", file=sys.stderr)
+                return 128 + int(signum)
+            except OSError as err:
+                line = _io_error_line(err)
+                left = run_folder.leave_all()
+                if line is None:
+                    raise
+                kept = [s for s in left if s != "nothing written"]
+                print(f"{prog}: error: {line}" + (f" ({'; '.join(kept)})" if kept else ""), file=sys.stderr)
+                return 1
+            except BaseException:
+                run_folder.leave_all()  # a bug: the folder stays marked incomplete, the traceback shows
+                raise
+    except KeyboardInterrupt as err:  # a second interrupt, while the first one was being handled
+        signum = getattr(err, "signum", signal.SIGINT)
+        folders = run_folder.open_folders()
+        if completed or (folders and all(f.state == "complete" for f in folders)):
+            run_folder.leave_all()
+            return 0
+        left = run_folder.leave_all()
+        print(f"{prog}: interrupted; {'; '.join(left) if left else 'nothing written'}", file=sys.stderr)
+        return 128 + int(signum)
     finally:
         torch.set_grad_enabled(grad)
 

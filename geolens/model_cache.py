@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from geolens.files import apply_umask_tree
+
 logger = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when the conversion changes what it writes: every cached folder is then rebuilt
@@ -69,42 +71,6 @@ def cache_dir() -> Path:
 def models_dir(root: Path | None = None) -> Path:
     """The folder holding the converted models (``<cache>/models``)."""
     return (root or cache_dir()) / "models"
-
-
-# --- the user's umask ---------------------------------------------------------------------------
-
-
-def umask() -> int:
-    """The process umask (read without changing it where ``/proc`` allows)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    current = os.umask(0o022)
-    os.umask(current)
-    return current
-
-
-def apply_umask(path: str | os.PathLike, *, folder: bool | None = None) -> None:
-    """Give ``path`` the mode a plain ``open``/``mkdir`` would have: 0666 (0777 for a folder) less the umask.
-
-    ``tempfile.mkstemp``/``mkdtemp`` create 0600/0700 files and folders, which a cache shared by
-    the users of one machine cannot use.
-    """
-    folder = os.path.isdir(path) if folder is None else folder
-    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
-
-
-def apply_umask_tree(root: str | os.PathLike) -> None:
-    """:func:`apply_umask` on a folder and everything in it."""
-    apply_umask(root, folder=True)
-    for parent, dirs, files in os.walk(root):
-        for name in dirs:
-            apply_umask(os.path.join(parent, name), folder=True)
-        for name in files:
-            apply_umask(os.path.join(parent, name), folder=False)
 
 
 # --- digests ---------------------------------------------------------------------------------------

@@ -40,15 +40,17 @@ def test_mc_command_writes_per_question_and_summary(tmp_path, tiny_mc):
 
 
 @pytest.mark.parametrize("argv, message", [(["--tasks", "no_such_task_xyz"], "no_such_task_xyz"), (["--max-questions", "-1"], "max-questions"), (["--tasks", ","], "no task")])
-def test_mc_command_bad_input(tmp_path, tiny_mc, argv, message):
-    with pytest.raises(SystemExit, match=message):
-        main(["mc", "--out", str(tmp_path)] + argv)
+def test_mc_command_bad_input(tmp_path, tiny_mc, argv, message, capsys):
+    assert main(["mc", "--out", str(tmp_path / "out")] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and err.startswith("geolens mc: error:")
+    assert not (tmp_path / "out").exists()  # a usage error leaves nothing behind
 
 
 def test_mc_command_defaults_are_the_shipped_tasks():
     args = build_parser().parse_args(["mc"])
     assert args.tasks.split(",") == ["general_knowledge", "hindu_knowledge", "disambiguation_qa", "causal_judgment"]
-    assert args.out == "docs/mc" and args.normalize == "sum"
+    assert args.out is None and args.normalize == "sum"  # geolens-runs/mc/<date-time>, never docs/
 
 
 @pytest.mark.bridge_only

@@ -40,4 +40,4 @@ def test_sinks_command_is_registered():
     from geolens.cli import build_parser
 
     args = build_parser().parse_args(["sinks"])
-    assert args.n_sequences == 200 and args.seq_len == 128 and args.out == "docs/sinks" and args.corpus == "lee"
+    assert args.n_sequences == 200 and args.seq_len == 128 and args.out is None and args.corpus == "lee"

@@ -267,7 +267,7 @@ def check_multiple_choice(name: str, option: str = "--mc-task"):
 
 
 def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
-    """Create the output folder (if needed) and make sure files can be written in it."""
+    """Create a folder inside a command's output folder (if needed) and make sure files can be written in it."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{option} {out}: is an existing file, not a folder")
@@ -279,6 +279,20 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     os.close(fd)
     os.unlink(probe)
     return out
+
+
+def out_folder(args, command: str, *, resumable: bool = False) -> Path:
+    """The command's output folder from ``--out`` / ``--name`` / ``--overwrite`` (and ``--resume``,
+    ``--replot`` where the command has them), opened by :func:`geolens.run_folder.open_run_folder`:
+    default ``geolens-runs/<command>/<time stamp>``, never a folder holding results unless asked,
+    marked incomplete until the command returns."""
+    from geolens.run_folder import open_run_folder
+
+    folder = open_run_folder(
+        args.out or None, command=command, name=getattr(args, "name", None), overwrite=getattr(args, "overwrite", False),
+        resume=getattr(args, "resume", False), resumable=resumable, replot=getattr(args, "replot", False),
+    )  # fmt: skip
+    return folder.path
 
 
 def corpus_windows(model, corpus: str, seq_len: int, n_sequences: int | None, option: str = "--corpus"):
@@ -328,5 +342,11 @@ def add_run_options(p, *, tiny: bool = False, own: dict[str, dict] | None = None
         p.add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
-def add_out(p, *, default: str, help: str = "output folder") -> None:
-    p.add_argument("--out", default=default, help=f"{help} (default {default})")
+def add_out(p, *, help: str = "output folder", resumable: bool = False) -> None:
+    """``--out``, ``--name`` and ``--overwrite`` (see :func:`out_folder`)."""
+    p.add_argument("--out", default=None, help=f"{help} (default: geolens-runs/{p.prog.split()[-1]}/<date-time>)")
+    p.add_argument("--name", default=None, help="folder name under geolens-runs/<command>/ instead of the date and time")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the results already in the output folder" + (" (--resume continues them instead)" if resumable else ""),
+    )  # fmt: skip

@@ -82,5 +82,5 @@ def register(subparsers) -> None:
     add_run_options(p, model="smollm2-135m")
     p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default -1: the last)")
     p.add_argument("--top", type=positive_int, default=5, help="how many sources to list")
-    p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
+    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
     p.set_defaults(func=run)

@@ -5,7 +5,7 @@ ranking (all (head, source) terms of a query on the inter-head scale), sink and 
 removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every prediction after the first
 8 positions scored. Example (the README run)::
 
-    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/smollm2-135m
+    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/smollm2-135m --overwrite
 
 Writes under ``--out``: ``summary.json`` (protocol, clean PPL, range check, AUCs, the paired
 differences with their verdicts), ``per_sequence.csv.gz`` (each document's mean NLL under each mask),
@@ -220,7 +220,7 @@ def _language_modelling(model, args, protocol, metrics, out: Path):
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, check_out_dir
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, out_folder
     from geolens.faithfulness import Protocol
     from geolens.metrics import metric_names
 
@@ -232,7 +232,9 @@ def run(args) -> int:
         raise UsageError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(metric_names())})")
     if args.skip_prefix >= args.seq_len - 1:
         raise UsageError(f"--skip-prefix {args.skip_prefix} leaves no prediction in {args.seq_len} tokens")
-    out = Path(args.out or f"docs/faithfulness/{args.model}")
+    if (args.replot or args.resume) and not args.out:
+        raise UsageError(f"{'--replot' if args.replot else '--resume'} needs --out, the folder of the run")
+    out = Path(args.out) if args.out else None
     if args.replot:  # tables and figures again from the saved per-document results, no model
         from geolens.faithfulness import FaithfulnessResult
 
@@ -244,7 +246,7 @@ def run(args) -> int:
         has_mc = (out / "mc_questions.csv").is_file() and (out / "mc_progress.json").is_file()
         if missing and not has_mc:
             raise UsageError(f"--replot: {out} holds no saved results (missing {', '.join(missing)})")
-        check_out_dir(out)
+        out = out_folder(args, "faithfulness", resumable=True)
         if not missing:
             result = FaithfulnessResult.load(out, n_boot=args.n_boot)
             for c in _save_all(result, out):
@@ -254,7 +256,6 @@ def run(args) -> int:
             _mc_outputs(pd.read_csv(out / "mc_questions.csv"), out, n_boot=args.n_boot, seed=args.seed)
         return 0
     model_name = check_model_name(args.model)
-    out = check_out_dir(out)
     if args.n_sequences > 0:
         check_corpus(args.corpus)
     questions = None
@@ -262,6 +263,7 @@ def run(args) -> int:
         questions = check_multiple_choice(args.mc_task)[: args.mc_questions]
         if not questions:
             raise UsageError(f"--mc-task {args.mc_task}: no question")
+    out = out_folder(args, "faithfulness", resumable=True)
     import torch
 
     from geolens.models import load_model
@@ -364,7 +366,7 @@ def _mc_blocks(model, questions, protocol, metrics, args, out: Path, run_block):
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_run_options, layer_spec, non_negative_int, positive_int
+    from geolens.commands._options import add_out, add_run_options, layer_spec, non_negative_int, positive_int
     from geolens.faithfulness import FRACTIONS
     from geolens.interventions.masking import RANKING_SCOPES
     from geolens.metrics import get_metric, metric_names
@@ -394,5 +396,5 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_run_options(p, threads=0)
     p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
-    p.add_argument("--out", default="", help="output folder (default: docs/faithfulness/<model>)")
+    add_out(p, resumable=True)
     p.set_defaults(func=run)

@@ -9,7 +9,7 @@ scores only the others (so a long run can be split by task). Masked multiple cho
 
 Example (offline)::
 
-    geolens mc --out docs/mc
+    geolens mc --out docs/mc --overwrite
 """
 
 from __future__ import annotations
@@ -45,28 +45,35 @@ def run(args) -> int:
     import pandas as pd
     import torch
 
+    from geolens.commands._options import UsageError, check_model_name, out_folder
     from geolens.models import load_model
     from geolens.multiple_choice import load_questions, mc_summary, score_questions
 
     if args.max_questions < 0:
-        raise SystemExit("geolens mc: --max-questions must be ≥ 0 (0: all)")
+        raise UsageError("--max-questions must be ≥ 0 (0: all)")
     if args.n_boot < 1:
-        raise SystemExit("geolens mc: --n-boot must be ≥ 1")
+        raise UsageError("--n-boot must be ≥ 1")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
-        raise SystemExit("geolens mc: --tasks names no task")
+        raise UsageError("--tasks names no task")
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out, the folder of the run")
+    model_name = check_model_name(args.model)
     questions = []
     for t in tasks:
         try:
             qs = load_questions(t if ":" in t or t.endswith(".jsonl") else f"bigbench:{t}", max_questions=args.max_questions or None)
         except (FileNotFoundError, ModuleNotFoundError, ValueError) as e:
-            raise SystemExit(f"geolens mc: task {t!r}: {e}")
+            raise UsageError(f"--tasks: task {t!r}: {e}") from e
         questions += [q if q.task else dataclasses.replace(q, task=Path(t).stem) for q in qs]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.resume and (Path(args.out) / "mc_summary.json").exists():
+        old = json.loads((Path(args.out) / "mc_summary.json").read_text())
+        if old.get("normalize", args.normalize) != args.normalize:
+            raise UsageError(f"--resume with --normalize {args.normalize} but {args.out} was scored with {old['normalize']}")
+    out = out_folder(args, "mc", resumable=True)
     torch.set_grad_enabled(False)
     t0 = time.time()
-    model = load_model(args.model, compatibility_mode=args.compat)
+    model = load_model(model_name, compatibility_mode=args.compat)
     prev, commands = None, []
     if args.resume and (out / "mc_questions.csv").exists():
         prev = pd.read_csv(out / "mc_questions.csv", keep_default_na=False)
@@ -75,8 +82,6 @@ def run(args) -> int:
         if (out / "mc_summary.json").exists():
             old = json.loads((out / "mc_summary.json").read_text())
             commands = old.get("commands", [old.get("command")])
-            if old.get("normalize", args.normalize) != args.normalize:
-                raise SystemExit(f"geolens mc: --resume with --normalize {args.normalize} but {out} was scored with {old['normalize']}")
         print(f"resuming: {len(prev)} questions of {sorted(done)} already scored in {out}")
     per_q = score_questions(model, questions, normalize=args.normalize, progress=True) if questions else pd.DataFrame()
     if prev is not None:
@@ -106,7 +111,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_run_options
+    from geolens.commands._options import add_out, add_run_options
     from geolens.multiple_choice import DEFAULT_TASKS
 
     p = subparsers.add_parser("mc", help="clean multiple-choice accuracy on the shipped BIG-bench tasks, with CIs")
@@ -118,6 +123,6 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="keep the tasks already in --out/mc_questions.csv, score only the others")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dpi", type=int, default=90)
-    p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
-    p.add_argument("--out", default="docs/mc", help="output folder (default docs/mc)")
+    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
+    add_out(p, resumable=True)
     p.set_defaults(func=run)

@@ -2,7 +2,7 @@
 
 Example (the README run)::
 
-    geolens pruning --out docs/pruning
+    geolens pruning --out docs/pruning --overwrite
 
 Computes the head taxonomy, attention entropy and mean-ablation references on ``--ref-sequences``
 windows, then ΔPPL at retention 90 % … 10 % for the orders regime / weight / entropy / random
@@ -26,11 +26,11 @@ def run(args) -> int:
     from geolens.pipelines.pruning import PruningParams, run_pruning
     from geolens.pruning import RETENTION
 
-    from geolens.commands._options import check_corpus, check_model_name, check_out_dir, corpus_windows
+    from geolens.commands._options import check_corpus, check_model_name, corpus_windows, out_folder
 
     model_name = check_model_name(args.model)
-    out = check_out_dir(args.out)
     check_corpus(args.corpus)
+    out = out_folder(args, "pruning")
     retention = tuple(args.retention) if args.retention else RETENTION
     seeds = tuple(args.seeds)
     torch.set_grad_enabled(False)
@@ -91,5 +91,5 @@ def register(subparsers) -> None:
     p.add_argument("--retention", type=_retention, default=[], help="comma-separated retention levels in (0, 1] (default 0.9 … 0.1)")
     p.add_argument("--seeds", type=int_list(), default=[0, 1, 2], help="seeds of the random orders (default 0,1,2)")
     p.add_argument("--n-scored", type=positive_int, default=None, help="score only the last N predictions of each window")
-    add_out(p, default="docs/pruning")
+    add_out(p)
     p.set_defaults(func=run)

@@ -38,7 +38,8 @@ def _compare(paths, out) -> int:
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_out_dir
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_out_dir, out_folder
+    from geolens.run_folder import IncompleteResults, require_complete
     from geolens.report import SECTIONS, available_sections
 
     if args.list_sections:
@@ -53,7 +54,11 @@ def run(args) -> int:
             p = Path(path)
             if not (p / "report.json" if p.is_dir() else p).is_file():
                 raise UsageError(f"--compare {path}: no such report.json (or run folder holding one)")
-        return _compare(args.compare, check_out_dir(args.out))
+            try:
+                require_complete(p if p.is_dir() else p.parent, what="report")
+            except IncompleteResults as err:
+                raise UsageError(f"--compare {path}: {err}") from err
+        return _compare(args.compare, out_folder(args, "report"))
     models = args.model or ["smollm2-135m"]
     if len(set(models)) != len(models):
         raise UsageError(f"--model given twice with the same name: {models}")
@@ -68,13 +73,9 @@ def run(args) -> int:
         if not sections:
             raise UsageError(f"--sections is empty (available: {', '.join(available)})")
     names = [check_model_name(name, tiny=True) for name in models]
-    out = check_out_dir(args.out)
-    outs = [out] if len(names) == 1 else [check_out_dir(out / _safe(name)) for name in models]
-    for folder in outs:
-        for name in ("report.html", "report.json"):
-            if (folder / name).is_dir():
-                raise UsageError(f"--out {folder}: {name} there is a folder, so the report could not be written")
     check_corpus(args.corpus)
+    out = out_folder(args, "report")
+    outs = [out] if len(names) == 1 else [check_out_dir(out / _safe(name)) for name in models]
     for name, folder in zip(names, outs):
         _run_one(args, name, folder, sections)
     if len(names) == 1:
@@ -126,7 +127,7 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_run_options, positive_int
+    from geolens.commands._options import add_out, add_run_options, positive_int
 
     p = subparsers.add_parser("report", help="the full HTML + JSON report (offline, SmolLM2 by default)")
     add_run_options(p, model=None, corpus="lee", n_sequences=None, seq_len=None, batch_size=None, own={
@@ -138,13 +139,13 @@ def register(subparsers) -> None:
     p.add_argument("--compare", nargs="+", default=None, metavar="REPORT_JSON",
                    help="build the cross-model page from saved report.json files (or run folders) instead of running")
     p.add_argument("--n-heldout", type=positive_int, default=None, help="extra windows for faithfulness and pruning (default 8; 1 with --quick)")
-    p.add_argument("--out", default="report", help="output folder (default: report/)")
     p.add_argument("--quick", action="store_true", help="small workload, under two minutes on a CPU")
     p.add_argument("--prompt", default=None, help="prompt of the example heatmaps")
     p.add_argument("--example-layer", type=int, default=None, help="layer of the example heatmaps (-1: the last; default: most disagreement)")
     p.add_argument("--sections", default=None, help="comma-separated subset of sections (see --list-sections)")
     p.add_argument("--list-sections", action="store_true", help="print the sections available in this install")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baselines")
-    p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
+    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_out(p)
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ effective set size N* on ``--nstar-sequences`` windows of ``--nstar-corpus``.
 
 Example (offline)::
 
-    geolens selection --model smollm2-135m --corpora lee enwiki --n-sequences 200 --seq-len 128 --out docs/selection
+    geolens selection --model smollm2-135m --corpora lee enwiki --n-sequences 200 --seq-len 128 --out docs/selection --overwrite
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ def run(args) -> int:
     from geolens.pipelines.selection import SelectionParams, run_selection
     from geolens.selection.effective_set import effective_set_size
 
-    from geolens.commands._options import check_corpus, check_model_name, check_out_dir
+    from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.commands._options import corpus_windows as windows
 
     model_name = check_model_name(args.model, tiny=True)
-    out = check_out_dir(args.out)
     for corpus in args.corpora:
         check_corpus(corpus, "--corpora")
+    out = out_folder(args, "selection")
     if args.nstar_sequences > 0:
         check_corpus(args.nstar_corpus, "--nstar-corpus")
     if args.threads:
@@ -132,5 +132,5 @@ def register(subparsers) -> None:
     p.add_argument("--nstar-sequences", type=non_negative_int, default=32, help="windows for N* (0 = skip)")
     p.add_argument("--nstar-sizes", type=int_list(1), default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96], help="grid of N for N* (comma-separated; default 1,2,4,8,12,16,24,32,48,64,96)")
     add_run_options(p, threads=1)
-    add_out(p, default="docs/selection")
+    add_out(p)
     p.set_defaults(func=run)

@@ -12,8 +12,8 @@ on the first N windows: ``controls_conditions.csv``, ``controls_pairs.csv``,
 
 Example (offline)::
 
-    geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks
-    geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out docs/sinks
+    geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks --overwrite
+    geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out docs/sinks --overwrite
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def run(args) -> int:
     import torch
 
     from geolens.adapter import n_kv_heads
-    from geolens.commands._options import UsageError, check_corpus, check_indices, check_model_name, check_out_dir
+    from geolens.commands._options import UsageError, check_corpus, check_indices, check_model_name, out_folder
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.sinks import SinksParams, run_sinks
@@ -126,8 +126,8 @@ def run(args) -> int:
     if args.controls_only and args.controls_sequences == 0:
         raise UsageError("--controls-only needs --controls-sequences ≥ 1")
     model_name = check_model_name(args.model)
-    out = check_out_dir(args.out)
     check_corpus(args.corpus)
+    out = out_folder(args, "sinks")
     torch.set_grad_enabled(False)
     t0 = time.time()
     model = load_model(model_name, compatibility_mode=args.compat)
@@ -210,6 +210,6 @@ def register(subparsers) -> None:
     p.add_argument("--controls-seed", type=non_negative_int, default=0, help="seed of the random non-sink positions and the bootstrap")
     p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples over windows (default 2000)")
     p.add_argument("--dpi", type=positive_int, default=90)
-    p.add_argument("--compat", action="store_true", help="enable TransformerLens compatibility mode")
-    add_out(p, default="docs/sinks")
+    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
+    add_out(p)
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ Figures: ``regime_grid.png`` (layer × head, one panel per corpus) and ``regime_
 
 Example (offline)::
 
-    geolens taxonomy --model smollm2-135m --corpora lee enwiki --n-sequences 200 --seq-len 128 --out docs/taxonomy
+    geolens taxonomy --model smollm2-135m --corpora lee enwiki --n-sequences 200 --seq-len 128 --out docs/taxonomy --overwrite
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ def run(args) -> int:
     from geolens.taxonomy import REGIMES, compare_taxonomies
     from geolens.viz.taxonomy import regime_grid_plot, save_regime_grid_html
 
-    from geolens.commands._options import check_corpus, check_model_name, check_out_dir
+    from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.commands._options import corpus_windows as windows
 
     model_name = check_model_name(args.model, tiny=True)
-    out = check_out_dir(args.out)
     for corpus in args.corpora:
         check_corpus(corpus, "--corpora")
+    out = out_folder(args, "taxonomy")
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -100,5 +100,5 @@ def register(subparsers) -> None:
     p.add_argument("--queries", choices=["all", "final"], default="all", help="count every query ≥ 1, or the final query of each window (the authors' protocol)")
     p.add_argument("--prefix-lengths", type=int_at_least(2), nargs="*", default=[16, 32, 64, 128], help="window prefixes on which the regime shares are re-counted (each ≥ 2)")
     add_run_options(p, threads=1)
-    add_out(p, default="docs/taxonomy")
+    add_out(p)
     p.set_defaults(func=run)
