@@ -30,11 +30,19 @@ def test_contribution_heatmaps_show_the_reference_values_with_negatives(tiny):
     torch.testing.assert_close(shown, ref, atol=2e-5, rtol=1e-4)
     pattern, _, _ = reference.raw_tensors(model, cache, 1)
     torch.testing.assert_close(torch.tensor(_props(attn)["attention"], dtype=torch.float64), pattern[1], atol=1e-6, rtol=0)
-    # the scale is symmetric and covers the largest magnitude (of either sign)
+    # each sign has its own scale (queries ≥ 1): full red at the most negative weight, full blue at the
+    # largest positive one, so that negatives much smaller than the positives are still visibly red
     visible = torch.tril(torch.ones(ref.shape[-1], ref.shape[-1], dtype=torch.bool))
     p = _props(contrib)
-    assert p["minValue"] == -p["maxValue"] and p["negativeColor"] == "red" and p["positiveColor"] == "blue"
-    assert p["maxValue"] == pytest.approx(ref[:, 1:].abs().max().item(), rel=1e-4)
+    assert p["negativeColor"] == "red" and p["positiveColor"] == "blue"
+    assert p["maxValue"] == pytest.approx(ref[:, 1:].max().item(), rel=1e-4)
+    lowest = ref[:, 1:].min().item()
+    assert p["minValue"] == (pytest.approx(lowest, rel=1e-4) if lowest < 0 else -1.0)  # −1: no negative value
+    assert view.data["contribution_scale"] == {"kind": "per_sign", "min": p["minValue"], "max": p["maxValue"]}
+    assert f"full blue {p['maxValue']:+.3g}" in contrib.caption
+    assert (f"full red {p['minValue']:+.3g}" if lowest < 0 else "no negative value") in contrib.caption
+    # attention keeps the symmetric scale
+    assert _props(attn)["minValue"] == -_props(attn)["maxValue"]
     share = (ref[:, visible] < 0).double().mean().item()
     assert view.data["contribution_negative_share"] == pytest.approx(share, abs=1e-9)
     assert p["tokens"] == [model.tokenizer.decode([t]) for t in tokens[1].tolist()]
@@ -97,6 +105,21 @@ def test_signed_heatmaps_rejects_bad_input():
         viz.signed_heatmaps(torch.full((1, 2, 2), float("nan")), ["a", "b"])
     v = viz.signed_heatmaps(torch.tensor([[[1.0, 0.0], [-3.0, 2.0]]]), ["a", "b"])
     assert v.data["max_abs"] == 3.0  # query 0's trivial value does not set the scale
+    with pytest.raises(ValueError, match="scale"):
+        viz.signed_heatmaps(torch.zeros(1, 2, 2), ["a", "b"], scale="log")
+
+
+def test_per_sign_scale_makes_small_negatives_full_red():
+    """On a symmetric scale a −0.04 next to +1 is 4% red (near white); per sign it is full red."""
+    values = torch.tensor([[[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [1.04, -0.04, 0.0]]])
+    sym = _props(viz.signed_heatmaps(values, ["a", "b", "c"]).components[0])
+    assert sym["minValue"] == -sym["maxValue"] == pytest.approx(-1.04)
+    view = viz.signed_heatmaps(values, ["a", "b", "c"], scale="per_sign")
+    p = _props(view.components[0])
+    assert p["maxValue"] == pytest.approx(1.04) and p["minValue"] == pytest.approx(-0.04)
+    assert view.data["scale"]["kind"] == "per_sign"
+    only_positive = viz.signed_heatmaps(values.abs(), ["a", "b", "c"], scale="per_sign")
+    assert _props(only_positive.components[0])["minValue"] == -1.0  # no negative value: a neutral scale
 
 
 def test_html_view_saves_a_self_contained_page(tiny_gqa, tmp_path):

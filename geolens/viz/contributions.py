@@ -1,12 +1,18 @@
 """Contribution weights next to attention, as circuitsvis views and matplotlib plots (docs/method.md §2).
 
-- :func:`signed_heatmaps`: any ``[head, query, key]`` tensor as circuitsvis ``AttentionHeads``
-  on a symmetric colour scale: positive values blue, negative values red, zero white. circuitsvis
-  colours a value v ≥ 0 by v / ``maxValue`` and v < 0 by v / ``minValue`` (its defaults are
-  ±1, so contribution weights above 1 would saturate): geolens passes ``maxValue = m`` and
-  ``minValue = −m`` with m = max |v|, so equal magnitudes get equal intensity whatever the sign.
+- :func:`signed_heatmaps`: any ``[head, query, key]`` tensor as circuitsvis ``AttentionHeads``:
+  positive values blue, negative values red, zero white. circuitsvis colours a value v ≥ 0 by
+  v / ``maxValue`` and v < 0 by v / ``minValue`` (mixed linearly with white; its defaults are
+  ±1, so contribution weights above 1 would saturate). ``scale="symmetric"`` (the default)
+  passes ``maxValue = m`` and ``minValue = −m`` with m = max |v|, so equal magnitudes get equal
+  intensity whatever the sign; ``scale="per_sign"`` gives each sign its own scale
+  (``maxValue`` = the largest positive value, ``minValue`` = the most negative one), so that
+  negatives much smaller than the positives are still visibly red.
 - :func:`contribution_heatmaps`: one layer's raw attention α_ij and contribution weights c_ij
-  (intra- or inter-head) per head, side by side, for one sequence.
+  (intra- or inter-head) per head, side by side, for one sequence. The contribution weights use
+  the per-sign scale: their negatives are typically one to two orders of magnitude smaller than
+  the largest positive weight, and on a symmetric scale they render as near-white (pale cream).
+  The caption states both ends of the scale.
 - :func:`source_colors`: the sources of one query coloured by attention and by contribution
   (circuitsvis ``ColoredTokens``): per head (α_ij^h, intra c_ij^h) or for the whole layer (head
   mean of α, and the per-source inter-head totals C_ij = Σ_h c_ij^h, which sum to 1 like α).
@@ -46,9 +52,21 @@ def _symmetric_scale(values: Tensor) -> float:
     return m if m > 0 else 1.0
 
 
+def _scaled_part(values: Float[Tensor, "head query key"]) -> Tensor:
+    """Queries ≥ 1: query 0 sees only itself (α_00 = c_00 = 1) and would set the scale."""
+    return values[:, 1:] if values.shape[1] > 1 else values
+
+
 def _heatmap_scale(values: Float[Tensor, "head query key"]) -> float:
-    """max |v| over queries ≥ 1: query 0 sees only itself (α_00 = c_00 = 1) and would set the scale."""
-    return _symmetric_scale(values[:, 1:] if values.shape[1] > 1 else values)
+    """max |v| over queries ≥ 1."""
+    return _symmetric_scale(_scaled_part(values))
+
+
+def _per_sign_scale(values: Tensor) -> tuple[float, float]:
+    """(most negative value, largest positive value) of ``values`` (−1 / 1 when a sign is absent)."""
+    lo = float(values.min()) if values.numel() else 0.0
+    hi = float(values.max()) if values.numel() else 0.0
+    return (lo if lo < 0 else -1.0), (hi if hi > 0 else 1.0)
 
 
 def signed_heatmaps(
@@ -61,13 +79,19 @@ def signed_heatmaps(
     caption: str | None = None,
     negative_color: str = NEGATIVE_COLOR,
     positive_color: str = POSITIVE_COLOR,
+    scale: str = "symmetric",
 ) -> HTMLView:
-    """circuitsvis ``AttentionHeads`` of signed values on the symmetric scale [−max_abs, max_abs].
+    """circuitsvis ``AttentionHeads`` of signed values.
 
-    ``max_abs`` defaults to max |values| over queries ≥ 1 (query 0 attends only to itself, so its
-    trivial value 1 would wash out the scale; values beyond the scale saturate). The causal upper
+    ``scale="symmetric"``: the scale is [−max_abs, max_abs]; ``max_abs`` defaults to max |values|
+    over queries ≥ 1 (query 0 attends only to itself, so its trivial value 1 would wash out the
+    scale; values beyond the scale saturate). ``scale="per_sign"``: negatives go from white (0) to
+    full red at the most negative value, positives to full blue at the largest one (over queries
+    ≥ 1; ``max_abs`` is then ignored). ``.data["scale"]`` holds both ends. The causal upper
     triangle is masked.
     """
+    if scale not in ("symmetric", "per_sign"):
+        raise ValueError(f"scale must be 'symmetric' or 'per_sign', got {scale!r}")
     if values.ndim != 3 or values.shape[1] != values.shape[2]:
         raise ValueError(f"values must be [head, query, key] with query == key, got {tuple(values.shape)}")
     if len(tokens) != values.shape[-1]:
@@ -79,12 +103,15 @@ def signed_heatmaps(
     if len(names) != values.shape[0]:
         raise ValueError(f"{len(names)} head names for {values.shape[0]} heads")
     m = _heatmap_scale(values) if max_abs is None else float(max_abs)
+    lo, hi = (-m, m) if scale == "symmetric" else _per_sign_scale(_scaled_part(values))
+    if scale == "per_sign":
+        m = max(-lo, hi)
     props = {
         "attention": values,
         "tokens": list(tokens),
         "attentionHeadNames": names,
-        "maxValue": m,
-        "minValue": -m,
+        "maxValue": hi,
+        "minValue": lo,
         "negativeColor": negative_color,
         "positiveColor": positive_color,
         "maskUpperTri": True,
@@ -92,7 +119,7 @@ def signed_heatmaps(
     return HTMLView(
         [Component("AttentionHeads", props, caption=caption)],
         title=title,
-        data={"values": values, "tokens": list(tokens), "head_names": names, "max_abs": m},
+        data={"values": values, "tokens": list(tokens), "head_names": names, "max_abs": m, "scale": {"kind": scale, "min": lo, "max": hi}},
     )
 
 
@@ -133,10 +160,14 @@ def contribution_heatmaps(
         if name not in m.METRIC_NAMES:
             raise ValueError(f"unknown metric {name!r}: use one of {m.METRIC_NAMES}")
         values = getattr(m, name)[batch_index, head_idx].detach().double().cpu()
-        view = signed_heatmaps(values, words, head_names=names, caption=_CAPTIONS[name].format(mode=mode))
+        scale = "per_sign" if name == "contribution" else "symmetric"
+        view = signed_heatmaps(values, words, head_names=names, scale=scale)
+        lo, hi = view.data["scale"]["min"], view.data["scale"]["max"]
+        view.components[0].caption = _caption(name, mode, _scaled_part(values), lo, hi)
         components += view.components
         data[name] = values
         data[f"{name}_max_abs"] = view.data["max_abs"]
+        data[f"{name}_scale"] = view.data["scale"]
         if name == "contribution":
             data["contribution_negative_share"] = float((values[:, visible] < 0).double().mean())
     title = f"Layer {m.layer}: attention vs contribution weights ({mode}-head)"
@@ -144,11 +175,24 @@ def contribution_heatmaps(
 
 
 _CAPTIONS = {
-    "raw_attention": "raw attention α_ij (blue; scale 0 … max)",
-    "value_weighted": "value-weighted attention α_ij‖ṽ_j‖",
-    "output_normalized": "output-normalised value-weighted attention α_ij‖ṽ_j‖/‖o_i‖",
-    "contribution": "contribution weights c_ij ({mode}-head): blue positive, red negative (destructive)",
+    "raw_attention": "raw attention α_ij: white 0 … full blue {hi:.3g} (queries ≥ 1)",
+    "value_weighted": "value-weighted attention α_ij‖ṽ_j‖: white 0 … full blue {hi:.3g}",
+    "output_normalized": "output-normalised value-weighted attention α_ij‖ṽ_j‖/‖o_i‖: white 0 … full blue {hi:.3g}",
+    "contribution": (
+        "contribution weights c_ij ({mode}-head): blue positive, white 0 … full blue {hi:+.3g}; red negative "
+        "(destructive), white 0 … full red {lo:+.3g}. Each sign has its own scale (the largest positive weight is "
+        "{ratio:.3g}× the most negative one), so that small negatives stay visible: compare intensities within a sign only."
+    ),
 }
+
+
+def _caption(name: str, mode: str, values: Tensor, lo: float, hi: float) -> str:
+    """The caption of one heatmap: what it shows and both ends of its colour scale."""
+    if name != "contribution":
+        return _CAPTIONS[name].format(mode=mode, hi=hi)
+    if not bool((values < 0).any()):
+        return f"contribution weights c_ij ({mode}-head): white 0 … full blue {hi:+.3g}; no negative value here"
+    return _CAPTIONS[name].format(mode=mode, lo=lo, hi=hi, ratio=hi / -lo)
 
 
 def source_colors(

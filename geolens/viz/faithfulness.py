@@ -98,8 +98,12 @@ def _direction_panels(axes, df: pd.DataFrame, column: str, *, value_key: str, ba
     return data, coincide
 
 
-def _finish(fig, subtitle: str, notes: list[str]) -> None:
-    """Subtitle on top, coincidence notes under the panels, layout leaving room for both."""
+LEGEND_WIDTH = 0.2  # share of the figure width kept right of the panels for the legend
+
+
+def _finish(fig, subtitle: str, notes: list[str], legend_axes=None) -> None:
+    """Subtitle on top, coincidence notes under the panels, and the legend of ``legend_axes``
+    right of the panels, outside every data area; the layout leaves room for all three."""
     if subtitle:
         fig.suptitle(textwrap.fill(subtitle, 150), fontsize=7)
     bottom = 0.0
@@ -107,7 +111,32 @@ def _finish(fig, subtitle: str, notes: list[str]) -> None:
         text = "\n".join(textwrap.fill(n, 170) for n in notes)
         bottom = min(0.3, 0.034 * (text.count("\n") + 1))
         fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="#333333")
-    fig.tight_layout(rect=(0, bottom, 1, 1))
+    right = 1.0 - LEGEND_WIDTH if legend_axes is not None else 1.0
+    fig.tight_layout(rect=(0, bottom, right, 1))
+    if legend_axes is not None:
+        # added after the layout: the legend belongs to the first panel (ax.get_legend()) but sits
+        # in the figure's right margin, outside every data area
+        legend_axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(right + 0.01, 0.5 + bottom / 2),
+                           bbox_transform=fig.transFigure, frameon=False)  # fmt: skip
+
+
+def fraction_ticks(ax, fractions, *, min_gap: float = 0.16) -> list[float]:
+    """Label the log k axis at the fractions used, thinned so that labels never overlap: a
+    fraction is labelled when it lies at least ``min_gap`` decades from the previous label
+    (the largest is always kept); minor ticks get no label. Returns the labelled fractions."""
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    ks = sorted({float(k) for k in fractions if np.isfinite(k) and k > 0})
+    kept: list[float] = []
+    for k in ks:
+        if not kept or np.log10(k) - np.log10(kept[-1]) >= min_gap:
+            kept.append(k)
+        elif k == ks[-1]:
+            kept[-1] = k
+    ax.xaxis.set_major_locator(FixedLocator(kept))
+    ax.set_xticklabels([f"{k:g}" for k in kept], fontsize=8)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    return kept
 
 
 def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", *, subtitle: str = "") -> PlotView:
@@ -119,22 +148,22 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
     decreasing size) and line style, so curves that lie on top of each other stay visible; pairs
     that coincide are named under the figure, with the reason (``data["coincide"]``).
     """
-    fig = new_figure(figsize=(10, 4.6))
+    fig = new_figure(figsize=(12, 4.6))
     axes = fig.subplots(1, 2, sharey=False)
     data, coincide = _direction_panels(axes, curves, quantity, value_key="value", band=True, rel_tol=0.01)
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
         better = "higher = more faithful" if (direction == "comprehensiveness") == (quantity == "delta_ppl") else "lower = more faithful"
         ax.set_title(f"{direction} ({better})", fontsize=10)
         ax.set_xscale("log")
-        ax.set_xlabel("fraction k of terms removed per ranking group")
+        fraction_ticks(ax, curves.fraction)
+        ax.set_xlabel("fraction k of terms removed per ranking group (log scale)")
         ax.set_ylabel(QUANTITY_LABEL.get(quantity, quantity) + " (corpus, 95% CI)")
         sub = curves[curves.direction == direction]
         if quantity == "delta_ppl" and len(sub) and sub[quantity].abs().max() > 50:
             ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
     data["coincide"] = coincide
-    _finish(fig, subtitle, _coincidence_note(coincide))
+    _finish(fig, subtitle, _coincidence_note(coincide), legend_axes=axes[0])
     return PlotView(fig, title=f"faithfulness curves ({quantity})", data=data)
 
 
@@ -144,7 +173,7 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
     Accuracies of a few questions take few values, so curves often coincide: each metric has its
     own marker and line style, and coinciding pairs are named under the figure.
     """
-    fig = new_figure(figsize=(10, 4.6))
+    fig = new_figure(figsize=(12, 4.6))
     axes = fig.subplots(1, 2, sharey=True)
     clean = df[df.metric == "clean"].accuracy.item()
     curves, coincide = _direction_panels(axes, df, "accuracy", value_key="accuracy", band=False, rel_tol=0.0)
@@ -159,15 +188,39 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
         ax.set_xlabel("fraction k removed")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
-    axes[0].legend(fontsize=8)
     data["coincide"] = coincide
-    _finish(fig, subtitle, notes)
+    _finish(fig, subtitle, notes, legend_axes=axes[0])
     return PlotView(fig, title="multiple-choice accuracy under masks", data=data)
 
 
+def _delta_ppl_scale(ax, values: np.ndarray) -> str:
+    """A y scale that the data fill: ``log`` when every ΔPPL is positive (limits from the data),
+    ``symlog`` (linear within ±1) when some are ≤ 0 and the range exceeds 50, else linear; the
+    limits never reach a sign the data do not have. Returns the scale's name."""
+    v = values[np.isfinite(values)]
+    if not v.size:
+        return "linear"
+    lo, hi = float(v.min()), float(v.max())
+    if lo > 0 and hi / lo > 10:
+        ax.set_yscale("log")
+        ax.set_ylim(lo / 1.5, hi * 1.5)
+        return "log"
+    if max(abs(lo), abs(hi)) > 50 and lo <= 0:
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(lo * 1.5 if lo < -1 else min(lo, 0) - 0.5, hi * 1.5 if hi > 1 else 1.0)
+        return "symlog"
+    pad = 0.05 * (hi - lo) if hi > lo else max(abs(hi), 1.0) * 0.05
+    ax.set_ylim(lo - pad, hi + pad)
+    return "linear"
+
+
 def pruning_curves_plot(df: pd.DataFrame, *, subtitle: str = "", log: bool = True) -> PlotView:
-    """ΔPPL vs retention per order; random seeds drawn thin with their mean thick."""
-    fig = new_figure(figsize=(6, 4))
+    """ΔPPL vs retention per order; random seeds drawn thin with their mean thick.
+
+    With ``log``, the y scale follows the data (:func:`_delta_ppl_scale`: log when every ΔPPL is
+    positive and spans more than a decade, so no empty half of a symmetric-log axis); the legend
+    sits right of the axes."""
+    fig = new_figure(figsize=(7.5, 4))
     ax = fig.subplots()
     data = {}
     colors = {"regime": "#d62728", "weight": "#1f77b4", "entropy": "#2ca02c"}
@@ -180,16 +233,19 @@ def pruning_curves_plot(df: pd.DataFrame, *, subtitle: str = "", log: bool = Tru
         data[name] = dict(retention=d.retention.to_numpy(), delta_ppl=d.delta_ppl.to_numpy())
     if len(rand):
         m = rand.groupby("retention", sort=False).delta_ppl.mean()
-        ax.plot(m.index, m.values, color="k", ls="--", label=f"random (mean of {rand.order.nunique()} seeds)")
+        n_seeds = rand.order.nunique()
+        label = "random order (1 seed)" if n_seeds == 1 else f"random orders (mean of {n_seeds} seeds; thin grey: each seed)"
+        ax.plot(m.index, m.values, color="k", ls="--", label=label)
     ax.invert_xaxis()
-    if log:
-        ax.set_yscale("symlog", linthresh=1.0)
+    scale = _delta_ppl_scale(ax, df.delta_ppl.to_numpy(dtype=float)) if log else "linear"
+    ax.set_xticks(sorted({float(r) for r in df.retention}))
     ax.set_xlabel("retention (share of heads kept)")
-    ax.set_ylabel("ΔPPL")
+    ax.set_ylabel("ΔPPL vs the unpruned model" + {"log": " (log scale)", "symlog": " (symmetric log scale)"}.get(scale, ""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     if subtitle:
         ax.set_title(textwrap.fill(subtitle, 90), fontsize=7)
+    fig.tight_layout()
     return PlotView(fig, title="pruning curves", data=data)
 
 

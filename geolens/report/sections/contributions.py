@@ -72,12 +72,13 @@ def build(ctx, analyses: dict) -> Section:
     ]
     intro = (
         "Attention α_ij says where a head looks; the contribution weight c_ij = ⟨o_i, α_ij ṽ_j⟩/‖o_i‖² "
-        "says how much of the head output o_i source j provides (it can be negative). Corpus "
+        "(Cunningham & Muça Cirone 2026) says how much of the head output o_i source j provides (it can be negative). Corpus "
         f"statistics over {ctx.tokens.shape[0]} windows of {ctx.tokens.shape[1]} tokens; the example "
         f"heatmaps show layer {layer} "
         + ("(chosen)" if cfg.example_layer is not None else "(the layer with the lowest top-1 agreement)")
-        + " on the prompt, with positive values blue and negative values red on a symmetric scale "
-        "(click a head to enlarge it)."
+        + " on the prompt (click a head to enlarge it). Attention is blue; contribution weights are blue "
+        "where positive and red where negative, each sign on its own scale (stated under the heatmap), "
+        "because negative weights are usually far smaller than the positive ones."
     )
     layer_table = per_layer.copy()
     return Section(
@@ -85,7 +86,7 @@ def build(ctx, analyses: dict) -> Section:
         title="Contribution vs attention",
         intro=intro,
         figures=[plot, heat, colors],
-        tables=[("per layer (head means)", layer_table)],
+        tables=[("per layer (head means)", layer_table, "Means over the heads of each layer, over all queries i ≥ 1 of the corpus windows.")],
         numbers={"overall": overall, "per_head": per_head, "example_layer": layer, "n_samples": n_queries},
         claims=claims,
         params={"mode": "intra", "example_layer": layer, "prompt": cfg.prompt},

@@ -39,6 +39,8 @@ def build(ctx, analyses: dict) -> Section:
     auc, pairs = run.tables["auc"], run.tables["pairs"]
     text = result.protocol_text()
     intro = (
+        "The faithfulness test of Cunningham & Muça Cirone 2026, comparing raw attention, value-weighted attention "
+        "(Kobayashi et al. 2020), its output-normalised form and contribution weights against random scores. "
         "Masking removes the terms α_ij ṽ_j that a metric ranks highest (comprehensiveness: a faithful metric "
         "hurts the model most) or lowest (sufficiency: hurts least), without renormalising α, in every layer at once; "
         "all (head, source) terms of a query are ranked together. "
@@ -49,8 +51,10 @@ def build(ctx, analyses: dict) -> Section:
         title="Faithfulness curves",
         intro=intro,
         figures=[run.figures[f"curves_{QUANTITY}"]()],
-        tables=[("paired AUC differences (b − a; + = b more faithful), 95% CI over documents", pairs),
-                ("area under the curve (bootstrap 95% CI over documents)", auc)],  # fmt: skip
+        tables=[("paired AUC differences (b − a; + = b more faithful), 95% CI over documents", pairs,
+                 "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k; + = b more faithful."),
+                ("area under the curve (bootstrap 95% CI over documents)", auc,
+                 "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k.")],  # fmt: skip
         numbers={"curves": result.curves, "auc": auc, "pairs": pairs, "range_check": result.range_check(), "clean": result.clean, "protocol": result.protocol},
         claims=run.claims(windows="held-out windows"),
         params={"protocol": result.protocol, "n_sequences": s["n_sequences"], "metrics": list(s["metrics"]), "n_boot": s["n_boot"]},

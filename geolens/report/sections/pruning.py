@@ -37,6 +37,7 @@ def build(ctx, analyses: dict) -> Section:
     wide = run.tables["pruning_wide"].reset_index()
     wide.columns = [str(c) for c in wide.columns]
     intro = (
+        "Head pruning by regime (Mudarisov et al. 2026). "
         "Heads are mean-ablated at hook_z in a fixed order down to each retention level. Orders: "
         "<b>regime</b> (Reset heads first, then Mixer, Retrievers last; ties by ascending current-token "
         "share), <b>weight</b> (ascending ‖W_V‖·‖W_O‖), <b>entropy</b> (most diffuse attention first) "
@@ -47,7 +48,7 @@ def build(ctx, analyses: dict) -> Section:
         title="Pruning curves",
         intro=intro,
         figures=[run.figures["pruning"]()],
-        tables=[("ΔPPL per order (rows) and retention (columns)", wide)],
+        tables=[("ΔPPL per order (rows) and retention (columns)", wide, "ΔPPL: perplexity of the pruned model minus the unpruned one, on the held-out windows.")],
         numbers={"curves": df, "orders": {k: [list(h) for h in v] for k, v in run.orders.items()}, "clean_ppl": float(np.asarray(df.clean_ppl)[0])},
         claims=run.claims(windows="held-out windows"),
         params={"mode": "mean", "retention": list(p.retention), "seeds": list(p.seeds), "eval_windows": int(ctx.heldout.shape[0]), "reference_windows": int(ctx.tokens.shape[0])},

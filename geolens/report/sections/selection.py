@@ -35,17 +35,19 @@ def build(ctx, analyses: dict) -> Section:
     res = run.scores
     intro = (
         "A head selects the N sources with the largest attention; the selection is geometrically "
-        "separable when the selected contributions y_i = α_i v_i lie closer to their aggregate s_N than "
+        "separable (Mudarisov et al. 2026) "
+        "when the selected contributions y_i = α_i v_i lie closer to their aggregate s_N than "
         "the others (precision P_N, recall R_N, F_N). Scores are for the final query of each window, "
         f"all layers × heads, document means with bootstrap CIs ({res['n_documents']} windows; "
-        f"{res['n_random']} random rankings)."
+        f"{res['n_random']} random rankings). The random N-sets with and without the sink use the same random "
+        "rankings and differ only when a draw puts the sink among the first N, so their curves nearly coincide."
     )
     return Section(
         key="selection",
         title="Token-selection geometry",
         intro=intro,
         figures=[run.figures["f_vs_n"]()],
-        tables=[("top-N vs random F_N per condition and N", res["comparison"])],
+        tables=[("top-N vs random F_N per condition and N", res["comparison"], "F_N is unitless in [0, 1]; CIs are document-bootstrap 95% intervals.")],
         numbers={k: res[k] for k in ("comparison", "scores", "violations", "sink_in_top", "correlations", "sizes", "n_documents")},
         claims=run.claims(),
         params={"conditions": [c.name for c in p.conditions], "queries": res["queries"], "n_random": res["n_random"], "n_boot": p.n_boot},

@@ -32,7 +32,8 @@ def build(ctx, analyses: dict) -> Section:
     g, d, n, drift = run.geometry, run.decomposition, run.norm_curve, run.drift
     intro = (
         "The sink (position 0) takes much of the attention. Its value geometry decides what it "
-        "contributes: norm ratios ‖v_0‖/mean‖v_j‖ and cosines cos(ṽ_0, ṽ_j) per head, the variance of "
+        "contributes (Cunningham & Muça Cirone 2026; sink heads counted as in Gu et al. 2024): "
+        "norm ratios ‖v_0‖/mean‖v_j‖ and cosines cos(ṽ_0, ṽ_j) per head, the variance of "
         "log|c_ij| split into attention, relative-norm and alignment terms for sink and tail sources, "
         "the head output norm per sink-rate bin with a quadratic convexity fit, and the semantic-drift "
         "intervention v_0 ← λ v_0 (all layers and heads at once)."
@@ -42,7 +43,11 @@ def build(ctx, analyses: dict) -> Section:
         title="Sink geometry",
         intro=intro,
         figures=[draw() for draw in run.figures.values()],
-        tables=[("sink geometry per layer (mean over heads)", g.layers), ("token-type decomposition (mean over heads)", d.summary), ("semantic drift per λ", drift.summary)],
+        tables=[
+            ("sink geometry per layer (mean over heads)", g.layers, "Means over the heads of each layer; v: value vectors, ṽ = v W_O: projected values; j > 0: non-sink sources."),
+            ("token-type decomposition (mean over heads)", d.summary, "log|c_ij| = log α_ij + log ‖ṽ_j‖/‖o_i‖ + log |cos(o_i, ṽ_j)|; each share is Cov(term, log|c_ij|)/Var(log|c_ij|), mean over heads."),
+            ("semantic drift per λ", drift.summary, "The sink value of every layer and head scaled by λ; low-norm heads: bottom quantile of relative output norm at λ = 1."),
+        ],
         numbers={
             "gu_sink_rate": g.gu_sink_rate,
             "geometry_heads": g.heads,

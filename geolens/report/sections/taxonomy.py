@@ -28,6 +28,7 @@ def build(ctx, analyses: dict) -> Section:
     tax = run.taxonomy
     per_layer = run.tables["per_layer"].reset_index()
     intro = (
+        "Head regimes as defined by Mudarisov et al. 2026. "
         "For each head and query i, the winner is argmax_j α_ij‖v_j‖ over the keys i can see (its "
         "sliding window in a local layer). A head whose winners are mostly "
         "the sink is a <b>Mixer</b>, mostly the current token a <b>Retriever</b>, mostly other tokens a "
@@ -48,9 +49,11 @@ def build(ctx, analyses: dict) -> Section:
         intro=intro,
         figures=[run.figures["regime_grid"]()],
         tables=[
-            ("regime counts per layer", per_layer),
-            (f"offset-dominated heads ({n_flagged} of {tax.regimes.size}: one offset wins > 50 % of the head's queries)", flagged),
-            ("regime shares on window prefixes (share of heads; mean winner shares)", by_length),
+            ("regime counts per layer", per_layer, "Counts of heads per layer in each regime."),
+            (f"offset-dominated heads ({n_flagged} of {tax.regimes.size}: one offset wins > 50 % of the head's queries)", flagged,
+             "Shares are of the head's counted queries unless stated."),
+            ("regime shares on window prefixes (share of heads; mean winner shares)", by_length,
+             "Mixer, Retriever, Reset: share of heads in each regime on the prefixes."),
         ],
         numbers={
             "distribution": dist,
