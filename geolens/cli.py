@@ -109,29 +109,37 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = f"geolens {args.command}"
     grad = torch.is_grad_enabled()  # commands turn autograd off; a caller's setting is restored
-    completed: list = []
+    run_folder.forget_all()
+
+    def all_complete() -> bool:
+        folders = run_folder.open_folders()
+        return bool(folders) and all(f.state == "complete" for f in folders)
+
+    def interrupted(err) -> int:
+        signum = int(getattr(err, "signum", signal.SIGINT))
+        if all_complete():
+            where = ", ".join(str(f.path) for f in run_folder.open_folders())
+            print(f"{prog}: interrupted after the results were complete in {where}", file=sys.stderr)
+            return 0
+        left = run_folder.leave_all()
+        print(f"{prog}: interrupted; {'; '.join(left) if left else 'nothing written'}", file=sys.stderr)
+        return 128 + signum
+
     try:
         with _signals_interrupt():
             try:
                 code = int(args.func(args) or 0)
                 if code == 0:
-                    completed = run_folder.complete_all()
+                    run_folder.complete_all()
+                else:
+                    run_folder.leave_all()
                 return code
             except UsageError as err:
                 run_folder.leave_all()
                 print(f"{err.prog or prog}: error: {err}", file=sys.stderr)
                 return 2
             except KeyboardInterrupt as err:
-                signum = getattr(err, "signum", signal.SIGINT)
-                folders = run_folder.open_folders()
-                if completed or (folders and all(f.state == "complete" for f in folders)):
-                    done = completed or [f.path for f in folders]
-                    run_folder.leave_all()
-                    print(f"{prog}: interrupted after the results were complete in {', '.join(map(str, done))}", file=sys.stderr)
-                    return 0
-                left = run_folder.leave_all()
-                print(f"{prog}: interrupted; {'; '.join(left) if left else 'nothing written'}", file=sys.stderr)
-                return 128 + int(signum)
+                return interrupted(err)
             except OSError as err:
                 line = _io_error_line(err)
                 left = run_folder.leave_all()
@@ -144,15 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                 run_folder.leave_all()  # a bug: the folder stays marked incomplete, the traceback shows
                 raise
     except KeyboardInterrupt as err:  # a second interrupt, while the first one was being handled
-        signum = getattr(err, "signum", signal.SIGINT)
-        folders = run_folder.open_folders()
-        if completed or (folders and all(f.state == "complete" for f in folders)):
-            run_folder.leave_all()
-            return 0
-        left = run_folder.leave_all()
-        print(f"{prog}: interrupted; {'; '.join(left) if left else 'nothing written'}", file=sys.stderr)
-        return 128 + int(signum)
+        return interrupted(err)
     finally:
+        run_folder.forget_all()
         torch.set_grad_enabled(grad)
 
 

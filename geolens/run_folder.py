@@ -299,14 +299,16 @@ def open_folders() -> list[RunFolder]:
 
 
 def complete_all() -> list[Path]:
-    """Complete every open folder (the command returned normally)."""
-    done = [f.complete() for f in _OPEN]  # an interrupt in between: main sees which are complete
-    _OPEN.clear()
-    return done
+    """Complete every open folder (the command returned normally). They stay listed by
+    :func:`open_folders` (with ``state == "complete"``) until :func:`forget_all`."""
+    return [f.complete() for f in _OPEN]
 
 
 def leave_all() -> list[str]:
     """Leave every open folder as it is (incomplete) or remove it if untouched; what is left, per folder."""
-    left = [f.leave() for f in _OPEN]
+    return [f.leave() for f in _OPEN]
+
+
+def forget_all() -> None:
+    """Forget the folders of the command that ended (the command line calls it before and after each command)."""
     _OPEN.clear()
-    return left

@@ -1,0 +1,376 @@
+"""Result folders (geolens.run_folder) and the command line's handling of interrupts and write errors.
+
+- every command writes under geolens-runs/<command>/… by default: a clone's ``git status`` stays clean;
+- a folder holding results is refused without --overwrite (one line, exit 2), replaced with it;
+- INCOMPLETE first, manifest.json last; readers refuse incomplete or damaged folders;
+- SIGINT/SIGTERM at several points: nothing left, or a folder marked incomplete, exit 130/143,
+  one line, no traceback; an interrupt once the results are complete exits 0;
+- a full disk (ENOSPC) is one line naming the path, and the last checkpoint stays intact.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny
+
+from geolens import run_folder
+from geolens.cli import main
+from geolens.run_folder import INCOMPLETE, MANIFEST, folder_state, require_complete
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_corpus(path: Path, seed: int = 0, n_docs: int = 8) -> str:
+    rng = np.random.default_rng(seed)
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "news", "today"]
+    path.write_text("\n\n".join(" ".join(rng.choice(words, 60)) + "." for _ in range(n_docs)), encoding="utf-8")
+    return str(path)
+
+
+def run_cli(argv, capsys):
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    progress = ("it/s]", "s/it]", "%|")  # tqdm bars share stderr
+    return rc, [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not any(p in line for p in progress)]
+
+
+@pytest.fixture
+def tiny_everywhere(monkeypatch):
+    """Every model a command loads is the tiny GQA model (commands that take only real names)."""
+    import geolens.distributed
+    import geolens.models
+
+    model = make_tiny("gqa")
+    monkeypatch.setattr(geolens.models, "load_model", lambda name, **kw: model)
+    monkeypatch.setattr(geolens.distributed, "load_any_model", lambda name, device, **kw: model)
+    return model
+
+
+# --- the folder itself ------------------------------------------------------------------------------
+
+
+def test_default_folder_is_under_geolens_runs_and_never_reused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = run_folder.default_folder("taxonomy")
+    assert first.parts[:2] == ("geolens-runs", "taxonomy") and len(first.name) == len("20261205-101010")
+    first.mkdir(parents=True)
+    second = run_folder.default_folder("taxonomy")
+    assert second != first and second.name.startswith(first.name)
+    assert run_folder.default_folder("taxonomy", "mine") == Path("geolens-runs/taxonomy/mine")
+
+
+def test_complete_writes_a_manifest_of_every_file_and_removes_the_marker(tmp_path):
+    folder = run_folder.open_run_folder(tmp_path / "out", command="test")
+    assert (folder.path / INCOMPLETE).is_file() and folder_state(folder.path) == "incomplete"
+    (folder.path / "a.csv").write_text("x\n1\n")
+    (folder.path / "sub").mkdir()
+    (folder.path / "sub" / "b.json").write_text("{}")
+    run_folder.complete_all()
+    manifest = json.loads((folder.path / MANIFEST).read_text())
+    assert sorted(manifest["files"]) == ["a.csv", "sub/b.json"] and manifest["command"] == "geolens test"
+    assert manifest["files"]["a.csv"]["bytes"] == 4
+    assert not (folder.path / INCOMPLETE).exists() and folder_state(folder.path, contents=True) == "complete"
+    assert require_complete(folder.path) == folder.path
+
+
+def test_readers_refuse_incomplete_and_damaged_folders(tmp_path):
+    folder = run_folder.open_run_folder(tmp_path / "out", command="test")
+    (folder.path / "a.csv").write_text("1")
+    run_folder.leave_all()
+    with pytest.raises(run_folder.IncompleteResults, match="incomplete") as err:
+        require_complete(folder.path)
+    assert "\n" not in str(err.value)
+    (folder.path / INCOMPLETE).unlink()
+    folder = run_folder.open_run_folder(tmp_path / "out", command="test", overwrite=True)
+    (folder.path / "a.csv").write_text("1")
+    run_folder.complete_all()
+    (folder.path / "a.csv").write_text("2")  # same size, other content
+    with pytest.raises(run_folder.IncompleteResults, match="a.csv was altered"):
+        require_complete(folder.path)
+
+
+def test_overwrite_removes_the_previous_runs_files_only(tmp_path):
+    out = tmp_path / "out"
+    folder = run_folder.open_run_folder(out, command="test")
+    (out / "old.csv").write_text("old")
+    run_folder.complete_all()
+    (out / "notes.txt").write_text("the user's own file")  # not part of the run
+    folder = run_folder.open_run_folder(out, command="test", overwrite=True)
+    assert not (out / "old.csv").exists() and (out / "notes.txt").exists()
+    (out / "new.csv").write_text("new")
+    run_folder.complete_all()
+    assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["new.csv", "notes.txt"]
+
+
+def test_a_usage_error_after_opening_leaves_nothing(tmp_path, capsys):
+    out = tmp_path / "a" / "b"
+    rc, err = run_cli(["taxonomy", "--model", "tiny-gqa", "--corpora", str(tmp_path / "missing.txt"), "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and not (tmp_path / "a").exists()
+
+
+# --- every command, with its default output folder, in a clone ----------------------------------------
+
+
+@pytest.mark.bridge_only
+def test_every_command_with_its_defaults_leaves_a_clone_clean(tmp_path, monkeypatch, capsys, tiny_everywhere):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(clone)], check=True, timeout=120)
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps(dict(prompt="the cat sat on the", choices=["mat", "dog"], answer=0)) + "\n")
+    monkeypatch.chdir(clone)
+    small = ["--n-sequences", "2", "--seq-len", "16"]
+    commands = {
+        "analyze": ["analyze", "the cat sat on the mat"],
+        "cache": ["cache", "path"],
+        "taxonomy": ["taxonomy", "--model", "tiny-gqa", "--corpora", corpus, *small, "--prefix-lengths", "8"],
+        "selection": ["selection", "--model", "tiny-gqa", "--corpora", corpus, *small, "--nstar-sequences", "0"],
+        "sinks": ["sinks", "--corpus", corpus, *small, "--drift-sequences", "0", "--controls-sequences", "0", "--min-count", "1"],
+        "pruning": ["pruning", "--corpus", corpus, *small],
+        "faithfulness": ["faithfulness", "--corpus", corpus, *small, "--fractions", "0.5", "--n-boot", "20"],
+        "mc": ["mc", "--tasks", str(questions), "--n-boot", "20"],
+        "report": ["report", "--model", "tiny-gqa", "--quick", "--corpus", corpus, "--n-sequences", "2", "--seq-len", "16", "--no-progress"],
+    }
+    from geolens.cli import build_parser
+
+    registered = set(build_parser()._subparsers._group_actions[0].choices)
+    assert registered == set(commands), registered ^ set(commands)  # a new command is added here too
+    commands["pruning"] += ["--seeds", "0", "--retention", "0.5", "--ref-sequences", "2", "--scan-sequences", "0"]
+    for name, argv in commands.items():
+        rc, err = run_cli(argv, capsys)
+        assert rc == 0, (name, err)
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], cwd=clone, capture_output=True, text=True, check=True)
+    assert status.stdout == "", status.stdout
+    runs = sorted(p.relative_to(clone / "geolens-runs").parts[0] for p in (clone / "geolens-runs").glob("*/*"))
+    assert runs == sorted(set(commands) - {"analyze", "cache"})
+    for folder in (clone / "geolens-runs").glob("*/*"):
+        assert require_complete(folder) == folder  # each one complete, with its manifest
+    # the same folder again, without --overwrite: one line, exit 2, nothing changed
+    target = ["--name", "again"]
+    assert run_cli(commands["taxonomy"] + target, capsys)[0] == 0
+    before = (clone / "geolens-runs/taxonomy/again" / MANIFEST).read_bytes()
+    rc, err = run_cli(commands["taxonomy"] + target, capsys)
+    assert rc == 2 and len(err) == 1 and "--overwrite" in err[0] and "already holds the complete results" in err[0]
+    assert (clone / "geolens-runs/taxonomy/again" / MANIFEST).read_bytes() == before
+    assert run_cli(commands["taxonomy"] + target + ["--overwrite"], capsys)[0] == 0
+
+
+# --- interrupts ---------------------------------------------------------------------------------------
+
+
+def _interrupt_at(monkeypatch, target: str, attribute: str, *, after_calls: int = 0, signum=signal.SIGINT):
+    """Make ``target.attribute`` raise the CLI's Interrupted (as the signal handler does) on call ``after_calls + 1``."""
+    import importlib
+
+    from geolens.cli import Interrupted
+
+    module = importlib.import_module(target)
+    real = getattr(module, attribute)
+    calls = {"n": 0}
+
+    def wrapper(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > after_calls:
+            raise Interrupted(signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, attribute, wrapper)
+
+
+def _taxonomy(tmp_path, out):
+    corpus = write_corpus(tmp_path / "c.txt")
+    return ["taxonomy", "--model", "tiny-gqa", "--corpora", corpus, "--n-sequences", "2", "--seq-len", "16", "--prefix-lengths", "8", "--out", str(out)]
+
+
+@pytest.mark.parametrize(
+    "where, state, code",
+    [
+        (("geolens.distributed", "load_any_model", 0, signal.SIGINT), "absent", 130),  # during the model load
+        (("geolens.pipelines", "write_tables", 1, signal.SIGINT), "incomplete", 130),  # after some tables
+        (("geolens.pipelines", "write_tables", 1, signal.SIGTERM), "incomplete", 143),
+        (("geolens.viz.taxonomy", "save_regime_grid_html", 0, signal.SIGINT), "incomplete", 130),  # near the end
+    ],
+)
+def test_interrupt_leaves_nothing_or_an_incomplete_folder(tmp_path, monkeypatch, capsys, where, state, code):
+    module, attribute, after, signum = where
+    _interrupt_at(monkeypatch, module, attribute, after_calls=after, signum=signum)
+    if module == "geolens.pipelines":
+        import geolens.commands.taxonomy  # noqa: F401 - imports write_tables at call time from geolens.pipelines
+    out = tmp_path / "runs" / "tax"
+    rc, err = run_cli(_taxonomy(tmp_path, out), capsys)
+    assert rc == code and len(err) == 1 and "Traceback" not in " ".join(err)
+    assert err[0].startswith("geolens taxonomy: interrupted; ")
+    assert folder_state(out) == state
+    if state == "absent":
+        assert "nothing written" in err[0] and not (tmp_path / "runs").exists()
+    else:
+        assert f"partial results in {out} (incomplete" in err[0]
+        with pytest.raises(run_folder.IncompleteResults):
+            require_complete(out)
+
+
+def test_interrupt_during_an_overwrite_never_mixes_two_runs(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "tax"
+    argv = _taxonomy(tmp_path, out)
+    assert run_cli(argv, capsys)[0] == 0
+    _interrupt_at(monkeypatch, "geolens.pipelines", "write_tables", after_calls=1)
+    rc, err = run_cli(argv + ["--overwrite"], capsys)
+    assert rc == 130 and folder_state(out) == "incomplete" and not (out / MANIFEST).exists()
+
+
+def test_interrupt_once_the_results_are_complete_exits_0(tmp_path, monkeypatch, capsys):
+    real = run_folder.complete_all
+
+    def complete_then_interrupt():
+        done = real()
+        from geolens.cli import Interrupted
+
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(run_folder, "complete_all", complete_then_interrupt)
+    out = tmp_path / "tax"
+    rc, err = run_cli(_taxonomy(tmp_path, out), capsys)
+    assert rc == 0 and len(err) == 1 and "after the results were complete" in err[0]
+    assert folder_state(out, contents=True) == "complete"
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_real_signal_to_a_running_command(tmp_path, signum, code):
+    """A real signal to a command that is writing: one line, exit 130/143, the folder marked incomplete."""
+    out = tmp_path / "tax"
+    script = (
+        "import sys, time, geolens.pipelines as p\n"
+        "real = p.write_tables\n"
+        "def slow(*a, **k):\n"
+        "    real(*a, **k); print('wrote', flush=True); time.sleep(60)\n"
+        "p.write_tables = slow\n"
+        "from geolens.cli import main\n"
+        f"sys.exit(main({_taxonomy(tmp_path, out)!r}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "wrote", (line, proc.stderr.read() if proc.poll() is not None else "")
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [l for l in err.replace("\r", "\n").splitlines() if l.strip() and not any(p in l for p in ("it/s]", "s/it]", "%|"))]
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and lines == [f"geolens taxonomy: interrupted; partial results in {out} (incomplete)"], err
+    assert folder_state(out) == "incomplete"
+
+
+# --- write errors -------------------------------------------------------------------------------------
+
+
+def test_full_disk_while_writing_results_is_one_line(tmp_path, monkeypatch, capsys):
+    import geolens.pipelines
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "tax" / "heads_c.csv"))
+
+    monkeypatch.setattr(geolens.pipelines, "write_tables", full)
+    out = tmp_path / "tax"
+    rc, err = run_cli(_taxonomy(tmp_path, out), capsys)
+    assert rc == 1 and len(err) == 1 and "Traceback" not in err[0]
+    assert "No space left on device" in err[0] and str(out / "heads_c.csv") in err[0] and "free some disk space" in err[0]
+
+
+def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(tmp_path, monkeypatch):
+    """run_corpus(..., checkpoint=): an ENOSPC write fails with one line; the saved checkpoint
+    is intact and a resume from it gives the uninterrupted run's numbers."""
+    from geolens import checkpoint as ckpt
+    from geolens.runner import run_corpus
+    from geolens.streaming import HeadSinkRate
+
+    model = make_tiny("gqa")
+    torch.manual_seed(0)
+    tokens = torch.randint(1, model.cfg.d_vocab, (6, 12))
+    tokens[:, 0] = 0
+    whole = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=2, progress=False)[0].result()
+    path = tmp_path / "run.ckpt"
+    real_fdopen = os.fdopen
+    calls = {"n": 0}
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        f = real_fdopen(fd, mode, *args, **kwargs)
+        calls["n"] += 1
+        return Full(f) if calls["n"] == 2 else f  # the second checkpoint write hits a full disk
+
+    monkeypatch.setattr(ckpt.os, "fdopen", fdopen)
+    with pytest.raises(ckpt.WriteError) as err:
+        run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)
+    assert err.value.errno == errno.ENOSPC and "\n" not in str(err.value)
+    assert str(path) in str(err.value) and "saved before is intact" in str(err.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no temporary file left
+    assert ckpt.load_checkpoint(path)["next_batch"] == 1
+    monkeypatch.setattr(ckpt.os, "fdopen", real_fdopen)
+    resumed = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)[0]
+    got = resumed.result()
+    assert got.keys() == whole.keys()
+    for key in got:
+        assert torch.equal(got[key].nan_to_num(-7.0), whole[key].nan_to_num(-7.0)), key
+
+
+def test_checkpoint_files_follow_the_umask(tmp_path):
+    from geolens.checkpoint import atomic_write_bytes
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "x.bin", b"data")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x.bin").stat().st_mode & 0o777 == 0o644
+
+
+def test_unwritable_output_folder_is_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import geolens.distributed
+
+    monkeypatch.setattr(geolens.distributed, "load_any_model", lambda *a, **k: pytest.fail("the model loaded"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc, err = run_cli(_taxonomy(tmp_path, blocker / "out"), capsys)
+    assert rc == 2 and len(err) == 1 and "cannot write there" in err[0]
+
+
+def test_cache_verify_reports_damage(tmp_path, monkeypatch, capsys):
+    from test_model_cache import NAME, _save_tiny
+
+    from geolens import models
+
+    monkeypatch.setitem(models.MODELS, NAME, models.ModelSpec(NAME, "tiny", gguf=lambda w: w, convert=_save_tiny))
+    monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path))
+    folder = models.converted_checkpoint(NAME)
+    assert main(["cache", "verify"]) == 0 and f"{NAME}: ok" in capsys.readouterr().out
+    (folder / "config.json").write_text("{}")
+    assert main(["cache", "verify", NAME]) == 1 and "DAMAGED" in capsys.readouterr().out
+    assert main(["cache", "path"]) == 0 and capsys.readouterr().out.strip() == str(tmp_path)
+    assert main(["cache", "clear"]) == 0 and not folder.exists()
