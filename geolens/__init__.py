@@ -34,6 +34,7 @@ from geolens.contributions import (
     per_source_totals,
 )
 from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing
+from geolens.flow import contribution_flow
 from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms
 from geolens.metrics import register_metric
 from geolens.models import load_model
