@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from geolens.report.citations import cite_text, references_html, references_of, source_html
+from geolens.report.columns import header
 from geolens.viz.common import PlotView, new_figure, to_jsonable
 
 REGIMES = ("Mixer", "Retriever", "Reset")
@@ -113,20 +115,20 @@ def compare_figures(reports: Sequence[dict], labels: Sequence[str]) -> list[Plot
         series = {k: v for k, v in series.items() if v}
         if not series:
             continue
-        fig = new_figure(figsize=(6.4, 3.4))
+        fig = new_figure(figsize=(7.8, 3.4))
         ax = fig.add_subplot(111)
         for i, (lab, (x, y)) in enumerate(series.items()):
             ax.plot(x, y, marker="o", ms=3, color=colors[i % len(colors)], label=lab)
         if ylim[0] < 0:
             ax.axhline(0, color="#999", lw=0.8)
-        ax.set(xlim=(0, 1), ylim=ylim, xlabel="relative depth l / (n_layers − 1)", ylabel=column, title=title)
-        ax.legend(fontsize=8)
+        ax.set(xlim=(0, 1), ylim=ylim, xlabel="relative depth l / (n_layers − 1)", ylabel=f"{header(column)} (mean over heads)", title=title)
+        _outside_legend(ax)
         figs.append(PlotView(fig, title=title, data={"column": column, "series": {k: {"relative_depth": v[0], "mean": v[1]} for k, v in series.items()}}))
     tax = {lab: _taxonomy(r) for lab, r in zip(labels, reports)}
     tax = {k: v for k, v in tax.items() if v}
     if tax:
         cats = list(REGIMES) + ["offset-dominated"]
-        fig = new_figure(figsize=(6.4, 3.4))
+        fig = new_figure(figsize=(7.8, 3.4))
         ax = fig.add_subplot(111)
         width = 0.8 / len(tax)
         for i, (lab, d) in enumerate(tax.items()):
@@ -134,22 +136,28 @@ def compare_figures(reports: Sequence[dict], labels: Sequence[str]) -> list[Plot
             ax.bar(xs, [d[c] if np.isfinite(d[c]) else 0 for c in cats], width, color=colors[i % len(colors)], label=lab)
         ax.set_xticks(np.arange(len(cats)), cats)
         ax.set(ylim=(0, 1), ylabel="share of heads", title="Head taxonomy: regime shares and offset-dominated heads")
-        ax.legend(fontsize=8)
+        _outside_legend(ax)
         figs.append(PlotView(fig, title="Head taxonomy: regime shares", data={"categories": cats, "shares": tax}))
     sel = {lab: _selection(r) for lab, r in zip(labels, reports)}
     sel = {k: v for k, v in sel.items() if v}
     if sel:
-        fig = new_figure(figsize=(6.4, 3.4))
+        fig = new_figure(figsize=(7.8, 3.4))
         ax = fig.add_subplot(111)
         for i, (lab, d) in enumerate(sel.items()):
             c = colors[i % len(colors)]
             ax.plot(d["N"], d["top"], marker="o", color=c, label=f"{lab}: top-N")
-            ax.plot(d["N"], d["random"], marker="x", ls="--", color=c, label=f"{lab}: random")
+            ax.plot(d["N"], d["random"], marker="x", ls="--", color=c, label=f"{lab}: random N-set")
         ax.set_xscale("log", base=2)
-        ax.set(ylim=(0, 1), xlabel="N", ylabel="F_N", title=f"Selection separability ({SELECTION_MAIN})")
-        ax.legend(fontsize=8)
+        ax.set(ylim=(0, 1), xlabel="N (log scale)", ylabel="F_N (document mean)", title=f"Selection separability ({SELECTION_MAIN})")
+        _outside_legend(ax)
         figs.append(PlotView(fig, title="Selection separability F_N", data={"condition": SELECTION_MAIN, "series": sel}))
     return figs
+
+
+def _outside_legend(ax) -> None:
+    """The legend right of the axes, outside the data area."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    ax.figure.tight_layout()
 
 
 def compare_claims(reports: Sequence[dict], labels: Sequence[str]) -> list[dict]:
@@ -158,7 +166,9 @@ def compare_claims(reports: Sequence[dict], labels: Sequence[str]) -> list[dict]
     for lab, rep in zip(labels, reports):
         for c in rep.get("claims", []):
             key = (c.get("section", ""), c["claim"])
-            row = rows.setdefault(key, {"section": key[0], "claim": c["claim"], "source": c.get("source", ""), "criterion": c.get("criterion", ""), "models": {}})
+            source = c.get("source", "")
+            row = rows.setdefault(key, {"section": key[0], "claim": c["claim"], "source": source, "citation": c.get("citation") or cite_text(source),
+                                        "references": [r.full for r in references_of(source)], "criterion": c.get("criterion", ""), "models": {}})  # fmt: skip
             sample = (c.get("numbers") or {}).get("sample")
             row["models"][lab] = {"measured": c["measured"], "verdict": c["verdict"], "holds": c["holds"], "sample": sample}
     for row in rows.values():
@@ -196,11 +206,14 @@ h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 32px; }
 .meta { color: #555; font-size: 0.9em; }
 table.geolens-table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0 16px 0; }
 table.geolens-table th, table.geolens-table td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
-table.geolens-table th { background: #f4f4f4; }
+table.geolens-table th { background: #f4f4f4; white-space: normal; }
+.table-scroll { overflow-x: auto; max-width: 100%; }
+p.table-legend { font-size: 0.8em; color: #555; margin: -10px 0 14px 0; }
+.cite { font-size: 0.85em; color: #555; } ul.references li { margin-bottom: 4px; }
 .holds { color: #11772d; font-weight: bold; } .fails { color: #b3261e; font-weight: bold; } .descriptive { color: #555; }
 .lowpower { background: #fff4d6; color: #7a5300; font-size: 0.85em; padding: 0 4px; border-radius: 3px; }
 .sample { color: #555; font-size: 0.85em; } .differs { background: #fdf1f0; }
-figure { display: inline-block; margin: 8px; } figure img { max-width: 620px; border: 1px solid #eee; }
+figure { display: inline-block; margin: 8px; max-width: 100%; } figure img { max-width: min(760px, 100%); border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #555; }
 """
 
@@ -222,7 +235,14 @@ def _cell(m: dict | None) -> str:
         marker = measured.rfind(" [n = ")
         if marker > 0:
             measured = measured[:marker]  # the sample is shown separately
-    return f'<td><span class="{cls}">{html.escape(m["verdict"])}</span><br>{html.escape(measured)}{tail}</td>'
+    return f'<td><span class="{cls}">{html.escape(m["verdict"])}</span><br>{html.escape(cite_text(measured))}{tail}</td>'
+
+
+COMPARE_LEGEND = (
+    "paper claim: what the cited paper states (with the report section); source: the paper and its section, with "
+    "the full citation; criterion: the rule applied; one column per model: its verdict, the number measured and the "
+    "sample behind it (n windows; low power: fewer than 20 windows or one seed)."
+)
 
 
 def render_compare_html(cmp: dict) -> str:
@@ -237,13 +257,13 @@ def render_compare_html(cmp: dict) -> str:
         f"geolens {html.escape(str(r['versions'].get('geolens', '?')))}; from <code>{html.escape(str(r.get('path')))}</code>"
         for lab, r in runs.items()
     )
-    head = "<tr><th>paper claim</th><th>source</th><th>criterion</th>" + "".join(f"<th>{html.escape(l)}</th>" for l in labels) + "</tr>"
+    head = "<tr><th>paper claim</th><th>source (full citation)</th><th>criterion</th>" + "".join(f"<th>{html.escape(l)}</th>" for l in labels) + "</tr>"
     body = []
     for row in data["claims"]:
         cls = "" if row["agree"] else ' class="differs"'
         body.append(
-            f"<tr{cls}><td>{html.escape(row['claim'])}<br><span class=\"sample\">{html.escape(row['section'])}</span></td>"
-            f"<td>{html.escape(row['source'])}</td><td>{html.escape(row['criterion'])}</td>"
+            f"<tr{cls}><td>{html.escape(cite_text(row['claim']))}<br><span class=\"sample\">{html.escape(row['section'])}</span></td>"
+            f"<td>{source_html(row['source'])}</td><td>{html.escape(cite_text(row['criterion']))}</td>"
             + "".join(_cell(row["models"][l]) for l in labels)
             + "</tr>"
         )
@@ -262,10 +282,14 @@ def render_compare_html(cmp: dict) -> str:
             '<section id="claims"><h2>Paper claim → measured, per model</h2>',
             "<p>Rows whose verdicts differ between the models are shaded. A verdict resting on fewer than 20 "
             f"windows or on one seed is marked <span class=\"lowpower\">low power</span> ({n_low} here).</p>",
-            f'<table class="geolens-table claims">{head}{"".join(body)}</table></section>',
+            f'<div class="table-scroll"><table class="geolens-table claims">{head}{"".join(body)}</table></div>',
+            f'<p class="table-legend">{COMPARE_LEGEND}</p></section>',
             '<section id="figures"><h2>Figures on shared axes</h2>',
             "<p>Layers are placed at their relative depth so that models of different depths share one axis.</p>",
             fig_html or "<p>No section with figures is common to these runs.</p>",
+            "</section>",
+            '<section id="references"><h2>References</h2>',
+            references_html(),
             "</section></body></html>\n",
         ]
     )
