@@ -77,6 +77,8 @@ from geolens.interventions.masking import (
     token_nll,
 )
 from geolens.metrics import LayerInputs, MetricName, SequenceInputs, check_metric_names, get_metric, metric_names
+from geolens.stats import bootstrap_indices, percentile_ci, resample_means
+from geolens.stats import verdict as ci_verdict
 
 Metric = MetricName  # the built-in metric names (geolens.metrics, where every metric is registered)
 ALL_METRICS: tuple[str, ...] = metric_names()  # the built-in ones, registered at import; metric_names() is live
@@ -409,18 +411,23 @@ def area_under_curve(fractions: Sequence[float], values) -> np.ndarray:
     return ((y[..., 1:] + y[..., :-1]) * np.diff(x) / 2.0).sum(-1)
 
 
-def bootstrap_auc(
+def auc_ci(
     fractions: Sequence[float], per_sequence, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float]:
-    """(AUC of the mean curve, CI low, CI high) by resampling sequences (rows of ``per_sequence``)."""
+    """(AUC of the mean curve, CI low, CI high) by resampling sequences (rows of ``per_sequence``).
+
+    The AUC of the mean curve over each resample of sequences (:func:`geolens.stats.bootstrap_indices`)
+    and the percentile interval of those AUCs (:func:`geolens.stats.percentile_ci`).
+    """
     y = np.asarray(per_sequence, dtype=np.float64)
     if y.ndim != 2 or y.shape[1] != len(fractions):
         raise ValueError(f"per_sequence must be [n_sequences, {len(fractions)}], got {y.shape}")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, y.shape[0], size=(n_boot, y.shape[0]))
-    boot = area_under_curve(fractions, y[idx].mean(1))
-    a = (1.0 - level) / 2.0
-    return float(area_under_curve(fractions, y.mean(0))), float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a))
+    samples = area_under_curve(fractions, resample_means(y, bootstrap_indices(y.shape[0], n_boot, seed)))
+    lo, hi = percentile_ci(samples, level)
+    return float(area_under_curve(fractions, y.mean(0))), float(lo), float(hi)
+
+
+bootstrap_auc = auc_ci  # its former name
 
 
 def faithfulness_sign(direction: str, quantity: str) -> float:
@@ -435,19 +442,18 @@ def faithfulness_sign(direction: str, quantity: str) -> float:
     return sign if quantity == "delta_ppl" else -sign
 
 
-def verdict(ci_low: float, ci_high: float, has_range: bool = True, n_documents: int | None = None) -> str:
+def verdict(
+    ci_low: float, ci_high: float, has_range: bool = True, n_documents: int | None = None, *, testable: bool = True
+) -> str:
     """``holds`` when the CI of "b more faithful than a" lies above 0, ``reversed`` when below 0,
-    ``tie`` otherwise; ``no range`` when the protocol failed its range check, ``too few documents``
-    below :data:`MIN_DOCUMENTS` (a bootstrap over 1 document has a zero-width interval)."""
+    ``tie`` otherwise (:func:`geolens.stats.verdict`, ``not testable`` when ``testable`` is False);
+    ``no range`` when the protocol failed its range check, ``too few documents`` below
+    :data:`MIN_DOCUMENTS` (a bootstrap over 1 document has a zero-width interval)."""
     if not has_range:
         return "no range"
     if n_documents is not None and n_documents < MIN_DOCUMENTS:
         return "too few documents"
-    if ci_low > 0:
-        return "holds"
-    if ci_high < 0:
-        return "reversed"
-    return "tie"
+    return ci_verdict(ci_low, ci_high, testable=testable)
 
 
 @dataclass
@@ -470,7 +476,9 @@ class FaithfulnessResult:
 
     # -- bootstrap over documents ------------------------------------------------------------
 
-    def _boot(self) -> dict:
+    def _resampled(self) -> dict:
+        """Every statistic on the data (row 0) and on ``n_boot`` resamples of documents (rows 1…),
+        the same resamples (:func:`geolens.stats.bootstrap_indices`) for every metric: paired."""
         key = (len(self.per_sequence), len(self.clean), self.n_boot, self.seed)
         if self._cache.get("key") == key:
             return self._cache["boot"]
@@ -480,8 +488,7 @@ class FaithfulnessResult:
         w = clean.n_scored.to_numpy(dtype=np.float64)
         c = clean.nll.to_numpy(dtype=np.float64)
         n = len(seqs)
-        rng = np.random.default_rng(self.seed)
-        idx = np.concatenate([np.arange(n)[None], rng.integers(0, n, size=(self.n_boot, n))])  # row 0: the data
+        idx = np.concatenate([np.arange(n)[None], bootstrap_indices(n, self.n_boot, self.seed)])  # row 0: the data
         wsum = w[idx].sum(1)  # [1 + n_boot]
         clean_nll = (w * c)[idx].sum(1) / wsum
         out = {"clean_nll": clean_nll, "n": n}
@@ -502,8 +509,8 @@ class FaithfulnessResult:
 
     @staticmethod
     def _ci(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-        a = (1.0 - level) / 2.0
-        return float(np.quantile(x, a)), float(np.quantile(x, 1 - a))
+        lo, hi = percentile_ci(x, level)
+        return float(lo), float(hi)
 
     @property
     def metrics(self) -> list[str]:
@@ -511,12 +518,12 @@ class FaithfulnessResult:
 
     @property
     def clean_ppl(self) -> float:
-        return float(np.exp(self._boot()["clean_nll"][0]))
+        return float(np.exp(self._resampled()["clean_nll"][0]))
 
     @property
     def curves(self) -> pd.DataFrame:
         """Corpus-level ΔPPL and Δ log-prob per (metric, direction, k) with bootstrap 95% CIs."""
-        b = self._boot()
+        b = self._resampled()
         rows = []
         for key, v in b.items():
             if not isinstance(key, tuple):
@@ -535,7 +542,7 @@ class FaithfulnessResult:
         """AUC over k of the corpus-level curves, with bootstrap 95% CIs over documents."""
         if n_boot is not None and n_boot != self.n_boot:
             self.n_boot = n_boot
-        b = self._boot()
+        b = self._resampled()
         fr = list(self.protocol["fractions"])
         rows = []
         for key, v in b.items():
@@ -549,7 +556,7 @@ class FaithfulnessResult:
 
     def range_check(self) -> dict:
         """ΔPPL of the random ranking at the largest k (comprehensiveness) and of the sink alone."""
-        b = self._boot()
+        b = self._resampled()
         clean = float(np.exp(b["clean_nll"][0]))
         out = dict(clean_ppl=clean, threshold_rel=MIN_RANGE, max_fraction=float(self.protocol["fractions"][-1]))
         if ("random", "comprehensiveness") in b:
@@ -575,7 +582,7 @@ class FaithfulnessResult:
         the same document resamples for a and b, and the :func:`verdict` (``no range`` when the
         range check failed, ``too few documents`` below :data:`MIN_DOCUMENTS`).
         """
-        b = self._boot()
+        b = self._resampled()
         fr = list(self.protocol["fractions"])
         has_range = self.range_check()["has_range"]
         rows = []

@@ -48,6 +48,8 @@ from tqdm.auto import tqdm
 
 from geolens.faithfulness import DIRECTIONS, PAIRS, Protocol, curve_masks, faithfulness_sign, metric_scores, verdict
 from geolens.interventions.masking import masked_token_nll, tail_nll
+from geolens.stats import bootstrap_indices, mean_ci, paired_bootstrap
+from geolens.stats import verdict as ci_verdict
 
 
 @dataclass(frozen=True)
@@ -238,16 +240,11 @@ def score_questions(model, questions: Sequence[Question], *, normalize: str = "s
     return pd.DataFrame(rows)
 
 
-def _boot_mean(x, idx) -> tuple[float, float, float, np.ndarray]:
-    x = np.asarray(x, dtype=np.float64)
-    b = x[idx].mean(1)
-    return float(x.mean()), float(np.percentile(b, 2.5)), float(np.percentile(b, 97.5)), b
-
-
 def mc_summary(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per task and over all questions (``task="all"``): ``n_questions``, ``accuracy`` [95% CI],
     ``chance`` (mean 1/n_choices), mean ``logprob_correct`` and ``logprob_correct_norm`` [95% CI];
-    percentile bootstrap over questions (resampled within the group)."""
+    percentile bootstrap over questions (:func:`geolens.stats.mean_ci`), resampled within the group,
+    the groups' resamples drawn in turn from one generator seeded with ``seed``."""
     if per_question.empty:
         raise ValueError("no questions to summarise")
     groups = [(t, g) for t, g in per_question.groupby("task", sort=False)]
@@ -256,19 +253,20 @@ def mc_summary(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0)
     rows = []
     rng = np.random.default_rng(seed)
     for task, g in groups:
-        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
+        idx = bootstrap_indices(len(g), n_boot, rng)  # the same resamples for the three columns
         row = dict(task=task, n_questions=int(len(g)), chance=float(g.chance.mean()))
         for col, name in (("correct", "accuracy"), ("logprob_correct", "logprob_correct"), ("logprob_correct_norm", "logprob_correct_norm")):
-            m, lo, hi, _ = _boot_mean(g[col].astype(float), idx)
-            row.update({name: m, f"{name}_lo": lo, f"{name}_hi": hi})
+            m, lo, hi = mean_ci(g[col].astype(float), indices=idx)
+            row.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def paired_difference(a: pd.DataFrame, b: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """b − a on the same questions (matched on ``task, qid``): accuracy and log-prob differences
-    with paired bootstrap CIs over questions, per task and over all; ``verdict`` says which run is
-    higher in accuracy only when the CI excludes 0 (``tie`` otherwise)."""
+    with paired bootstrap CIs over questions (:func:`geolens.stats.paired_bootstrap`), per task and
+    over all; ``verdict`` says which run is higher in accuracy only when the CI excludes 0 (``tie``
+    otherwise; :func:`geolens.stats.verdict`: ``b higher`` for holds, ``a higher`` for reversed)."""
     m = a.merge(b, on=["task", "qid"], suffixes=("_a", "_b"), validate="one_to_one")
     if len(m) != len(a) or len(m) != len(b):
         raise ValueError(f"the two runs must score the same questions: {len(a)} and {len(b)} rows, {len(m)} matched")
@@ -278,15 +276,14 @@ def paired_difference(a: pd.DataFrame, b: pd.DataFrame, *, n_boot: int = 2000, s
     rng = np.random.default_rng(seed)
     rows = []
     for task, g in groups:
-        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
+        idx = bootstrap_indices(len(g), n_boot, rng)  # the same resamples for the three columns
         row = dict(task=task, n_questions=int(len(g)))
         for col in ("correct", "logprob_correct", "logprob_correct_norm"):
-            d = g[f"{col}_b"].astype(float).to_numpy() - g[f"{col}_a"].astype(float).to_numpy()
-            mean, lo, hi, _ = _boot_mean(d, idx)
+            mean, lo, hi = paired_bootstrap(g[f"{col}_a"].astype(float), g[f"{col}_b"].astype(float), indices=idx)
             name = "accuracy" if col == "correct" else col
-            row.update({f"{name}_diff": mean, f"{name}_diff_lo": lo, f"{name}_diff_hi": hi})
-        lo, hi = row["accuracy_diff_lo"], row["accuracy_diff_hi"]
-        row["verdict"] = "b higher" if lo > 0 else ("a higher" if hi < 0 else "tie")
+            row.update({f"{name}_diff": float(mean), f"{name}_diff_lo": float(lo), f"{name}_diff_hi": float(hi)})
+        v = ci_verdict(row["accuracy_diff_lo"], row["accuracy_diff_hi"])
+        row["verdict"] = {"holds": "b higher", "reversed": "a higher"}.get(v, v)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -409,22 +406,22 @@ def mc_pairs(per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIR
     key = ["task", "qid"]
     clean = per_question[per_question.metric == "clean"].set_index(key)
     n_q = len(clean)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n_q, size=(n_boot, n_q))
+    idx = bootstrap_indices(n_q, n_boot, seed)  # the same question resamples for every pair and k
     order = clean.index
 
     def column(metric, direction, k, col="logprob_correct"):
         g = per_question[(per_question.metric == metric) & (per_question.direction == direction) & np.isclose(per_question.fraction, k)]
         return g.set_index(key).reindex(order)[col].astype(float).to_numpy()
 
-    def boot(x):
-        return float(x.mean()), float(np.quantile(x[idx].mean(1), 0.025)), float(np.quantile(x[idx].mean(1), 0.975))
+    def ci_of(x):
+        m, lo, hi = mean_ci(x, indices=idx)
+        return float(m), float(lo), float(hi)
 
     ran = set(per_question.metric)
     fractions = sorted(set(per_question.fraction[per_question.metric != "clean"]))
     has_range, rand = True, (float("nan"),) * 3
     if "random" in ran and fractions:
-        rand = boot(column("random", "comprehensiveness", fractions[-1]) - clean["logprob_correct"].astype(float).to_numpy())
+        rand = ci_of(column("random", "comprehensiveness", fractions[-1]) - clean["logprob_correct"].astype(float).to_numpy())
         has_range = not (rand[1] <= 0 <= rand[2])
     rows = []
     for a, b in pairs:
@@ -433,8 +430,8 @@ def mc_pairs(per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIR
         for d in DIRECTIONS:
             sign = faithfulness_sign(d, "delta_logprob")
             for k in fractions:
-                diff, lo, hi = boot(sign * (column(b, d, k) - column(a, d, k)))
-                acc = boot(np.sign(sign) * (column(b, d, k, "correct") - column(a, d, k, "correct")))
+                diff, lo, hi = ci_of(sign * (column(b, d, k) - column(a, d, k)))
+                acc = ci_of(np.sign(sign) * (column(b, d, k, "correct") - column(a, d, k, "correct")))
                 rows.append(dict(
                     a=a, b=b, direction=d, fraction=float(k), quantity="logprob_correct", diff=diff, ci_low=lo, ci_high=hi,
                     verdict=verdict(lo, hi, has_range, n_q), accuracy_diff=acc[0], accuracy_diff_lo=acc[1], accuracy_diff_hi=acc[2],

@@ -7,8 +7,9 @@
 - :func:`paired_comparison`: per N, the top-N score against the mean over random draws of the
   same (document, layer, head, query): mean difference, win / tie / loss shares (a win is
   top-N > random mean), with document-bootstrap confidence intervals.
-- :func:`document_bootstrap`: percentile bootstrap over documents (2000 resamples by default),
-  the unit of resampling is the document (window), as in the authors' protocol.
+- :func:`document_means_ci` (formerly ``document_bootstrap``): percentile bootstrap over documents
+  (2000 resamples by default, :func:`geolens.stats.mean_ci`), the unit of resampling is the
+  document (window), as in the authors' protocol.
 
 Averaging order (authors' protocol): repeats within a head → heads and layers within a
 document → documents. :func:`document_means` does the first two steps.
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+from geolens.stats import mean_ci
 
 
 def random_rankings(
@@ -44,20 +47,25 @@ def document_means(values: Float[Tensor, "*rest"], doc_dim: int) -> Float[Tensor
     return torch.where(valid, x, torch.zeros_like(x)).sum(1) / valid.sum(1).clamp_min(1)
 
 
-def document_bootstrap(
-    per_doc: np.ndarray, *, n_boot: int = 2000, ci: float = 0.95, seed: int = 0
+def document_means_ci(
+    per_doc: np.ndarray, *, n_boot: int = 2000, ci: float = 0.95, seed: int = 0, groups=None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, low, high) over documents (axis 0) with a percentile bootstrap; NaN rows ignored."""
+    """(mean, low, high) over documents (axis 0) with a percentile bootstrap; NaN rows ignored.
+
+    :func:`geolens.stats.mean_ci` with ``omit_nan=True``: each resample's mean is over its
+    non-NaN rows. ``groups``: a source-document label per row (e.g. per window), resampled as
+    clusters (:func:`geolens.stats.cluster_bootstrap_indices`). A 1-D input gives ``[1]`` arrays.
+    """
     x = np.asarray(per_doc, dtype=np.float64)
     if x.ndim == 1:
         x = x[:, None]
     if x.shape[0] < 1:
-        raise ValueError("document_bootstrap needs at least one document")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.shape[0], size=(n_boot, x.shape[0]))
-    boots = np.nanmean(x[idx], axis=1)  # [n_boot, ...]
-    lo, hi = np.nanpercentile(boots, [(1 - ci) / 2 * 100, (1 + ci) / 2 * 100], axis=0)
-    return np.nanmean(x, axis=0), lo, hi
+        raise ValueError("document_means_ci needs at least one document")
+    mean, lo, hi = mean_ci(x, n_boot=n_boot, level=ci, seed=seed, groups=groups, omit_nan=True)
+    return mean, lo, hi
+
+
+document_bootstrap = document_means_ci  # its former name
 
 
 def win_tie_loss(top: Tensor, rand_mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -89,10 +97,11 @@ def paired_comparison(
         raise ValueError(f"per-document arrays must all be [doc, {len(sizes)}], got {top.shape}, {rnd.shape}, {win.shape}")
     rows = []
     for k, n in enumerate(sizes):
-        t, tl, th = document_bootstrap(top[:, k], n_boot=n_boot, seed=seed)
-        r, rl, rh = document_bootstrap(rnd[:, k], n_boot=n_boot, seed=seed)
-        d, dl, dh = document_bootstrap(top[:, k] - rnd[:, k], n_boot=n_boot, seed=seed)
-        w, wl, wh = document_bootstrap(win[:, k], n_boot=n_boot, seed=seed)
+        # the same seed: the same document resamples for top-N, random, their difference and the wins
+        t, tl, th = document_means_ci(top[:, k], n_boot=n_boot, seed=seed)
+        r, rl, rh = document_means_ci(rnd[:, k], n_boot=n_boot, seed=seed)
+        d, dl, dh = document_means_ci(top[:, k] - rnd[:, k], n_boot=n_boot, seed=seed)
+        w, wl, wh = document_means_ci(win[:, k], n_boot=n_boot, seed=seed)
         rows.append(
             dict(
                 N=int(n), n_docs=int((~np.isnan(top[:, k])).sum()),

@@ -19,8 +19,8 @@ Measured per window, per scope (``all`` or one layer) and edit, in the edited fo
   the cone cosine cos(o_i^h, s_i^h), s_i^h = (1/i) Σ_{1≤j≤i} ṽ_j^h the mean non-sink projected value
   the query can see (:func:`geolens.sinks.drift.head_cone_statistics`).
 
-Confidence intervals: percentile bootstrap over windows (the same resampled windows for every
-edit and for the clean run, so differences are paired). A pair "norm edit vs control" compares
+Confidence intervals: percentile bootstrap over windows (:mod:`geolens.stats`; the same resampled
+windows for every edit and for the clean run, so differences are paired). A pair "norm edit vs control" compares
 ΔPPL(norm edit) − ΔPPL(control): **norm edit larger** when its CI lies above 0, **control larger**
 when below, **tie** otherwise. The controls of a norm edit are ``rotate`` (pooled over seeds) and
 ``corpus_mean``, and for ``scale λ`` also ``random_token λ``. "The sink's norm specifically
@@ -47,6 +47,8 @@ from geolens.interventions.base import applied
 from geolens.interventions.masking import branch_hook
 from geolens.interventions.sink_values import NORM_EDIT_KINDS, SinkEditSpec, sink_edit
 from geolens.sinks.drift import head_cone_statistics, next_token_nll
+from geolens.stats import bootstrap_indices, percentile_ci, resample_means
+from geolens.stats import verdict as ci_verdict
 
 ALL = "all"
 ROTATE_POOLED = "rotate (pooled)"
@@ -135,8 +137,8 @@ def edited_window(model, window: torch.Tensor, specs: Sequence[SinkEditSpec], la
 
 
 def _pct(x: np.ndarray, ci: float) -> tuple[np.ndarray, np.ndarray]:
-    lo, hi = np.nanpercentile(x, [(1 - ci) / 2 * 100, (1 + ci) / 2 * 100], axis=0)
-    return lo, hi
+    """The percentile interval over the bootstrap axis 0, NaN resamples left out (:func:`geolens.stats.percentile_ci`)."""
+    return percentile_ci(x, ci, omit_nan=True)
 
 
 @dataclass
@@ -181,7 +183,9 @@ class ControlsResult:
 
 
 def _verdict(lo: float, hi: float) -> str:
-    return "norm edit larger" if lo > 0 else ("control larger" if hi < 0 else "tie")
+    """:func:`geolens.stats.verdict` of ΔPPL(norm edit) − ΔPPL(control), in this table's words."""
+    v = ci_verdict(lo, hi)
+    return {"holds": "norm edit larger", "reversed": "control larger"}.get(v, v)
 
 
 def sink_controls(
@@ -247,12 +251,11 @@ def sink_controls(
     labels = [sp.label for sp in specs]
     rot = [i for i, sp in enumerate(specs) if sp.kind == "rotate"]
 
-    boot = np.random.default_rng(seed + 1).integers(0, W, size=(n_boot, W))
-    clean_ppl_b = np.exp(clean_nll[boot].mean(1))  # [B]
-    dppl_b = np.exp(nll[boot].mean(1)) - clean_ppl_b[:, None, None]  # [B, S, C]
+    boot = bootstrap_indices(W, n_boot, seed + 1)  # [B, W]: the same windows for every edit and the clean run
+    clean_ppl_b = np.exp(resample_means(clean_nll, boot))  # [B]
+    dppl_b = np.exp(resample_means(nll, boot)) - clean_ppl_b[:, None, None]  # [B, S, C]
     dppl = np.exp(nll.mean(0)) - np.exp(clean_nll.mean())  # [S, C]
-    norm_b, cos_b = norm[boot].mean(1), cos[boot].mean(1)  # [B, S, C]
-    cn_b, cc_b = clean_norm_s[boot].mean(1), clean_cos_s[boot].mean(1)  # [B, S]
+    cn_b, cc_b = resample_means(clean_norm_s, boot), resample_means(clean_cos_s, boot)  # [B, S]
     cols = {lab: i for i, lab in enumerate(labels)}
 
     def series(lab):
@@ -266,7 +269,7 @@ def sink_controls(
     all_labels = labels + ([ROTATE_POOLED] if len(rot) > 1 else [])
     for lab in all_labels:
         d, db, nw, cw = series(lab)
-        nb, cb = nw[boot].mean(1), cw[boot].mean(1)
+        nb, cb = resample_means(nw, boot), resample_means(cw, boot)
         ratio_b = nb / cn_b
         dcos_b = cb - cc_b
         d_lo, d_hi = _pct(db, ci)
