@@ -97,11 +97,14 @@ def naive_mixing(model, cache, tokens, layer, method):
     return _normalised(M)
 
 
-def naive_flow(model, cache, tokens, method, target_layer):
+def naive_flows(model, cache, tokens, method):
+    """R^(l) for every layer l, composed with matrix products from R^(0) = I."""
     R = torch.eye(tokens.shape[1], dtype=torch.float64).expand(tokens.shape[0], -1, -1)
-    for layer in range(target_layer + 1):
+    flows = []
+    for layer in range(model.cfg.n_layers):
         R = naive_mixing(model, cache, tokens, layer, method) @ R
-    return R
+        flows.append(R)
+    return flows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,9 +146,10 @@ def test_flow_matches_naive_composition(tiny, method):
     # value_zeroing computes 1 − cos in float32 (absolute error ~2e-7, tests/test_faithfulness.py),
     # and in the tiny GPT-2 a row of scores sums to ~1e-4: ~1e-3 once the rows are normalised
     atol = 2e-3 if method == "value_zeroing_rollout" else 1e-6
+    flows = naive_flows(model, cache, tokens, method)
     for target in (0, last):
         got = contribution_flow(model, cache, method, target_layer=target, tokens=tokens, dtype=torch.float64)
-        want = naive_flow(model, cache, tokens, method, target)
+        want = flows[target]
         torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, msg=f"{method}, layer {target}")
     # float32 by default, same numbers
     got32 = contribution_flow(model, cache, method, tokens=tokens)
@@ -173,7 +177,10 @@ def test_streamed_equals_unstreamed(tiny, method):
     unstreamed = torch.eye(tokens.shape[1]).expand(tokens.shape[0], -1, -1)
     for M in mixings:
         unstreamed = M @ unstreamed
-    for kwargs in ({}, {"query_chunk_size": 1}, {"query_chunk_size": 5}, {"memory_budget_bytes": 20_000}):
+    variants = ({}, {"query_chunk_size": 1}, {"query_chunk_size": 5}, {"memory_budget_bytes": 20_000})
+    if method == "value_zeroing_rollout":  # reruns the model per call; its rows are sliced from one matrix
+        variants = variants[2:3]
+    for kwargs in variants:
         got = contribution_flow(model, cache, method, tokens=tokens, **kwargs)
         torch.testing.assert_close(got, unstreamed, atol=1e-6, rtol=1e-5, msg=str(kwargs))
         chunked_layer = layer_mixing(model, cache, 0, method, tokens=tokens, **kwargs)
@@ -205,6 +212,8 @@ def model(request):
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("method", FLOW_METHODS)
 def test_padded_batch_equals_each_prompt_alone(model, side, method):
+    if method == "value_zeroing_rollout" and side == "right":
+        pytest.skip("Value Zeroing runs each padded row on its real tokens alone: one side is enough (and costly)")
     prompts = _prompts()
     tokens, mask = _pad(prompts, side)
     _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=flow_names_filter(model))
