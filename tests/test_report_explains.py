@@ -82,6 +82,10 @@ def test_no_table_header_is_a_raw_identifier(report_files):
     assert len(headers) > 30
     raw = [h for h in headers if IDENTIFIER.match(h)]
     assert not raw, f"raw column names shown as headers: {raw}"
+    # metric and quantity names in the cells read as labels too
+    cells = re.findall(r"<td>([^<]*)</td>", page.split("</head>", 1)[1])
+    assert "raw attention α" in cells and "Δ log-prob" in cells
+    assert not {"raw_attention", "delta_logprob", "delta_ppl", "random_0"} & set(cells)
 
 
 def test_every_table_has_a_legend_line(report_files):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 # machine name -> (header shown, what the column holds)
 COLUMNS: dict[str, tuple[str, str]] = {
     # shared
@@ -154,6 +156,8 @@ def humanise_values(df):
             out[col] = out[col].map(lambda v: QUANTITY_VALUES.get(v, v))
         elif key == "order":
             out[col] = out[col].map(lambda v: re.sub(r"^random_(\d+)$", r"random (seed \1)", v) if isinstance(v, str) else v)
-        elif key in _METRIC_COLUMNS and out[col].dtype == object:
+        elif key in _METRIC_COLUMNS:
             out[col] = out[col].map(lambda v: find_metric(v).label if isinstance(v, str) and find_metric(v) is not None else v)
+        elif key == "claimed":
+            out[col] = out[col].map(lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, (bool, np.bool_)) else v)
     return out

@@ -164,7 +164,7 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
         ax.grid(alpha=0.3)
     data["coincide"] = coincide
     _finish(fig, subtitle, _coincidence_note(coincide), legend_axes=axes[0])
-    return PlotView(fig, title=f"faithfulness curves ({quantity})", data=data)
+    return PlotView(fig, title=f"faithfulness curves ({QUANTITY_LABEL.get(quantity, quantity)} against k)", data=data)
 
 
 def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
