@@ -325,3 +325,24 @@ def test_commands_restore_the_callers_autograd_mode(monkeypatch):
         assert torch.is_grad_enabled()
         assert cli.main([]) == (2 if fail else 0)
         assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["reprot"], "did you mean 'report'?"),
+        (["taxonomy", "--model", "smollm2"], "did you mean 'smollm2-135m'?"),
+        (["taxonomy", "--model", "gemma3-207m"], "did you mean 'gemma3-270m'?"),
+        (["faithfulness", "--ranking", "quey"], "did you mean 'query'?"),
+        (["report", "--sections", "sinkz"], "did you mean 'sinks'?"),
+    ],
+)
+def test_misspelt_command_model_or_choice_suggests_the_closest(argv, hint, capsys):
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and hint in err[0], err
+
+
+def test_no_suggestion_for_a_name_close_to_nothing(capsys):
+    assert main(["taxonomy", "--model", "xyzzy-frobnicate"]) == 2
+    assert "did you mean" not in capsys.readouterr().err

@@ -33,10 +33,30 @@ class UsageError(ValueError):
         self.prog = prog
 
 
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``word``, else ``""``.
+
+    >>> did_you_mean("reprot", ["report", "sinks"])
+    " (did you mean 'report'?)"
+    """
+    import difflib
+
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose errors are :class:`UsageError` (one line, no usage dump)."""
+    """argparse's parser whose errors are :class:`UsageError` (one line, no usage dump), with a
+    "did you mean" for a misspelt command or choice."""
 
     def error(self, message: str):  # noqa: D102 - argparse API
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = [c.strip().strip("'") for c in match.group(2).split(",")]
+            message += did_you_mean(match.group(1), choices)
         raise UsageError(message, prog=self.prog)
 
 
@@ -219,7 +239,15 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
             f"--model {name}: no such local folder, and not in the local Hugging Face cache ({hint}; "
             f"hub models must be downloaded first, e.g. huggingface-cli download {name})"
         )
-    raise UsageError(f"--model {name}: unknown model ({hint})")
+    suggestion = ""
+    import difflib
+
+    for candidates in (known, [k.split("-")[0] for k in known]):  # 'smollm2' → 'smollm2-135m'
+        close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+        if close:
+            suggestion = f"did you mean {known[candidates.index(close[0])]!r}? "
+            break
+    raise UsageError(f"--model {name}: unknown model ({suggestion}{hint})")
 
 
 # --- corpora and files -----------------------------------------------------------------------------
@@ -313,8 +341,8 @@ def corpus_windows(model, corpus: str, seq_len: int, n_sequences: int | None, op
 # and on whether the command takes the tiny random models (``{tiny}``).
 RUN_OPTIONS: dict[str, dict] = {
     "model": dict(help="smollm2-135m (default), gemma3-270m{tiny}, a local folder or a cached HF name"),
-    "corpus": dict(help="{default} (default), lee, enwiki, a local .txt/.jsonl file, or hf:<name>"),
-    "corpora": dict(nargs="+", help="offline corpus names or files"),
+    "corpus": dict(help="default {default}; lee (news) or enwiki, the offline corpora of the gensim wheel; a local .txt/.jsonl file; or hf:<dataset>[:<config>] (needs the network)"),
+    "corpora": dict(nargs="+", help="one or more corpora: lee, enwiki (offline, gensim wheel), local .txt/.jsonl files or hf:<dataset>"),
     "n_sequences": dict(type=positive_int, help="corpus windows"),
     "seq_len": dict(type=seq_len_int, help="tokens per window, BOS included"),
     "batch_size": dict(type=positive_int, help="sequences per forward pass"),

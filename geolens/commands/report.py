@@ -38,7 +38,7 @@ def _compare(paths, out) -> int:
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_out_dir, out_folder
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_out_dir, did_you_mean, out_folder
     from geolens.run_folder import IncompleteResults, require_complete
     from geolens.report import SECTIONS, available_sections
 
@@ -68,7 +68,7 @@ def run(args) -> int:
         available = available_sections()
         for key in sections:
             if key not in available:
-                why = "needs geolens modules that are not installed" if key in {s.key for s in SECTIONS} else "unknown section"
+                why = "needs geolens modules that are not installed" if key in {s.key for s in SECTIONS} else "unknown section" + did_you_mean(key, available)
                 raise UsageError(f"--sections: {key!r}: {why} (available: {', '.join(available)})")
         if not sections:
             raise UsageError(f"--sections is empty (available: {', '.join(available)})")
