@@ -24,6 +24,7 @@ def _safe(name: str) -> str:
 
 
 def _compare(paths, out) -> int:
+    from geolens.report.citations import cite_text
     from geolens.report.compare import load_report, write_comparison
 
     reports = [load_report(p) for p in paths]
@@ -32,7 +33,7 @@ def _compare(paths, out) -> int:
     print("paper claim → measured, per model (" + " | ".join(data["models"]) + ")")
     for row in data["claims"]:
         cells = [(m["verdict"] + (" (low power)" if (m.get("sample") or {}).get("low_power") else "")) if m else "not run" for m in row["models"].values()]
-        print(f"  {row['claim'][:70]:<70} " + " | ".join(cells))
+        print(f"  {cite_text(row['claim'])[:70]:<70} " + " | ".join(cells))
     print(f"\nwrote {written['html']} and {written['json']}")
     return 0
 
@@ -89,6 +90,7 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
     from geolens.commands._options import check_index, corpus_windows
     from geolens.models import load_model
     from geolens.report import ReportConfig, build_report, write_report
+    from geolens.report.citations import cite_text
 
     options = dict(
         model=model_name, corpus=args.corpus, n_sequences=args.n_sequences, n_heldout=args.n_heldout, seq_len=args.seq_len,
@@ -120,7 +122,7 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
         print(f"{s.title:<40} {s.seconds:7.1f} s")
     print("\npaper claim → measured")
     for c in report.claims:
-        print(f"  [{c.verdict}] {c.claim} ({c.source}): {c.measured}")
+        print(f"  [{c.verdict}] {cite_text(c.claim)} ({cite_text(c.source)}): {c.measured}")
     print(f"\nwrote {paths['html']} and {paths['json']} in {time.perf_counter() - start:.0f} s")
     return 0
 
