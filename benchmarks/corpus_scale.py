@@ -19,6 +19,7 @@ after an untimed warm-up pass and excluding model loading. Prints the 2-process 
 
     python benchmarks/corpus_scale.py                     # both parts, defaults above
     python benchmarks/corpus_scale.py --sizes 50 200 800 --throughput-sequences 48 --json out.json
+    python benchmarks/corpus_scale.py --smoke   # checks the script: tiny-gqa, every part, --json into a temporary folder
 
 The machine's load average is printed with the figures: on a shared machine the throughput
 numbers depend on what else runs.
@@ -50,12 +51,13 @@ from geolens.runner import run_corpus
 
 n, seq_len, corpus, spec, batch_size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 n_layers = int(sys.argv[6])
+model_name = sys.argv[7] if len(sys.argv) > 7 else "smollm2-135m"
 
 def rss():
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-model = load_model("smollm2-135m")
+model = load_model(model_name)
 tokens = corpus_windows(model, corpus, seq_len, n)
 layers = list(range(n_layers)) if n_layers > 0 else None
 analysis = analysis_factory(spec, layers=layers)(model)
@@ -104,7 +106,7 @@ def memory_part(args) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows = []
     for n in args.sizes:
-        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size), str(args.memory_layers)]
+        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size), str(args.memory_layers), args.model]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         row = json.loads(out.strip().splitlines()[-1])
         rows.append(row)
@@ -125,7 +127,7 @@ def memory_part(args) -> list[dict]:
 
 def launch(args, spec: str, nproc: int, threads: int, tokens_path: str, out: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
-    common = ["-m", "geolens.distributed", "--model", "smollm2-135m", "--tokens", tokens_path, "--analysis", spec,
+    common = ["-m", "geolens.distributed", "--model", args.model, "--tokens", tokens_path, "--analysis", spec,
               "--batch-size", str(args.batch_size), "--no-progress", "--out", out]  # fmt: skip
     if nproc == 1:
         cmd = [sys.executable, *common]
@@ -140,7 +142,7 @@ def throughput_part(args) -> list[dict]:
     from geolens.data import corpus_windows
 
     folder = Path(tempfile.mkdtemp())
-    tokens = corpus_windows(load_model("smollm2-135m"), args.corpus, args.seq_len, args.throughput_sequences)
+    tokens = corpus_windows(load_model(args.model), args.corpus, args.seq_len, args.throughput_sequences)
     torch.save(tokens, folder / "tokens.pt")
     rows = []
     all_cores = str(os.cpu_count())
@@ -156,6 +158,32 @@ def throughput_part(args) -> list[dict]:
         two, one = per["2 processes x 1 thread"], per[f"1 process x {all_cores} threads"]
         print(f"{spec:14s} ratio 2 processes / 1 process: {two / one:.2f} (vs 1 thread: {two / per['1 process x 1 thread']:.2f})", flush=True)
     return rows
+
+
+def require(*modules: tuple[str, str]) -> None:
+    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
+    import importlib
+
+    for module, extra in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SystemExit(f"benchmarks/corpus_scale.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
+
+
+def smoke_folder() -> str:
+    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
+    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
+    import atexit
+    import os
+    import shutil
+
+    if os.environ.get("GEOLENS_SMOKE_OUT"):
+        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
+        return os.environ["GEOLENS_SMOKE_OUT"]
+    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def main(argv=None) -> int:
@@ -175,7 +203,17 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget-mib", type=int, default=16)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--smoke", action="store_true",
+                   help="check the script: tiny-gqa, sizes 4 8 of 16 tokens, 256-token long context, sink-geometry throughput on 4 sequences, --json into a temporary folder")
+    p.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     args = p.parse_args(argv)
+    if args.smoke:
+        args.model, args.sizes, args.seq_len, args.corpus, args.batch_size, args.memory_layers = "tiny-gqa", [4, 8], 16, "lee", 2, 0
+        args.long_length, args.memory_budget_mib = 256, 1
+        args.throughput_sequences, args.throughput_analyses = 4, ["sink-geometry"]
+        args.json = args.json or str(Path(smoke_folder()) / "corpus_scale.json")
+    if not args.model.startswith("tiny-"):
+        require(("gguf", "models"))
     print(f"CPU cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}", flush=True)
     results = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if not args.skip_memory:
@@ -187,6 +225,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2))
+        print(f"figures: {args.json}", flush=True)
     return 0
 
 

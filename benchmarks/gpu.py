@@ -14,7 +14,8 @@ The model is built from a config with random weights (no download): 32 layers, d
 
 Times are medians of ``--repeats`` after one warm-up, with the device synchronised around each
 timed region. GPU runs never gate tests. Without a CUDA device the script says so and exits 0;
-``--smoke`` runs the same code on a tiny config on the CPU (used to check the script itself).
+``--smoke`` runs the same code on a tiny config on the CPU (used to check the script itself; its
+figures go to a temporary folder unless ``--out`` is given).
 
     python benchmarks/gpu.py --out docs/benchmarks/gpu.json
 """
@@ -85,6 +86,22 @@ def timed(fn, repeats: int, device: str) -> tuple[float, float]:
     return statistics.median(times), peak
 
 
+def smoke_folder() -> str:
+    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
+    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    if os.environ.get("GEOLENS_SMOKE_OUT"):
+        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
+        return os.environ["GEOLENS_SMOKE_OUT"]
+    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
@@ -96,6 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         device, shape, lengths = "cpu", TINY, [64, 128]
+        args.out = args.out or str(Path(smoke_folder()) / "gpu.json")
     elif torch.cuda.is_available():
         device, shape, lengths = "cuda", LLAMA3_8B, args.lengths
     else:
@@ -132,6 +150,7 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "rows": rows}, indent=2) + "\n")
+        print(f"figures: {args.out}")
 
 
 if __name__ == "__main__":

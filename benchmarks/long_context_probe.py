@@ -5,6 +5,7 @@ memory leaves RSS and the RSS sampled every millisecond tracks live tensors. Use
 ``tests/test_long_context.py`` and ``benchmarks/corpus_scale.py``.
 
     python benchmarks/long_context_probe.py LENGTH BUDGET_BYTES   # from the repository root; prints one JSON line
+    python benchmarks/long_context_probe.py --smoke               # checks the script: 256 tokens in a subprocess, JSON into a temporary folder
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = N
     if proc.returncode != 0:
         raise RuntimeError(f"long-context probe failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def smoke_folder() -> str:
+    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
+    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    if os.environ.get("GEOLENS_SMOKE_OUT"):
+        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
+        return os.environ["GEOLENS_SMOKE_OUT"]
+    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def main() -> None:
@@ -78,5 +95,16 @@ def main() -> None:
     print(json.dumps(res))
 
 
+def smoke() -> None:
+    """The whole path at 256 tokens: a fresh subprocess measures, this one writes its JSON."""
+    from pathlib import Path
+
+    res = measure_in_subprocess(256, 64 * 2**10, timeout=300)
+    out = Path(smoke_folder()) / "long_context.json"
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res))
+    print(f"figures: {out}")
+
+
 if __name__ == "__main__":
-    main()
+    smoke() if sys.argv[1:] == ["--smoke"] else main()

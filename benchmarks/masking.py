@@ -19,6 +19,7 @@ conventions); on a shared machine they include the other processes' load, printe
 
     python benchmarks/masking.py                  # SmolLM2-135M, 128 tokens, all layers
     python benchmarks/masking.py --tiny           # a tiny random model (seconds)
+    python benchmarks/masking.py --smoke          # checks the script: --tiny, 4 masks, JSON into a temporary folder
 """
 
 from __future__ import annotations
@@ -76,6 +77,33 @@ def measure(model, seq, layers, n_masks, chunk, repeats=1):
     return out
 
 
+def require(*modules: tuple[str, str]) -> None:
+    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
+    import importlib
+
+    for module, extra in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SystemExit(f"benchmarks/masking.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
+
+
+def smoke_folder() -> str:
+    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
+    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    if os.environ.get("GEOLENS_SMOKE_OUT"):
+        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
+        return os.environ["GEOLENS_SMOKE_OUT"]
+    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny random GQA model instead of SmolLM2")
@@ -86,8 +114,14 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--repeats", type=int, default=1, help="best of this many timings per way")
     p.add_argument("--json", default="", help="also write the numbers to this file")
+    p.add_argument("--smoke", action="store_true", help="check the script in seconds: --tiny, 16 tokens, 4 masks, --json into a temporary folder")
     args = p.parse_args()
+    if args.smoke:
+        args.tiny, args.seq_len, args.n_masks, args.chunk = True, 16, 4, 2
+        args.json = args.json or os.path.join(smoke_folder(), "masking.json")
 
+    if not args.tiny:
+        require(("gguf", "models"))
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,6 +165,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(dict(model=name, seq_len=int(seq.shape[1]), n_masks=args.n_masks, chunk=args.chunk, threads=torch.get_num_threads(),
                            load_average=os.getloadavg()[0], cpus=os.cpu_count(), results=report, projection=projection), f, indent=2)  # fmt: skip
+        print(f"figures: {args.json}")
     return 0
 
 

@@ -31,6 +31,15 @@ in its own environment, given by ``--inseq-python`` (default ``$INSEQ_PYTHON``):
 
 transformers 4.x reads ``rope_theta`` from the top level of ``config.json`` and ignores the 5.x
 ``rope_parameters`` field the checkpoint was saved with, so the inseq child sets it explicitly.
+
+Needs scipy (``pip install 'geolens[bench]'``), the ``models`` extra for SmolLM2, and inseq in the
+``--inseq-python`` environment; all three are checked before anything is timed.
+
+    python benchmarks/value_zeroing.py --smoke   # checks the script in seconds (tiny-gqa, no inseq: see below)
+
+``--smoke`` runs the whole path on ``tiny-gqa`` with 12 tokens and 2 repeats, its JSON written into
+a temporary folder; without ``--inseq-python`` the inseq side is a stand-in (geolens' own scores
+put into inseq's output format by a third child), so its figures and agreement mean nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +62,43 @@ INSEQ_MIN_SCORE = 1e-5  # inseq's ValueZeroing zeroes raw scores below this befo
 
 
 GOAL_SPEEDUP = 3.0  # issue 15: at least 3× faster than inseq (at no more peak memory)
+
+
+def require(*modules: tuple[str, str]) -> None:
+    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
+    import importlib
+
+    for module, extra in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SystemExit(f"benchmarks/value_zeroing.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
+
+
+def require_inseq(python: str) -> None:
+    """Exit at once, in one line, when the --inseq-python environment cannot import inseq."""
+    try:
+        ok = subprocess.run([python, "-c", "import inseq"], capture_output=True, text=True, timeout=600).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise SystemExit(f"benchmarks/value_zeroing.py: {python} cannot import inseq: "
+                         f"{python} -m pip install 'inseq==0.7.1' 'transformers>=4.50,<4.54'")  # fmt: skip
+
+
+def smoke_folder() -> str:
+    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
+    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
+    import atexit
+    import os
+    import shutil
+
+    if os.environ.get("GEOLENS_SMOKE_OUT"):
+        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
+        return os.environ["GEOLENS_SMOKE_OUT"]
+    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def speedup_interval(slow: list[float], fast: list[float], level: float = 0.95) -> dict:
@@ -88,7 +134,7 @@ def child_geolens(args) -> None:
     from geolens.data import load_corpus
     from geolens.models import load_model
 
-    model = load_model("smollm2-135m")
+    model = load_model(args.model)
     text = " ".join(load_corpus("lee", max_docs=3))
     ids = model.to_tokens(text)[:, : args.n_tokens]
     model(ids)  # the first forward pages the weights in, as inseq's warm-up does
@@ -141,10 +187,43 @@ def child_inseq(args) -> None:
     print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib(), "model_peak_rss_mib": model_rss}))
 
 
+def child_reference(args) -> None:
+    """--smoke without inseq: stands in for the inseq child. geolens' own scores (chunk_size=1) in
+    inseq's output format ([layer, query 0 … n − 2, key], scores below 1e-5 zeroed, rows normalised,
+    future sources NaN), so that the rest of the script runs; its figures mean nothing."""
+    import torch
+
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(args.threads)
+    import geolens
+    from geolens.models import load_model
+
+    model = load_model(args.model)
+    ids = torch.tensor([torch.load(args.child_in)["ids"]])
+    model(ids)
+    model_rss = peak_rss_mib()
+
+    def call():
+        vz = geolens.value_zeroing(model, ids, final_norm=True, chunk_size=1)[:, 0, :-1]  # [layer, query, key]
+        vz = torch.where(vz >= INSEQ_MIN_SCORE, vz, torch.zeros_like(vz))
+        vz = vz / vz.sum(-1, keepdim=True).clamp_min(1e-30)
+        future = torch.ones(vz.shape[-2], vz.shape[-1], dtype=torch.bool).triu(1)
+        return vz.masked_fill(future, float("nan"))
+
+    call()  # warm-up
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        scores = call()
+        times.append(time.perf_counter() - t0)
+    torch.save({"scores": scores.contiguous()}, args.child_out)
+    print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib(), "model_peak_rss_mib": model_rss}))
+
+
 def run_child(python: str, which: str, args, tmp: Path, child_in: Path | None = None, chunk: int = 0) -> tuple[dict, Path]:
     out = tmp / f"{which}-{chunk}.pt"
     cmd = [python, __file__, f"--child-{which}", "--n-tokens", str(args.n_tokens), "--threads", str(args.threads),
-           "--repeats", str(args.repeats), "--child-out", str(out), "--chunk", str(chunk)]  # fmt: skip
+           "--repeats", str(args.repeats), "--child-out", str(out), "--chunk", str(chunk), "--model", args.model]  # fmt: skip
     if child_in is not None:
         cmd += ["--child-in", str(child_in)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
@@ -164,8 +243,12 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--inseq-python", default=os.environ.get("INSEQ_PYTHON", ""))
     parser.add_argument("--out", default="", help="write the figures to this JSON file")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script in seconds: tiny-gqa, 12 tokens, 2 repeats, --out into a temporary folder (inseq stand-in without --inseq-python)")
+    parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     parser.add_argument("--child-geolens", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-inseq", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-reference", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--child-in", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -173,15 +256,26 @@ def main() -> None:
         return child_geolens(args)
     if args.child_inseq:
         return child_inseq(args)
-    if not args.inseq_python:
+    if args.child_reference:
+        return child_reference(args)
+    if args.smoke:
+        args.model, args.n_tokens, args.repeats, args.geolens_chunks = "tiny-gqa", 12, 2, [0, 4]
+        args.out = args.out or os.path.join(smoke_folder(), "value_zeroing.json")
+    elif not args.inseq_python:
         raise SystemExit("value_zeroing benchmark: give --inseq-python (an environment with inseq 0.7.1, transformers < 4.54)")
+    require(("scipy", "bench"), *([("gguf", "models")] if not args.model.startswith("tiny-") else []))
+    if args.inseq_python:
+        require_inseq(args.inseq_python)
     import torch
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         runs = [run_child(sys.executable, "geolens", args, tmp, chunk=c) for c in args.geolens_chunks]
         g, g_path = runs[0]
-        i, i_path = run_child(args.inseq_python, "inseq", args, tmp, child_in=g_path)
+        if args.inseq_python:
+            i, i_path = run_child(args.inseq_python, "inseq", args, tmp, child_in=g_path)
+        else:  # --smoke without inseq: the stand-in
+            i, i_path = run_child(sys.executable, "reference", args, tmp, child_in=g_path)
         gs, ins = torch.load(g_path)["scores"], torch.load(i_path)["scores"]
         same = max(float((torch.load(p)["scores"] - gs).abs().max()) for _, p in runs)
     n = gs.shape[-1]
@@ -204,7 +298,7 @@ def main() -> None:
     per_layer = diff.flatten(1).amax(1)
     g_med, i_med = statistics.median(g["times"]), statistics.median(i["times"])
     result = {
-        "model": "smollm2-135m", "n_tokens": n, "layers": gs.shape[0], "threads": args.threads, "repeats": args.repeats,
+        "model": args.model, "n_tokens": n, "layers": gs.shape[0], "threads": args.threads, "repeats": args.repeats,
         "geolens_s": g["times"], "inseq_s": i["times"], "geolens_median_s": g_med, "inseq_median_s": i_med,
         "speedup": i_med / g_med, "geolens_peak_rss_mib": g["peak_rss_mib"], "inseq_peak_rss_mib": i["peak_rss_mib"],
         "inseq_model_peak_rss_mib": i["model_peak_rss_mib"],
@@ -218,7 +312,10 @@ def main() -> None:
         "max_abs_diff_other_rows": float(clean_rows.max()),
         "max_score": float(ins[:, causal].abs().max()), "load_average": os.getloadavg(),
     }  # fmt: skip
-    print(f"SmolLM2-135M, {n} tokens, all {gs.shape[0]} layers, {args.threads} threads, median of {args.repeats}")
+    label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
+    if not args.inseq_python:
+        label += "; inseq replaced by a stand-in (geolens' own scores in inseq's format)"
+    print(f"{label}, {n} tokens, all {gs.shape[0]} layers, {args.threads} threads, median of {args.repeats}")
     for c, (r, _) in zip(args.geolens_chunks, runs):
         med = statistics.median(r["times"])
         ci = speedup_interval(i["times"], r["times"])
@@ -240,6 +337,7 @@ def main() -> None:
         result["commit"] = commit.stdout.strip() or None
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"figures: {args.out}")
 
 
 if __name__ == "__main__":
