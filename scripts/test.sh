@@ -33,18 +33,27 @@ run() {
 
 run "main (TransformerLens 4.x)" "$PY" 1 "$@"
 
-if [ -x .venvs/tl2/bin/python ]; then
+# Whether the environment .venvs/NAME is there with geolens installed; if not, why (in $NOT_RUN).
+usable() {
+  local name=$1 what=$2
+  if [ ! -x ".venvs/$name/bin/python" ]; then
+    echo ".venvs/$name missing: $what did not run; build it with \`bash scripts/install.sh --$name\`" >>"$NOT_RUN"
+    return 1
+  fi
+  if ! ".venvs/$name/bin/python" -c "import importlib.metadata as m; m.version('geolens')" 2>/dev/null; then
+    echo ".venvs/$name has no geolens: $what did not run; rebuild it with \`bash scripts/install.sh --$name\`" >>"$NOT_RUN"
+    return 1
+  fi
+}
+
+if usable tl2 "the TransformerLens 2.x half"; then
   echo "== TransformerLens 2.18 HookedTransformer environment (.venvs/tl2) =="
   run "TL 2.18 (.venvs/tl2)" .venvs/tl2/bin/python 0 -m "(not slow or tl2_slow) and not bridge_only" "$@"
-else
-  echo ".venvs/tl2 missing: the TransformerLens 2.x half did not run; build it with \`bash scripts/install.sh --tl2\`" >>"$NOT_RUN"
 fi
 
-if [ -x .venvs/min/bin/python ]; then
+if usable min "the fast tier at the minimum versions"; then
   echo "== minimum versions environment (.venvs/min, constraints/min.txt), fast tier =="
   run "minimum versions (.venvs/min)" .venvs/min/bin/python 0 -m "not slow and not bridge_only" "$@"
-else
-  echo ".venvs/min missing: the fast tier at the minimum versions did not run; build it with \`bash scripts/install.sh --min\`" >>"$NOT_RUN"
 fi
 
 "$PY" - "$RUNS" "$NOT_RUN" <<'EOF'
