@@ -256,6 +256,7 @@ def run(args) -> int:
             _mc_outputs(pd.read_csv(out / "mc_questions.csv"), out, n_boot=args.n_boot, seed=args.seed)
         return 0
     model_name = check_model_name(args.model)
+    out = out_folder(args, "faithfulness", resumable=True)  # a later usage error removes it again
     if args.n_sequences > 0:
         check_corpus(args.corpus)
     questions = None
@@ -263,7 +264,6 @@ def run(args) -> int:
         questions = check_multiple_choice(args.mc_task)[: args.mc_questions]
         if not questions:
             raise UsageError(f"--mc-task {args.mc_task}: no question")
-    out = out_folder(args, "faithfulness", resumable=True)
     import torch
 
     from geolens.models import load_model

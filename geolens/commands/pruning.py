@@ -29,8 +29,8 @@ def run(args) -> int:
     from geolens.commands._options import check_corpus, check_model_name, corpus_windows, out_folder
 
     model_name = check_model_name(args.model)
+    out = out_folder(args, "pruning")  # a later usage error removes it again
     check_corpus(args.corpus)
-    out = out_folder(args, "pruning")
     retention = tuple(args.retention) if args.retention else RETENTION
     seeds = tuple(args.seeds)
     torch.set_grad_enabled(False)

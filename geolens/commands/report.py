@@ -74,8 +74,8 @@ def run(args) -> int:
         if not sections:
             raise UsageError(f"--sections is empty (available: {', '.join(available)})")
     names = [check_model_name(name, tiny=True) for name in models]
+    out = out_folder(args, "report")  # a later usage error removes it again
     check_corpus(args.corpus)
-    out = out_folder(args, "report")
     outs = [out] if len(names) == 1 else [check_out_dir(out / _safe(name)) for name in models]
     for name, folder in zip(names, outs):
         _run_one(args, name, folder, sections)

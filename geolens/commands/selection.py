@@ -74,9 +74,9 @@ def run(args) -> int:
     from geolens.commands._options import corpus_windows as windows
 
     model_name = check_model_name(args.model, tiny=True)
+    out = out_folder(args, "selection")  # a later usage error removes it again
     for corpus in args.corpora:
         check_corpus(corpus, "--corpora")
-    out = out_folder(args, "selection")
     if args.nstar_sequences > 0:
         check_corpus(args.nstar_corpus, "--nstar-corpus")
     if args.threads:

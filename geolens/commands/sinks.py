@@ -126,8 +126,8 @@ def run(args) -> int:
     if args.controls_only and args.controls_sequences == 0:
         raise UsageError("--controls-only needs --controls-sequences ≥ 1")
     model_name = check_model_name(args.model)
+    out = out_folder(args, "sinks")  # a later usage error removes it again
     check_corpus(args.corpus)
-    out = out_folder(args, "sinks")
     torch.set_grad_enabled(False)
     t0 = time.time()
     model = load_model(model_name, compatibility_mode=args.compat)

@@ -36,9 +36,9 @@ def run(args) -> int:
     from geolens.commands._options import corpus_windows as windows
 
     model_name = check_model_name(args.model, tiny=True)
+    out = out_folder(args, "taxonomy")  # a later usage error removes it again
     for corpus in args.corpora:
         check_corpus(corpus, "--corpora")
-    out = out_folder(args, "taxonomy")
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
