@@ -1,8 +1,8 @@
-"""The README's two-model table: model × claim → measured [95% CI], from the runs saved in docs/.
+"""The two-model table of docs/results.md: model × claim → measured [95% CI], from the runs saved in docs/.
 
-Reads the folders written by the commands the README names (SmolLM2-135M in ``docs/<topic>/``,
+Reads the folders written by the commands docs/results.md names (SmolLM2-135M in ``docs/<topic>/``,
 Gemma 3 270M in ``docs/<topic>/gemma3-270m/``; a topic a model has not run shows "not run"),
-writes ``docs/models.md`` and ``docs/models.json`` and replaces the README block between
+writes ``docs/models.md`` and ``docs/models.json`` and replaces the block of ``docs/results.md`` between
 ``<!-- models-table:start -->`` and ``<!-- models-table:end -->``::
 
     python scripts/models_table.py
@@ -213,11 +213,12 @@ def main() -> int:
     (DOCS / "models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     (DOCS / "models.md").write_text("# Two models, one table\n\nWritten by `python scripts/models_table.py` from the runs in docs/ "
                                     "(see that script's docstring for the CIs).\n\n" + md + "\n")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: f"{START}\n{md}\n{END}", text, flags=re.S)
-        readme.write_text(text)
+    results = DOCS / "results.md"
+    text = results.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{results} has no {START} … {END} block to replace")
+    text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: f"{START}\n{md}\n{END}", text, flags=re.S)
+    results.write_text(text)
     print(md)
     return 0
 
