@@ -1,0 +1,417 @@
+"""Per-term causal ground truth: the exact effect of removing one attention term (issue #22 item 3).
+
+For layer l, query position i, head h and source j ≤ i, the attention output of layer l at i is
+
+    a_i = Σ_h Σ_j α_ij^h ṽ_j^h + b_O,        ṽ_j^h = v_j^h W_O^h        (docs/method.md §1)
+
+Removing the **term** (h, j) replaces a_i by a_i − α_ij^h ṽ_j^h at position i only, everything
+else clean; removing the **source** j (``scope="source"``) replaces it by a_i − Σ_h α_ij^h ṽ_j^h.
+This is the removal of docs/method.md §3 (α_ij^h = 0 without renormalising) for one term and one
+query. The outcomes, at the next-token prediction of position i, with p the clean distribution and
+p̃ the perturbed one, computed in float64 from the logits:
+
+    KL(p ‖ p̃) = Σ_t p_t (log p_t − log p̃_t),        Δp = p̃_{t*} − p_{t*},   t* = argmax_t p_t.
+
+These are a metric-free ground truth against which attribution metrics (contribution weights,
+value-weighted attention, ...) can be scored without the circularity of masking by the metric's
+own ranking.
+
+**Efficient computation** (:func:`per_term_effects`). The removal changes only position i's
+residual stream, from layer l on, and the prediction at i reads positions ≤ i only. So each term
+needs position i alone re-run through layers l … L−1, attending at every layer to the *clean*
+keys and values of positions < i (a KV cache of the clean prefix) and to its own freshly computed
+key and value. All terms of one (l, i) run as one batch of single-position forwards, the batch
+enumerating the removed terms (plus one unperturbed row, the in-batch clean reference):
+
+1. one clean forward over positions ≤ i caches α and v of layer l, the residual entering layer l
+   at i and the logits at i; one over positions < i fills the KV cache;
+2. the batch starts at layer l from the clean residual at i (``start_at_layer``); the model
+   recomputes layer l's attention at i (clean: its inputs are clean) and a hook on ``hook_z``
+   subtracts α_ij^h v_j^h from z_i^h of the row's head (every head for a source). Since
+   a_i = Σ_h z_i^h W_O^h + b_O, that removes exactly α_ij^h ṽ_j^h *before* any post-attention norm
+   (Gemma 3), which the model itself then applies, with the MLP, the later layers (rotary
+   position i, sliding windows, GQA, soft-capping: the model's own code), the final norm and
+   the unembedding.
+
+Per term this costs L − l single-position layers plus one unembedding, against a full forward of
+every position through all L layers for the naive path (:func:`per_term_effects_naive`, one full
+forward per term with α_ij^h zeroed in ``hook_pattern``: the oracle of the tests and the baseline
+of ``benchmarks/per_term.py``). The clean row of each batch must reproduce the clean logits at i,
+else the call raises (a wrong position or cache would show there).
+
+Terms with α_ij^h = 0 exactly (outside a sliding window, or underflowed) are reported as 0 effect
+without running them (:attr:`PerTermEffects.ran` says which ran).
+
+Input: one unpadded text ``[pos]`` or ``[1, pos]``, positions absolute (the sink is position 0,
+normally BOS: pass ``prepend_bos=`` explicitly to ``model.to_tokens``). Batches and padded rows
+are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Iterable, Literal, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from geolens.adapter import adapter_for, get_attention_layer, model_mode
+from geolens.interventions.base import applied
+from geolens.validation import check_context, check_layer
+
+Scope = Literal["term", "source"]
+OUTCOMES = ("kl", "delta_p")
+
+# ---------------------------------------------------------------------------------------------
+# family access (to move into the adapter)
+#
+# Everything below this heading and above the next one knows the TransformerLens family. It is
+# here only until it moves into geolens/adapter.py (as ModelAdapter methods: prefix_kv_cache,
+# expand_kv_cache, run_from_layer); nothing else in this module branches on the family.
+
+
+def _kv_cache_hooks(model) -> list[torch.utils.hooks.RemovableHandle]:
+    """Bridge only: TransformerLens 4.3's attention bridge reads its KV cache from the keyword
+    ``past_key_values``, which transformers 5.24 renamed ``cache`` in the call it makes to each
+    attention module, so the cache is silently ignored (docs/tl-notes.md: ``generate()`` with a
+    KV cache is garbage). A pre-hook on each attention module hands the cache back under the old
+    name. Returns the handles (removed by :func:`_run_with_kv_cache`)."""
+
+    def rename(module, args, kwargs):
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+            kwargs["past_key_values"] = kwargs["cache"]
+        return args, kwargs
+
+    if not adapter_for(model).is_bridge:
+        return []
+    return [block.attn.register_forward_pre_hook(rename, with_kwargs=True) for block in model.blocks]
+
+
+def _run_with_kv_cache(model, x: Tensor, kv_cache, *, start_at_layer: int | None = None) -> Float[Tensor, "batch pos d_vocab"]:
+    """``model(x, start_at_layer=...)`` continuing ``kv_cache`` (filled in place unless frozen):
+    a Hugging Face ``DynamicCache`` on a bridge (``past_key_values=``), a
+    ``HookedTransformerKeyValueCache`` on a HookedTransformer (``past_kv_cache=``). ``kv_cache``
+    None runs without a cache (position 0). On a bridge the blocks before ``start_at_layer`` still
+    run (TransformerLens discards their output), on a HookedTransformer they are skipped."""
+    handles = _kv_cache_hooks(model)
+    try:
+        if kv_cache is None:
+            return model(x, start_at_layer=start_at_layer)
+        key = "past_key_values" if adapter_for(model).is_bridge else "past_kv_cache"
+        return model(x, start_at_layer=start_at_layer, **{key: kv_cache})
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _prefix_kv_cache(model, prefix: Tensor):
+    """The KV cache of a clean forward over ``prefix`` ``[1, i]`` (None when i = 0)."""
+    if prefix.shape[-1] == 0:
+        return None
+    if adapter_for(model).is_bridge:
+        from transformers import DynamicCache
+
+        kv_cache = DynamicCache(config=model.original_model.config)  # sliding-window layers where the config has them
+    else:
+        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
+
+        kv_cache = HookedTransformerKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    _run_with_kv_cache(model, prefix, kv_cache)
+    return kv_cache
+
+
+def _expanded_kv_cache(model, kv_cache, batch: int):
+    """A fresh cache holding ``kv_cache``'s batch-1 keys and values as views expanded over
+    ``batch`` rows (no copy; the forward concatenates each layer's new key and value onto them)."""
+    if kv_cache is None:
+        return None
+    if adapter_for(model).is_bridge:
+        out = copy.copy(kv_cache)
+        out.layers = [copy.copy(layer) for layer in kv_cache.layers]
+        for layer in out.layers:
+            layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
+            layer.values = layer.values.expand(batch, *layer.values.shape[1:])
+        return out
+    from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+
+    entries = [
+        HookedTransformerKeyValueCacheEntry(
+            e.past_keys.expand(batch, *e.past_keys.shape[1:]), e.past_values.expand(batch, *e.past_values.shape[1:]), frozen=True
+        )
+        for e in kv_cache.entries
+    ]
+    mask = kv_cache.previous_attention_mask.expand(batch, -1)
+    return HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class PerTermEffects:
+    """Exact effects of removing single attention terms of one (layer, query) (module docstring).
+
+    ``kl`` and ``delta_p`` are float64, ``[head, source]`` for ``scope="term"`` and ``[source]``
+    for ``scope="source"``, sources 0 … query (None when that outcome was not asked for).
+    """
+
+    layer: int
+    query: int
+    scope: str
+    kl: Tensor | None
+    delta_p: Tensor | None
+    clean_token: int  # t*, the clean top-1 next token at ``query``
+    clean_prob: float  # p_{t*}
+    ran: Tensor  # bool, same shape: the terms run (α ≠ 0); the others are 0 without running
+    model_mode: str
+    method: str  # "fast" (batched single-position forwards) or "naive" (a full forward per term)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks and the clean state
+
+
+def _check_tokens(model, tokens) -> Tensor:
+    if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.ndim not in (1, 2):
+        raise TypeError("tokens must be an integer tensor [pos] or [1, pos] of one unpadded text")
+    tokens = tokens.reshape(1, -1) if tokens.ndim == 1 else tokens
+    if tokens.shape[0] != 1:
+        raise ValueError(f"per-term effects take one unpadded text [1, pos], got a batch of {tokens.shape[0]}")
+    if tokens.shape[1] == 0:
+        raise ValueError("tokens is empty")
+    check_context(model, tokens.shape[1])
+    return tokens
+
+
+def _check_query(query, n_pos: int) -> int:
+    if isinstance(query, (bool, float)) or not isinstance(query, int):
+        raise TypeError(f"query must be an integer position, got {query!r}")
+    if not -n_pos <= query < n_pos:
+        raise IndexError(f"query={query} is out of range for {n_pos} positions")
+    return query % n_pos
+
+
+def _check_outcome(outcome) -> tuple[str, ...]:
+    outcome = (outcome,) if isinstance(outcome, str) else tuple(outcome)
+    bad = [o for o in outcome if o not in OUTCOMES]
+    if bad or not outcome:
+        raise ValueError(f"outcome must be some of {OUTCOMES}, got {outcome!r}")
+    return outcome
+
+
+def _check_args(model, tokens, layer, query, scope, outcome, batch_size):
+    tokens = _check_tokens(model, tokens)
+    layer = check_layer(layer, model.cfg.n_layers)
+    query = _check_query(query, tokens.shape[1])
+    if scope not in ("term", "source"):
+        raise ValueError(f"scope must be 'term' or 'source', got {scope!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return tokens, layer, query, _check_outcome(outcome)
+
+
+@dataclass
+class _Clean:
+    alpha: Float[Tensor, "head source"]  # α_i· of layer l at the query, float32
+    v: Float[Tensor, "source head d_head"]  # kv heads expanded, float32
+    resid_pre: Float[Tensor, "d_model"]  # entering layer l at the query
+    logits: Float[Tensor, "d_vocab"]  # clean logits at the query
+
+
+def _clean_state(model, tokens: Tensor, layer: int, query: int) -> _Clean:
+    """α, v of ``layer`` at ``query``, the residual entering ``layer`` there and the clean logits,
+    from one forward over positions ≤ query."""
+    adapter = adapter_for(model)
+    wanted = {adapter.pattern_hook(layer), adapter.value_hook(layer), adapter.resid_pre_hook(layer)}
+    logits, cache = model.run_with_cache(tokens[:, : query + 1], names_filter=lambda name: name in wanted)
+    view = get_attention_layer(model, cache, layer)
+    return _Clean(
+        alpha=view.pattern[0, :, query],
+        v=view.v[0],
+        resid_pre=cache[adapter.resid_pre_hook(layer)][0, query],
+        logits=logits[0, query],
+    )
+
+
+def _terms(clean: _Clean, scope: str) -> tuple[Tensor, list[tuple[int, int]]]:
+    """(which terms run: α ≠ 0, as a bool tensor of the result's shape; their (head, source)
+    list, head −1 for a whole source), in (head, source) order."""
+    nonzero = clean.alpha != 0
+    if scope == "source":
+        ran = nonzero.any(0)
+        return ran, [(-1, int(j)) for j in ran.nonzero().flatten()]
+    return nonzero, [(int(h), int(j)) for h, j in nonzero.nonzero()]
+
+
+def _outcomes(logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "d_vocab"], top: int, outcome) -> dict[str, Tensor]:
+    """KL(reference ‖ row) and p_row(top) − p_reference(top) per row, in float64."""
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    ref = torch.log_softmax(reference.to(torch.float64), dim=-1)
+    out = {}
+    if "kl" in outcome:
+        out["kl"] = (ref.exp() * (ref - logp)).sum(-1)
+    if "delta_p" in outcome:
+        out["delta_p"] = logp[:, top].exp() - ref[top].exp()
+    return out
+
+
+def _assemble(model, layer, query, scope, outcome, clean, ran, terms, values: dict[str, list[Tensor]], method) -> PerTermEffects:
+    top = int(clean.logits.argmax())
+    fields = {}
+    for name in OUTCOMES:
+        if name not in outcome:
+            fields[name] = None
+            continue
+        full = torch.zeros(ran.shape, dtype=torch.float64)
+        if terms:
+            flat = torch.cat(values[name]).cpu()
+            if scope == "source":
+                full[[j for _, j in terms]] = flat
+            else:
+                full[[h for h, _ in terms], [j for _, j in terms]] = flat
+        fields[name] = full
+    p = torch.softmax(clean.logits.to(torch.float64), -1)[top]
+    return PerTermEffects(layer, query, scope, fields["kl"], fields["delta_p"], top, float(p), ran.cpu(), model_mode(model), method)
+
+
+def _chunks(items: Sequence, size: int) -> Iterable[Sequence]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast path
+
+
+def _z_removal(clean: _Clean, chunk: Sequence[tuple[int, int]]) -> Float[Tensor, "batch head d_head"]:
+    """Row 0 zeros (the clean reference); row b + 1: α_ij^h v_j^h in the term's head (every head
+    for a source), what removing the term subtracts from z_i."""
+    n_heads, d_head = clean.v.shape[1:]
+    delta = clean.v.new_zeros(len(chunk) + 1, n_heads, d_head)
+    for b, (h, j) in enumerate(chunk, start=1):
+        if h < 0:
+            delta[b] = clean.alpha[:, j, None] * clean.v[j]
+        else:
+            delta[b, h] = clean.alpha[h, j] * clean.v[j, h]
+    return delta
+
+
+def _z_hook(delta: Tensor) -> Callable:
+    def hook(z: Tensor, hook) -> Tensor:
+        z = z.clone()
+        z[:, -1] -= delta.reshape(z[:, -1].shape).to(z.dtype)
+        return z
+
+    return hook
+
+
+def per_term_effects(
+    model,
+    tokens,
+    layer: int,
+    query: int,
+    *,
+    scope: Scope = "term",
+    outcome: str | Sequence[str] = OUTCOMES,
+    batch_size: int = 128,
+) -> PerTermEffects:
+    """Exact effect on the next-token prediction at ``query`` of removing each single attention
+    term α_ij^h ṽ_j^h (``scope="term"``, ``[head, source]``) or each source Σ_h α_ij^h ṽ_j^h
+    (``scope="source"``, ``[source]``) from ``layer``'s attention output at ``query``, everything
+    else clean. Outcomes: KL(clean ‖ perturbed) and Δp of the clean top-1 token (module docstring).
+
+    Batched single-position forwards from ``layer`` on over a KV cache of the clean prefix
+    (module docstring), ``batch_size`` terms per forward (memory: the cache's keys and values are
+    concatenated per row at each layer). ``layer`` and ``query`` may be negative.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> effects = per_term_effects(model, tiny_tokens(model, length=12)[:1], layer=1, query=-1)
+    >>> tuple(effects.kl.shape), bool((effects.kl >= 0).all())  # 4 heads, sources 0 … 11
+    ((4, 12), True)
+    """
+    tokens, layer, query, outcome = _check_args(model, tokens, layer, query, scope, outcome, batch_size)
+    adapter = adapter_for(model)
+    values: dict[str, list[Tensor]] = {name: [] for name in outcome}
+    with torch.no_grad():
+        clean = _clean_state(model, tokens, layer, query)
+        ran, terms = _terms(clean, scope)
+        top = int(clean.logits.argmax())
+        prefix = _prefix_kv_cache(model, tokens[:, :query]) if terms else None
+        for chunk in _chunks(terms, batch_size):
+            rows = len(chunk) + 1
+            resid = clean.resid_pre.expand(rows, 1, -1).contiguous()
+            with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
+                logits = _run_with_kv_cache(model, resid, _expanded_kv_cache(model, prefix, rows), start_at_layer=layer)[:, -1]
+            _check_reference(logits[0], clean.logits, layer, query)
+            for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
+                values[name].append(value)
+    return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "fast")
+
+
+def _check_reference(row: Tensor, clean: Tensor, layer: int, query: int) -> None:
+    """The batch's unperturbed row must reproduce the clean logits (float32 rounding aside)."""
+    scale = 1.0 + float(clean.abs().max())
+    err = float((row.to(torch.float64) - clean.to(torch.float64)).abs().max())
+    if not err <= 1e-4 * scale:
+        raise RuntimeError(
+            f"layer {layer}, query {query}: the single-position forward without removal differs from the clean "
+            f"forward by {err:.3g} in the logits: its KV cache or positions are wrong for this model"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The naive path
+
+
+def per_term_effects_naive(
+    model,
+    tokens,
+    layer: int,
+    query: int,
+    *,
+    scope: Scope = "term",
+    outcome: str | Sequence[str] = OUTCOMES,
+    batch_size: int = 1,
+) -> PerTermEffects:
+    """:func:`per_term_effects` the naive way: for each term, a full forward of the whole text
+    from layer 0 with α_ij^h = 0 in ``layer``'s ``hook_pattern`` at ``query`` (every head for a
+    source; not renormalised, so exactly α_ij^h ṽ_j^h leaves a_i, docs/method.md §3). The clean
+    reference is a full forward without hooks. ``batch_size`` terms go in one forward, one row
+    each (default 1: one forward per term). The test oracle and the speed baseline.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model, length=12)[:1]
+    >>> naive = per_term_effects_naive(model, tokens, layer=0, query=5)
+    >>> fast = per_term_effects(model, tokens, layer=0, query=5)
+    >>> bool(torch.allclose(naive.kl, fast.kl, atol=1e-6))
+    True
+    """
+    tokens, layer, query, outcome = _check_args(model, tokens, layer, query, scope, outcome, batch_size)
+    adapter = adapter_for(model)
+    values: dict[str, list[Tensor]] = {name: [] for name in outcome}
+    with torch.no_grad():
+        clean = _clean_state(model, tokens, layer, query)
+        ran, terms = _terms(clean, scope)
+        reference = model(tokens)[0, query]
+        top = int(reference.argmax())
+        for chunk in _chunks(terms, batch_size):
+
+            def zero_terms(pattern: Tensor, hook, chunk=chunk) -> Tensor:
+                pattern = pattern.clone()
+                for b, (h, j) in enumerate(chunk):
+                    pattern[b, slice(None) if h < 0 else h, query, j] = 0
+                return pattern
+
+            with applied(model, [(adapter.pattern_hook(layer), zero_terms)]):
+                logits = model(tokens.expand(len(chunk), -1))[:, query]
+            for name, value in _outcomes(logits, reference, top, outcome).items():
+                values[name].append(value)
+    clean.logits = reference
+    return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "naive")
