@@ -101,6 +101,9 @@ def run_chromium(page, *extra, timeout: float = TIMEOUT) -> subprocess.Completed
         if _produced(run, extra):
             break
     run.stderr = run.stderr + "\n" + " ".join(notes)
+    if os.environ.get("GEOLENS_CHROMIUM_LOG"):  # every launch's attempts, for docs/test-robustness.md
+        with open(os.environ["GEOLENS_CHROMIUM_LOG"], "a") as log:
+            log.write(" ".join(notes) + "\n")
     return run
 
 
