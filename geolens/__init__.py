@@ -69,4 +69,6 @@ __all__ = [
     "Protocol",
     "value_zeroing",
     "register_metric",
+    # across layers (docs/method.md §10)
+    "contribution_flow",
 ]

@@ -389,8 +389,9 @@ def contribution_flow(
     position i; each real query's row sums to 1 and, in a causal model, R_ij = 0 for j > i.
 
     Args:
-        model, cache: as in :func:`geolens.contribution_weights`; the cache also needs the residual
-            entering each block and the attention update (:func:`flow_names_filter`).
+        model: the TransformerLens model the cache comes from.
+        cache: as in :func:`geolens.contribution_weights`; it also needs the residual entering
+            each block and the attention update (:func:`flow_names_filter`).
         method: ``"contribution"`` (default), ``"alti"``, ``"attention_rollout"`` or
             ``"value_zeroing_rollout"`` (reruns the model on ``tokens``: costly).
         target_layer: the layer whose output is attributed (negative counts from the end).
@@ -399,8 +400,9 @@ def contribution_flow(
             prompt run alone.
         tokens: the tokens the cache was run on (only for ``"value_zeroing_rollout"``).
         dtype: compute dtype (float32 by default; float64 on request).
-        query_chunk_size, memory_budget_bytes: bound the per-block temporaries (default: blocks
-            of 64 queries); results equal the unchunked ones up to float rounding.
+        query_chunk_size: queries per block of temporaries (default 64); results equal the
+            unchunked ones up to float rounding.
+        memory_budget_bytes: bound the per-block temporaries instead of a fixed block size.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
