@@ -1,0 +1,152 @@
+"""Interactive view of information-flow routes (:func:`geolens.flow_routes.flow_routes`).
+
+Arrays in, HTML out: :func:`flow_routes_html` takes a :class:`~geolens.flow_routes.FlowGraph`
+(or its ``to_dict()``) and returns one self-contained HTML fragment — inline SVG, CSS and a few
+lines of plain JavaScript, nothing fetched — that displays in a notebook
+(``IPython.display.HTML(flow_routes_html(graph))``); :func:`flow_routes_page` wraps it in a
+standalone page. Layers are rows (the token embeddings at the bottom, the prediction at the top),
+the positions that take part in the routes are columns, each edge is a line whose width is its
+share. Hovering a node lists its sources and their shares (and highlights those edges); each node
+also carries an SVG ``<title>``, so the list shows as a tooltip even where scripts do not run.
+"""
+
+from __future__ import annotations
+
+import html
+import uuid
+from typing import Any
+
+from geolens.viz.common import _script_json
+
+COL_W, ROW_H, PAD_X, PAD_TOP, LABEL_H, MAX_STROKE = 64, 24, 56, 20, 70, 9.0
+
+
+def _as_dict(graph) -> dict[str, Any]:
+    data = graph.to_dict() if hasattr(graph, "to_dict") else dict(graph)
+    for key in ("nodes", "edges", "tokens", "n_layers", "position"):
+        if key not in data:
+            raise ValueError(f"flow_routes_html: the graph has no {key!r} (expected a FlowGraph or its to_dict())")
+    return data
+
+
+def _short(token: str, n: int = 9) -> str:
+    shown = token.replace("\n", "⏎").replace("\t", "⇥")
+    return shown if len(shown) <= n else shown[: n - 1] + "…"
+
+
+def flow_routes_html(graph) -> str:
+    """The routes as one self-contained HTML fragment (module docstring); one ``<circle
+    class="gl-flow-node">`` per node, one ``<line class="gl-flow-edge">`` per edge."""
+    g = _as_dict(graph)
+    tokens, n_layers = [str(t) for t in g["tokens"]], int(g["n_layers"])
+    nodes = [(int(l), int(p)) for l, p in g["nodes"]]
+    edges = [(int(e["layer"]), int(e["source"]), int(e["target"]), float(e["share"])) for e in g["edges"]]
+    columns = sorted({p for _, p in nodes} | {int(g["position"])})
+    col = {p: i for i, p in enumerate(columns)}
+    width = PAD_X + COL_W * max(len(columns), 1) + 20
+    height = PAD_TOP + ROW_H * n_layers + LABEL_H
+
+    def x(p: int) -> float:
+        return PAD_X + COL_W * col[p] + COL_W / 2
+
+    def y(layer: int) -> float:
+        return PAD_TOP + ROW_H * (n_layers - layer)
+
+    vid = "gl-flow-" + uuid.uuid4().hex[:12]
+    sources: dict[str, list] = {}
+    for l, s, t, w in edges:
+        sources.setdefault(f"{l},{t}", []).append([s, w])
+    for key in sources:
+        sources[key].sort(key=lambda sw: (-sw[1], sw[0]))
+    parts = []
+    for l in range(n_layers + 1):  # row labels and guides
+        label = "emb" if l == 0 else f"L{l}"
+        parts.append(f'<text class="gl-flow-row" x="{PAD_X - 8}" y="{y(l) + 4:.1f}" text-anchor="end">{label}</text>')
+        parts.append(f'<line class="gl-flow-guide" x1="{PAD_X}" x2="{width - 20}" y1="{y(l):.1f}" y2="{y(l):.1f}"></line>')
+    for p in columns:  # column labels under the embedding row
+        tip = html.escape(f"position {p}: {tokens[p]!r}")
+        parts.append(
+            f'<text class="gl-flow-col" transform="translate({x(p):.1f},{y(0) + 14:.1f}) rotate(40)"><title>{tip}</title>'
+            f"{html.escape(_short(tokens[p]))}</text>"
+            f'<text class="gl-flow-pos" x="{x(p):.1f}" y="{height - 4}" text-anchor="middle">{p}</text>'
+        )
+    for l, s, t, w in edges:
+        stroke = 0.6 + MAX_STROKE * w
+        parts.append(
+            f'<line class="gl-flow-edge" data-layer="{l}" data-source="{s}" data-target="{t}" x1="{x(s):.1f}" y1="{y(l - 1):.1f}" '
+            f'x2="{x(t):.1f}" y2="{y(l):.1f}" stroke-width="{stroke:.2f}"><title>{html.escape(f"L{l - 1}:{s} → L{l}:{t}  share {w:.3f}")}</title></line>'
+        )
+    for l, p in nodes:
+        listed = sources.get(f"{l},{p}", [])
+        lines = [f"layer {l}, position {p} {tokens[p]!r}"] + [f"  ← {s} {tokens[s]!r}: {w:.3f}" for s, w in listed]
+        if l == 0:
+            lines.append("  (token embedding)")
+        elif not listed:
+            lines.append(f"  (no source above {float(g.get('threshold', 0)):g})")
+        cls = "gl-flow-node gl-flow-target" if (l == n_layers and p == int(g["position"])) else "gl-flow-node"
+        parts.append(
+            f'<circle class="{cls}" data-layer="{l}" data-pos="{p}" cx="{x(p):.1f}" cy="{y(l):.1f}" r="5">'
+            f"<title>{html.escape(chr(10).join(lines))}</title></circle>"
+        )
+    title = (f"Information-flow routes of position {int(g['position'])} {tokens[int(g['position'])]!r}: method {g.get('method', '')}, "
+             f"shares > {float(g.get('threshold', 0)):g}; {len(nodes)} nodes, {len(edges)} edges")  # fmt: skip
+    payload = _script_json({"tokens": tokens, "sources": sources})
+    style = f"""
+#{vid} {{ font-family: sans-serif; font-size: 12px; }}
+#{vid} .gl-flow-edge {{ stroke: #3b6fb6; stroke-opacity: 0.55; stroke-linecap: round; }}
+#{vid} .gl-flow-edge.gl-on {{ stroke: #d9480f; stroke-opacity: 0.95; }}
+#{vid} .gl-flow-guide {{ stroke: #eee; stroke-width: 1; }}
+#{vid} .gl-flow-node {{ fill: #fff; stroke: #1f3f70; stroke-width: 1.5; cursor: pointer; }}
+#{vid} .gl-flow-node:hover, #{vid} .gl-flow-node.gl-on {{ fill: #d9480f; }}
+#{vid} .gl-flow-target {{ fill: #1f3f70; }}
+#{vid} .gl-flow-row, #{vid} .gl-flow-pos {{ fill: #666; font-size: 10px; }}
+#{vid} .gl-flow-col {{ fill: #222; font-family: monospace; font-size: 11px; }}
+#{vid} .gl-flow-info {{ min-height: 3.5em; white-space: pre; font-family: monospace; background: #f7f7f7; padding: 4px 8px; margin: 4px 0; }}
+"""
+    script = f"""
+(function () {{
+  var root = document.getElementById("{vid}");
+  if (!root) return;
+  var data = JSON.parse(root.querySelector("script.gl-flow-data").textContent);
+  var info = root.querySelector(".gl-flow-info");
+  var edges = root.querySelectorAll(".gl-flow-edge");
+  function show(node) {{
+    var l = node.getAttribute("data-layer"), p = node.getAttribute("data-pos");
+    var list = data.sources[l + "," + p] || [];
+    var text = "layer " + l + ", position " + p + " " + JSON.stringify(data.tokens[+p]);
+    if (+l === 0) text += "\\n  token embedding";
+    else if (!list.length) text += "\\n  no source above the threshold";
+    for (var i = 0; i < list.length; i++) {{
+      text += "\\n  \\u2190 position " + list[i][0] + " " + JSON.stringify(data.tokens[list[i][0]]) + ": " + list[i][1].toFixed(3);
+    }}
+    info.textContent = text;
+    for (var k = 0; k < edges.length; k++) {{
+      var e = edges[k], on = e.getAttribute("data-layer") === l && e.getAttribute("data-target") === p;
+      e.classList.toggle("gl-on", on);
+    }}
+  }}
+  var nodes = root.querySelectorAll(".gl-flow-node");
+  for (var i = 0; i < nodes.length; i++) {{
+    nodes[i].addEventListener("mouseenter", function () {{ show(this); }});
+  }}
+}})();
+"""
+    return (
+        f'<div id="{vid}" class="geolens-view gl-flow"><style>{style}</style>'
+        f"<div><b>{html.escape(title)}</b></div>"
+        f'<div class="gl-flow-info">hover a node: its sources and their shares</div>'
+        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">{"".join(parts)}</svg>'
+        f'<script type="application/json" class="gl-flow-data">{payload}</script>'
+        f"<script>{script}</script></div>"
+    )
+
+
+def flow_routes_page(graph, *, title: str = "geolens flow routes") -> str:
+    """:func:`flow_routes_html` as a standalone HTML page (nothing fetched)."""
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title></head>\n<body>\n{flow_routes_html(graph)}\n</body></html>\n"
+    )
+
+
+__all__ = ["flow_routes_html", "flow_routes_page"]
