@@ -50,6 +50,7 @@ are refused.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal, Sequence
 
@@ -89,31 +90,31 @@ def _kv_cache_hooks(model) -> list[torch.utils.hooks.RemovableHandle]:
     return [block.attn.register_forward_pre_hook(rename, with_kwargs=True) for block in model.blocks]
 
 
-def _run_with_kv_cache(model, x: Tensor, kv_cache, *, start_at_layer: int | None = None) -> Float[Tensor, "batch pos d_vocab"]:
-    """``model(x, start_at_layer=...)`` continuing ``kv_cache`` (filled in place unless frozen):
-    a Hugging Face ``DynamicCache`` on a bridge (``past_key_values=``), a
-    ``HookedTransformerKeyValueCache`` on a HookedTransformer (``past_kv_cache=``). ``kv_cache``
-    None runs without a cache (position 0). On a bridge the blocks before ``start_at_layer`` still
-    run (TransformerLens discards their output), on a HookedTransformer they are skipped."""
+def _run_with_kv_cache(model, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+    """``model(x, **kwargs)`` continuing ``kv_cache`` (which the forward extends in place): a
+    Hugging Face ``DynamicCache`` on a bridge (``past_key_values=``), a
+    ``HookedTransformerKeyValueCache`` on a HookedTransformer (``past_kv_cache=``)."""
     handles = _kv_cache_hooks(model)
     try:
-        if kv_cache is None:
-            return model(x, start_at_layer=start_at_layer)
         key = "past_key_values" if adapter_for(model).is_bridge else "past_kv_cache"
-        return model(x, start_at_layer=start_at_layer, **{key: kv_cache})
+        with warnings.catch_warnings():  # transformers 5.24: "`past_key_values` is deprecated", which TL 4.3 passes
+            warnings.filterwarnings("ignore", message=".*past_key_values.* is deprecated", category=FutureWarning)
+            return model(x, **kwargs, **({} if kv_cache is None else {key: kv_cache}))
     finally:
         for handle in handles:
             handle.remove()
 
 
 def _prefix_kv_cache(model, prefix: Tensor):
-    """The KV cache of a clean forward over ``prefix`` ``[1, i]`` (None when i = 0)."""
+    """The KV cache of a clean forward over ``prefix`` ``[1, i]`` (None when i = 0): every
+    position of every layer (no sliding-window cropping: the masks of
+    :func:`_single_position_logits` apply the windows)."""
     if prefix.shape[-1] == 0:
         return None
     if adapter_for(model).is_bridge:
         from transformers import DynamicCache
 
-        kv_cache = DynamicCache(config=model.original_model.config)  # sliding-window layers where the config has them
+        kv_cache = DynamicCache()
     else:
         from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
 
@@ -122,28 +123,49 @@ def _prefix_kv_cache(model, prefix: Tensor):
     return kv_cache
 
 
-def _expanded_kv_cache(model, kv_cache, batch: int):
-    """A fresh cache holding ``kv_cache``'s batch-1 keys and values as views expanded over
-    ``batch`` rows (no copy; the forward concatenates each layer's new key and value onto them)."""
-    if kv_cache is None:
-        return None
-    if adapter_for(model).is_bridge:
-        out = copy.copy(kv_cache)
-        out.layers = [copy.copy(layer) for layer in kv_cache.layers]
-        for layer in out.layers:
-            layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
-            layer.values = layer.values.expand(batch, *layer.values.shape[1:])
-        return out
-    from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+def _single_position_logits(model, resid: Float[Tensor, "row d_model"], layer: int, query: int, kv_cache) -> Float[Tensor, "row d_vocab"]:
+    """Logits at position ``query`` of each row of ``resid`` (the residual entering ``layer`` at
+    ``query``), each run alone through layers ``layer`` … L−1 over the clean ``kv_cache`` of the
+    positions before ``query``. A ``hook_z`` hook of the caller sees the rows flattened over
+    (batch, position).
 
-    entries = [
-        HookedTransformerKeyValueCacheEntry(
-            e.past_keys.expand(batch, *e.past_keys.shape[1:]), e.past_values.expand(batch, *e.past_values.shape[1:]), frozen=True
-        )
-        for e in kv_cache.entries
-    ]
-    mask = kv_cache.previous_attention_mask.expand(batch, -1)
-    return HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
+    - Bridge: the rows are packed as ``row`` new positions of *one* sequence, all at position
+      ``query`` (``position_ids``), with a 4-D mask letting row r see the cached keys (inside the
+      layer's sliding window) and its own key only; the cache's keys and values are thus shared,
+      never copied per row. The blocks before ``layer`` also run (TransformerLens discards them).
+    - HookedTransformer: the rows are a batch over a frozen copy of the cache expanded (as views)
+      over the batch; ``start_at_layer`` skips the blocks before ``layer``.
+    """
+    rows = resid.shape[0]
+    if not adapter_for(model).is_bridge:
+        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+
+        if kv_cache is not None:
+            entries = [
+                HookedTransformerKeyValueCacheEntry(
+                    e.past_keys.expand(rows, -1, -1, -1), e.past_values.expand(rows, -1, -1, -1), frozen=True
+                )
+                for e in kv_cache.entries
+            ]
+            mask = kv_cache.previous_attention_mask.expand(rows, -1)
+            kv_cache = HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
+        return _run_with_kv_cache(model, resid[:, None], kv_cache, start_at_layer=layer)[:, -1]
+    if kv_cache is not None:  # a shallow copy: the forward appends the rows' keys to the copy only
+        kv_cache = copy.copy(kv_cache)
+        kv_cache.layers = [copy.copy(entry) for entry in kv_cache.layers]
+    hf_config = model.original_model.config
+    hf_config = getattr(hf_config, "text_config", None) or hf_config
+    masks = {}
+    for name in set(getattr(hf_config, "layer_types", None) or ["full_attention"]):
+        window = getattr(hf_config, "sliding_window", None) if name == "sliding_attention" else None
+        seen = torch.ones(rows, query, dtype=torch.bool, device=resid.device)
+        if window is not None:
+            seen[:, : max(0, query - window + 1)] = False
+        own = torch.eye(rows, dtype=torch.bool, device=resid.device)
+        masks[name] = torch.cat([seen, own], dim=1)[None, None]
+    mask = masks if len(masks) > 1 or getattr(hf_config, "layer_types", None) else masks["full_attention"]
+    positions = torch.full((1, rows), query, dtype=torch.long, device=resid.device)
+    return _run_with_kv_cache(model, resid[None], kv_cache, start_at_layer=layer, attention_mask=mask, position_ids=positions)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,9 +323,8 @@ def _z_removal(clean: _Clean, chunk: Sequence[tuple[int, int]]) -> Float[Tensor,
 
 def _z_hook(delta: Tensor) -> Callable:
     def hook(z: Tensor, hook) -> Tensor:
-        z = z.clone()
-        z[:, -1] -= delta.reshape(z[:, -1].shape).to(z.dtype)
-        return z
+        rows = delta.shape[0]  # [batch, 1, ...] (batched rows) or [1, rows, ...] (packed rows)
+        return (z.reshape(rows, -1) - delta.reshape(rows, -1).to(z.dtype)).reshape(z.shape)
 
     return hook
 
@@ -343,10 +364,9 @@ def per_term_effects(
         top = int(clean.logits.argmax())
         prefix = _prefix_kv_cache(model, tokens[:, :query]) if terms else None
         for chunk in _chunks(terms, batch_size):
-            rows = len(chunk) + 1
-            resid = clean.resid_pre.expand(rows, 1, -1).contiguous()
+            resid = clean.resid_pre.expand(len(chunk) + 1, -1)
             with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
-                logits = _run_with_kv_cache(model, resid, _expanded_kv_cache(model, prefix, rows), start_at_layer=layer)[:, -1]
+                logits = _single_position_logits(model, resid, layer, query, prefix)
             _check_reference(logits[0], clean.logits, layer, query)
             for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
                 values[name].append(value)
