@@ -142,6 +142,7 @@ def test_every_command_with_its_defaults_leaves_a_clone_clean(tmp_path, monkeypa
         "pruning": ["pruning", "--corpus", corpus, *small],
         "faithfulness": ["faithfulness", "--corpus", corpus, *small, "--fractions", "0.5", "--n-boot", "20"],
         "mc": ["mc", "--tasks", str(questions), "--n-boot", "20"],
+        "flow": ["flow", "the cat sat", "--model", "tiny-gqa", "--name", "default"],  # writes only with --out / --name
         "report": ["report", "--model", "tiny-gqa", "--quick", "--corpus", corpus, "--n-sequences", "2", "--seq-len", "16", "--no-progress"],
     }
     from geolens.cli import build_parser
