@@ -397,12 +397,15 @@ def per_term_effects_naive(
     scope: Scope = "term",
     outcome: str | Sequence[str] = OUTCOMES,
     batch_size: int = 1,
+    terms: Sequence | None = None,
 ) -> PerTermEffects:
     """:func:`per_term_effects` the naive way: for each term, a full forward of the whole text
     from layer 0 with α_ij^h = 0 in ``layer``'s ``hook_pattern`` at ``query`` (every head for a
     source; not renormalised, so exactly α_ij^h ṽ_j^h leaves a_i, docs/method.md §3). The clean
     reference is a full forward without hooks. ``batch_size`` terms go in one forward, one row
-    each (default 1: one forward per term). The test oracle and the speed baseline.
+    each (default 1: one forward per term). ``terms`` restricts the run to some (head, source)
+    pairs (sources for ``scope="source"``); the others are 0 with ``ran`` False (the benchmark
+    times a subset). The test oracle and the speed baseline.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -418,7 +421,14 @@ def per_term_effects_naive(
     values: dict[str, list[Tensor]] = {name: [] for name in outcome}
     with torch.no_grad():
         clean = _clean_state(model, tokens, layer, query)
-        ran, terms = _terms(clean, scope)
+        ran, every = _terms(clean, scope)
+        if terms is not None:
+            wanted = {(-1, int(t)) if scope == "source" else (int(t[0]), int(t[1])) for t in terms}
+            every = [t for t in every if t in wanted]
+            ran = torch.zeros_like(ran)
+            for h, j in every:
+                ran[j if h < 0 else (h, j)] = True
+        terms = every
         reference = model(tokens)[0, query]
         top = int(reference.argmax())
         for chunk in _chunks(terms, batch_size):

@@ -192,3 +192,11 @@ def test_bad_arguments_are_one_line_errors(tiny_gqa):
     with pytest.raises(ValueError, match="batch_size"):
         per_term_effects(model, tokens[:1], 0, 3, batch_size=0)
     assert per_term_effects(model, tokens[0], 0, 3).kl.shape == (4, 4)  # [pos] is one text
+
+
+def test_naive_on_a_subset_of_terms(text):
+    model, tokens = text
+    fast = per_term_effects(model, tokens, 1, 9)
+    some = per_term_effects_naive(model, tokens, 1, 9, terms=[(0, 0), (2, 5)])
+    assert some.ran.sum() == 2 and some.ran[0, 0] and some.ran[2, 5] and some.kl[1].abs().sum() == 0
+    torch.testing.assert_close(some.kl[some.ran], fast.kl[some.ran], atol=1e-3 * float(fast.kl.max()) + 1e-10, rtol=0)
