@@ -9,8 +9,9 @@
 #
 # Extra arguments go to pytest in every run (e.g. -m "not slow" for the fast tier only; a -m given
 # here replaces the run's own). Each run keeps pytest's own output, its last line included ("N
-# passed, ..."); the summary after the last run gives, per environment and tier, the passed /
-# failed / skipped counts (read from a --junitxml report per run), the skip reasons, and the
+# passed, ..."; the summary never writes a number before "passed"). The summary after the last
+# run gives, per environment and tier, the passed / failed / skipped counts (read from a
+# --junitxml report per run), the skip reasons with what installs the missing piece, and the
 # environments that did not run and why. The exit status is non-zero when any run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -119,15 +120,18 @@ for line in open(runs_file):
         if not c:
             print(f"    {tier:4} tier: not selected")
         else:
-            print(f"    {tier:4} tier: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+            # "passed 12", not "12 passed": the "N passed" lines stay pytest's own (CI reads them)
+            print(f"    {tier:4} tier: passed {c['passed']}, failed {c['failed']}, skipped {c['skipped']}")
     for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         hint = next((f"{name}: {n} test{'s' * (n > 1)} skipped, `{cmd}`" for key, name, cmd in HINTS if key in reason), None)
         print(f"    skipped: {hint or f'{n} × {reason}'}")
 for line in open(not_run_file):
     print(f"not run: {line.strip()}")
+not_run = sum(1 for line in open(not_run_file) if line.strip())
+gaps = f" ({not_run} environment{'s' * (not_run > 1)} not run, see above)" if not_run else ""
 if failed:
-    print("FAILED: " + "; ".join(failed))
+    print("FAILED: " + "; ".join(failed) + gaps)
 else:
-    print("all runs passed")
+    print("no run failed" + gaps)
 sys.exit(1 if failed else 0)
 EOF
