@@ -376,6 +376,34 @@ class ModelAdapter:
         """The layer's sliding attention window, or None for full causal attention."""
         raise NotImplementedError
 
+    # --- single-position forwards over a KV cache (geolens.per_term) -----------------------------
+
+    def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+        """``model(x, **kwargs)`` continuing ``kv_cache``, which the forward extends in place."""
+        raise NotImplementedError
+
+    def new_kv_cache(self):
+        """An empty KV cache of this family, for one sequence."""
+        raise NotImplementedError
+
+    def prefix_kv_cache(self, prefix: Int[Tensor, "1 pos"]):
+        """The KV cache of a clean forward over ``prefix`` (None for an empty prefix): every position
+        of every layer, no sliding-window cropping (:meth:`single_position_logits` applies windows)."""
+        if prefix.shape[-1] == 0:
+            return None
+        kv_cache = self.new_kv_cache()
+        self.run_with_kv_cache(prefix, kv_cache)
+        return kv_cache
+
+    def single_position_logits(
+        self, resid: Float[Tensor, "row d_model"], layer: int, query: int, kv_cache
+    ) -> Float[Tensor, "row d_vocab"]:
+        """Logits at position ``query`` of each row of ``resid`` (the residual entering ``layer`` at
+        ``query``), each row run alone through layers ``layer`` … L−1 over the clean ``kv_cache``
+        of the positions before ``query`` (:meth:`prefix_kv_cache`). A caller's ``hook_z`` hook
+        sees the rows flattened over (batch, position)."""
+        raise NotImplementedError
+
 
 class HookedAdapter(ModelAdapter):
     """TransformerLens 2.x/3.x ``HookedTransformer`` (and minimal stand-ins with ``cfg`` and ``blocks``)."""
@@ -420,6 +448,30 @@ class HookedAdapter(ModelAdapter):
         if attn_types is not None and attn_types[layer] == "local":
             return getattr(cfg, "window_size", None)
         return None
+
+    def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+        """``model(x, past_kv_cache=kv_cache, **kwargs)`` (a ``HookedTransformerKeyValueCache``)."""
+        return self.model(x, **kwargs, **({} if kv_cache is None else {"past_kv_cache": kv_cache}))
+
+    def new_kv_cache(self):
+        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
+
+        return HookedTransformerKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, 1)
+
+    def single_position_logits(self, resid, layer, query, kv_cache):
+        """The rows are a batch over a frozen copy of the cache, expanded (as views) over the
+        batch; ``start_at_layer`` skips the blocks before ``layer``."""
+        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+
+        rows = resid.shape[0]
+        if kv_cache is not None:
+            entries = [
+                HookedTransformerKeyValueCacheEntry(e.past_keys.expand(rows, -1, -1, -1), e.past_values.expand(rows, -1, -1, -1), frozen=True)
+                for e in kv_cache.entries
+            ]
+            mask = kv_cache.previous_attention_mask.expand(rows, -1)
+            kv_cache = HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
+        return self.run_with_kv_cache(resid[:, None], kv_cache, start_at_layer=layer)[:, -1]
 
 
 class GemmaHookedAdapter(HookedAdapter):
@@ -478,6 +530,60 @@ class BridgeAdapter(ModelAdapter):
         if types is not None and types[layer] == "sliding_attention":
             return getattr(hf_cfg, "sliding_window", None)
         return None
+
+    def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+        """``model(x, past_key_values=kv_cache, **kwargs)`` (a Hugging Face ``DynamicCache``).
+
+        TransformerLens 4.3's attention bridge reads its KV cache from the keyword
+        ``past_key_values``, which transformers 5.24 renamed ``cache`` in the call it makes to each
+        attention module, so the cache would be silently ignored (docs/tl-notes.md): a pre-hook on
+        each attention module, removed on any exit, hands it back under the old name.
+        """
+        import warnings
+
+        def rename(module, args, kw):
+            if kw.get("past_key_values") is None and kw.get("cache") is not None:
+                kw["past_key_values"] = kw["cache"]
+            return args, kw
+
+        handles = [block.attn.register_forward_pre_hook(rename, with_kwargs=True) for block in self.model.blocks]
+        try:
+            with warnings.catch_warnings():  # transformers 5.24: "`past_key_values` is deprecated", which TL 4.3 passes
+                warnings.filterwarnings("ignore", message=".*past_key_values.* is deprecated", category=FutureWarning)
+                return self.model(x, **kwargs, **({} if kv_cache is None else {"past_key_values": kv_cache}))
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def new_kv_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def single_position_logits(self, resid, layer, query, kv_cache):
+        """The rows are packed as ``row`` new positions of *one* sequence, all at position ``query``
+        (``position_ids``), with a 4-D mask letting row r see the cached keys (inside the layer's
+        sliding window) and its own key only; the cache's keys and values are thus shared, never
+        copied per row. The blocks before ``layer`` also run (TransformerLens discards them)."""
+        import copy
+
+        rows = resid.shape[0]
+        if kv_cache is not None:  # a shallow copy: the forward appends the rows' keys to the copy only
+            kv_cache = copy.copy(kv_cache)
+            kv_cache.layers = [copy.copy(entry) for entry in kv_cache.layers]
+        hf_config = self.model.original_model.config
+        hf_config = getattr(hf_config, "text_config", None) or hf_config
+        masks = {}
+        for name in set(getattr(hf_config, "layer_types", None) or ["full_attention"]):
+            window = getattr(hf_config, "sliding_window", None) if name == "sliding_attention" else None
+            seen = torch.ones(rows, query, dtype=torch.bool, device=resid.device)
+            if window is not None:
+                seen[:, : max(0, query - window + 1)] = False
+            own = torch.eye(rows, dtype=torch.bool, device=resid.device)
+            masks[name] = torch.cat([seen, own], dim=1)[None, None]
+        mask = masks if len(masks) > 1 or getattr(hf_config, "layer_types", None) else masks["full_attention"]
+        positions = torch.full((1, rows), query, dtype=torch.long, device=resid.device)
+        return self.run_with_kv_cache(resid[None], kv_cache, start_at_layer=layer, attention_mask=mask, position_ids=positions)[0]
 
 
 class GemmaBridgeAdapter(BridgeAdapter):

@@ -49,8 +49,6 @@ are refused.
 
 from __future__ import annotations
 
-import copy
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal, Sequence
 
@@ -64,109 +62,6 @@ from geolens.validation import check_context, check_layer
 
 Scope = Literal["term", "source"]
 OUTCOMES = ("kl", "delta_p")
-
-# ---------------------------------------------------------------------------------------------
-# family access (to move into the adapter)
-#
-# Everything below this heading and above the next one knows the TransformerLens family. It is
-# here only until it moves into geolens/adapter.py (as ModelAdapter methods: prefix_kv_cache,
-# expand_kv_cache, run_from_layer); nothing else in this module branches on the family.
-
-
-def _kv_cache_hooks(model) -> list[torch.utils.hooks.RemovableHandle]:
-    """Bridge only: TransformerLens 4.3's attention bridge reads its KV cache from the keyword
-    ``past_key_values``, which transformers 5.24 renamed ``cache`` in the call it makes to each
-    attention module, so the cache is silently ignored (docs/tl-notes.md: ``generate()`` with a
-    KV cache is garbage). A pre-hook on each attention module hands the cache back under the old
-    name. Returns the handles (removed by :func:`_run_with_kv_cache`)."""
-
-    def rename(module, args, kwargs):
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
-            kwargs["past_key_values"] = kwargs["cache"]
-        return args, kwargs
-
-    if not adapter_for(model).is_bridge:
-        return []
-    return [block.attn.register_forward_pre_hook(rename, with_kwargs=True) for block in model.blocks]
-
-
-def _run_with_kv_cache(model, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
-    """``model(x, **kwargs)`` continuing ``kv_cache`` (which the forward extends in place): a
-    Hugging Face ``DynamicCache`` on a bridge (``past_key_values=``), a
-    ``HookedTransformerKeyValueCache`` on a HookedTransformer (``past_kv_cache=``)."""
-    handles = _kv_cache_hooks(model)
-    try:
-        key = "past_key_values" if adapter_for(model).is_bridge else "past_kv_cache"
-        with warnings.catch_warnings():  # transformers 5.24: "`past_key_values` is deprecated", which TL 4.3 passes
-            warnings.filterwarnings("ignore", message=".*past_key_values.* is deprecated", category=FutureWarning)
-            return model(x, **kwargs, **({} if kv_cache is None else {key: kv_cache}))
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _prefix_kv_cache(model, prefix: Tensor):
-    """The KV cache of a clean forward over ``prefix`` ``[1, i]`` (None when i = 0): every
-    position of every layer (no sliding-window cropping: the masks of
-    :func:`_single_position_logits` apply the windows)."""
-    if prefix.shape[-1] == 0:
-        return None
-    if adapter_for(model).is_bridge:
-        from transformers import DynamicCache
-
-        kv_cache = DynamicCache()
-    else:
-        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
-
-        kv_cache = HookedTransformerKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
-    _run_with_kv_cache(model, prefix, kv_cache)
-    return kv_cache
-
-
-def _single_position_logits(model, resid: Float[Tensor, "row d_model"], layer: int, query: int, kv_cache) -> Float[Tensor, "row d_vocab"]:
-    """Logits at position ``query`` of each row of ``resid`` (the residual entering ``layer`` at
-    ``query``), each run alone through layers ``layer`` … L−1 over the clean ``kv_cache`` of the
-    positions before ``query``. A ``hook_z`` hook of the caller sees the rows flattened over
-    (batch, position).
-
-    - Bridge: the rows are packed as ``row`` new positions of *one* sequence, all at position
-      ``query`` (``position_ids``), with a 4-D mask letting row r see the cached keys (inside the
-      layer's sliding window) and its own key only; the cache's keys and values are thus shared,
-      never copied per row. The blocks before ``layer`` also run (TransformerLens discards them).
-    - HookedTransformer: the rows are a batch over a frozen copy of the cache expanded (as views)
-      over the batch; ``start_at_layer`` skips the blocks before ``layer``.
-    """
-    rows = resid.shape[0]
-    if not adapter_for(model).is_bridge:
-        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
-
-        if kv_cache is not None:
-            entries = [
-                HookedTransformerKeyValueCacheEntry(
-                    e.past_keys.expand(rows, -1, -1, -1), e.past_values.expand(rows, -1, -1, -1), frozen=True
-                )
-                for e in kv_cache.entries
-            ]
-            mask = kv_cache.previous_attention_mask.expand(rows, -1)
-            kv_cache = HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
-        return _run_with_kv_cache(model, resid[:, None], kv_cache, start_at_layer=layer)[:, -1]
-    if kv_cache is not None:  # a shallow copy: the forward appends the rows' keys to the copy only
-        kv_cache = copy.copy(kv_cache)
-        kv_cache.layers = [copy.copy(entry) for entry in kv_cache.layers]
-    hf_config = model.original_model.config
-    hf_config = getattr(hf_config, "text_config", None) or hf_config
-    masks = {}
-    for name in set(getattr(hf_config, "layer_types", None) or ["full_attention"]):
-        window = getattr(hf_config, "sliding_window", None) if name == "sliding_attention" else None
-        seen = torch.ones(rows, query, dtype=torch.bool, device=resid.device)
-        if window is not None:
-            seen[:, : max(0, query - window + 1)] = False
-        own = torch.eye(rows, dtype=torch.bool, device=resid.device)
-        masks[name] = torch.cat([seen, own], dim=1)[None, None]
-    mask = masks if len(masks) > 1 or getattr(hf_config, "layer_types", None) else masks["full_attention"]
-    positions = torch.full((1, rows), query, dtype=torch.long, device=resid.device)
-    return _run_with_kv_cache(model, resid[None], kv_cache, start_at_layer=layer, attention_mask=mask, position_ids=positions)[0]
-
 
 # ---------------------------------------------------------------------------------------------
 # Results
@@ -362,11 +257,11 @@ def per_term_effects(
         clean = _clean_state(model, tokens, layer, query)
         ran, terms = _terms(clean, scope)
         top = int(clean.logits.argmax())
-        prefix = _prefix_kv_cache(model, tokens[:, :query]) if terms else None
+        prefix = adapter_for(model).prefix_kv_cache(tokens[:, :query]) if terms else None
         for chunk in _chunks(terms, batch_size):
             resid = clean.resid_pre.expand(len(chunk) + 1, -1)
             with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
-                logits = _single_position_logits(model, resid, layer, query, prefix)
+                logits = adapter_for(model).single_position_logits(resid, layer, query, prefix)
             _check_reference(logits[0], clean.logits, layer, query)
             for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
                 values[name].append(value)

@@ -14,7 +14,7 @@ from conftest import make_tiny
 
 from geolens.adapter import adapter_for, get_attention_layer, output_weights
 from geolens.interventions.base import active_hook_count, applied
-from geolens.per_term import _clean_state, _single_position_logits, _prefix_kv_cache, _z_removal, per_term_effects, per_term_effects_naive
+from geolens.per_term import _clean_state, _z_removal, per_term_effects, per_term_effects_naive
 from geolens.testing import tiny_tokens
 
 N_POS = 24  # longer than the tiny Gemma's 16-token window: its layer 0 has terms with α = 0
@@ -109,9 +109,9 @@ def test_removing_every_term_removes_the_whole_attention_output(text):
         def edit(z, hook):
             return (z.reshape(2, -1) - delta.reshape(2, -1).to(z.dtype)).reshape(z.shape)
 
-        prefix = _prefix_kv_cache(model, tokens[:, :query])
+        prefix = adapter_for(model).prefix_kv_cache(tokens[:, :query])
         with applied(model, [(adapter.z_hook(layer), edit)]):
-            fast = _single_position_logits(model, clean.resid_pre.expand(2, -1), layer, query, prefix)
+            fast = adapter_for(model).single_position_logits(clean.resid_pre.expand(2, -1), layer, query, prefix)
         b_O = output_weights(model, layer)[1].detach()
 
         def only_bias(out, hook):
