@@ -55,33 +55,7 @@ import torch
 import geolens
 from geolens.adapter import get_attention_layer
 from geolens.contributions import contribution_weights_from_layer
-
-
-def require(*modules: tuple[str, str]) -> None:
-    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
-    import importlib
-
-    for module, extra in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise SystemExit(f"benchmarks/contributions.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
-
-
-def smoke_folder() -> str:
-    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
-    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
+from _common import require, smoke_folder  # benchmarks/_common.py
 
 
 def rss_bytes() -> int:

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from _common import require, smoke_folder  # benchmarks/_common.py
+
 REPO = Path(__file__).resolve().parents[1]
 
 MEMORY_CHILD = """
@@ -158,32 +160,6 @@ def throughput_part(args) -> list[dict]:
         two, one = per["2 processes x 1 thread"], per[f"1 process x {all_cores} threads"]
         print(f"{spec:14s} ratio 2 processes / 1 process: {two / one:.2f} (vs 1 thread: {two / per['1 process x 1 thread']:.2f})", flush=True)
     return rows
-
-
-def require(*modules: tuple[str, str]) -> None:
-    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
-    import importlib
-
-    for module, extra in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise SystemExit(f"benchmarks/corpus_scale.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
-
-
-def smoke_folder() -> str:
-    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
-    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
-    import atexit
-    import os
-    import shutil
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def main(argv=None) -> int:

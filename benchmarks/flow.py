@@ -30,34 +30,10 @@ import argparse
 import json
 import os
 import time
+from _common import require, smoke_folder  # benchmarks/_common.py
 
 GOAL_B_A = 1.0  # issue 24: the whole flow within one forward-with-cache
 GOAL_C_B = 100.0  # issue 24: the naive version at least 100 times slower
-
-
-def require(*modules: tuple[str, str]) -> None:
-    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
-    import importlib
-
-    for module, extra in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise SystemExit(f"benchmarks/flow.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
-
-
-def smoke_folder() -> str:
-    """GEOLENS_SMOKE_OUT when set (kept), else a temporary folder removed at exit."""
-    import atexit
-    import shutil
-    import tempfile
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> dict:

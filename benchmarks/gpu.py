@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from contributions import streamed_forward  # noqa: E402  (same folder)
+from _common import smoke_folder  # benchmarks/_common.py
 
 LLAMA3_8B = dict(
     hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -84,22 +85,6 @@ def timed(fn, repeats: int, device: str) -> tuple[float, float]:
         times.append(time.perf_counter() - t if inner is None else inner)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return statistics.median(times), peak
-
-
-def smoke_folder() -> str:
-    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
-    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import torch
 
 from geolens.adapter import AttentionLayer
 from geolens.contributions import contribution_weights_from_layer, iter_query_chunks, layer_metrics
+from _common import smoke_folder  # benchmarks/_common.py
 
 
 def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = None) -> dict:
@@ -34,22 +35,6 @@ def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = N
     if proc.returncode != 0:
         raise RuntimeError(f"long-context probe failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def smoke_folder() -> str:
-    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
-    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ import os
 import time
 
 import torch
+from _common import require, smoke_folder  # benchmarks/_common.py
 
 
 def measure(model, seq, layers, n_masks, chunk, repeats=1):
@@ -75,33 +76,6 @@ def measure(model, seq, layers, n_masks, chunk, repeats=1):
             max_abs_diff_nll=float((results[name] - ref).abs().max()),
         )
     return out
-
-
-def require(*modules: tuple[str, str]) -> None:
-    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
-    import importlib
-
-    for module, extra in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise SystemExit(f"benchmarks/masking.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
-
-
-def smoke_folder() -> str:
-    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
-    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def main() -> int:

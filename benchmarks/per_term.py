@@ -27,34 +27,10 @@ import argparse
 import json
 import math
 import os
-import tempfile
 import time
+from _common import require, smoke_folder  # benchmarks/_common.py
 
 GOAL = 100.0  # issue #22 item 3: at least 100× faster than a full forward per term
-
-
-def require(*modules: tuple[str, str]) -> None:
-    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
-    import importlib
-
-    for module, extra in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise SystemExit(f"benchmarks/per_term.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
-
-
-def smoke_folder() -> str:
-    """GEOLENS_SMOKE_OUT when set (kept), else a temporary folder removed at exit."""
-    import atexit
-    import shutil
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def ratio_interval(ratios: list[float], level: float = 0.95) -> dict:

@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from _common import require, smoke_folder  # benchmarks/_common.py
 
 CHECKPOINT = Path(os.environ.get("GEOLENS_CACHE", Path.home() / ".cache" / "geolens")) / "models" / "smollm2-135m-f32"
 
@@ -62,17 +63,6 @@ INSEQ_MIN_SCORE = 1e-5  # inseq's ValueZeroing zeroes raw scores below this befo
 
 
 GOAL_SPEEDUP = 3.0  # issue 15: at least 3× faster than inseq (at no more peak memory)
-
-
-def require(*modules: tuple[str, str]) -> None:
-    """Exit at once, in one line, when a (module, pip extra) this benchmark needs is missing."""
-    import importlib
-
-    for module, extra in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise SystemExit(f"benchmarks/value_zeroing.py needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
 
 
 def require_inseq(python: str) -> None:
@@ -84,21 +74,6 @@ def require_inseq(python: str) -> None:
     if not ok:
         raise SystemExit(f"benchmarks/value_zeroing.py: {python} cannot import inseq: "
                          f"{python} -m pip install 'inseq==0.7.1' 'transformers>=4.50,<4.54'")  # fmt: skip
-
-
-def smoke_folder() -> str:
-    """A temporary folder for a --smoke run's output, removed when the script exits; the folder
-    named by the environment variable GEOLENS_SMOKE_OUT instead, kept, when it is set."""
-    import atexit
-    import os
-    import shutil
-
-    if os.environ.get("GEOLENS_SMOKE_OUT"):
-        os.makedirs(os.environ["GEOLENS_SMOKE_OUT"], exist_ok=True)
-        return os.environ["GEOLENS_SMOKE_OUT"]
-    folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def speedup_interval(slow: list[float], fast: list[float], level: float = 0.95) -> dict:

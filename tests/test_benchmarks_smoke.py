@@ -25,9 +25,11 @@ SLOW = {"contributions.py", "corpus_scale.py", "gpu.py", "value_zeroing.py"}  # 
 OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
     "contributions.py": ["contributions.json", "scaling.png"],
     "corpus_scale.py": ["corpus_scale.json"],
+    "flow.py": ["flow.json"],
     "gpu.py": ["gpu.json"],
     "long_context_probe.py": ["long_context.json"],
     "masking.py": ["masking.json"],
+    "per_term.py": ["per_term.json"],
     "value_zeroing.py": ["value_zeroing.json"],
 }
 
