@@ -370,9 +370,11 @@ def add_run_options(p, *, tiny: bool = False, own: dict[str, dict] | None = None
         p.add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
-def add_out(p, *, help: str = "output folder", resumable: bool = False) -> None:
-    """``--out``, ``--name`` and ``--overwrite`` (see :func:`out_folder`)."""
-    p.add_argument("--out", default=None, help=f"{help} (default: geolens-runs/{p.prog.split()[-1]}/<date-time>)")
+def add_out(p, *, help: str = "output folder", resumable: bool = False, optional: bool = False) -> None:
+    """``--out``, ``--name`` and ``--overwrite`` (see :func:`out_folder`); ``optional``: the command
+    writes files only when ``--out`` or ``--name`` is given."""
+    default = "write nothing" if optional else f"geolens-runs/{p.prog.split()[-1]}/<date-time>"
+    p.add_argument("--out", default=None, help=f"{help} (default: {default})")
     p.add_argument("--name", default=None, help="folder name under geolens-runs/<command>/ instead of the date and time")
     p.add_argument(
         "--overwrite", action="store_true",

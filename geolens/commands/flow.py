@@ -92,5 +92,5 @@ def register(subparsers) -> None:
     p.add_argument("--threshold", type=float_in(0, 1, high_open=True), default=0.05, help="least share of an edge kept in the routes, in [0, 1) (default 0.05)")
     p.add_argument("--method", choices=FLOW_METHODS, default="contribution", help="how the routes' edges are weighed (default contribution)")
     p.add_argument("--value-zeroing", action="store_true", help="also list value_zeroing_rollout (reruns the model: slow)")
-    add_out(p, help="write flow.html and flow.json here")
+    add_out(p, help="write flow.html and flow.json here", optional=True)
     p.set_defaults(func=run)
