@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +136,7 @@ class RunFolder:
     created: list[Path] = field(default_factory=list)  # folders this run created (outermost last)
     state: Literal["open", "complete", "left"] = "open"
     was_complete: bool = True  # False when resuming or replotting a folder that was incomplete
+    foreign: tuple[str, ...] = ()  # files that were there before and are not geolens results
     _before: dict = field(default_factory=dict)
 
     def _mark(self) -> None:
@@ -144,9 +144,20 @@ class RunFolder:
             f"geolens {self.command} started writing here at {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()}) "
             "and has not finished: the files in this folder are incomplete.\n"
             "An interrupted or failed run leaves this file; a finished run replaces it with manifest.json.\n"
+            + json.dumps({"foreign": list(self.foreign)})
+            + "\n"
         )
         (self.path / INCOMPLETE).write_text(text, encoding="utf-8")
         self._before = _snapshot(self.path)
+
+    def _results(self) -> list[Path]:
+        """The files of this run: everything in the folder but what was there before and is not a
+        geolens result (a folder of unknown origin keeps its own files out of the manifest)."""
+        if not self.foreign:
+            return _files(self.path)
+        now = _snapshot(self.path)
+        foreign = set(self.foreign)
+        return [self.path / rel for rel in sorted(now) if rel not in foreign or now[rel] != self._before.get(rel)]
 
     def wrote_anything(self) -> bool:
         """Whether any file changed since the folder was opened (the marker aside)."""
@@ -161,7 +172,7 @@ class RunFolder:
             return self.path
         from geolens import __version__
 
-        files = {str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(self.path)}
+        files = {str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in self._results()}
         manifest = {"command": f"geolens {self.command}", "geolens": __version__, "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
         from geolens.checkpoint import atomic_write_bytes
 
@@ -218,9 +229,29 @@ def _describe(folder: Path, state: State) -> str:
     return f"{len(names)} {'file or folder' if len(names) == 1 else 'files or folders'} ({shown})"
 
 
-def _clear_previous(folder: Path, state: State) -> None:
-    """``--overwrite``: remove the previous run's files (listed by its manifest; everything in a
-    folder marked incomplete); a folder of unknown origin keeps its other files."""
+def _foreign_files(folder: Path, state: State) -> tuple[str, ...]:
+    """Files in ``folder`` that no geolens run wrote: all of an unmarked folder's files, and those an
+    interrupted run recorded as there before it (never deleted by ``--overwrite``)."""
+    if state == "unmarked":
+        return tuple(sorted(_snapshot(folder)))
+    if state in ("complete", "damaged"):
+        try:
+            listed = set(json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {}))
+        except (OSError, ValueError, AttributeError):
+            return tuple(sorted(_snapshot(folder)))
+        return tuple(sorted(set(_snapshot(folder)) - listed))
+    if state == "incomplete":
+        try:
+            last = (folder / INCOMPLETE).read_text(encoding="utf-8").strip().splitlines()[-1]
+            return tuple(json.loads(last).get("foreign", []))
+        except (OSError, ValueError, IndexError, AttributeError):
+            return tuple(sorted(_snapshot(folder)))  # an unreadable marker: delete nothing
+    return ()
+
+
+def _clear_previous(folder: Path, state: State, foreign: tuple[str, ...]) -> None:
+    """``--overwrite``: remove the previous run's files (listed by its manifest; for an interrupted
+    run, every file but those it found there); files of unknown origin are never removed."""
     if state in ("complete", "damaged"):
         try:
             listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {})
@@ -230,8 +261,15 @@ def _clear_previous(folder: Path, state: State) -> None:
             (folder / rel).unlink(missing_ok=True)
         (folder / MANIFEST).unlink(missing_ok=True)
     elif state == "incomplete":
-        for child in folder.iterdir():
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        keep = set(foreign)
+        for rel in _snapshot(folder):
+            if rel not in keep:
+                (folder / rel).unlink(missing_ok=True)
+        for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            try:
+                sub.rmdir()  # only the folders left empty
+            except OSError:
+                pass
 
 
 def open_run_folder(
@@ -285,9 +323,10 @@ def open_run_folder(
             except OSError:
                 break
         raise UsageError(f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out") from err
+    foreign = _foreign_files(path, state)
     if overwrite and not (resume or replot):
-        _clear_previous(path, state)
-    folder = RunFolder(path, command, resume=resume, created=created, was_complete=state not in ("incomplete", "damaged") or not replot)
+        _clear_previous(path, state, foreign)
+    folder = RunFolder(path, command, resume=resume, created=created, was_complete=state not in ("incomplete", "damaged") or not replot, foreign=foreign)
     folder._mark()
     _OPEN.append(folder)
     return folder

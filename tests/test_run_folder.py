@@ -72,6 +72,13 @@ def test_default_folder_is_under_geolens_runs_and_never_reused(tmp_path, monkeyp
     assert run_folder.default_folder("taxonomy", "mine") == Path("geolens-runs/taxonomy/mine")
 
 
+@pytest.fixture(autouse=True)
+def _no_open_folders():
+    run_folder.forget_all()
+    yield
+    run_folder.forget_all()
+
+
 def test_complete_writes_a_manifest_of_every_file_and_removes_the_marker(tmp_path):
     folder = run_folder.open_run_folder(tmp_path / "out", command="test")
     assert (folder.path / INCOMPLETE).is_file() and folder_state(folder.path) == "incomplete"
@@ -112,7 +119,32 @@ def test_overwrite_removes_the_previous_runs_files_only(tmp_path):
     assert not (out / "old.csv").exists() and (out / "notes.txt").exists()
     (out / "new.csv").write_text("new")
     run_folder.complete_all()
-    assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["new.csv", "notes.txt"]
+    assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["new.csv"]  # not the user's file
+    run_folder.forget_all()
+    run_folder.open_run_folder(out, command="test", overwrite=True)
+    run_folder.complete_all()
+    assert (out / "notes.txt").read_text() == "the user's own file" and not (out / "new.csv").exists()
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_overwrite_never_deletes_files_geolens_did_not_write(tmp_path, interrupted):
+    """--out pointed at a folder of someone else's files (a home folder, a project root)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    (out / "data").mkdir()
+    (out / "data" / "x.csv").write_text("1,2")
+    run_folder.forget_all()
+    run_folder.open_run_folder(out, command="test", overwrite=True)
+    (out / "result.csv").write_text("r")
+    (out / "data" / "x.csv").write_text("3,4")  # a file the run rewrote is the run's
+    run_folder.leave_all() if interrupted else run_folder.complete_all()
+    run_folder.forget_all()
+    if not interrupted:
+        assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["data/x.csv", "result.csv"]
+    run_folder.open_run_folder(out, command="test", overwrite=True)  # replaces the run's files only
+    run_folder.forget_all()
+    assert (out / "thesis.tex").read_text() == "years of work" and not (out / "result.csv").exists()
 
 
 def test_a_usage_error_after_opening_leaves_nothing(tmp_path, capsys):
