@@ -1,4 +1,4 @@
-"""Atomic, resumable checkpoints of corpus-analysis states (issue 7, "Resumable runs").
+"""Atomic, resumable checkpoints of corpus-analysis states.
 
 A checkpoint is one ``torch.save`` file holding
 

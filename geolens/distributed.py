@@ -1,4 +1,4 @@
-"""Data-parallel corpus runs with ``torch.distributed`` (issue 7, "Many devices").
+"""Data-parallel corpus runs with ``torch.distributed``.
 
 Each process (rank) streams its own shard of the token windows — a contiguous block of whole
 batches, :func:`geolens.runner.shard_bounds` — through :func:`geolens.runner.run_corpus`, then the

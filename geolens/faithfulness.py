@@ -427,7 +427,6 @@ def auc_ci(
     return float(area_under_curve(fractions, y.mean(0))), float(lo), float(hi)
 
 
-bootstrap_auc = auc_ci  # its former name
 
 
 def faithfulness_sign(direction: str, quantity: str) -> float:

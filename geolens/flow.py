@@ -1,5 +1,5 @@
 """Contribution flow through the whole model: token-to-token attribution across layers
-(docs/method.md §10, issue #24).
+(docs/method.md §10).
 
 For each layer l the residual stream after attention at position i decomposes over the source
 positions j (x_i the residual entering the block, α the pattern, ṽ_j^h = v_j^h W_O^h):

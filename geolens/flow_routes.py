@@ -1,5 +1,5 @@
 """Information-flow routes: the graph of one prediction's sources through the layers
-(docs/method.md §10, issue #24 item 3).
+(docs/method.md §10).
 
 For the residual stream at one position after the last layer, :func:`flow_routes` keeps the
 edges of the layer mixing matrices M^(l) (:func:`geolens.flow.layer_mixing`) whose share exceeds a

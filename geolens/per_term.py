@@ -1,4 +1,4 @@
-"""Per-term causal ground truth: the exact effect of removing one attention term (issue #22 item 3).
+"""Per-term causal ground truth: the exact effect of removing one attention term.
 
 For layer l, query position i, head h and source j ≤ i, the attention output of layer l at i is
 

@@ -10,7 +10,7 @@ from geolens.faithfulness import (
     ALL_METRICS,
     Protocol,
     area_under_curve,
-    bootstrap_auc,
+    auc_ci,
     claimed_order_holds,
     curve_masks,
     faithfulness_curves,
@@ -116,17 +116,17 @@ def test_area_under_curve_by_hand():
     assert np.allclose(area_under_curve(fr, [[1.0, 3.0, 2.0], [0, 0, 1]]), [0.7, 0.1])
 
 
-def test_bootstrap_auc_constant_rows_and_coverage():
+def test_auc_ci_constant_rows_and_coverage():
     fr = [0.1, 0.5, 0.9]
     same = np.tile([1.0, 2.0, 4.0], (7, 1))
-    value, lo, hi = bootstrap_auc(fr, same, n_boot=200)
+    value, lo, hi = auc_ci(fr, same, n_boot=200)
     assert value == pytest.approx(0.4 * 1.5 + 0.4 * 3.0) and lo == pytest.approx(value) and hi == pytest.approx(value)
     rng = np.random.default_rng(0)
     noisy = rng.normal(size=(50, 3)) + [1.0, 2.0, 4.0]
-    value, lo, hi = bootstrap_auc(fr, noisy, n_boot=500)
+    value, lo, hi = auc_ci(fr, noisy, n_boot=500)
     assert lo < value < hi
     with pytest.raises(ValueError, match="n_sequences"):
-        bootstrap_auc(fr, noisy[:, :2])
+        auc_ci(fr, noisy[:, :2])
 
 
 def test_curve_masks_layout(tiny_gqa):

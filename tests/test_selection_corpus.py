@@ -15,7 +15,7 @@ from geolens.interventions.keep_top_n import keep_top_n_hooks, keep_top_n_mask
 from geolens.runner import run_corpus
 from geolens.selection import head_selection_scores, selection_scores, top_n_mask
 from geolens.selection.analysis import Condition, SelectionAnalysis, _CorrSums
-from geolens.selection.baseline import document_bootstrap, paired_comparison, random_rankings
+from geolens.selection.baseline import document_means_ci, paired_comparison, random_rankings
 from geolens.selection.effective_set import effective_set_size, n_star, token_nll_sum
 from geolens.selection.regime import RegimeAnalysis, fit_exponential_decay, window_regime
 from geolens.testing import tiny_tokens
@@ -99,16 +99,16 @@ def test_random_rankings_are_seeded_and_nested_across_n():
     assert bool(torch.isinf(r1[:, 0, 5:]).all())
 
 
-def test_document_bootstrap_against_explicit_loop():
+def test_document_means_ci_against_explicit_loop():
     x = np.random.default_rng(0).normal(size=(30, 2))
-    mean, lo, hi = document_bootstrap(x, n_boot=500, seed=3)
+    mean, lo, hi = document_means_ci(x, n_boot=500, seed=3)
     rng = np.random.default_rng(3)
     idx = rng.integers(0, 30, size=(500, 30))
     boots = np.array([[x[idx[b], k].mean() for k in range(2)] for b in range(500)])
     np.testing.assert_allclose(mean, x.mean(0))
     np.testing.assert_allclose(lo, np.percentile(boots, 2.5, axis=0))
     np.testing.assert_allclose(hi, np.percentile(boots, 97.5, axis=0))
-    m, l, h = document_bootstrap(np.full(10, 0.3))
+    m, l, h = document_means_ci(np.full(10, 0.3))
     assert m[0] == pytest.approx(0.3) and l[0] == pytest.approx(0.3) and h[0] == pytest.approx(0.3)
     t = paired_comparison(x[:, :1] + 1, x[:, :1], np.ones((30, 1)), [4], n_boot=200)
     assert t.loc[0, "diff"] == pytest.approx(1.0) and t.loc[0, "diff_lo"] == pytest.approx(1.0) and t.loc[0, "win_share"] == 1

@@ -1,6 +1,6 @@
 """``geolens faithfulness``: comprehensiveness / sufficiency curves and MC accuracy under masks.
 
-The primary protocol (the defaults; docs/method.md §3, issue 10): every layer masked at once, ``query``
+The primary protocol (the defaults; docs/method.md §3): every layer masked at once, ``query``
 ranking (all (head, source) terms of a query on the inter-head scale), sink and current token
 removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every prediction after the first
 8 positions scored. Example (the README run)::

@@ -1,4 +1,4 @@
-"""The cross-model report: two or more saved ``report.json`` side by side (issue 11).
+"""The cross-model report: two or more saved ``report.json`` side by side.
 
 ``geolens report --compare runA/report.json runB/report.json --out cmp`` (or
 ``geolens report --model smollm2-135m --model gemma3-270m``, which writes each model's report

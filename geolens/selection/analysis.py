@@ -39,7 +39,7 @@ from torch import Tensor
 
 from geolens import geometry
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
-from geolens.selection.baseline import document_bootstrap, document_means, paired_comparison, random_rankings, win_tie_loss
+from geolens.selection.baseline import document_means, document_means_ci, paired_comparison, random_rankings, win_tie_loss
 from geolens.selection.bounds import bound_violations
 from geolens.selection.scores import Separation, _norms, aggregate, layer_contributions, selection_scores_multi
 from geolens.streaming import Accumulator, CorpusAnalysis, Moments, Sum
@@ -361,7 +361,7 @@ class SelectionAnalysis(CorpusAnalysis):
                 comparison.append(t)
             for kind in kinds:
                 for m in METRICS:
-                    mean, lo, hi = document_bootstrap(self.per_document(f"{c.name}|{kind}|{m}"), n_boot=n_boot, seed=seed)
+                    mean, lo, hi = document_means_ci(self.per_document(f"{c.name}|{kind}|{m}"), n_boot=n_boot, seed=seed)
                     for k, n in enumerate(self.sizes):
                         scores.append(dict(condition=c.name, space=c.space, distance=c.distance, by=c.by, sink=c.sink, kind=kind, metric=m, N=n, mean=mean[k], lo=lo[k], hi=hi[k]))
                 lf = self.layer_f[f"{c.name}|{kind}"].mean

@@ -7,7 +7,7 @@
 - :func:`paired_comparison`: per N, the top-N score against the mean over random draws of the
   same (document, layer, head, query): mean difference, win / tie / loss shares (a win is
   top-N > random mean), with document-bootstrap confidence intervals.
-- :func:`document_means_ci` (formerly ``document_bootstrap``): percentile bootstrap over documents
+- :func:`document_means_ci`: percentile bootstrap over documents
   (2000 resamples by default, :func:`geolens.stats.mean_ci`), the unit of resampling is the
   document (window), as in the authors' protocol.
 
@@ -65,7 +65,6 @@ def document_means_ci(
     return mean, lo, hi
 
 
-document_bootstrap = document_means_ci  # its former name
 
 
 def win_tie_loss(top: Tensor, rand_mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
