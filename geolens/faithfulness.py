@@ -447,7 +447,10 @@ def verdict(
     """``holds`` when the CI of "b more faithful than a" lies above 0, ``reversed`` when below 0,
     ``tie`` otherwise (:func:`geolens.stats.verdict`, ``not testable`` when ``testable`` is False);
     ``no range`` when the protocol failed its range check, ``too few documents`` below
-    :data:`MIN_DOCUMENTS` (a bootstrap over 1 document has a zero-width interval)."""
+    :data:`MIN_DOCUMENTS` (a bootstrap over 1 document has a zero-width interval). A pair that
+    cannot differ by construction is ``not testable`` whatever its data."""
+    if not testable:
+        return ci_verdict(ci_low, ci_high, testable=False)
     if not has_range:
         return "no range"
     if n_documents is not None and n_documents < MIN_DOCUMENTS:
@@ -579,11 +582,13 @@ class FaithfulnessResult:
         For every (a, b) of ``pairs`` whose metrics both ran, each direction and quantity:
         auc_diff = sign · (AUC_b − AUC_a) (:func:`faithfulness_sign`), its 95% percentile CI over
         the same document resamples for a and b, and the :func:`verdict` (``no range`` when the
-        range check failed, ``too few documents`` below :data:`MIN_DOCUMENTS`).
+        range check failed, ``too few documents`` below :data:`MIN_DOCUMENTS`, ``not testable``
+        when the two metrics mask identically by construction: :func:`same_ranking_by_construction`).
         """
         b = self._resampled()
         fr = list(self.protocol["fractions"])
         has_range = self.range_check()["has_range"]
+        identical = {frozenset(("value_weighted", "output_normalized"))} if same_ranking_by_construction(self.protocol) else set()
         rows = []
         for a, bb in pairs:
             for d in DIRECTIONS:
@@ -593,7 +598,8 @@ class FaithfulnessResult:
                     diff = faithfulness_sign(d, q) * (area_under_curve(fr, b[bb, d][q]) - area_under_curve(fr, b[a, d][q]))
                     lo, hi = self._ci(diff[1:])
                     rows.append(dict(a=a, b=bb, direction=d, quantity=q, auc_diff=float(diff[0]), ci_low=lo, ci_high=hi,
-                                     verdict=verdict(lo, hi, has_range, b["n"]), claimed=(a, bb) in CLAIMED_STEPS,
+                                     verdict=verdict(lo, hi, has_range, b["n"], testable=frozenset((a, bb)) not in identical),
+                                     claimed=(a, bb) in CLAIMED_STEPS,
                                      n_sequences=b["n"], n_boot=self.n_boot))  # fmt: skip
         return pd.DataFrame(rows)
 
@@ -676,7 +682,7 @@ def per_sequence_path(out_dir) -> Path:
     return old if old.exists() and not (out / PER_SEQUENCE).exists() else out / PER_SEQUENCE
 
 
-def same_ranking_by_construction(protocol: Protocol) -> bool:
+def same_ranking_by_construction(protocol: "Protocol | dict") -> bool:
     """Whether output-normalised attention ranks exactly like value-weighted attention.
 
     α‖ṽ‖/‖o_i‖ divides every term of a ranking group by one positive number when ‖o_i‖ is
@@ -684,7 +690,8 @@ def same_ranking_by_construction(protocol: Protocol) -> bool:
     under ``query`` / ``source`` ranking in ``inter`` mode (the layer output of one query).
     Only ``query`` / ``source`` ranking in ``intra`` mode divides each head by its own norm.
     """
-    return protocol.ranking == "row" or protocol.mode == "inter"
+    get = protocol.get if isinstance(protocol, dict) else lambda key: getattr(protocol, key)
+    return get("ranking") == "row" or get("mode") == "inter"
 
 
 def faithfulness_curves(
@@ -796,9 +803,11 @@ def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness
     """Paper A's order raw < value-weighted < output-normalised < contribution, step by step.
 
     ``pairs`` is :meth:`FaithfulnessResult.pairs`. Each step "a < b" gets the verdict of its
-    paired CI (``holds`` / ``reversed`` / ``tie``, or ``no range`` / ``too few documents``); the
-    order ``holds`` only when every step's CI lies above 0; ``decided`` is False when any step
-    could not be decided (no range, too few documents, a metric missing).
+    paired CI (``holds`` / ``reversed`` / ``tie``, or ``no range`` / ``too few documents``, or
+    ``not testable`` for a step whose two metrics mask identically by construction); the order
+    ``holds`` when every testable step's CI lies above 0 (a step that cannot differ under the
+    protocol neither supports nor contradicts it); ``decided`` is False when any testable step
+    could not be decided (no range, too few documents, a metric missing) or none is testable.
     """
     if direction not in DIRECTIONS or quantity not in QUANTITIES:
         raise ValueError(f"unknown direction/quantity {direction!r}/{quantity!r}")
@@ -809,7 +818,7 @@ def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness
         if len(r):
             row = r.iloc[0]
             steps[f"{a} < {b}"] = dict(verdict=row.verdict, auc_diff=float(row.auc_diff), ci=[float(row.ci_low), float(row.ci_high)])
-    verdicts = [v["verdict"] for v in steps.values()]
+    verdicts = [v["verdict"] for v in steps.values() if v["verdict"] != "not testable"]
     return dict(direction=direction, quantity=quantity, pairs={k: v["verdict"] for k, v in steps.items()}, steps=steps,
                 holds=bool(verdicts) and all(v == "holds" for v in verdicts),
-                decided=len(verdicts) == len(CLAIMED_STEPS) and all(v in ("holds", "tie", "reversed") for v in verdicts))  # fmt: skip
+                decided=len(steps) == len(CLAIMED_STEPS) and bool(verdicts) and all(v in ("holds", "tie", "reversed") for v in verdicts))  # fmt: skip

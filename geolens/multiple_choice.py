@@ -390,7 +390,9 @@ def mc_conditions(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int =
     return pd.DataFrame(rows)
 
 
-def mc_pairs(per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def mc_pairs(
+    per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, *, n_boot: int = 2000, seed: int = 0, protocol: dict | None = None
+) -> pd.DataFrame:
     """Paired verdicts of multiple choice under masks, as the language-modelling ones.
 
     For every (a, b) of ``pairs`` whose metrics both ran, each direction and fraction k: the mean
@@ -401,8 +403,12 @@ def mc_pairs(per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIR
     difference with its CI, and the :func:`~geolens.faithfulness.verdict`. The range check: the
     random ranking's mean change of log p(correct) at the largest k under comprehensiveness
     (``random_delta_logprob`` [lo, hi]); when its CI contains 0 the masks do not move the answer
-    and every verdict is ``no range``.
+    and every verdict is ``no range``. With the masks' ``protocol``, a pair that masks identically
+    by construction (:func:`~geolens.faithfulness.same_ranking_by_construction`) is ``not testable``.
     """
+    from geolens.faithfulness import same_ranking_by_construction
+
+    identical = {frozenset(("value_weighted", "output_normalized"))} if protocol and same_ranking_by_construction(protocol) else set()
     key = ["task", "qid"]
     clean = per_question[per_question.metric == "clean"].set_index(key)
     n_q = len(clean)
@@ -434,7 +440,7 @@ def mc_pairs(per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIR
                 acc = ci_of(np.sign(sign) * (column(b, d, k, "correct") - column(a, d, k, "correct")))
                 rows.append(dict(
                     a=a, b=b, direction=d, fraction=float(k), quantity="logprob_correct", diff=diff, ci_low=lo, ci_high=hi,
-                    verdict=verdict(lo, hi, has_range, n_q), accuracy_diff=acc[0], accuracy_diff_lo=acc[1], accuracy_diff_hi=acc[2],
+                    verdict=verdict(lo, hi, has_range, n_q, testable=frozenset((a, b)) not in identical), accuracy_diff=acc[0], accuracy_diff_lo=acc[1], accuracy_diff_hi=acc[2],
                     n_questions=n_q, n_boot=n_boot, random_delta_logprob=rand[0], random_delta_logprob_lo=rand[1],
                     random_delta_logprob_hi=rand[2],
                 ))  # fmt: skip

@@ -168,8 +168,10 @@ def test_faithfulness_curves_end_to_end(tiny_gqa):
     text = str(res)
     assert "layers masked together = one layer (1)" in text and "sink (pos 0) removable = True" in text and "ranking = row" in text
     order = claimed_order_holds(res.pairs())
-    assert set(order["pairs"].values()) <= {"holds", "tie", "reversed", "no range", "too few documents"}
-    # per-row rankings: value-weighted and output-normalised remove the same sources
+    assert set(order["pairs"].values()) <= {"holds", "tie", "reversed", "no range", "too few documents", "not testable"}
+    # per-row rankings: value-weighted and output-normalised remove the same sources, so that step
+    # is "not testable" (never a "tie"), and it neither supports nor blocks the claimed order
+    assert order["pairs"]["value_weighted < output_normalized"] == "not testable"
     vw = df[df.metric == "value_weighted"].nll.to_numpy()
     assert np.array_equal(vw, df[df.metric == "output_normalized"].nll.to_numpy())
     assert set(order["pairs"]) == {"raw_attention < value_weighted", "value_weighted < output_normalized", "output_normalized < contribution"}
@@ -241,3 +243,22 @@ def test_value_zeroing_runs_in_bfloat16(kind):
     assert (got.triu(1) == 0).all()
     assert torch.allclose(got, want, atol=0.05), (got - want).abs().max()
     assert got.max() > 0
+
+
+def test_pairs_that_cannot_differ_are_not_testable_and_testable_ones_keep_their_verdict():
+    from test_faithfulness_scopes import synthetic_result
+
+    from geolens.faithfulness import claimed_order_holds, same_ranking_by_construction
+
+    res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
+    for ranking, mode, identical in (("query", "inter", True), ("row", "intra", True), ("query", "intra", False)):
+        res.protocol = dict(res.protocol, ranking=ranking, mode=mode)
+        assert same_ranking_by_construction(res.protocol) is identical
+        pairs = res.pairs()
+        step = pairs[(pairs.a == "value_weighted") & (pairs.b == "output_normalized")]
+        others = pairs[~((pairs.a == "value_weighted") & (pairs.b == "output_normalized"))]
+        assert (step.verdict == "not testable").all() if identical else (step.verdict != "not testable").all()
+        assert "not testable" not in set(others.verdict)
+        order = claimed_order_holds(pairs)
+        testable = [v for v in order["pairs"].values() if v != "not testable"]
+        assert order["holds"] == all(v == "holds" for v in testable) and order["decided"]

@@ -309,11 +309,13 @@ def _mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | No
     n_done = int((per_q.metric == "clean").sum())
     mc = mc_conditions(per_q, n_boot=n_boot, seed=seed)
     mc.to_csv(out / "mc.csv", index=False)
-    pairs = mc_pairs(per_q, n_boot=n_boot, seed=seed)
+    pairs = mc_pairs(per_q, n_boot=n_boot, seed=seed, protocol=info["protocol"])
     pairs.to_csv(out / "mc_pairs.csv", index=False)
     tasks = per_q[per_q.metric == "clean"].task.value_counts(sort=False).to_dict()
     summary = dict(task=info["task"], n_questions=n_done, n_questions_planned=info["n_questions"], complete=n_done == info["n_questions"],
                    questions_per_task=tasks, protocol=info["protocol"], metrics=info["metrics"], n_boot=n_boot)  # fmt: skip
+    if seconds is None and (out / "mc_protocol.json").is_file():  # a replot keeps the run's own time
+        seconds = json.loads((out / "mc_protocol.json").read_text()).get("seconds")
     if seconds is not None:
         summary["seconds"] = seconds
     (out / "mc_protocol.json").write_text(json.dumps(summary, indent=2))
