@@ -309,7 +309,8 @@ def test_verdict_sign_rules_and_not_testable():
     from geolens.faithfulness import verdict as faithfulness_verdict
 
     assert faithfulness_verdict(0.1, 0.2) == "holds" and faithfulness_verdict(-0.1, 0.2, testable=False) == "not testable"
-    assert faithfulness_verdict(0.1, 0.2, False, testable=False) == "no range"
+    assert faithfulness_verdict(0.1, 0.2, False) == "no range"
+    assert faithfulness_verdict(0.1, 0.2, False, testable=False) == "not testable"  # by construction, whatever the range
 
 
 def test_docstring_examples_run():
