@@ -450,7 +450,14 @@ class HookedAdapter(ModelAdapter):
         return None
 
     def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
-        """``model(x, past_kv_cache=kv_cache, **kwargs)`` (a ``HookedTransformerKeyValueCache``)."""
+        """``model(x, past_kv_cache=kv_cache, **kwargs)`` (a ``HookedTransformerKeyValueCache``).
+
+        Token ids get an all-ones ``attention_mask``: given a cache, TransformerLens 2.x would
+        otherwise derive one that masks trailing tokens equal to the pad token (GPT-2's pad is
+        its BOS/EOS), so a text holding that token would be cached wrong.
+        """
+        if kv_cache is not None and "attention_mask" not in kwargs and not torch.is_floating_point(x):
+            kwargs["attention_mask"] = torch.ones_like(x)
         return self.model(x, **kwargs, **({} if kv_cache is None else {"past_kv_cache": kv_cache}))
 
     def new_kv_cache(self):

@@ -77,15 +77,22 @@ _IO_ADVICE = {
 }
 
 
-def _io_error_line(err: OSError) -> str | None:
-    """One line for a write error the user can act on, or None for any other OSError."""
+def _io_error_line(err: OSError, folders=()) -> str | None:
+    """One line for an I/O error the user can act on, or None for any other OSError.
+
+    A cached model that cannot be read or rebuilt says so itself (:class:`geolens.model_cache.CacheError`);
+    a write error names its file, or the output folder when the error does not say which file.
+    """
+    from geolens.checkpoint import WriteError
+    from geolens.model_cache import CacheError
+
+    if isinstance(err, CacheError):
+        return str(err)
     if err.errno not in _IO_ADVICE:
         return None
-    from geolens.checkpoint import WriteError
-
     text = str(err) if isinstance(err, WriteError) else None
     if text is None:
-        where = f" {err.filename}" if err.filename else ""
+        where = f" {err.filename}" if err.filename else (" into " + ", ".join(str(f.path) for f in folders) if folders else "")
         text = f"cannot write{where}: {err.strerror or type(err).__name__}"
     return f"{text}; {_IO_ADVICE[err.errno]}"
 
@@ -141,13 +148,20 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt as err:
                 return interrupted(err)
             except OSError as err:
-                line = _io_error_line(err)
+                line = _io_error_line(err, run_folder.open_folders())
                 left = run_folder.leave_all()
                 if line is None:
                     raise
-                kept = [s for s in left if s != "nothing written"]
+                kept = [s for s in left if not s.startswith("nothing written")]
                 print(f"{prog}: error: {line}" + (f" ({'; '.join(kept)})" if kept else ""), file=sys.stderr)
                 return 1
+            except ModuleNotFoundError as err:
+                left = run_folder.leave_all()
+                if err.name is not None:  # a failed import: a bug or a broken install, the traceback shows
+                    raise
+                kept = [s for s in left if not s.startswith("nothing written")]
+                print(f"{prog}: error: {err}" + (f" ({'; '.join(kept)})" if kept else ""), file=sys.stderr)
+                return 1  # geolens' own message: a model wheel or an extra that is not installed
             except BaseException:
                 run_folder.leave_all()  # a bug: the folder stays marked incomplete, the traceback shows
                 raise

@@ -315,17 +315,20 @@ def cached_folders(root: Path | None = None) -> list[Path]:
 
 
 def clear(name: str | None = None, *, root: Path | None = None) -> list[Path]:
-    """Remove the converted folder of ``name`` (all models when None), its lock and temporaries."""
+    """Remove the converted folder of ``name`` (all models when None) and the temporary folders of
+    interrupted conversions, each under its model's lock (a conversion under way finishes first).
+    Lock files stay: another process may hold one."""
     root = root or models_dir()
     if not root.is_dir():
         return []
+    names = {name} if name is not None else {p.name[: -len("-f32")] for p in root.glob("*-f32") if p.is_dir()} | {
+        p.name[1:].split("-tmp-")[0] for p in root.glob(".*-tmp-*") if p.is_dir()
+    }
     removed = []
-    for path in sorted(root.iterdir()):
-        base = path.name.lstrip(".")
-        if name is None or base == f"{name}-f32" or base.startswith(f"{name}-") or base == f"{name}.lock":
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path)
+    for model in sorted(names):
+        with _locked(root, model):
+            for path in [root / f"{model}-f32", *sorted(root.glob(f".{model}-*"))]:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                    removed.append(path)
     return removed

@@ -6,8 +6,10 @@ folder moves through three states, each visible on disk:
 
 - **incomplete** — a file ``INCOMPLETE`` is written first, before any result, saying which
   command is writing there. A run that is interrupted, killed or fails leaves it in place, so
-  the folder says it is incomplete; :func:`require_complete` (used by every reader: ``geolens
-  report --compare``, ``geolens faithfulness --replot``) refuses such a folder in one line.
+  the folder says it is incomplete; :func:`require_complete` (used by the readers: ``geolens
+  report --compare``, and by anyone loading saved results) refuses such a folder, or any folder
+  inside one, in one line. ``geolens faithfulness --replot`` may replot an incomplete run (the
+  runs that resume are read while under way); the folder then stays incomplete.
 - **complete** — at the end, ``manifest.json`` lists every file with its size and SHA-256, then
   ``INCOMPLETE`` is removed. A folder with a manifest whose files are missing or altered is
   refused like an incomplete one.
@@ -15,10 +17,13 @@ folder moves through three states, each visible on disk:
   model load) removes the folder and the parents it created: nothing is left behind.
 
 A folder that already holds results is never written into unless the user says so:
-``--overwrite`` replaces them (the files of the previous run, listed by its manifest or, for an
-incomplete run, everything in the folder), ``--resume`` continues them in place for the
-commands that resume. Either way the folder is marked incomplete until the new run ends, so it
-is never a silent mix of two runs.
+``--overwrite`` replaces them, ``--resume`` continues them in place for the commands that
+resume. Either way the folder is marked incomplete until the new run ends, so it is never a
+silent mix of two runs. ``--overwrite`` first moves the previous run's own files (those its
+manifest lists, or those an interrupted run recorded as written) into a hidden
+``.geolens-previous-<pid>`` folder: a run that ends without writing anything (a usage error, an
+early interrupt) moves them back, a run that completes deletes them. Files that no geolens run
+wrote are never moved or deleted.
 
 The command line (:func:`geolens.cli.main`) drives this: a command opens its folder with
 :func:`open_run_folder` after validating its arguments; ``main`` completes every folder opened
@@ -27,9 +32,11 @@ when the command returns, and on an interrupt or an error reports what was left.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +48,18 @@ DEFAULT_ROOT = Path("geolens-runs")
 
 State = Literal["absent", "empty", "complete", "incomplete", "damaged", "unmarked"]
 
-_OPEN: list["RunFolder"] = []  # folders opened by the running command, in order
+STASH_PREFIX = ".geolens-previous-"
+
+# the folders opened by the running command, in order (per thread and task: cli.main may run in several)
+_OPEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("geolens_open_run_folders", default=None)
+
+
+def _open_list() -> list:
+    folders = _OPEN.get()
+    if folders is None:
+        folders = []
+        _OPEN.set(folders)
+    return folders
 
 
 class IncompleteResults(ValueError):
@@ -57,7 +75,20 @@ def _sha256(path: Path) -> str:
 
 
 def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] not in (MANIFEST, INCOMPLETE))
+    def ours(p: Path) -> bool:
+        top = p.relative_to(folder).parts[0]
+        return top not in (MANIFEST, INCOMPLETE) and not top.startswith(STASH_PREFIX)
+
+    return sorted(p for p in folder.rglob("*") if p.is_file() and ours(p))
+
+
+def _marker_data(folder: Path) -> dict:
+    """The JSON line an ``INCOMPLETE`` marker ends with (``{}`` when unreadable)."""
+    try:
+        data = json.loads((folder / INCOMPLETE).read_text(encoding="utf-8").strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -118,6 +149,9 @@ def require_complete(folder: str | os.PathLike, *, what: str = "results") -> Pat
     state = folder_state(folder, contents=True)
     if state == "absent":
         raise IncompleteResults(f"{folder} does not exist")
+    for parent in list(folder.resolve().parents)[:3]:  # a sub-folder of a run (a model's report)
+        if (parent / INCOMPLETE).is_file():
+            raise IncompleteResults(f"{folder} is inside {parent}, which holds incomplete {what}; rerun the command with --overwrite")
     if state == "incomplete":
         note = (folder / INCOMPLETE).read_text(encoding="utf-8", errors="replace").splitlines()[:1]
         raise IncompleteResults(f"{folder} holds incomplete {what} ({note[0] if note else 'interrupted run'}); rerun the command with --overwrite (or --resume)")
@@ -135,20 +169,48 @@ class RunFolder:
     resume: bool = False
     created: list[Path] = field(default_factory=list)  # folders this run created (outermost last)
     state: Literal["open", "complete", "left"] = "open"
-    was_complete: bool = True  # False when resuming or replotting a folder that was incomplete
+    was_complete: bool = True  # False when replotting a folder that was incomplete
     foreign: tuple[str, ...] = ()  # files that were there before and are not geolens results
+    had_marker: bool = False  # the folder was already marked incomplete (resumed or replotted)
+    _old_marker: str | None = None
+    _stash: Path | None = None
     _before: dict = field(default_factory=dict)
 
     def _mark(self) -> None:
+        if self.had_marker:
+            self._old_marker = (self.path / INCOMPLETE).read_text(encoding="utf-8", errors="replace")
         text = (
             f"geolens {self.command} started writing here at {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()}) "
             "and has not finished: the files in this folder are incomplete.\n"
             "An interrupted or failed run leaves this file; a finished run replaces it with manifest.json.\n"
-            + json.dumps({"foreign": list(self.foreign)})
+            + json.dumps({"foreign": list(self.foreign), "started": time.time()})
             + "\n"
         )
         (self.path / INCOMPLETE).write_text(text, encoding="utf-8")
-        self._before = _snapshot(self.path)
+
+    def _stash_previous(self, files: list[str]) -> None:
+        """Move the previous run's ``files`` (and its manifest) aside, into a hidden folder."""
+        self._stash = self.path / f"{STASH_PREFIX}{os.getpid()}"
+        for rel in [*files, MANIFEST]:
+            src = self.path / rel
+            if src.is_file():
+                dst = self._stash / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+
+    def _restore_previous(self) -> bool:
+        if self._stash is None or not self._stash.is_dir():
+            return False
+        for src in sorted(p for p in self._stash.rglob("*") if p.is_file()):
+            dst = self.path / src.relative_to(self._stash)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+        shutil.rmtree(self._stash, ignore_errors=True)
+        return True
+
+    def _drop_previous(self) -> None:
+        if self._stash is not None:
+            shutil.rmtree(self._stash, ignore_errors=True)
 
     def _results(self) -> list[Path]:
         """The files of this run: everything in the folder but what was there before and is not a
@@ -159,9 +221,14 @@ class RunFolder:
         foreign = set(self.foreign)
         return [self.path / rel for rel in sorted(now) if rel not in foreign or now[rel] != self._before.get(rel)]
 
+    def written(self) -> list[str]:
+        """The files created or changed since the folder was opened (the marker aside)."""
+        now = _snapshot(self.path)
+        return sorted(rel for rel, stamp in now.items() if self._before.get(rel) != stamp)
+
     def wrote_anything(self) -> bool:
         """Whether any file changed since the folder was opened (the marker aside)."""
-        return _snapshot(self.path) != self._before
+        return bool(self.written())
 
     def complete(self) -> Path:
         """Write the manifest (every file, size and SHA-256), then remove the marker."""
@@ -177,30 +244,53 @@ class RunFolder:
         from geolens.checkpoint import atomic_write_bytes
 
         atomic_write_bytes(self.path / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        self.state = "complete"  # the manifest is there: complete, whatever happens next
         (self.path / INCOMPLETE).unlink(missing_ok=True)
-        self.state = "complete"
+        self._drop_previous()
         return self.path
 
+    def _remove_empty_folders(self) -> None:
+        """The empty folders this run made inside its folder (a model's sub-folder), then the
+        folders it created for it."""
+        for sub in sorted((p for p in self.path.rglob("*") if p.is_dir() and not p.name.startswith(STASH_PREFIX)), key=lambda p: len(p.parts), reverse=True):
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
+        for folder in self.created:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
     def leave(self) -> str:
-        """Stop without completing: remove the folder if nothing was written, else keep it marked
-        incomplete. Returns what is left, for the user (``nothing written`` / ``partial results …``)."""
-        if self.state != "open":
-            return f"results in {self.path}" if self.state == "complete" else f"partial results in {self.path} (incomplete)"
-        self.state = "left"
-        if self.path.is_dir() and self.wrote_anything():
-            return f"partial results in {self.path} (incomplete{'; --resume continues them' if self.resume else ''})"
+        """Stop without completing. Nothing written: the previous results are put back and the folder
+        is as it was (or gone, if this run made it). Something written: the folder stays marked
+        incomplete, its marker listing what this run wrote. Returns what is left, for the user."""
+        if self.state == "complete":
+            return f"results in {self.path}"
+        if self.state == "left":
+            return f"partial results in {self.path} (incomplete)" if (self.path / INCOMPLETE).exists() else "nothing written"
         if not self.path.is_dir():
+            self.state = "left"
             return "nothing written"
-        if self.created:  # nothing of ours in it: remove the folders this run created
+        written = self.written()
+        if written:
+            self._drop_previous()  # partial new results replace them: never a mix of two runs
+            data = _marker_data(self.path)
+            data["written"] = sorted(set(data.get("written", [])) | set(written))
+            head = (self.path / INCOMPLETE).read_text(encoding="utf-8").strip().splitlines()[:-1]
+            (self.path / INCOMPLETE).write_text("\n".join(head + [json.dumps(data)]) + "\n", encoding="utf-8")
+            self.state = "left"
+            return f"partial results in {self.path} (incomplete{'; --resume continues them' if self.resume else ''})"
+        kept = self._restore_previous()
+        if self.had_marker and self._old_marker is not None:
+            (self.path / INCOMPLETE).write_text(self._old_marker, encoding="utf-8")
+        else:
             (self.path / INCOMPLETE).unlink(missing_ok=True)
-            for folder in self.created:
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-        elif self.was_complete and (self.path / MANIFEST).exists():
-            (self.path / INCOMPLETE).unlink(missing_ok=True)  # the previous complete results, untouched
-        return "nothing written"
+        self._remove_empty_folders()
+        self.state = "left"
+        return "nothing written; the previous results are kept" if kept else "nothing written"
 
 
 def default_folder(command: str, name: str | None = None, root: Path = DEFAULT_ROOT) -> Path:
@@ -241,35 +331,31 @@ def _foreign_files(folder: Path, state: State) -> tuple[str, ...]:
             return tuple(sorted(_snapshot(folder)))
         return tuple(sorted(set(_snapshot(folder)) - listed))
     if state == "incomplete":
-        try:
-            last = (folder / INCOMPLETE).read_text(encoding="utf-8").strip().splitlines()[-1]
-            return tuple(json.loads(last).get("foreign", []))
-        except (OSError, ValueError, IndexError, AttributeError):
-            return tuple(sorted(_snapshot(folder)))  # an unreadable marker: delete nothing
+        data = _marker_data(folder)
+        if "written" in data:  # everything but what the interrupted run wrote
+            return tuple(sorted(set(_snapshot(folder)) - set(data["written"])))
+        if "foreign" in data:
+            return tuple(data["foreign"])
+        return tuple(sorted(_snapshot(folder)))  # an unreadable marker: delete nothing
     return ()
 
 
-def _clear_previous(folder: Path, state: State, foreign: tuple[str, ...]) -> None:
-    """``--overwrite``: remove the previous run's files (listed by its manifest; for an interrupted
-    run, every file but those it found there); files of unknown origin are never removed."""
+def _previous_run_files(folder: Path, state: State, foreign: tuple[str, ...]) -> list[str]:
+    """What ``--overwrite`` replaces: the files the previous run wrote (listed by its manifest, or
+    by the marker of an interrupted run). A run killed before it could list them: its files are
+    those changed since it started, and not among those it found there."""
     if state in ("complete", "damaged"):
         try:
-            listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {})
-        except (OSError, ValueError):
-            listed = {}
-        for rel in listed:
-            (folder / rel).unlink(missing_ok=True)
-        (folder / MANIFEST).unlink(missing_ok=True)
-    elif state == "incomplete":
-        keep = set(foreign)
-        for rel in _snapshot(folder):
-            if rel not in keep:
-                (folder / rel).unlink(missing_ok=True)
-        for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            try:
-                sub.rmdir()  # only the folders left empty
-            except OSError:
-                pass
+            return sorted(json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {}))
+        except (OSError, ValueError, AttributeError):
+            return []
+    if state == "incomplete":
+        data = _marker_data(folder)
+        if "written" in data:
+            return sorted(data["written"])
+        started, keep = float(data.get("started", float("inf"))), set(foreign)
+        return sorted(rel for rel, (_, mtime) in _snapshot(folder).items() if rel not in keep and mtime / 1e9 >= started)
+    return []
 
 
 def open_run_folder(
@@ -324,30 +410,35 @@ def open_run_folder(
                 break
         raise UsageError(f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out") from err
     foreign = _foreign_files(path, state)
-    if overwrite and not (resume or replot):
-        _clear_previous(path, state, foreign)
-    folder = RunFolder(path, command, resume=resume, created=created, was_complete=state not in ("incomplete", "damaged") or not replot, foreign=foreign)
+    folder = RunFolder(
+        path, command, resume=resume, created=created, foreign=foreign, had_marker=state == "incomplete",
+        was_complete=state not in ("incomplete", "damaged") or not replot,
+    )  # fmt: skip
+    previous = _previous_run_files(path, state, foreign) if overwrite and not (resume or replot) else []
+    _open_list().append(folder)  # from here on an interrupt leaves or restores it
     folder._mark()
-    _OPEN.append(folder)
+    if previous or (overwrite and state in ("complete", "damaged")):
+        folder._stash_previous(previous)
+    folder._before = _snapshot(path)
     return folder
 
 
 def open_folders() -> list[RunFolder]:
     """The folders opened by the running command."""
-    return list(_OPEN)
+    return list(_open_list())
 
 
 def complete_all() -> list[Path]:
     """Complete every open folder (the command returned normally). They stay listed by
     :func:`open_folders` (with ``state == "complete"``) until :func:`forget_all`."""
-    return [f.complete() for f in _OPEN]
+    return [f.complete() for f in _open_list()]
 
 
 def leave_all() -> list[str]:
     """Leave every open folder as it is (incomplete) or remove it if untouched; what is left, per folder."""
-    return [f.leave() for f in _OPEN]
+    return [f.leave() for f in _open_list()]
 
 
 def forget_all() -> None:
     """Forget the folders of the command that ended (the command line calls it before and after each command)."""
-    _OPEN.clear()
+    _OPEN.set([])

