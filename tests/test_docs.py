@@ -14,10 +14,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -182,38 +180,15 @@ def test_reliability_page_exists():
 
 # --- (c) the built pages in headless Chromium ----------------------------------------------------
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-         "--disable-background-networking", "--disable-dev-shm-usage", "--virtual-time-budget=5000"]  # fmt: skip
+def _dump_dom(page: Path) -> str:
+    """The DOM of ``page`` after headless Chromium ran its scripts, through the browser tests' one
+    launcher (:func:`test_browser.run_chromium`: process group killed at its limit, one retry)."""
+    from test_browser import run_chromium
 
-
-def _dump_dom(page: Path, timeout: float = 60) -> str:
-    """The DOM of ``page`` after headless Chromium ran its scripts: one launch in its own process
-    group (killed as a group at ``timeout``), retried once with a fresh profile when it fails or
-    prints no whole document."""
-    notes = []
-    for attempt in (1, 2):
-        profile = tempfile.mkdtemp(prefix="geolens-docs-chromium-")
-        cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()]
-        try:
-            with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-                try:
-                    rc = proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    rc = None
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
-                out.seek(0), err.seek(0)
-                dom, stderr = out.read(), err.read()
-        finally:
-            shutil.rmtree(profile, ignore_errors=True)
-        if rc == 0 and "</html>" in dom:
-            return dom
-        notes.append(f"attempt {attempt}: exit {rc}, {stderr[-500:]}")
-    pytest.fail(f"chromium printed no DOM for {page}: {notes}")
+    run = run_chromium(page, "--dump-dom")
+    if run.returncode == 0 and "</html>" in run.stdout:
+        return run.stdout
+    pytest.fail(f"chromium printed no DOM for {page}: exit {run.returncode}, {run.stderr[-500:]}")
 
 
 def _headings(dom: str) -> list[str]:
