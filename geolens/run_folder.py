@@ -226,10 +226,6 @@ class RunFolder:
         now = _snapshot(self.path)
         return sorted(rel for rel, stamp in now.items() if self._before.get(rel) != stamp)
 
-    def wrote_anything(self) -> bool:
-        """Whether any file changed since the folder was opened (the marker aside)."""
-        return bool(self.written())
-
     def complete(self) -> Path:
         """Write the manifest (every file, size and SHA-256), then remove the marker."""
         if self.state != "open":
