@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from geolens.model_cache import cache_dir, ensure
+from geolens.model_cache import ensure
 
 logger = logging.getLogger(__name__)
 

