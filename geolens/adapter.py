@@ -386,6 +386,13 @@ class ModelAdapter:
         """An empty KV cache of this family, for one sequence."""
         raise NotImplementedError
 
+    def forward_from_layer(self, resid: Float[Tensor, "batch pos d_model"], layer: int, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of the model run from ``resid``, the residual stream entering ``layer``
+        (TransformerLens' ``start_at_layer``), without running the blocks before ``layer``.
+        ``kwargs`` go to the model's forward (``past_kv_cache`` / ``past_key_values``,
+        ``attention_mask``, ``position_ids``)."""
+        return self.model(resid, start_at_layer=layer, **kwargs)
+
     def prefix_kv_cache(self, prefix: Int[Tensor, "1 pos"]):
         """The KV cache of a clean forward over ``prefix`` (None for an empty prefix): every position
         of every layer, no sliding-window cropping (:meth:`single_position_logits` applies windows)."""
@@ -567,11 +574,32 @@ class BridgeAdapter(ModelAdapter):
 
         return DynamicCache()
 
+    def forward_from_layer(self, resid, layer, **kwargs):
+        """TransformerLens 4.3's ``start_at_layer`` still runs blocks 0 … layer−1 and then discards
+        their output (docs/tl-notes.md), which costs as much as a full forward. Here those blocks
+        are replaced, for this call only, by the identity (an instance ``forward`` removed on any
+        exit), so the forward costs the blocks from ``layer`` on. The Hugging Face decoder loop
+        passes the hidden states from block to block and each attention module keeps its own
+        ``layer_idx`` for the KV cache, so nothing else depends on the skipped blocks."""
+        layer = int(layer) % len(self.model.blocks)
+        skipped = list(self.model.blocks)[:layer]
+
+        def identity(hidden_states, *args, **kw):
+            return hidden_states
+
+        for block in skipped:  # object's setattr: a bridge component forwards attribute writes to the HF module
+            object.__setattr__(block, "forward", identity)
+        try:
+            return self.run_with_kv_cache(resid, kwargs.pop("past_key_values", None), start_at_layer=layer, **kwargs)
+        finally:
+            for block in skipped:
+                object.__delattr__(block, "forward")
+
     def single_position_logits(self, resid, layer, query, kv_cache):
         """The rows are packed as ``row`` new positions of *one* sequence, all at position ``query``
         (``position_ids``), with a 4-D mask letting row r see the cached keys (inside the layer's
         sliding window) and its own key only; the cache's keys and values are thus shared, never
-        copied per row. The blocks before ``layer`` also run (TransformerLens discards them)."""
+        copied per row. The blocks before ``layer`` do not run (:meth:`forward_from_layer`)."""
         import copy
 
         rows = resid.shape[0]
@@ -590,7 +618,7 @@ class BridgeAdapter(ModelAdapter):
             masks[name] = torch.cat([seen, own], dim=1)[None, None]
         mask = masks if len(masks) > 1 or getattr(hf_config, "layer_types", None) else masks["full_attention"]
         positions = torch.full((1, rows), query, dtype=torch.long, device=resid.device)
-        return self.run_with_kv_cache(resid[None], kv_cache, start_at_layer=layer, attention_mask=mask, position_ids=positions)[0]
+        return self.forward_from_layer(resid[None], layer, past_key_values=kv_cache, attention_mask=mask, position_ids=positions)[0]
 
 
 class GemmaBridgeAdapter(BridgeAdapter):
