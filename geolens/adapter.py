@@ -402,6 +402,11 @@ class ModelAdapter:
         self.run_with_kv_cache(prefix, kv_cache)
         return kv_cache
 
+    def crop_kv_cache(self, kv_cache, n_pos: int):
+        """A view of ``kv_cache`` (:meth:`prefix_kv_cache`) holding its first ``n_pos`` positions only
+        (None for 0), sharing the tensors: one prefix cache of a whole text serves every query."""
+        raise NotImplementedError
+
     def single_position_logits(
         self, resid: Float[Tensor, "row d_model"], layer: int, query: int, kv_cache
     ) -> Float[Tensor, "row d_vocab"]:
@@ -471,6 +476,14 @@ class HookedAdapter(ModelAdapter):
         from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
 
         return HookedTransformerKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, 1)
+
+    def crop_kv_cache(self, kv_cache, n_pos):
+        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+
+        if kv_cache is None or n_pos == 0:
+            return None
+        entries = [HookedTransformerKeyValueCacheEntry(e.past_keys[:, :n_pos], e.past_values[:, :n_pos], frozen=True) for e in kv_cache.entries]
+        return HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=kv_cache.previous_attention_mask[:, :n_pos], frozen=True)
 
     def single_position_logits(self, resid, layer, query, kv_cache):
         """The rows are a batch over a frozen copy of the cache, expanded (as views) over the
@@ -594,6 +607,17 @@ class BridgeAdapter(ModelAdapter):
         finally:
             for block in skipped:
                 object.__delattr__(block, "forward")
+
+    def crop_kv_cache(self, kv_cache, n_pos):
+        import copy
+
+        if kv_cache is None or n_pos == 0:
+            return None
+        cropped = copy.copy(kv_cache)
+        cropped.layers = [copy.copy(entry) for entry in kv_cache.layers]
+        for entry in cropped.layers:
+            entry.keys, entry.values = entry.keys[..., :n_pos, :], entry.values[..., :n_pos, :]
+        return cropped
 
     def single_position_logits(self, resid, layer, query, kv_cache):
         """The rows are packed as ``row`` new positions of *one* sequence, all at position ``query``

@@ -224,6 +224,22 @@ def _z_hook(delta: Tensor) -> Callable:
     return hook
 
 
+def _removal_effects(model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int) -> PerTermEffects:
+    """The fast path's batches for one scope, given the clean state and the clean prefix's KV cache."""
+    adapter = adapter_for(model)
+    values: dict[str, list[Tensor]] = {name: [] for name in outcome}
+    ran, terms = _terms(clean, scope)
+    top = int(clean.logits.argmax())
+    for chunk in _chunks(terms, batch_size):
+        resid = clean.resid_pre.expand(len(chunk) + 1, -1)
+        with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
+            logits = adapter.single_position_logits(resid, layer, query, prefix)
+        _check_reference(logits[0], clean.logits, layer, query)
+        for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
+            values[name].append(value)
+    return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "fast")
+
+
 def per_term_effects(
     model,
     tokens,
@@ -242,6 +258,7 @@ def per_term_effects(
     Batched single-position forwards from ``layer`` on over a KV cache of the clean prefix
     (module docstring), ``batch_size`` terms per forward (memory: the cache's keys and values are
     concatenated per row at each layer). ``layer`` and ``query`` may be negative.
+    :func:`position_effects` gives both scopes and the gradient of one position at once.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -251,21 +268,107 @@ def per_term_effects(
     ((4, 12), True)
     """
     tokens, layer, query, outcome = _check_args(model, tokens, layer, query, scope, outcome, batch_size)
-    adapter = adapter_for(model)
-    values: dict[str, list[Tensor]] = {name: [] for name in outcome}
     with torch.no_grad():
         clean = _clean_state(model, tokens, layer, query)
-        ran, terms = _terms(clean, scope)
-        top = int(clean.logits.argmax())
-        prefix = adapter_for(model).prefix_kv_cache(tokens[:, :query]) if terms else None
-        for chunk in _chunks(terms, batch_size):
-            resid = clean.resid_pre.expand(len(chunk) + 1, -1)
-            with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
-                logits = adapter_for(model).single_position_logits(resid, layer, query, prefix)
-            _check_reference(logits[0], clean.logits, layer, query)
-            for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
-                values[name].append(value)
-    return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "fast")
+        prefix = adapter_for(model).prefix_kv_cache(tokens[:, :query]) if bool((clean.alpha != 0).any()) else None
+        return _removal_effects(model, clean, prefix, layer, query, scope, outcome, batch_size)
+
+
+@dataclass
+class PositionEffects:
+    """Everything measured at one (layer, query) by :func:`position_effects`."""
+
+    term: PerTermEffects  # scope "term": [head, source]
+    source: PerTermEffects  # scope "source": [source]
+    grad_z: Float[Tensor, "head d_head"]  # ∂ log p_{t*} / ∂ z_i^h at the clean forward (float32)
+    alpha: Float[Tensor, "head source"]  # α_i· of the layer, sources 0 … query
+    v: Float[Tensor, "source head d_head"]  # the layer's values, kv heads expanded
+
+    @property
+    def grad_x_act(self) -> Float[Tensor, "head source"]:
+        """−⟨∂ log p_{t*}/∂ a_i, α_ij^h ṽ_j^h⟩ = −α_ij^h ⟨∂ log p_{t*}/∂ z_i^h, v_j^h⟩: the first-order
+        estimate of the change of log p_{t*} when the term is removed (attribution patching,
+        Syed et al. 2023), float64."""
+        dots = torch.einsum("hd,jhd->hj", self.grad_z.double(), self.v.double())
+        return -(self.alpha.double() * dots)
+
+
+def _gradient(model, clean: _Clean, prefix, layer: int, query: int) -> Tensor:
+    """∂ log p_{t*} / ∂ z_i^h at the clean single-position forward: a zero probe added to ``hook_z``."""
+    adapter = adapter_for(model)
+    n_heads, d_head = clean.v.shape[1:]
+    top = int(clean.logits.argmax())
+    probe = torch.zeros(n_heads, d_head, dtype=clean.v.dtype, device=clean.v.device, requires_grad=True)
+
+    def add_probe(z: Tensor, hook) -> Tensor:
+        return z + probe.reshape((1,) * (z.ndim - 2) + (n_heads, d_head)).to(z.dtype)
+
+    with torch.enable_grad(), applied(model, [(adapter.z_hook(layer), add_probe)]):
+        logits = adapter.single_position_logits(clean.resid_pre[None].detach(), layer, query, prefix)
+        _check_reference(logits[0].detach(), clean.logits, layer, query)
+        (grad,) = torch.autograd.grad(torch.log_softmax(logits[0].double(), -1)[top], probe)
+    return grad.detach()
+
+
+def clean_position(model, logits: Tensor, cache, layer: int, query: int) -> _Clean:
+    """The clean state of (``layer``, ``query``) read from a ``run_with_cache`` of the whole text
+    (``logits [1, pos, d_vocab]``; ``cache`` holding the layer's pattern, v and resid_pre)."""
+    view = get_attention_layer(model, cache, layer)
+    adapter = adapter_for(model)
+    return _Clean(
+        alpha=view.pattern[0, :, query, : query + 1],
+        v=view.v[0, : query + 1],
+        resid_pre=cache[adapter.resid_pre_hook(layer)][0, query],
+        logits=logits[0, query],
+    )
+
+
+def position_effects(
+    model,
+    tokens,
+    layer: int,
+    query: int,
+    *,
+    clean_run: tuple | None = None,
+    kv_cache=None,
+    outcome: str | Sequence[str] = OUTCOMES,
+    batch_size: int = 128,
+) -> PositionEffects:
+    """:func:`per_term_effects` at both scopes, and the gradient of log p_{t*} with respect to
+    each head's z_i (for :attr:`PositionEffects.grad_x_act`), for one (``layer``, ``query``),
+    sharing one clean state and one KV cache of the clean prefix.
+
+    A corpus run measures many positions of one text: ``clean_run`` (the ``(logits, cache)`` of
+    a ``run_with_cache`` of the whole ``tokens`` holding the layer's pattern, v and resid_pre) and
+    ``kv_cache`` (``adapter_for(model).prefix_kv_cache(tokens)``, cropped here to the positions
+    before ``query``) are then computed once per text.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model, length=12)[:1]
+    >>> e = position_effects(model, tokens, layer=1, query=7)
+    >>> tuple(e.term.kl.shape), tuple(e.source.kl.shape), tuple(e.grad_x_act.shape)
+    ((4, 8), (8,), (4, 8))
+    """
+    tokens, layer, query, outcome = _check_args(model, tokens, layer, query, "term", outcome, batch_size)
+    adapter = adapter_for(model)
+    with torch.no_grad():
+        if clean_run is None:
+            clean = _clean_state(model, tokens, layer, query)
+        else:
+            logits, cache = clean_run
+            if logits.shape[:2] != tokens.shape:
+                raise ValueError(f"clean_run's logits {tuple(logits.shape)} are not those of tokens {tuple(tokens.shape)}")
+            clean = clean_position(model, logits, cache, layer, query)
+        if kv_cache is None:
+            prefix = adapter.prefix_kv_cache(tokens[:, :query])
+        else:
+            prefix = adapter.crop_kv_cache(kv_cache, query)
+        term = _removal_effects(model, clean, prefix, layer, query, "term", outcome, batch_size)
+        source = _removal_effects(model, clean, prefix, layer, query, "source", outcome, batch_size)
+    grad = _gradient(model, clean, prefix, layer, query)
+    return PositionEffects(term, source, grad, clean.alpha, clean.v)
 
 
 def _check_reference(row: Tensor, clean: Tensor, layer: int, query: int) -> None:
