@@ -21,7 +21,9 @@ decide in the same way.
   means), all with ``groups=`` for cluster resampling and ``omit_nan=`` to ignore missing values.
 - **Decisions**: :func:`verdict` (``holds`` / ``reversed`` / ``tie`` / ``not testable`` from a
   CI of "b − a"), :func:`bootstrap_pvalue` (two-sided, from the bootstrap distribution) and
-  :func:`holm` (Holm 1979, Scand. J. Statist. 6:65–70, step-down adjusted p-values).
+  :func:`holm` (Holm 1979, Scand. J. Statist. 6:65–70, step-down adjusted p-values);
+  :func:`holm_family` decides a whole family by intervals within Holm's step-down
+  (docs/faithfulness/PROTOCOL.md §4).
 
 Seeds: every function that draws takes ``seed``, an integer or a ``numpy.random.Generator``
 (``numpy.random.default_rng(seed)`` returns a Generator unchanged), so that one generator can
@@ -328,13 +330,82 @@ def holm(pvalues: Sequence[float]) -> np.ndarray:
     return out
 
 
+class FamilyTest(NamedTuple):
+    """One test of a Holm family (:func:`holm_family`), in the input order."""
+
+    estimate: float  # the observed statistic (Δ = S(b) − S(a); > 0: b better)
+    ci_low: float  # percentile interval at ``level`` (NaN when not testable)
+    ci_high: float
+    level: float  # 1 − α/(m − r + 1), r the 1-based rank by raw p (NaN when not testable)
+    p: float  # raw two-sided bootstrap p (:func:`bootstrap_pvalue`; NaN when not testable)
+    p_adj: float  # Holm-adjusted p (NaN when not testable)
+    rank: int  # 1-based rank by raw p within the testable tests (0 when not testable)
+    verdict: str  # holds / reversed / tie / not testable
+    holm_stopped_at: int  # the rank where the step-down stopped (0: it never stopped)
+    rules_differ: bool  # p_adj < α and the interval rule disagree (discreteness of B only)
+
+
+def holm_family(estimates, samples, *, testable=None, alpha: float = 0.05) -> list[FamilyTest]:
+    """Verdicts of one family of paired comparisons, decided by intervals within Holm's step-down.
+
+    ``samples[t]`` is test t's bootstrap distribution of Δ (> 0: "b better"); ``testable[t]``
+    False marks a comparison that cannot differ by construction (identical rankings or masks):
+    it is ``"not testable"`` and left out of the family (its m). For the m testable tests sorted
+    by raw p (:func:`bootstrap_pvalue`, ties kept in input order), the test of rank r gets the
+    percentile interval at level 1 − α/(m − r + 1) (:func:`percentile_ci`) and, walking up the
+    ranks, ``holds`` (interval above 0) or ``reversed`` (below 0) while every lower rank was
+    decided; from the first undecided rank on, every test is a ``tie`` (Holm's step-down stops
+    there: ``holm_stopped_at``). So a verdict never contradicts the interval reported with it.
+    ``p_adj`` is :func:`holm`'s; ``rules_differ`` flags a test where "p_adj < α" and the interval
+    rule disagree, which only the discreteness of B can cause.
+
+    >>> rng = np.random.default_rng(0)
+    >>> tests = holm_family([0.5, 0.01, -0.4], [rng.normal(0.5, 0.1, 2000), rng.normal(0.01, 0.1, 2000),
+    ...                      rng.normal(-0.4, 0.1, 2000)], testable=[True, True, True])
+    >>> [t.verdict for t in tests], [t.rank for t in tests]
+    (['holds', 'tie', 'reversed'], [1, 3, 2])
+    """
+    estimates = [float(e) for e in estimates]
+    samples = [np.asarray(x, dtype=np.float64).reshape(-1) for x in samples]
+    if len(samples) != len(estimates):
+        raise ValueError(f"{len(estimates)} estimates for {len(samples)} bootstrap distributions")
+    testable = [True] * len(estimates) if testable is None else [bool(t) for t in testable]
+    if len(testable) != len(estimates):
+        raise ValueError(f"testable must flag every test: {len(testable)} flags for {len(estimates)} tests")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    live = [t for t in range(len(estimates)) if testable[t]]
+    p = {t: bootstrap_pvalue(samples[t]) for t in live}
+    p_adj = dict(zip(live, holm([p[t] for t in live]))) if live else {}
+    order = sorted(live, key=lambda t: p[t])  # stable: ties keep the input order
+    m = len(order)
+    nan = float("nan")
+    out: dict[int, FamilyTest] = {}
+    stopped = 0
+    for r, t in enumerate(order, start=1):
+        level = 1.0 - alpha / (m - r + 1)
+        lo, hi = (float(v) for v in percentile_ci(samples[t], level, omit_nan=True))
+        decision = verdict(lo, hi)
+        if stopped or decision == "tie":
+            stopped = stopped or r
+            decision = "tie"
+        by_p = p_adj[t] < alpha
+        out[t] = FamilyTest(estimates[t], lo, hi, level, p[t], float(p_adj[t]), r, decision, stopped, by_p != (decision != "tie"))
+    for t in range(len(estimates)):
+        if t not in out:
+            out[t] = FamilyTest(estimates[t], nan, nan, nan, nan, nan, 0, "not testable", 0, False)
+    return [out[t] for t in range(len(estimates))]
+
+
 __all__ = [
+    "FamilyTest",
     "Interval",
     "VERDICTS",
     "bootstrap_indices",
     "bootstrap_pvalue",
     "cluster_bootstrap_indices",
     "holm",
+    "holm_family",
     "mean_ci",
     "paired_bootstrap",
     "percentile_ci",

@@ -556,3 +556,53 @@ def test_sink_controls_cis_are_the_former_formula_bit_for_bit(monkeypatch):
             row = pairs.loc[(labels[0], ctrl, scope)]
             assert (row.diff_lo, row.diff_hi) == (lo[s], hi[s])
             assert row.verdict == ("norm edit larger" if lo[s] > 0 else "control larger" if hi[s] < 0 else "tie")
+
+
+# ---------------------------------------------------------------------------------------------
+# holm_family: verdicts decided by intervals within Holm's step-down (PROTOCOL.md §4)
+
+
+def test_holm_family_levels_stop_and_not_testable():
+    from geolens.stats import holm_family
+
+    rng = np.random.default_rng(1)
+    strong = rng.normal(1.0, 0.1, 4000)  # every sample > 0: p = 2/(B+1)
+    weak = rng.normal(0.05, 0.1, 4000)  # p ≈ 0.6: undecided
+    after = rng.normal(-1.0, 0.1, 4000)  # decided alone, but ranked after nothing undecided
+    zero = np.zeros(4000)  # identical masks: not testable, out of the family
+    tests = holm_family([1.0, 0.05, -1.0, 0.0], [strong, weak, after, zero], testable=[True, True, True, False])
+    s, w, a, z = tests
+    assert z.verdict == "not testable" and z.rank == 0 and np.isnan(z.p_adj)
+    # m = 3 testable tests; strong and after tie at the smallest p and keep the input order
+    assert (s.rank, a.rank, w.rank) == (1, 2, 3)
+    assert s.level == pytest.approx(1 - 0.05 / 3) and a.level == pytest.approx(1 - 0.05 / 2) and w.level == pytest.approx(0.95)
+    assert (s.verdict, a.verdict, w.verdict) == ("holds", "reversed", "tie")
+    assert w.holm_stopped_at == 3 and s.holm_stopped_at == 0
+    # Holm's adjusted p of the family of 3 (not 4)
+    assert s.p_adj == pytest.approx(min(1, 3 * 2 / 4001))
+    for t in (s, a, w):  # every verdict agrees with its interval
+        assert (t.verdict == "holds") == (t.ci_low > 0) and (t.verdict == "reversed") == (t.ci_high < 0)
+
+
+def test_holm_family_stops_at_the_first_undecided_rank():
+    from geolens.stats import holm_family
+
+    rng = np.random.default_rng(2)
+    # rank 1 (smallest p, ≈ 0.1) is undecided at its level 1 − 0.05/2; rank 2 would be decided on
+    # its own 95% interval only if it were alone, but the step-down stopped at rank 1
+    first = np.concatenate([rng.normal(0.5, 0.2, 1900), -np.ones(100)])
+    second = rng.normal(0.3, 0.1, 2000) * np.where(rng.random(2000) < 0.06, -1, 1)
+    tests = holm_family([0.5, 0.3], [first, second])
+    by_rank = sorted(tests, key=lambda t: t.rank)
+    assert [t.verdict for t in by_rank] == ["tie", "tie"]
+    assert [t.holm_stopped_at for t in by_rank] == [1, 1]
+    assert by_rank[0].p < by_rank[1].p
+
+
+def test_holm_family_refuses_bad_input():
+    from geolens.stats import holm_family
+
+    with pytest.raises(ValueError, match="estimates"):
+        holm_family([0.1], [np.ones(10), np.ones(10)])
+    with pytest.raises(ValueError, match="testable"):
+        holm_family([0.1], [np.ones(10)], testable=[True, False])
