@@ -69,6 +69,21 @@ def test_value_zeroing_matches_naive_rerun(tiny):
     assert got.max() > 0
 
 
+def test_value_zeroing_on_some_queries_equals_those_rows_of_the_full_scores(tiny):
+    from geolens.testing import tiny_tokens
+
+    model = tiny[0]
+    tokens = tiny_tokens(model, length=14)[:1]
+    full = value_zeroing(model, tokens, [0, 1])
+    some = value_zeroing(model, tokens, [0, 1], queries={0: [3, 13], 1: [-1, 7]}, chunk_size=4)
+    for n, rows in enumerate(([3, 13], [13, 7])):
+        assert torch.allclose(some[n, :, rows], full[n, :, rows], atol=1e-6)
+        others = [q for q in range(14) if q not in rows]
+        assert bool((some[n, :, others] == 0).all())
+    with pytest.raises(ValueError, match="layers"):
+        value_zeroing(model, tokens, [0, 1], queries={0: [3]})
+
+
 def test_value_zeroing_final_norm_scores_last_layer_after_ln_final(tiny):
     model, tokens, _ = tiny
     last = model.cfg.n_layers - 1

@@ -5,7 +5,7 @@ ranking (all (head, source) terms of a query on the inter-head scale), sink and 
 removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every prediction after the first
 8 positions scored. Example (the README run)::
 
-    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/smollm2-135m --overwrite
+    geolens faithfulness --n-sequences 100 --seq-len 128 --out docs/faithfulness/protocol1/smollm2-135m --overwrite
 
 Writes under ``--out``: ``summary.json`` (protocol, clean PPL, range check, AUCs, the paired
 differences with their verdicts), ``per_sequence.csv.gz`` (each document's mean NLL under each mask),
@@ -219,10 +219,150 @@ def _language_modelling(model, args, protocol, metrics, out: Path):
     return result
 
 
+# The options of protocol 1; under --protocol they must keep their defaults (the protocol fixes them).
+V1_OPTIONS = (
+    "layers", "ranking", "fractions", "metrics", "mode", "protect_sink", "protect_current", "skip_prefix", "mc_task",
+    "mc_questions", "mc_fractions", "n_sequences", "seq_len", "chunk_size", "mc_chunk_size", "block", "n_boot", "seed", "replot",
+)  # fmt: skip
+
+
+def run_preregistered(args) -> int:
+    """``geolens faithfulness --protocol PATH``: the pre-registered protocol's endpoints, resumable
+    per document, into ``--out`` (docs/faithfulness/PROTOCOL.md). Stage ``per_term``: §2."""
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, out_folder
+    from geolens.faithfulness.preregistered import load_protocol, run_label
+
+    try:
+        protocol = load_protocol(args.protocol)
+    except ValueError as err:
+        raise UsageError(f"--protocol: {err}") from None
+    changed = [name for name in V1_OPTIONS if getattr(args, name) != args.v1_defaults[name]]
+    if changed:
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        raise UsageError(f"--protocol fixes the design; drop {flags} (protocol 1's options)")
+    model_name = check_model_name(args.model, tiny=True)
+    check_corpus(args.corpus)
+    data = protocol["data"]
+    n_documents = int(data["n_documents"]) if args.max_documents is None else int(args.max_documents)
+    differences = []
+    if model_name not in data["models"]:
+        differences.append(f"model {model_name} is not one of the protocol's {data['models']}")
+    if args.corpus != data["corpus"]:
+        differences.append(f"corpus {args.corpus}, not {data['corpus']}")
+    if n_documents != int(data["n_documents"]):
+        differences.append(f"{n_documents} documents, not {data['n_documents']}")
+    label = run_label(protocol, differences)
+    out = out_folder(args, "faithfulness", resumable=True)
+    start = time.time()
+    import torch
+
+    from geolens.adapter import model_mode
+    from geolens.data import load_corpus
+    from geolens.faithfulness.preregistered import protocol_windows
+    from geolens.models import load_model
+
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(model_name)
+    if data.get("model_mode") and model_mode(model) != data["model_mode"]:
+        differences.append(f"model mode {model_mode(model)}, not {data['model_mode']}")
+        label = run_label(protocol, differences)
+    try:
+        windows, sources = protocol_windows(model, protocol, load_corpus(args.corpus), n_documents=n_documents)
+    except ValueError as err:
+        raise UsageError(f"--corpus {args.corpus}: {err}") from None
+    print(f"protocol {protocol.path} (version {protocol.version}, sha256 {protocol.sha256[:16]}…): {label}"
+          + "".join(f"\n  differs: {d}" for d in differences), flush=True)  # fmt: skip
+    print(f"model {model_name} ({model_mode(model)}), corpus {args.corpus}: {n_documents} documents × {windows.shape[1]} tokens; "
+          f"torch threads {torch.get_num_threads()}", flush=True)  # fmt: skip
+    summary = dict(
+        command="geolens " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("geolens") else None,
+        protocol_version=protocol.version, protocol_sha256=protocol.sha256, label=label, differences=differences,
+        model=model_name, model_mode=model_mode(model), corpus=args.corpus, n_documents=n_documents,
+        corpus_indices=sources, stages={},
+        protocol=dict(
+            masking_scope=protocol["secondary"]["masking_scope"], outcome=protocol["primary"]["outcome"],
+            fractions=protocol["secondary"]["fractions"], primary_endpoint=protocol["primary"]["endpoint"],
+            positions_per_document=protocol["primary"]["positions_per_document"],
+        ),
+        multiple_comparison=protocol["statistics"]["multiple_comparison"],
+    )  # fmt: skip
+    pairs: list[dict] = []
+    if args.stage in ("all", "per_term"):
+        part = _per_term_stage(model, windows, protocol, out, args, model_name, label)
+        summary["per_term_effects"] = part
+        summary["stages"]["per_term"] = "complete"
+        pairs += part["pairs"]
+    if args.stage in ("all", "masking"):
+        summary["stages"]["masking"] = "not run: the masking stage is not part of this geolens version yet"
+    summary["pairs"] = pairs
+    summary["seconds"] = round(time.time() - start, 1)
+    if label != "pre-registered":  # an exploratory run gets no verdicts (PROTOCOL.md, preamble)
+        for pair in pairs:
+            pair["verdict"] = None
+        summary["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
+    from geolens.faithfulness.preregistered import _write_json
+
+    _write_json(summary, out / "summary.json")
+    print(per_term_text(summary))
+    print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s)")
+    return 0
+
+
+def _per_term_stage(model, windows, protocol, out: Path, args, model_name: str, label: str) -> dict:
+    from geolens.faithfulness.ground_truth import ground_truth_document, ground_truth_summary
+    from geolens.faithfulness.preregistered import run_document_stage
+
+    primary, stats = protocol["primary"], protocol["statistics"]
+    queries = tuple(protocol["data"]["scored_positions"])
+    n_positions = int(primary["positions_per_document"])
+    fingerprint = dict(stage="per_term", protocol_sha256=protocol.sha256, model=model_name, corpus=args.corpus,
+                       n_documents=int(windows.shape[0]), positions_per_document=n_positions, queries=list(queries))  # fmt: skip
+
+    def measure(d: int) -> dict:
+        rows, positions = ground_truth_document(model, windows[d : d + 1], d, n_positions=n_positions, queries=queries)
+        return {"rows": rows, "positions": positions}
+
+    tables = run_document_stage("per_term", out, fingerprint, int(windows.shape[0]), measure, resume=args.resume,
+                                progress=lambda text: print(text, flush=True))  # fmt: skip
+    pairs = [tuple(pair) for pair in protocol["pairs"]]
+    part = ground_truth_summary(tables["rows"], pairs, n_boot=int(stats["n_boot"]), seed=int(stats["seed"]), alpha=float(stats["alpha"]))
+    positions = tables["positions"]
+    part["single_term_effects"] = dict(
+        n_positions=int(len(positions)), median_kl_of_largest_term=float(positions.kl_term_max.median()),
+        median_kl_of_all_terms_summed=float(positions.kl_term_sum.median()),
+        median_clean_top_prob=float(positions.clean_top_prob.median()),
+    )  # fmt: skip
+    return part
+
+
+def per_term_text(summary: dict) -> str:
+    """The per-term endpoint as text: mean Spearman per metric and scope (KL), then the family."""
+    part = summary.get("per_term_effects")
+    if not part:
+        return ""
+    lines = [f"per-term endpoint ({part['n_positions']} positions, {part['n_documents']} documents; outcome KL): mean Spearman [95% CI]"]
+    for m in part["metrics"]:
+        if m["outcome"] == "kl":
+            lines.append(f"  {m['scope']:<6} {m['metric']:<24} {m['spearman']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}]  top-5 {m['top5']:.2f}")
+    lines.append("pairs (a → b: Δ = ρ(b) − ρ(a); Holm family):")
+    for p in part["pairs"]:
+        ci = "" if p["ci_low"] is None else f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] at {100 * p['level']:.2f}%"
+        p_adj = "" if p["p_adj"] is None else f"p_adj {p['p_adj']:.3g}"
+        lines.append(f"  {p['scope']:<6} {p['a']} → {p['b']}: {p['estimate']:+.3f} {ci} {p_adj} → {p['verdict']}")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, out_folder
     from geolens.faithfulness import Protocol
     from geolens.metrics import metric_names
+
+    if args.protocol:
+        return run_preregistered(args)
+    if args.stage != "all" or args.max_documents is not None:
+        raise UsageError(f"{'--stage' if args.stage != 'all' else '--max-documents'} needs --protocol")
 
     fractions = parse_fractions(args.fractions)
     mc_fractions = parse_fractions(args.mc_fractions, "--mc-fractions")
@@ -398,5 +538,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_run_options(p, threads=0)
     p.add_argument("--replot", action="store_true", help="rewrite tables and figures from the results already in --out")
+    p.add_argument("--protocol", default="", help="run the pre-registered protocol of this twin (docs/faithfulness/protocol.json, "
+                   "docs/faithfulness/PROTOCOL.md); protocol 1's options above must keep their defaults")  # fmt: skip
+    p.add_argument("--stage", default="all", choices=["all", "per_term", "masking"], help="with --protocol: the endpoint(s) to run")
+    p.add_argument("--max-documents", type=positive_int, default=None, help="with --protocol: fewer documents (an exploratory run, no verdicts)")
     add_out(p, resumable=True)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, v1_defaults={a.dest: a.default for a in p._actions if a.dest in V1_OPTIONS})

@@ -240,6 +240,7 @@ def value_zeroing(
     chunk_size: int | None = None,
     final_norm: bool = False,
     normalize: bool = False,
+    queries=None,
 ) -> Float[Tensor, "layer batch query key"]:
     """Value Zeroing scores VZ_ij^{(l)} = 1 − cos(x̃_i^{(l)}, x̃_i^{(l), ¬j}) (Mohebbi et al. 2023).
 
@@ -248,7 +249,9 @@ def value_zeroing(
     in every head (``hook_v``; with grouped-query attention, in every kv head, hence in every
     query head), everything before layer l unchanged. Future sources (j > i) score 0. Mohebbi et
     al. normalise each row to sum 1 afterwards; that does not change the per-row ranking, so the
-    raw cosine distances are returned. ``final_norm=True`` scores the last layer after the
+    raw cosine distances are returned. ``queries`` (a list of positions, or ``{layer: positions}``)
+    computes those query rows only, the others left 0: a sample of positions costs its rows alone.
+    ``final_norm=True`` scores the last layer after the
     model's final norm (``ln_final``), as inseq and Hugging Face ``hidden_states[-1]`` do; the
     other layers are unchanged.
 
@@ -279,6 +282,13 @@ def value_zeroing(
     if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) < 1):
         raise ValueError("chunk_size must be a positive integer")
     chunk = max(1, 4096 // n_pos) if chunk_size is None else int(chunk_size)
+    if queries is not None and not isinstance(queries, dict):
+        queries = {l: queries for l in layers}
+    if queries is not None:
+        queries = {check_layer(l, n_layers): [int(q) % n_pos for q in qs] for l, qs in queries.items()}
+        missing = [l for l in layers if l not in queries]
+        if missing:
+            raise ValueError(f"value_zeroing: queries name no positions for layers {missing}")
     scores = torch.zeros(len(layers), tokens.shape[0], n_pos, n_pos)
     adapter = adapter_for(model)
     wanted = set()
@@ -295,6 +305,10 @@ def value_zeroing(
             attn_out = layer_output(view)[0] + view.b_O  # [query, d_model], float32
             v_tilde = torch.einsum("khd,hdm->hkm", view.v[0], view.W_O)  # [head, key, d_model]
             pattern = view.pattern[0]  # [head, query, key]
+            wanted_query = torch.ones(n_pos, dtype=torch.bool, device=pattern.device)
+            if queries is not None:
+                wanted_query[:] = False
+                wanted_query[queries[l]] = True
             with torch.no_grad():
                 rebuilt = adapter.block_after_attention(l, resid_pre[None], attn_out.to(model_dtype)[None])[0]
                 scale = clean.float().norm(dim=-1).clamp_min(1e-6)
@@ -310,7 +324,10 @@ def value_zeroing(
                 for start in range(0, n_pos, chunk):
                     sources = torch.arange(start, min(start + chunk, n_pos), device=pattern.device)
                     delta = torch.einsum("hqs,hsm->sqm", pattern[:, :, sources], v_tilde[:, sources])  # [source, query, d_model]
-                    s_idx, q_idx = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]).nonzero(as_tuple=True)
+                    visible = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]) & wanted_query[None]
+                    s_idx, q_idx = visible.nonzero(as_tuple=True)
+                    if s_idx.numel() == 0:
+                        continue
                     rows = (attn_out[q_idx] - delta[s_idx, q_idx]).to(model_dtype)  # subtracted in float32
                     out = adapter.block_after_attention(l, resid_pre[q_idx][None], rows[None])[0]
                     if last:

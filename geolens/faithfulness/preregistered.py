@@ -1,0 +1,160 @@
+"""The pre-registered faithfulness protocol (docs/faithfulness/PROTOCOL.md): reading it, and its data.
+
+A protocol is a text (``PROTOCOL.md``) and its machine-readable twin (``protocol.json``) in one
+folder. :func:`load_protocol` reads the twin and hashes the text: every result produced under it
+records that SHA-256 as ``protocol_sha256``, and a run whose settings differ from the twin's is
+labelled ``"exploratory"`` (:func:`run_label`) and gets no verdicts.
+
+:func:`protocol_windows` builds the protocol's data (PROTOCOL.md §1): one window per document,
+BOS followed by the document's first ``seq_len − 1`` tokens, for the first ``n_documents``
+documents of the corpus that have at least ``min_document_tokens`` tokens, in corpus order. The
+document index of a window counts the eligible documents from 0: it seeds the position draws of
+the per-term endpoint and names the cluster of the bootstrap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+DEFAULT_PROTOCOL = Path("docs") / "faithfulness" / "protocol.json"
+
+
+@dataclass(frozen=True)
+class Preregistered:
+    """A protocol's twin (``settings``, the parsed JSON), where it was read and its text's hash."""
+
+    settings: dict = field(repr=False)
+    path: Path
+    sha256: str  # of the text (PROTOCOL.md next to the twin)
+
+    @property
+    def version(self) -> int:
+        return int(self.settings["version"])
+
+    def __getitem__(self, key: str):
+        return self.settings[key]
+
+
+def load_protocol(path: str | Path = DEFAULT_PROTOCOL) -> Preregistered:
+    """The twin at ``path`` and the SHA-256 of the text ``PROTOCOL.md`` beside it.
+
+    Raises ValueError (one line) when either file is missing or the twin is not JSON.
+
+    >>> from pathlib import Path
+    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
+    >>> p.version, len(p.sha256), p["primary"]["outcome"]
+    (2, 64, 'kl')
+    """
+    path = Path(path)
+    text = path.with_name("PROTOCOL.md")
+    if not path.is_file():
+        raise ValueError(f"protocol {path}: no such file")
+    if not text.is_file():
+        raise ValueError(f"protocol {path}: its text {text} is missing (a protocol is the text and its twin)")
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"protocol {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    return Preregistered(settings, path, hashlib.sha256(text.read_bytes()).hexdigest())
+
+
+def run_label(protocol: Preregistered, differences: list[str]) -> str:
+    """``"pre-registered"`` when the run used exactly the protocol's settings, else
+    ``"exploratory"`` (``differences`` lists what differed: a smaller sample, another model, …)."""
+    return "exploratory" if differences else "pre-registered"
+
+
+def protocol_windows(model, protocol: Preregistered, texts: list[str], *, n_documents: int | None = None) -> tuple[torch.Tensor, list[int]]:
+    """``(tokens [n, seq_len], corpus indices)``: PROTOCOL.md §1's windows of ``texts``.
+
+    Window d (the document index) is BOS + the first ``seq_len − 1`` tokens of the d-th document
+    with at least ``min_document_tokens`` tokens (the model's own tokenizer, no special tokens);
+    the second value gives each window's position in ``texts``. ``n_documents`` (default: the
+    protocol's) takes fewer, for an exploratory run. ValueError when the corpus has too few.
+    """
+    from geolens.data import bos_token_id
+
+    data = protocol["data"]
+    seq_len, need = int(data["seq_len"]), int(data["min_document_tokens"])
+    n = int(data["n_documents"]) if n_documents is None else int(n_documents)
+    bos = bos_token_id(model)
+    windows, sources = [], []
+    for index, text in enumerate(texts):
+        ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) >= need:
+            windows.append([bos] + ids[: seq_len - 1])
+            sources.append(index)
+        if len(windows) == n:
+            break
+    if len(windows) < n:
+        raise ValueError(f"the corpus has {len(windows)} documents of at least {need} tokens, fewer than the {n} the run needs")
+    return torch.tensor(windows, dtype=torch.long), sources
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages of a run: resumable per document, tables rewritten atomically after each one
+
+
+def _write_table(frame, path: Path) -> None:
+    import io
+
+    from geolens.checkpoint import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    frame.to_csv(buffer, index=False, compression={"method": "gzip", "mtime": 0} if path.suffix == ".gz" else None)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _write_json(data: dict, path: Path) -> None:
+    from geolens.checkpoint import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(data, indent=1, ensure_ascii=False, default=_plain) + "\n").encode("utf-8"))
+
+
+def _plain(value):
+    import numpy as np
+
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: int, measure, *, resume: bool, progress=print):
+    """Run ``measure(d) -> {table name: DataFrame}`` for documents d = 0 … n_documents − 1, saving
+    after each document (``<stage>_<table>.csv.gz`` and ``<stage>_progress.json``, each written
+    atomically: an interrupt leaves the last complete document's tables). With ``resume`` the
+    stage continues after the documents already saved, if its progress file records the same
+    ``fingerprint`` (protocol hash, model, settings); otherwise ValueError in one line.
+    Returns the tables of all documents."""
+    import pandas as pd
+
+    progress_path = out / f"{stage}_progress.json"
+    tables: dict[str, list] = {}
+    done = 0
+    if resume and progress_path.is_file():
+        saved = json.loads(progress_path.read_text(encoding="utf-8"))
+        if saved.get("fingerprint") != json.loads(json.dumps(fingerprint, default=_plain)):
+            raise ValueError(f"--resume: {progress_path} was written by a run with other settings; use a new --out")
+        done = int(saved["documents_done"])
+        for name in saved["tables"]:
+            tables[name] = [pd.read_csv(out / f"{stage}_{name}.csv.gz")]
+        progress(f"{stage}: resuming after {done} documents already in {out}")
+    for d in range(done, n_documents):
+        for name, frame in measure(d).items():
+            tables.setdefault(name, []).append(frame)
+        merged = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
+        tables = {name: [frame] for name, frame in merged.items()}
+        for name, frame in merged.items():
+            _write_table(frame, out / f"{stage}_{name}.csv.gz")
+        _write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged)), progress_path)
+        progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
+    return {name: parts[0] for name, parts in tables.items()}
