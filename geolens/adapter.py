@@ -1067,3 +1067,12 @@ def unembed_input_hook(model: TLModel) -> str:
     the others): ``unembed.hook_in`` on a TransformerBridge, ``ln_final.hook_normalized`` on a
     HookedTransformer (whose ``unembed`` has no input hook; only the norm weight follows)."""
     return adapter_for(model).unembed_input_hook
+
+
+# ---------------------------------------------------------------------------------------------
+# The HF-native backend (geolens/hf): plain ``transformers`` models, one adapter per family, tried
+# before the TransformerLens families (a PreTrainedModel is neither a bridge nor a HookedTransformer)
+
+from geolens.hf.families import HF_FAMILIES  # noqa: E402  (imports ModelAdapter from this module)
+
+FAMILIES[:0] = HF_FAMILIES

@@ -1,0 +1,23 @@
+"""The HF-native backend: geolens on a plain ``transformers`` model, without TransformerLens.
+
+>>> import geolens, torch
+>>> from geolens.hf.tiny import tiny_family
+>>> model = tiny_family("llama")  # a random 2-layer Llama, built offline from its config
+>>> logits, cache = geolens.run_with_cache(model, torch.tensor([[0, 5, 9, 4, 7]]))
+>>> tuple(cache["blocks.0.attn.hook_pattern"].shape), geolens.adapter_for(model).family
+((1, 4, 5, 5), 'hf-llama')
+
+- :mod:`geolens.hf.families`: one adapter class per family (Llama, Mistral, Qwen2, Qwen3,
+  Gemma 2, Gemma 3, Phi-3, OLMo 2, GPT-2, GPT-NeoX, and a generic fallback);
+- :mod:`geolens.hf.capture`: the hook points (a registered attention function wrapping each
+  family's eager attention, and module hooks);
+- :mod:`geolens.hf.backend`: the TransformerLens-style entry points given to the model instance;
+- :mod:`geolens.hf.check`: the load-time check of the attention reading;
+- :mod:`geolens.hf.tiny`: tiny random models of every family, for tests and the support matrix.
+"""
+
+from geolens.hf.backend import run_with_cache
+from geolens.hf.check import AttentionCheckError, check_attention
+from geolens.hf.families import HF_FAMILIES, HFAdapter
+
+__all__ = ["run_with_cache", "AttentionCheckError", "check_attention", "HF_FAMILIES", "HFAdapter"]

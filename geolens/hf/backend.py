@@ -1,0 +1,254 @@
+"""The HF-native backend: a plain ``transformers`` model that every geolens function accepts.
+
+:func:`attach` (called by the model's :class:`~geolens.hf.families.HFAdapter`, i.e. by
+``geolens.adapter.adapter_for(model)``) gives a ``PreTrainedModel`` *instance* the few
+TransformerLens-style entry points geolens calls, without changing its class or its Hugging Face
+forward:
+
+- ``model.cfg``: the shapes geolens reads (``n_layers``, ``n_heads``, ``n_key_value_heads``,
+  ``d_head``, ``d_model``, ``d_vocab``, ``n_ctx``, ``model_name``), from the HF config;
+- ``model.run_with_cache(tokens, names_filter=None, attention_mask=None, stop_at_layer=None)``
+  → ``(logits, cache)``, a dict keyed by TransformerLens hook names (:mod:`geolens.hf.capture`);
+- ``model.hooks(fwd_hooks=...)``, ``model.run_with_hooks(tokens, fwd_hooks=...)`` and
+  ``model.hook_dict`` (the hook names);
+- ``model(tokens, return_type="logits")`` (or ``stop_at_layer=``) returns the logits tensor as a
+  TransformerLens model does; any call without those keywords is the model's own Hugging Face
+  forward, unchanged;
+- ``model.to_tokens(text, prepend_bos=...)`` and ``model.tokenizer`` when a tokenizer is given.
+
+Padded batches: with ``attention_mask`` and no ``position_ids``, positions are counted over the
+real tokens of each row (as ``generate`` does), so a left-padded row of an absolute-position model
+(GPT-2) equals the prompt run alone.
+
+Before the first forward through these entry points, :func:`geolens.hf.check.check_attention`
+verifies on a short random input that the attention output rebuilt from the captured pattern and
+v, Σ_h z^h W_O^h + b_O, equals the attention module's output in every layer; a family whose
+attention geolens would read wrongly raises there, naming the family and the layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+from geolens.hf.capture import Run, Sites, StopForward
+
+_STATE: "weakref.WeakKeyDictionary[Any, Sites]" = weakref.WeakKeyDictionary()
+_TL_KEYWORDS = ("return_type", "stop_at_layer")
+
+
+class HFConfig(types.SimpleNamespace):
+    """The TransformerLens-style config view of a Hugging Face model (``model.cfg``): ``n_layers``,
+    ``n_heads``, ``n_key_value_heads``, ``d_head``, ``d_model``, ``d_vocab``, ``n_ctx``,
+    ``model_name``, ``architecture``, ``attention_dir``; ``device`` and ``dtype`` are the model's."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._model().parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self._model().parameters()).dtype
+
+
+def sites(model) -> Sites:
+    """The hook points of a model prepared by :func:`attach`."""
+    try:
+        return _STATE[model]
+    except KeyError:
+        raise TypeError(f"{type(model).__name__} is not prepared for geolens: call geolens.adapter_for(model) first") from None
+
+
+def is_prepared(model) -> bool:
+    try:
+        return model in _STATE
+    except TypeError:
+        return False
+
+
+def attach(model, adapter) -> None:
+    """Give ``model`` (a ``PreTrainedModel``) the TransformerLens-style entry points (module
+    docstring). Idempotent; the class and the Hugging Face forward are left as they are."""
+    if is_prepared(model):
+        return
+    hf = adapter.config
+    n_ctx = getattr(hf, "max_position_embeddings", None)
+    cfg = HFConfig(
+        n_layers=adapter.n_layers, n_heads=adapter.n_heads, n_key_value_heads=adapter.n_kv_heads,
+        d_head=adapter.d_head, d_model=adapter.d_model, d_vocab=int(hf.vocab_size),
+        n_ctx=None if n_ctx is None else int(n_ctx),
+        model_name=str(getattr(model, "name_or_path", "") or getattr(hf, "_name_or_path", "") or type(model).__name__),
+        architecture=type(model).__name__, attention_dir="causal", _model=weakref.ref(model),
+    )  # fmt: skip
+    state = Sites(model, adapter)
+    _STATE[model] = state
+    hf_forward = model.forward  # the bound class forward
+    ref = weakref.ref(model)
+
+    def forward(*args, **kwargs):
+        if not any(k in kwargs for k in _TL_KEYWORDS):
+            return hf_forward(*args, **kwargs)
+        return tl_forward(ref(), *args, **kwargs)
+
+    values = {
+        "cfg": cfg,
+        "forward": forward,
+        "hook_dict": {name: name for name in sorted(state.names)},
+        "run_with_cache": lambda *a, **k: run_with_cache(ref(), *a, **k),
+        "run_with_hooks": lambda *a, **k: run_with_hooks(ref(), *a, **k),
+        "hooks": lambda *a, **k: hooks(ref(), *a, **k),
+        "to_tokens": lambda *a, **k: to_tokens(ref(), *a, **k),
+    }
+    if getattr(model, "tokenizer", None) is None:
+        values["tokenizer"] = None
+    for key, value in values.items():
+        object.__setattr__(model, key, value)
+
+
+def set_tokenizer(model, tokenizer) -> None:
+    """``model.tokenizer`` (read by ``to_tokens``, the corpora and the reports)."""
+    object.__setattr__(model, "tokenizer", tokenizer)
+
+
+def _ensure_checked(model) -> None:
+    from geolens.hf.check import check_attention
+
+    state = sites(model)
+    if not getattr(state, "checked", False):
+        state.checked = True
+        try:
+            check_attention(model)
+        except BaseException:
+            state.checked = False
+            raise
+
+
+def _names_filter(names_filter) -> Callable[[str], bool] | None:
+    if names_filter is None or callable(names_filter):
+        return names_filter
+    wanted = frozenset([names_filter] if isinstance(names_filter, str) else names_filter)
+    return lambda name: name in wanted
+
+
+@contextlib.contextmanager
+def hooks(model, fwd_hooks: Iterable = (), bwd_hooks: Iterable = (), reset_hooks_end: bool = True, clear_contexts: bool = False) -> Iterator:
+    """``model.hooks(fwd_hooks=[(name, fn), ...])``: the hooks are active inside the block and
+    removed on any exit (TransformerLens' context manager; backward hooks are not supported)."""
+    if list(bwd_hooks):
+        raise NotImplementedError("the HF-native backend has no backward hooks")
+    run = Run()
+    for name, fn in fwd_hooks:
+        run.hooks.setdefault(name, []).append(fn)
+    with sites(model).active(run):
+        yield model
+
+
+def forward_logits(model, **kwargs) -> Tensor:
+    """The Hugging Face forward with the family's eager attention and every active hook (an empty
+    run when none is active); returns the logits, passed through ``unembed.hook_out``'s hooks."""
+    state = sites(model)
+    with state.active(Run()):
+        logits = model(**kwargs).logits  # no TransformerLens keyword: the Hugging Face forward
+        name = state.adapter.logits_hook
+        return state.fire(name, logits) if state.wants(name) else logits
+
+
+def _positions(attention_mask: Tensor) -> Tensor:
+    """Each real token's index among its row's real tokens (0 on padding), as ``generate`` does."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def tl_forward(
+    model,
+    tokens: Tensor,
+    *,
+    return_type: str | None = "logits",
+    attention_mask: Tensor | None = None,
+    stop_at_layer: int | None = None,
+    position_ids: Tensor | None = None,
+) -> Tensor | None:
+    """A TransformerLens-style forward: ``[batch, pos]`` token ids (or ``[batch, pos, d_model]``
+    embeddings) → logits (``return_type="logits"``) or None (``return_type=None``, or a forward
+    stopped before ``stop_at_layer``)."""
+    from geolens.validation import check_attention_mask
+
+    if return_type not in ("logits", None):
+        raise ValueError(f"return_type must be 'logits' or None on the HF-native backend, got {return_type!r}")
+    if not isinstance(tokens, Tensor):
+        raise TypeError("the HF-native backend takes token ids [batch, pos] (use model.to_tokens(text, prepend_bos=...))")
+    _ensure_checked(model)
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    inputs = {"inputs_embeds": tokens} if torch.is_floating_point(tokens) else {"input_ids": tokens if tokens.ndim == 2 else tokens[None]}
+    if attention_mask is not None:
+        shape = tokens.shape[:2] if tokens.ndim >= 2 else (1, tokens.shape[0])
+        mask = check_attention_mask(attention_mask, shape[0], shape[1]).to(device)
+        inputs["attention_mask"] = mask.long()
+        if position_ids is None:
+            position_ids = _positions(mask)
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids.to(device)
+    run = Run()
+    if stop_at_layer is not None:  # blocks 0 … stop − 1 run (negative: counted from the end)
+        n_layers = model.cfg.n_layers
+        run.stop_at_layer = int(stop_at_layer) + n_layers if int(stop_at_layer) < 0 else int(stop_at_layer)
+        return_type = None
+    with sites(model).active(run):
+        try:
+            logits = forward_logits(model, **inputs)
+        except StopForward:
+            return None
+    return logits if return_type == "logits" else None
+
+
+def run_with_hooks(model, *args, fwd_hooks: Iterable = (), bwd_hooks: Iterable = (), reset_hooks_end: bool = True, clear_contexts: bool = False, **kwargs):
+    """``model.run_with_hooks(tokens, fwd_hooks=[...], ...)``: :func:`tl_forward` with the hooks."""
+    with hooks(model, fwd_hooks, bwd_hooks):
+        return tl_forward(model, *args, **kwargs)
+
+
+def run_with_cache(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor | None = None,
+    names_filter: Callable[[str], bool] | Iterable[str] | str | None = None,
+    *,
+    stop_at_layer: int | None = None,
+    return_type: str | None = "logits",
+    position_ids: Tensor | None = None,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """``(logits, cache)`` of a plain ``transformers`` model (module docstring); ``cache`` maps
+    TransformerLens hook names to detached activations, only those ``names_filter`` keeps (all
+    without it). Logits are None when ``stop_at_layer`` stops the forward early."""
+    cache: dict[str, Tensor] = {}
+    run = Run(cache=cache, names_filter=_names_filter(names_filter))
+    with sites(model).active(run):
+        logits = tl_forward(
+            model, tokens, return_type=return_type, attention_mask=attention_mask,
+            stop_at_layer=stop_at_layer, position_ids=position_ids,
+        )  # fmt: skip
+    return logits, cache
+
+
+def to_tokens(model, text, prepend_bos: bool = True, padding_side: str | None = None, move_to_device: bool = True, truncate: bool = True) -> Tensor:
+    """Token ids ``[batch, pos]`` of ``text`` (a string or a list of them, right-padded with the
+    pad token), with the BOS token first when ``prepend_bos``."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError("this model has no tokenizer: pass tokenizer= to geolens.hf.prepare, or token ids")
+    texts = [text] if isinstance(text, str) else list(text)
+    rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    if prepend_bos:
+        if tok.bos_token_id is None:
+            raise ValueError("prepend_bos=True but the tokenizer has no BOS token")
+        rows = [[tok.bos_token_id] + r for r in rows]
+    width = max(len(r) for r in rows)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    rows = [r + [pad] * (width - len(r)) if padding_side != "left" else [pad] * (width - len(r)) + r for r in rows]
+    out = torch.tensor(rows, dtype=torch.long)
+    return out.to(next(model.parameters()).device) if move_to_device else out

@@ -1,0 +1,402 @@
+"""One :class:`~geolens.adapter.ModelAdapter` per Hugging Face decoder family (the HF-native backend).
+
+Each family is a small subclass of :class:`HFAdapter` that names its modules (where the decoder
+layers, the attention module, its output projection and value projection, a post-attention norm
+and the final norm are) and says what its config means (a sliding window on every layer). The
+rest is read from the model itself and checked against its own forward at the first use
+(:func:`geolens.hf.check.check_attention`):
+
+- heads, kv heads, d_head: the config (GQA grouping as everywhere in geolens,
+  :func:`geolens.adapter.kv_group_size`);
+- pattern, v, z: captured inside the family's own eager attention (:mod:`geolens.hf.capture`), so
+  soft-capping, q/k norms, partial rotary and sliding windows are the model's own code;
+- W_O: the output projection reshaped per head (``nn.Linear`` ``[d_model, head·d_head]`` or GPT-2's
+  ``Conv1D`` ``[head·d_head, d_model]``), b_O its bias or zeros;
+- the rest of a block after attention (:meth:`HFAdapter.block_after_attention`): the decoder
+  layer itself, run with its attention module answering the given attention output, so a
+  post-attention norm (Gemma 2/3, OLMo 2), a parallel attention + MLP block (GPT-NeoX) or GPT-2's
+  LayerNorm block needs no code of its own.
+
+To support another family: subclass the closest one, set the module names that differ and
+``model_types`` (the HF ``config.model_type`` values), and add it to :data:`HF_FAMILIES` ahead
+of :class:`HFAdapter` (the generic fallback, which assumes Llama's layout and is refused by the
+load-time check when that assumption is wrong).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from geolens.adapter import BridgeAdapter, ModelAdapter, hook_name
+
+
+class HFAdapter(ModelAdapter):
+    """A ``transformers`` ``PreTrainedModel`` with Llama's module layout (the generic fallback).
+
+    Hook names are TransformerLens' (``blocks.{l}.attn.hook_pattern``, ...); the pre-norm
+    attention output is ``blocks.{l}.attn.hook_out`` (the attention module's output) and
+    ``blocks.{l}.hook_attn_out`` what the block adds to the residual stream (after the
+    post-attention norm where there is one). ``model_mode`` is ``"hf"``: raw Hugging Face weights,
+    nothing folded.
+    """
+
+    family = "hf"
+    model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values; () = any (the fallback)
+    layers_name: ClassVar[str] = "layers"  # on model.base_model
+    final_norm_name: ClassVar[str] = "norm"  # on model.base_model
+    attention_name: ClassVar[str] = "self_attn"  # on a decoder layer
+    output_name: ClassVar[str] = "o_proj"  # on the attention module
+    output_is_conv1d: ClassVar[bool] = False  # GPT-2's Conv1D keeps [in, out]
+    value_name: ClassVar[str] = "v_proj"  # on the attention module
+    value_layout: ClassVar[str] = "separate"  # "separate", "qkv" ([q | k | v] rows), "conv1d_qkv", "per_head_qkv"
+    post_norm_name: ClassVar[str | None] = None  # on a decoder layer: the norm applied to the attention output
+    uniform_window: ClassVar[bool] = False  # config.sliding_window applies to every layer
+
+    def __init__(self, model):
+        super().__init__(model)
+        from geolens.hf.backend import attach
+
+        attach(model, self)
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        try:
+            from transformers import PreTrainedModel
+        except ImportError:
+            return False
+        if not isinstance(model, PreTrainedModel):
+            return False
+        return not cls.model_types or getattr(model.config, "model_type", None) in cls.model_types
+
+    # --- the model's parts
+
+    @property
+    def config(self):
+        config = self.model.config
+        return getattr(config, "text_config", None) or config
+
+    @property
+    def decoder(self):
+        return self.model.base_model
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layers(self):
+        return getattr(self.decoder, self.layers_name)
+
+    def layer_module(self, layer: int):
+        return self.layers[layer]
+
+    def attention_module(self, layer: int):
+        return getattr(self.layers[layer], self.attention_name)
+
+    def attention_output_norm(self, layer: int):
+        """The module applied to the attention output before the residual add (None: nothing)."""
+        return None if self.post_norm_name is None else getattr(self.layers[layer], self.post_norm_name)
+
+    def unembed_module(self):
+        return self.model.get_output_embeddings()
+
+    # --- heads
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+
+    @property
+    def d_head(self) -> int:
+        return int(getattr(self.config, "head_dim", None) or self.config.hidden_size // self.n_heads)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def model_mode(self) -> str:
+        """``"hf"``: a plain ``transformers`` model, raw weights (nothing folded or centred)."""
+        return "hf"
+
+    @property
+    def is_causal(self) -> bool:
+        return True
+
+    # --- hook names: the bridge's (attn.hook_out before any post-attention norm, unembed.hook_in/out)
+
+    attn_out_hook = BridgeAdapter.attn_out_hook
+    logits_hook = BridgeAdapter.logits_hook  # the model's final logits (after any final soft-capping)
+    unembed_input_hook = BridgeAdapter.unembed_input_hook  # the output embedding's input (after the final norm)
+
+    logits_from_cache = BridgeAdapter.logits_from_cache
+
+    # --- weights
+
+    def output_weights(self, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
+        """(W_O, b_O) from the output projection, as views of its weight (so the Gram cache of
+        :func:`geolens.geometry.gram` follows it)."""
+        proj = getattr(self.attention_module(layer), self.output_name)
+        weight = proj.weight
+        if self.output_is_conv1d:  # [head·d_head, d_model]
+            W_O = weight.reshape(self.n_heads, self.d_head, self.d_model)
+        else:  # nn.Linear: [d_model, head·d_head]
+            W_O = weight.T.reshape(self.n_heads, self.d_head, self.d_model)
+        b_O = proj.bias if getattr(proj, "bias", None) is not None else torch.zeros(self.d_model, dtype=W_O.dtype, device=W_O.device)
+        return W_O, b_O
+
+    def value_weights(self, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
+        """(W_V, b_V) with kv heads expanded to query heads: v = x W_V + b_V for the attention
+        module's input x (after the block's input norm)."""
+        proj = getattr(self.attention_module(layer), self.value_name)
+        kv, d, m = self.n_kv_heads, self.d_head, self.d_model
+        weight, bias = proj.weight, getattr(proj, "bias", None)
+        if self.value_layout == "separate":  # [kv·d, m]
+            rows = slice(0, kv * d)
+        elif self.value_layout == "qkv":  # [(h + 2 kv)·d, m]: q rows, k rows, v rows
+            rows = slice((self.n_heads + kv) * d, (self.n_heads + 2 * kv) * d)
+        elif self.value_layout == "conv1d_qkv":  # Conv1D [m, 3 m]: q, k, v columns
+            W_V = weight[:, 2 * m :].reshape(m, kv, d).permute(1, 0, 2)
+            b_V = torch.zeros(kv, d, dtype=weight.dtype) if bias is None else bias[2 * m :].reshape(kv, d)
+            return self.expand_kv(W_V, dim=0), self.expand_kv(b_V, dim=0)
+        elif self.value_layout == "per_head_qkv":  # [h·3·d, m]: per head q, k, v rows
+            W_V = weight.reshape(kv, 3, d, m)[:, 2].transpose(1, 2)
+            b_V = torch.zeros(kv, d, dtype=weight.dtype) if bias is None else bias.reshape(kv, 3, d)[:, 2]
+            return self.expand_kv(W_V, dim=0), self.expand_kv(b_V, dim=0)
+        else:
+            raise ValueError(f"unknown value layout {self.value_layout!r}")
+        W_V = weight[rows].reshape(kv, d, m).transpose(1, 2)
+        b_V = torch.zeros(kv, d, dtype=weight.dtype) if bias is None else bias[rows].reshape(kv, d)
+        return self.expand_kv(W_V, dim=0), self.expand_kv(b_V, dim=0)
+
+    # --- the rest of a block
+
+    def block_after_attention(self, layer, resid_pre, attn_out):
+        """``blocks.{layer}.hook_resid_post`` from the block's input and its attention output:
+        the decoder layer itself, run with its attention module returning ``attn_out`` (an
+        instance ``forward``, removed on any exit). Whatever the layer does around attention
+        (a post-attention norm, the residual adds, the MLP, in series or in parallel) is its own
+        code. Rows are independent: any leading shape."""
+        block, attn = self.layers[layer], self.attention_module(layer)
+        shape = resid_pre.shape
+        x = resid_pre.reshape(1, -1, shape[-1])
+        given = attn_out.reshape(1, -1, shape[-1]).to(x.dtype)
+
+        def answer(*args, **kwargs):
+            return given, None
+
+        object.__setattr__(attn, "forward", answer)
+        try:
+            out = block(x, **self._block_kwargs(block))
+        finally:
+            object.__delattr__(attn, "forward")
+        out = out[0] if isinstance(out, tuple) else out
+        return out.reshape(shape)
+
+    def _block_kwargs(self, block) -> dict:
+        """None for the required arguments of a decoder layer's forward besides the hidden
+        states (its attention, which would read them, is answered)."""
+        params = list(inspect.signature(block.forward).parameters.values())[1:]
+        return {p.name: None for p in params if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    def final_norm(self, resid):
+        return getattr(self.decoder, self.final_norm_name)(resid)
+
+    # --- visible keys
+
+    def sliding_window(self, layer: int) -> int | None:
+        """The attention module's own ``sliding_window`` (None on full-attention layers), or the
+        config's for families that apply it to every layer (Mistral, Phi-3)."""
+        if self.uniform_window:
+            window = getattr(self.config, "sliding_window", None)
+        else:
+            window = getattr(self.attention_module(layer), "sliding_window", None)
+        return None if window is None else int(window)
+
+    # --- forwards (TransformerLens' start_at_layer, KV caches) -------------------------------
+
+    @property
+    def _cache_keyword(self) -> str:
+        """``cache`` (transformers ≥ 5.24) or ``past_key_values`` in the model's forward."""
+        params = inspect.signature(type(self.model).forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
+    def hf_logits(self, **kwargs) -> Tensor:
+        """The model's logits, run with the family's eager attention and every active hook."""
+        from geolens.hf.backend import forward_logits
+
+        return forward_logits(self.model, **kwargs)
+
+    def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of ``x`` (token ids) continuing ``kv_cache`` (a ``DynamicCache``, extended in place)."""
+        if kv_cache is not None:
+            kwargs[self._cache_keyword] = kv_cache
+            kwargs["use_cache"] = True
+        return self.hf_logits(input_ids=x, **kwargs)
+
+    new_kv_cache = BridgeAdapter.new_kv_cache
+    crop_kv_cache = BridgeAdapter.crop_kv_cache
+
+    def forward_from_layer(self, resid, layer, **kwargs):
+        """Logits of the model run from ``resid`` entering ``layer``: the blocks before it are the
+        identity for this call, and a pre-hook hands ``resid`` to block ``layer`` (the embedding
+        of a zero input, and GPT-2's position embedding, are discarded there). ``kwargs``:
+        ``past_key_values``, ``attention_mask``, ``position_ids``."""
+        layer = int(layer) % self.n_layers
+        skipped = list(self.layers)[:layer]
+
+        def identity(hidden_states, *args, **kw):
+            return hidden_states
+
+        def enter(module, args, kw):
+            if args:
+                return (resid, *args[1:]), kw
+            return args, {**kw, "hidden_states": resid}
+
+        cache = kwargs.pop("past_key_values", None)
+        if cache is not None:
+            kwargs[self._cache_keyword] = cache
+            kwargs["use_cache"] = True
+        for block in skipped:
+            object.__setattr__(block, "forward", identity)
+        handle = self.layers[layer].register_forward_pre_hook(enter, with_kwargs=True)
+        try:
+            return self.hf_logits(inputs_embeds=torch.zeros_like(resid), **kwargs)
+        finally:
+            handle.remove()
+            for block in skipped:
+                object.__delattr__(block, "forward")
+
+    def single_position_logits(self, resid, layer, query, kv_cache):
+        """The rows are a batch, each over the clean cache (its tensors expanded, as views, over
+        the rows; the forward appends each row's own key and value), all at position ``query``;
+        the model builds its own masks, sliding windows included. The blocks before ``layer`` do
+        not run (:meth:`forward_from_layer`)."""
+        rows = resid.shape[0]
+        if kv_cache is not None:
+            kv_cache = copy.copy(kv_cache)
+            kv_cache.layers = [copy.copy(entry) for entry in kv_cache.layers]
+            for entry in kv_cache.layers:
+                entry.keys = entry.keys.expand(rows, *entry.keys.shape[1:])
+                entry.values = entry.values.expand(rows, *entry.values.shape[1:])
+        positions = torch.full((rows, 1), int(query), dtype=torch.long, device=resid.device)
+        logits = self.forward_from_layer(resid[:, None], layer, past_key_values=kv_cache, position_ids=positions)
+        return logits[:, -1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The families (config.model_type → adapter)
+
+
+class LlamaHF(HFAdapter):
+    """Llama and SmolLM2: RMSNorm, rotary, GQA, separate q/k/v/o projections without biases."""
+
+    family = "hf-llama"
+    model_types = ("llama",)
+
+
+class MistralHF(HFAdapter):
+    """Mistral: Llama with one sliding window on every layer (``config.sliding_window``)."""
+
+    family = "hf-mistral"
+    model_types = ("mistral",)
+    uniform_window = True
+
+
+class Qwen2HF(HFAdapter):
+    """Qwen2: biases on the q/k/v projections; sliding windows per layer (``layer_types``)."""
+
+    family = "hf-qwen2"
+    model_types = ("qwen2",)
+
+
+class Qwen3HF(HFAdapter):
+    """Qwen3: RMSNorm on each head's queries and keys (inside attention, before rotary)."""
+
+    family = "hf-qwen3"
+    model_types = ("qwen3",)
+
+
+class Gemma2HF(HFAdapter):
+    """Gemma 2: attention-logit and final-logit soft-capping, alternating sliding windows, and a
+    norm after attention (``post_attention_layernorm``) and after the MLP."""
+
+    family = "hf-gemma2"
+    model_types = ("gemma2",)
+    post_attention_norm = True
+    post_norm_name = "post_attention_layernorm"
+
+
+class Gemma3HF(Gemma2HF):
+    """Gemma 3 (text): Gemma 2's block with q/k norms, local and global rotary bases."""
+
+    family = "hf-gemma3"
+    model_types = ("gemma3_text", "gemma3")
+
+
+class Phi3HF(HFAdapter):
+    """Phi-3: one fused ``qkv_proj`` ([q | k | v] rows) and one sliding window on every layer."""
+
+    family = "hf-phi3"
+    model_types = ("phi3",)
+    value_name = "qkv_proj"
+    value_layout = "qkv"
+    uniform_window = True
+
+
+class Olmo2HF(HFAdapter):
+    """OLMo 2: q/k norms over all heads, and norms after attention and after the MLP (no norm
+    before them)."""
+
+    family = "hf-olmo2"
+    model_types = ("olmo2",)
+    post_attention_norm = True
+    post_norm_name = "post_attention_layernorm"
+
+
+class GPT2HF(HFAdapter):
+    """GPT-2: learned absolute positions, LayerNorm, ``Conv1D`` projections (fused q/k/v in
+    ``c_attn``), biases everywhere."""
+
+    family = "hf-gpt2"
+    model_types = ("gpt2",)
+    layers_name = "h"
+    final_norm_name = "ln_f"
+    attention_name = "attn"
+    output_name = "c_proj"
+    output_is_conv1d = True
+    value_name = "c_attn"
+    value_layout = "conv1d_qkv"
+
+    def __init__(self, model):
+        if getattr(model.config, "reorder_and_upcast_attn", False):
+            raise ValueError("hf-gpt2: reorder_and_upcast_attn=True bypasses the attention interface; it is not supported")
+        super().__init__(model)
+
+
+class GPTNeoXHF(HFAdapter):
+    """GPT-NeoX / Pythia: partial rotary, a fused per-head ``query_key_value`` and, by default,
+    attention and MLP in parallel on the block's input (``use_parallel_residual``)."""
+
+    family = "hf-gpt-neox"
+    model_types = ("gpt_neox",)
+    final_norm_name = "final_layer_norm"
+    attention_name = "attention"
+    output_name = "dense"
+    value_name = "query_key_value"
+    value_layout = "per_head_qkv"
+
+
+HF_FAMILIES: list[type[ModelAdapter]] = [LlamaHF, MistralHF, Qwen2HF, Qwen3HF, Gemma2HF, Gemma3HF, Phi3HF, Olmo2HF, GPT2HF, GPTNeoXHF, HFAdapter]
+"""The HF-native families, tried in order by :func:`geolens.adapter.adapter_for` (the generic
+:class:`HFAdapter` last)."""
