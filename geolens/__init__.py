@@ -36,6 +36,7 @@ from geolens.contributions import (
 from geolens.faithfulness import Protocol, faithfulness_curves, value_zeroing
 from geolens.flow import contribution_flow
 from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms
+from geolens.hf import run_with_cache
 from geolens.metrics import register_metric
 from geolens.models import load_model
 from geolens.runner import run_analysis, run_corpus
@@ -71,4 +72,6 @@ __all__ = [
     "register_metric",
     # across layers (docs/method.md §10)
     "contribution_flow",
+    # any transformers model, without TransformerLens (geolens/hf)
+    "run_with_cache",
 ]

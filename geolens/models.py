@@ -159,6 +159,7 @@ def _boot(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool, d
 def load_model(
     name: str = "smollm2-135m",
     *,
+    backend: str = "transformer_lens",
     compatibility_mode: bool = False,
     device: str | torch.device | None = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -166,13 +167,21 @@ def load_model(
     n_devices: int | None = None,
     max_memory: dict | None = None,
 ):
-    """Load a model as a TransformerLens ``TransformerBridge``, offline for shipped models.
+    """Load a model as a TransformerLens ``TransformerBridge`` (or, with ``backend="hf"``, as a
+    plain ``transformers`` model), offline for shipped models.
 
     Args:
         name: ``"smollm2-135m"`` (default), ``"gemma3-270m"``, ``"tiny-gqa"`` / ``"tiny-mha"`` /
             ``"tiny-gemma"`` (seeded random 2-layer models for tests), a local HF checkpoint folder, or
             any HF hub name (needs network access; the same code path as the local folder).
-        compatibility_mode: call ``enable_compatibility_mode()`` (HookedTransformer numerics).
+        backend: ``"transformer_lens"`` (default: a TL 4.x ``TransformerBridge``, or a 2.x/3.x
+            ``HookedTransformer`` for the tiny models where that is what TL has) or ``"hf"``: the
+            ``transformers`` ``PreTrainedModel`` itself, eager attention, with geolens'
+            entry points attached to the instance (:mod:`geolens.hf`; its attention reading is
+            checked against its own forward before the first analysis). The tiny models are the
+            same HF weights on both backends.
+        compatibility_mode: call ``enable_compatibility_mode()`` (HookedTransformer numerics;
+            TransformerLens backend only).
         device: torch device for the model (ignored when ``device_map`` or ``n_devices`` is given).
         dtype: model dtype (geolens computes its metrics in float32 regardless).
         device_map: split the model across devices with accelerate (``"auto"``, ``"balanced"``
@@ -185,9 +194,18 @@ def load_model(
     >>> model = geolens.load_model("tiny-gqa")  # or "smollm2-135m", "gemma3-270m", a local folder
     >>> model.cfg.n_layers, model.cfg.n_heads
     (2, 4)
+    >>> hf = geolens.load_model("tiny-gqa", backend="hf")  # a transformers LlamaForCausalLM
+    >>> type(hf).__name__, hf.cfg.n_key_value_heads
+    ('LlamaForCausalLM', 2)
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if backend not in ("transformer_lens", "hf"):
+        raise ValueError(f"backend must be 'transformer_lens' or 'hf', got {backend!r}")
+    if backend == "hf":
+        if (n_devices or 1) > 1:
+            raise ValueError("backend='hf' splits a model over devices with device_map= (n_devices is TransformerLens')")
+        return _load_hf(name, compatibility_mode=compatibility_mode, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)
     if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
         kind = name[len("tiny-") :]
         try:
@@ -213,6 +231,37 @@ def load_model(
         )  # fmt: skip
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     return _boot(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
+
+
+def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype, device_map, max_memory):
+    """:func:`load_model` with ``backend="hf"``: the ``transformers`` model (eager attention, eval
+    mode) with its tokenizer, prepared for geolens (:func:`geolens.hf.prepare`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from geolens.hf import prepare
+
+    if compatibility_mode:
+        raise ValueError("compatibility_mode is TransformerLens' weight processing; the HF-native backend reads the raw weights")
+    if name.startswith("tiny-"):
+        from geolens.testing import tiny_hf_model, tiny_tokenizer
+
+        hf, tok = tiny_hf_model(name[len("tiny-") :]), tiny_tokenizer()
+        hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
+        return prepare(hf, tokenizer=tok)
+    if name in MODELS:
+        path = str(converted_checkpoint(name))
+    elif Path(name).is_dir() or "/" in name:
+        path = name
+    else:
+        raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
+    tok = AutoTokenizer.from_pretrained(path)
+    kwargs = dict(dtype=dtype, attn_implementation="eager")
+    if device_map is not None or max_memory is not None:
+        kwargs.update(device_map=device_map or "auto", max_memory=max_memory)
+    hf = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    if device_map is None and max_memory is None and device is not None:
+        hf = hf.to(device)
+    return prepare(hf, tokenizer=tok)
 
 
 def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = torch.float32):

@@ -16,8 +16,8 @@
 - :mod:`geolens.hf.tiny`: tiny random models of every family, for tests and the support matrix.
 """
 
-from geolens.hf.backend import run_with_cache
+from geolens.hf.backend import prepare, run_with_cache
 from geolens.hf.check import AttentionCheckError, check_attention
 from geolens.hf.families import HF_FAMILIES, HFAdapter
 
-__all__ = ["run_with_cache", "AttentionCheckError", "check_attention", "HF_FAMILIES", "HFAdapter"]
+__all__ = ["prepare", "run_with_cache", "AttentionCheckError", "check_attention", "HF_FAMILIES", "HFAdapter"]

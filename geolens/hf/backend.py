@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import types
 import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -99,7 +99,7 @@ def attach(model, adapter) -> None:
         "cfg": cfg,
         "forward": forward,
         "hook_dict": {name: name for name in sorted(state.names)},
-        "run_with_cache": lambda *a, **k: run_with_cache(ref(), *a, **k),
+        "run_with_cache": lambda *a, **k: cached_forward(ref(), *a, **k),
         "run_with_hooks": lambda *a, **k: run_with_hooks(ref(), *a, **k),
         "hooks": lambda *a, **k: hooks(ref(), *a, **k),
         "to_tokens": lambda *a, **k: to_tokens(ref(), *a, **k),
@@ -212,7 +212,7 @@ def run_with_hooks(model, *args, fwd_hooks: Iterable = (), bwd_hooks: Iterable =
         return tl_forward(model, *args, **kwargs)
 
 
-def run_with_cache(
+def cached_forward(
     model,
     tokens: Tensor,
     attention_mask: Tensor | None = None,
@@ -222,9 +222,8 @@ def run_with_cache(
     return_type: str | None = "logits",
     position_ids: Tensor | None = None,
 ) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """``(logits, cache)`` of a plain ``transformers`` model (module docstring); ``cache`` maps
-    TransformerLens hook names to detached activations, only those ``names_filter`` keeps (all
-    without it). Logits are None when ``stop_at_layer`` stops the forward early."""
+    """``model.run_with_cache`` of a prepared model: :func:`tl_forward` with a cache of the hook
+    names ``names_filter`` keeps (all without it), detached."""
     cache: dict[str, Tensor] = {}
     run = Run(cache=cache, names_filter=_names_filter(names_filter))
     with sites(model).active(run):
@@ -233,6 +232,62 @@ def run_with_cache(
             stop_at_layer=stop_at_layer, position_ids=position_ids,
         )  # fmt: skip
     return logits, cache
+
+
+def prepare(model, tokenizer=None, *, check: bool = True):
+    """Make a ``transformers`` causal LM ready for geolens and return it (the same object): its
+    family's adapter attaches the entry points of the module docstring, ``tokenizer`` becomes
+    ``model.tokenizer``, and (``check=True``) the attention reading is checked against the
+    model's own forward now (:func:`geolens.hf.check.check_attention`) instead of at the first use.
+
+    >>> from geolens.hf.tiny import tiny_family
+    >>> model = prepare(tiny_family("qwen3"))
+    >>> model.cfg.n_layers, model.cfg.d_head, type(model).__name__
+    (2, 8, 'Qwen3ForCausalLM')
+    """
+    from geolens.adapter import adapter_for
+    from geolens.hf.families import HFAdapter
+
+    if not isinstance(adapter_for(model), HFAdapter):
+        raise TypeError(f"geolens.hf.prepare takes a transformers PreTrainedModel, got {type(model).__name__}")
+    if tokenizer is not None:
+        set_tokenizer(model, tokenizer)
+    if check:
+        _ensure_checked(model)
+    return model
+
+
+def run_with_cache(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor | None = None,
+    names_filter: Callable[[str], bool] | Iterable[str] | str | None = None,
+) -> tuple[Tensor, Mapping[str, Tensor]]:
+    """``(logits, cache)`` of one forward of any model geolens reads: a plain ``transformers``
+    model (the HF-native backend: the cache is a dict keyed by TransformerLens hook names, filled
+    by :mod:`geolens.hf.capture`) or a TransformerLens model (its own ``run_with_cache``).
+
+    ``attention_mask`` (``[batch, pos]``, 1 = real token) runs a padded batch: on the HF-native
+    backend positions are then counted over each row's real tokens, so every row equals its
+    prompt run alone. ``names_filter`` keeps some hook names only
+    (``geolens.names_filter(model)``: what geolens reads).
+
+    >>> import geolens, torch
+    >>> from geolens.hf.tiny import tiny_family
+    >>> model = tiny_family("gpt2")  # a random 2-layer GPT-2, built offline
+    >>> tokens = torch.tensor([[0, 5, 9, 4, 7, 8]])
+    >>> logits, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
+    >>> c = geolens.contribution_weights(model, cache, layer=1, mode="intra")
+    >>> tuple(logits.shape), tuple(c.shape), bool(torch.allclose(c.sum(-1), torch.ones(1, 4, 6), atol=1e-5))
+    ((1, 6, 64), (1, 4, 6, 6), True)
+    """
+    from geolens.adapter import adapter_for
+    from geolens.hf.families import HFAdapter
+
+    if not isinstance(adapter_for(model), HFAdapter):
+        kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+        return model.run_with_cache(tokens, names_filter=names_filter, **kwargs)
+    return cached_forward(model, tokens, attention_mask, names_filter)
 
 
 def to_tokens(model, text, prepend_bos: bool = True, padding_side: str | None = None, move_to_device: bool = True, truncate: bool = True) -> Tensor:

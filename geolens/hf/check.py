@@ -36,7 +36,7 @@ def check_tokens(model, *, n_pos: int = 24, batch: int = 2, seed: int = 0) -> to
 def check_attention(model, tokens: torch.Tensor | None = None) -> float:
     """Verify every layer's attention reading (module docstring); returns the largest error
     relative to its tolerance (≤ 1). Raises :class:`AttentionCheckError` otherwise."""
-    from geolens.hf.backend import run_with_cache
+    from geolens.hf.backend import cached_forward
 
     adapter = adapter_for(model)
     tokens = check_tokens(model) if tokens is None else tokens
@@ -44,7 +44,7 @@ def check_attention(model, tokens: torch.Tensor | None = None) -> float:
     for l in range(adapter.n_layers):
         names |= {adapter.pattern_hook(l), adapter.value_hook(l), adapter.attn_out_hook(l)}
     with torch.no_grad():
-        _, cache = run_with_cache(model, tokens, names_filter=names)
+        _, cache = cached_forward(model, tokens, names_filter=names)
     eps = torch.finfo(next(model.parameters()).dtype).eps
     worst = 0.0
     for l in range(adapter.n_layers):
