@@ -270,7 +270,7 @@ def test_cross_model_page_renders(tmp_path):
     run = run_chromium(page, "--dump-dom")
     assert run.returncode == 0 and "</html>" in run.stdout, run.stderr[-2000:]
     dom = run.stdout
-    assert "<th>tiny-gqa</th>" in dom and "<th>tiny-gemma</th>" in dom and "low power" in dom
+    assert "<th>tiny-gqa</th>" in dom and "<th>tiny-gemma</th>" in dom and "indicative (n = 2 corpus windows)" in dom
     shot = tmp_path / "cmp.png"
     run = run_chromium(page, f"--screenshot={shot}", "--window-size=1300,1800")
     assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]

@@ -57,8 +57,9 @@ def test_one_claim_table_with_a_column_per_model(two_models):
                 assert got is None
                 continue
             assert got["measured"] == c["measured"] and got["verdict"] == c["verdict"] and got["holds"] == c["holds"]
+            assert (got["decision"], got["why"]) == (c["decision"], c["why"])
             assert got["sample"] == c["numbers"]["sample"] and got["sample"]["n_windows"] == 3 or "semantic cone" in row["claim"]
-        assert row["agree"] == (len({row["models"][m]["verdict"] for m in MODELS if row["models"][m]}) == 1 and all(row["models"].values()))
+        assert row["agree"] == (len({row["models"][m]["decision"] for m in MODELS if row["models"][m]}) == 1 and all(row["models"].values()))
 
 
 def test_figures_share_their_axes(two_models):
@@ -83,22 +84,31 @@ def test_figures_share_their_axes(two_models):
     assert comp and sel["series"]["tiny-gemma"] == {"N": [r["N"] for r in comp], "top": [r["top"] for r in comp], "random": [r["random"] for r in comp]}
 
 
-def test_page_is_self_contained_and_marks_low_power(two_models):
+def test_page_is_self_contained_and_reads_no_verdict_without_a_ci(two_models):
     page = (two_models / "compare.html").read_text(encoding="utf-8")
     assert not re.search(r"<script[^>]*\bsrc\s*=", page)
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page)
     assert page.count("<th>tiny-gqa</th>") == 1 and page.count("<th>tiny-gemma</th>") == 1
     assert page.count('src="data:image/png;base64,') >= 3
     data = json.loads((two_models / "compare.json").read_text())
-    n_cells = sum(1 for row in data["claims"] for m in row["models"].values() if m)
-    assert page.count('<span class="lowpower" title=') == n_cells  # 3 windows: every verdict is low power
+    cells = [m for row in data["claims"] for m in row["models"].values() if m]
+    # 3 windows: nothing is decided; every claim with a criterion reads "indicative (n = …)", with why on hover
+    assert all(m["decision"] in ("indicative", "descriptive") and m["holds"] is None for m in cells)
+    n_indicative = sum(m["decision"] == "indicative" for m in cells)
+    assert n_indicative and page.count('<span class="indicative" title="') == n_indicative
+    for text in {m["verdict"] for m in cells}:
+        assert page.count(f">{text}</span>") == sum(m["verdict"] == text for m in cells), text
+    assert "indicative (n = 3 corpus windows)" in {m["verdict"] for m in cells}
+    assert not re.search(r'<span class="(holds|fails)"', page)
     assert (two_models / "tiny-gqa" / "report.html").exists() and (two_models / "tiny-gemma" / "report.html").exists()
 
 
 def test_compare_saved_runs_gives_the_same_table(two_models, tmp_path, capsys):
     a, b = two_models / "tiny-gqa" / "report.json", two_models / "tiny-gemma"  # a file or a run folder
     assert main(["report", "--compare", str(a), str(b), "--out", str(tmp_path)]) == 0
-    assert "tiny-gqa | tiny-gemma" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tiny-gqa | tiny-gemma" in out and "indicative (n = 3 corpus windows) | indicative (n = 3 corpus windows)" in out
+    assert not re.search(r"\bholds\b|does not hold|low power", out.split("per model", 1)[1].split("wrote", 1)[0])
     again = json.loads((tmp_path / "compare.json").read_text())
     first = json.loads((two_models / "compare.json").read_text())
     assert again["claims"] == first["claims"] and again["figures"] == first["figures"]
@@ -153,5 +163,34 @@ def test_a_claim_one_run_did_not_test_shows_not_run(two_models):
     assert page.count("not run</td>") == len(rows)
     tax = next(f.data for f in cmp["figures"] if f.title.startswith("Head taxonomy"))
     assert list(tax["shares"]) == ["tiny-gqa"]  # drawn for the run that has it only
+    for f in cmp["figures"]:
+        f.close()
+
+
+def test_the_verdict_rule_is_applied_to_every_run(two_models):
+    """A run's claim reads holds / does not hold only when decided by intervals on enough windows,
+    whatever its report.json says: a report written before that rule (no "ci") reads indicative."""
+    from geolens.report.compare import render_compare_html
+
+    a, b = load_report(two_models / "tiny-gqa"), load_report(two_models / "tiny-gemma")
+    [top_a] = [c for c in a["claims"] if c["claim"].startswith("Top-N sets")]
+    [top_b] = [c for c in b["claims"] if c["claim"].startswith("Top-N sets")]
+    assert top_a["ci"] and top_a["decision"] == "indicative"  # decided by CIs, but on 3 windows
+    top_a["numbers"]["sample"] = {**top_a["numbers"]["sample"], "n_windows": 64, "low_power": False, "low_power_reason": ""}
+    top_a["criterion_met"] = True
+    old = {k: top_b[k] for k in ("claim", "source", "measured", "criterion", "section")}  # the old format: no ci, no criterion_met
+    old.update(holds=True, verdict="holds", measured=top_b["measured"] + " [n = 64 corpus windows]",
+               numbers={"sample": {"n_windows": 64, "windows": "corpus windows", "n_seeds": None, "low_power": False}})
+    b["claims"] = [old if c is top_b else c for c in b["claims"]]
+    cmp = compare_reports([a, b])
+    [row] = [r for r in cmp["data"]["claims"] if r["claim"].startswith("Top-N sets")]
+    ma, mb = row["models"]["tiny-gqa"], row["models"]["tiny-gemma"]
+    assert (ma["verdict"], ma["holds"]) == ("holds (n = 64 corpus windows)", True)
+    assert (mb["verdict"], mb["holds"], mb["why"]) == ("indicative (n = 64 corpus windows)", None, "no confidence interval")
+    assert mb["measured"] == top_b["measured"] and not row["agree"]
+    page = render_compare_html(cmp)
+    assert page.count('<span class="holds">holds (n = 64 corpus windows)</span>') == 1
+    assert '<span class="indicative" title="no confidence interval">indicative (n = 64 corpus windows)</span>' in page
+    assert '<tr class="differs">' in page
     for f in cmp["figures"]:
         f.close()

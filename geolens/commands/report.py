@@ -32,7 +32,7 @@ def _compare(paths, out) -> int:
     data = json.loads(written["json"].read_text(encoding="utf-8"))
     print("paper claim → measured, per model (" + " | ".join(data["models"]) + ")")
     for row in data["claims"]:
-        cells = [(m["verdict"] + (" (low power)" if (m.get("sample") or {}).get("low_power") else "")) if m else "not run" for m in row["models"].values()]
+        cells = [m["verdict"] if m else "not run" for m in row["models"].values()]
         print(f"  {cite_text(row['claim'])[:70]:<70} " + " | ".join(cells))
     print(f"\nwrote {written['html']} and {written['json']}")
     return 0

@@ -18,8 +18,8 @@ objects besides):
 - ``tables``: name → ``pandas.DataFrame`` (a command writes ``<name>.csv``);
 - ``figures``: name → a function that draws the figure (a :class:`~geolens.viz.common.PlotView`)
   when called, so that only the figures a caller shows are drawn;
-- ``claims()``: the paper claims, each decided from this run's numbers by the criterion written
-  next to it.
+- ``claims()``: the paper claims (:class:`geolens.claims.Claim`), each decided from this run's
+  numbers by the criterion written next to it.
 
 The topics with a corpus pass also have ``<topic>_analyses(model, tokens, params)``: the
 streaming analyses (:class:`geolens.streaming.CorpusAnalysis`) of that pass. The pipeline builds

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from geolens.claims import PROTOCOL_MIN_DOCUMENTS, Claim, sample_size
 from geolens.faithfulness import CLAIMED_STEPS, MIN_DOCUMENTS, FaithfulnessResult, Protocol, claimed_order_holds, faithfulness_curves
 from geolens.pipelines import TopicRun
 
@@ -58,10 +59,9 @@ class FaithfulnessRun(TopicRun):
         return {f"curves_{q}": partial(faithfulness_curves_plot, self.result.curves, q, subtitle=text) for q in ("delta_ppl", "delta_logprob")}
 
     def claims(self, windows: str = "documents") -> list:
-        """Paper A's faithfulness claims; each carries its sample (the documents, named ``windows``)."""
-        from geolens.report.build import sample_size
-
-        sample = sample_size(len(self.result.clean), windows=windows)
+        """Paper A's faithfulness claims; each carries its sample (the documents, named ``windows``),
+        decided only on the protocol's minimum of :data:`~geolens.claims.PROTOCOL_MIN_DOCUMENTS` documents."""
+        sample = sample_size(len(self.result.clean), windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS)
         claims = faithfulness_claims(self.tables["pairs"], self.result.range_check())
         for c in claims:
             c.numbers["sample"] = sample
@@ -120,10 +120,18 @@ def _decided(order: dict) -> bool | None:
     return bool(order["holds"]) if order["decided"] else None
 
 
+def _steps_text(steps: dict) -> str:
+    """Each step's paired difference and 95% CI (its verdict word stays in ``numbers``: the claim's
+    own verdict follows :mod:`geolens.claims`)."""
+    return ", ".join(
+        f"{k.replace(' < ', ' → ')}: " + ("identical masks by construction" if v["verdict"] == "not testable" else
+                                         f"{v['auc_diff']:+.3g} [{v['ci'][0]:+.3g}, {v['ci'][1]:+.3g}]")
+        for k, v in steps.items()
+    )  # fmt: skip
+
+
 def faithfulness_claims(pairs, range_check: dict) -> list:
     """Paper A's claimed faithfulness order, decided from the paired differences ``pairs``."""
-    from geolens.report.document import Claim
-
     comp = claimed_order_holds(pairs, "comprehensiveness", QUANTITY)
     suff = claimed_order_holds(pairs, "sufficiency", QUANTITY)
     steps = comp["steps"]
@@ -136,23 +144,22 @@ def faithfulness_claims(pairs, range_check: dict) -> list:
         alignment = largest == cos_step and steps["output_normalized < contribution"]["verdict"] == "holds"
     else:
         alignment = None
-    why = "" if comp["decided"] else (
-        f" (undecided: {'no range' if not range_check.get('has_range') else f'fewer than {MIN_DOCUMENTS} documents'})"
-    )
+
+    def why(order: dict) -> str:  # why the order's intervals could not decide it ("" when they did)
+        return "" if order["decided"] else f" (undecided: {'no range' if not range_check.get('has_range') else f'fewer than {MIN_DOCUMENTS} documents'})"
+
     rc = f"range check: random ΔPPL at k = {range_check['max_fraction']}: {100 * (range_check.get('random_delta_ppl_rel_at_max_fraction') or 0):+.2f} %"
     return [
         Claim(claim="Faithfulness order raw attention < value-weighted < output-normalised < contribution weights (comprehensiveness)", source="paper A §3.1",
-              measured="paired Δ log-prob AUC differences (b − a, + = b more faithful): "
-              + ", ".join(f"{k}: {v['auc_diff']:+.3g} [{v['ci'][0]:+.3g}, {v['ci'][1]:+.3g}] {v['verdict']}" for k, v in steps.items())
-              + f"; {rc}{why}",
+              measured=f"paired Δ log-prob AUC differences (b − a, + = b more faithful; 95% CI): {_steps_text(steps)}; {rc}{why(comp)}",
               holds=_decided(comp), criterion="every step's paired 95% bootstrap CI over documents lies above 0, after the range check (random ranking moves PPL ≥ 1 %)",
-              numbers={"steps": steps, "range_check": range_check}),
+              numbers={"steps": steps, "range_check": range_check}, ci=True),
         Claim(claim="The same order under sufficiency (removing the least important terms hurts least for contribution weights)", source="paper A §3.1",
-              measured="pairs " + ", ".join(f"{k}: {v}" for k, v in suff["pairs"].items()) + why,
+              measured=f"paired sufficiency Δ log-prob AUC differences (b − a, + = b more faithful; 95% CI): {_steps_text(suff['steps'])}{why(suff)}",
               holds=_decided(suff), criterion="every step's paired 95% CI of the sufficiency Δ log-prob AUC difference lies above 0, after the range check",
-              numbers={"steps": suff["steps"]}),
+              numbers={"steps": suff["steps"]}, ci=True),
         Claim(claim="Alignment (the cosine factor) gives the largest single gain in faithfulness", source="paper A §3.1",
-              measured="comprehensiveness Δ log-prob AUC gains per step: " + ", ".join(f"{k} {v:+.3g}" for k, v in gains.items()) + why,
+              measured="comprehensiveness Δ log-prob AUC gains per step: " + ", ".join(f"{k} {v:+.3g}" for k, v in gains.items()) + why(comp),
               holds=alignment, criterion="the output-normalised → contribution step has the largest gain of the three and its paired CI lies above 0",
               numbers={"gains": gains}),
     ]

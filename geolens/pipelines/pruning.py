@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Sequence
 
+from geolens.claims import Claim, sample_size
 from geolens.interventions.ablation import MeanHeadZ
 from geolens.pipelines import TopicRun, streamed
 from geolens.pruning import RETENTION, AttentionEntropy, head_sensitivity, pruning_curves, pruning_orders
@@ -66,8 +67,6 @@ class PruningRun(TopicRun):
 
     def claims(self, windows: str = "evaluation windows") -> list:
         """The regime-order claim; its sample is the evaluation windows (named ``windows``) and the random seeds."""
-        from geolens.report.build import sample_size
-
         n_eval = int(self.parameters["eval_windows"])
         return pruning_claims(self.curves, sample_size(n_eval, windows=windows, n_seeds=len(self.parameters["seeds"])))
 
@@ -101,8 +100,6 @@ def run_pruning(model, reference, evaluation, params: PruningParams = PruningPar
 
 def pruning_claims(df, sample: dict | None = None) -> list:
     """Paper B's pruning claim, decided from the curves ``df`` (mean ΔPPL over retention levels)."""
-    from geolens.report.document import Claim
-
     mean = df.groupby("order", sort=False).delta_ppl.mean()
     rand = mean[[o for o in mean.index if o.startswith("random")]]
     regime, random_mean = float(mean["regime"]), float(rand.mean())

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from geolens.claims import Claim
 from geolens.pipelines import TopicRun, streamed
 from geolens.selection.analysis import DEFAULT_CONDITIONS, Condition, SelectionAnalysis
 from geolens.selection.regime import RegimeAnalysis
@@ -100,8 +101,6 @@ def run_selection(model, tokens, params: SelectionParams = SelectionParams(), *,
 
 def selection_claims(res: dict) -> list:
     """The claims of paper B on token selection, decided from :meth:`SelectionAnalysis.result`'s numbers."""
-    from geolens.report.document import Claim
-
     comp = res["comparison"]
     main = comp[comp.condition == MAIN].sort_values("N")
     few = main[main.N <= 4]
@@ -111,7 +110,7 @@ def selection_claims(res: dict) -> list:
         Claim(claim="Top-N sets are more separable than random N-subsets", source="paper B",
               measured="F_N top − random (cosine, value space): " + ", ".join(f"N={int(r.N)} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}]" for _, r in few.iterrows()),
               holds=beats, criterion="95% CI of the difference above 0 for every N ≤ 4",
-              numbers={"comparison": main}),
+              numbers={"comparison": main}, ci=True),
         Claim(claim="The separation advantage is largest for few tokens (N ≈ 1–4)", source="paper B",
               measured=f"largest top − random F_N difference at N = {best_n}",
               holds=bool(best_n <= 4), criterion="argmax over N of the difference ≤ 4",

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from geolens.claims import Claim, sample_size
 from geolens.pipelines import TopicRun, streamed
 from geolens.sinks import DEFAULT_LAMBDAS, GU_EPSILON, NormCurve, SinkGeometry, TokenTypeDecomposition, semantic_drift
 
@@ -100,9 +101,6 @@ def run_sinks(model, tokens, params: SinksParams = SinksParams(), *, analyses: d
 
 def sink_claims(geometry, decomposition, norm_summary: dict, drift) -> list:
     """The sink claims of docs/method.md §4, each decided from this run's numbers."""
-    from geolens.report.build import sample_size
-    from geolens.report.document import Claim
-
     h = geometry.heads
     value_ratio, proj_ratio = float(h.value_norm_ratio.median()), float(h.proj_norm_ratio.median())
     cos_mean = float(h.proj_cos_tail.mean())

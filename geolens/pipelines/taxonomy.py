@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Sequence
 
+from geolens.claims import Claim
 from geolens.pipelines import TopicRun, streamed
 from geolens.taxonomy import DEFAULT_PREFIX_LENGTHS, TaxonomyAnalysis
 
@@ -69,8 +70,6 @@ def run_taxonomy(model, tokens, params: TaxonomyParams = TaxonomyParams(), *, an
 
 def taxonomy_claims(tax) -> list:
     """Paper B's claims on the regime shares, decided from a :class:`~geolens.taxonomy.TaxonomyResult`."""
-    from geolens.report.document import Claim
-
     dist = tax.distribution
     retr = float(dist["Retriever"])
     lo, hi = RETRIEVER_RANGE

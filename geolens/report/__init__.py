@@ -3,7 +3,8 @@
 ``geolens report`` (:mod:`geolens.commands.report`) runs every section whose geolens modules are
 installed on one model and corpus (:func:`build_report`) and writes ``report.html`` (circuitsvis
 bundle inlined, figures as base64 PNG, no network) and ``report.json`` (every figure's numbers,
-tables, the paper-claim table with the numbers behind it, parameters and versions).
+tables, the paper-claim table with the numbers behind it, parameters and versions). The claims
+themselves (:class:`geolens.claims.Claim`) and the rule for their verdicts live in :mod:`geolens.claims`.
 """
 
 from geolens.report.build import (
@@ -15,11 +16,10 @@ from geolens.report.build import (
     write_report,
 )
 from geolens.report.contrast import ContributionContrast, contrast_samples
-from geolens.report.document import Claim, Report, Section, render_html, report_json
+from geolens.report.document import Report, Section, render_html, report_json
 
 __all__ = [
     "SECTIONS",
-    "Claim",
     "ContributionContrast",
     "Report",
     "ReportConfig",

@@ -11,11 +11,12 @@ does not exist is left out, never filled with placeholder numbers). Each section
   own interventions or extra forwards included) by its topic's pipeline
   (:mod:`geolens.pipelines`, given the analyses already run), which the topic's command runs too.
 
-**Sample sizes.** Every claim verdict carries ``numbers["sample"]`` (:func:`sample_size`): the
-number of windows behind it (corpus or held-out windows, as the section says; the corpus windows
-by default), the number of seeds when the verdict compares with random orders (pruning), and
-``low_power``: fewer than :data:`LOW_POWER_MIN_WINDOWS` windows, or a single seed. The page shows
-it after each measurement, e.g. "[n = 8 corpus windows; LOW POWER: 8 < 20 windows]".
+**Samples and verdicts.** Every claim carries ``numbers["sample"]``
+(:func:`geolens.claims.sample_size`): the number of windows behind it (corpus or held-out windows,
+as the section says; the corpus windows by default), the number of seeds when the verdict compares
+with random orders (pruning), and ``low_power`` below the claim's minimum. A claim reads holds /
+does not hold only when decided by confidence intervals on at least that minimum
+(:mod:`geolens.claims`); otherwise its verdict reads e.g. "indicative (n = 8 corpus windows)".
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from typing import Sequence
 
 import torch
 
-from geolens.runner import run_corpus
+from geolens.claims import MIN_WINDOWS, PROTOCOL_MIN_DOCUMENTS, sample_size
 from geolens.report.document import Report, Section, render_html, report_json, versions
-
-LOW_POWER_MIN_WINDOWS = 20
+from geolens.runner import run_corpus
 
 DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 
@@ -135,46 +135,11 @@ def _select(keys: Sequence[str] | None) -> list[SectionSpec]:
     return [s for s in specs if s.key in keys]
 
 
-def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int | None = None) -> dict:
-    """What a verdict rests on: ``n_windows`` (of kind ``windows``), ``n_seeds`` (None when no
-    random order is involved) and ``low_power`` (< :data:`LOW_POWER_MIN_WINDOWS` windows or one
-    seed) with its reason."""
-    if int(n_windows) < 0 or (n_seeds is not None and int(n_seeds) < 1):
-        raise ValueError(f"a sample needs n_windows ≥ 0 and n_seeds ≥ 1 (or None), got {n_windows} and {n_seeds}")
-    reasons = []
-    if int(n_windows) < LOW_POWER_MIN_WINDOWS:
-        reasons.append(f"{int(n_windows)} < {LOW_POWER_MIN_WINDOWS} windows")
-    if n_seeds is not None and int(n_seeds) < 2:
-        reasons.append("one seed")
-    return {
-        "n_windows": int(n_windows),
-        "windows": windows,
-        "n_seeds": None if n_seeds is None else int(n_seeds),
-        "low_power": bool(reasons),
-        "low_power_reason": "; ".join(reasons),
-    }
-
-
-def describe_sample(sample: dict) -> str:
-    """``"n = 8 corpus windows, 1 seed; LOW POWER: 8 < 20 windows; one seed"``."""
-    text = f"n = {sample['n_windows']} {sample['windows']}"
-    if sample.get("n_seeds") is not None:
-        text += f", {sample['n_seeds']} seed{'s' if sample['n_seeds'] != 1 else ''}"
-    if sample.get("low_power"):
-        text += f"; LOW POWER: {sample['low_power_reason']}"
-    return text
-
-
 def mark_sample_sizes(sections: Sequence[Section], n_corpus_windows: int) -> None:
-    """Give every claim its ``numbers["sample"]`` (the corpus windows unless the section set
-    one) and show it at the end of ``measured``."""
+    """Give every claim its ``numbers["sample"]``: the corpus windows unless the section set one."""
     for section in sections:
         for claim in section.claims:
-            sample = claim.numbers.get("sample") or sample_size(n_corpus_windows)
-            claim.numbers["sample"] = sample
-            marker = f" [{describe_sample(sample)}]"
-            if not claim.measured.endswith(marker):
-                claim.measured += marker
+            claim.numbers["sample"] = claim.numbers.get("sample") or sample_size(n_corpus_windows)
 
 
 def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress: bool = True) -> Report:
@@ -211,8 +176,13 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
     params = asdict(config)
     params["corpus_pass_seconds"] = round(corpus_seconds, 2)
     params["n_sequences"], params["seq_len"] = int(corpus.shape[0]), int(tokens.shape[1])
-    params["low_power_rule"] = f"a verdict on fewer than {LOW_POWER_MIN_WINDOWS} windows, or on one seed, is marked LOW POWER"
-    params["n_low_power_claims"] = sum(bool(c.numbers["sample"]["low_power"]) for s in sections for c in s.claims)
+    params["verdict_rule"] = (
+        "holds / does not hold only when decided by confidence intervals on at least the claim's minimum sample "
+        f"({PROTOCOL_MIN_DOCUMENTS} documents for faithfulness, {MIN_WINDOWS} windows and two seeds otherwise); else indicative"
+    )
+    claims = [c for s in sections for c in s.claims]
+    params["n_low_power_claims"] = sum(bool(c.numbers["sample"]["low_power"]) for c in claims)
+    params["n_decided_claims"] = sum(c.decision in ("holds", "does not hold") for c in claims)
     params["model_config"] = {
         k: getattr(model.cfg, k, None) for k in ("n_layers", "n_heads", "d_model", "d_head", "n_key_value_heads")
     }

@@ -4,9 +4,10 @@
 ``geolens report --model smollm2-135m --model gemma3-270m``, which writes each model's report
 under ``--out/<model>/`` first) writes ``compare.html`` (self-contained) and ``compare.json``:
 
-- **one claim table** with a column per model: the measured value, the verdict and the sample
-  size behind it (low-power verdicts marked, :func:`geolens.report.build.sample_size`); a claim a
-  run did not test shows "not run";
+- **one claim table** with a column per model: the verdict with the sample behind it and the
+  measured value, by the rule of :mod:`geolens.claims` (holds / does not hold only when decided by
+  confidence intervals on enough data, else "indicative (n = …)"; a ``report.json`` written before
+  that rule reads indicative); a claim a run did not test shows "not run";
 - **figures on shared axes**, redrawn from the numbers in the JSON files (nothing is re-run):
   the mean sink rate and the mean cos(ṽ_0, ṽ_j) per layer against *relative depth*
   l / (n_layers − 1) (models of different depths on one axis), the regime shares of the head
@@ -18,15 +19,16 @@ run's parameters and versions kept in ``compare.json["runs"]``.
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from geolens.claims import Claim
 from geolens.report.citations import cite_text, references_html, references_of, source_html
 from geolens.report.columns import header
+from geolens.report.pages import render_page
 from geolens.viz.common import PlotView, new_figure, to_jsonable
 
 REGIMES = ("Mixer", "Retriever", "Reset")
@@ -160,6 +162,13 @@ def _outside_legend(ax) -> None:
     ax.figure.tight_layout()
 
 
+def _measured(text: str) -> str:
+    """The measured text without the "[n = …]" that reports written before geolens.claims appended
+    (the sample is shown with the verdict)."""
+    marker = text.rfind(" [n = ")
+    return text[:marker] if marker > 0 and text.endswith("]") else text
+
+
 def compare_claims(reports: Sequence[dict], labels: Sequence[str]) -> list[dict]:
     """One row per (section, claim) in the order first met, with each model's result."""
     rows: dict[tuple[str, str], dict] = {}
@@ -169,13 +178,15 @@ def compare_claims(reports: Sequence[dict], labels: Sequence[str]) -> list[dict]
             source = c.get("source", "")
             row = rows.setdefault(key, {"section": key[0], "claim": c["claim"], "source": source, "citation": c.get("citation") or cite_text(source),
                                         "references": [r.full for r in references_of(source)], "criterion": c.get("criterion", ""), "models": {}})  # fmt: skip
-            sample = (c.get("numbers") or {}).get("sample")
-            row["models"][lab] = {"measured": c["measured"], "verdict": c["verdict"], "holds": c["holds"], "sample": sample}
+            claim = Claim.from_json(c)  # the verdict rule applied again: the same rule for every run
+            decided = claim.decision in ("holds", "does not hold")
+            row["models"][lab] = {"measured": _measured(c["measured"]), "verdict": claim.verdict, "decision": claim.decision, "why": claim.why,
+                                  "holds": claim.holds if decided else None, "sample": claim.sample}  # fmt: skip
     for row in rows.values():
         for lab in labels:
             row["models"].setdefault(lab, None)
-        verdicts = {m["verdict"] for m in row["models"].values() if m}
-        row["agree"] = len(verdicts) == 1 and all(row["models"].values())
+        decisions = {m["decision"] for m in row["models"].values() if m}
+        row["agree"] = len(decisions) == 1 and all(row["models"].values())
     return list(rows.values())
 
 
@@ -199,100 +210,36 @@ def compare_reports(reports: Sequence[dict]) -> dict[str, Any]:
     return {"data": to_jsonable(out), "figures": figs}
 
 
-_CSS = """
-body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 24px auto;
-       max-width: 1300px; padding: 0 16px; color: #222; line-height: 1.45; }
-h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 32px; }
-.meta { color: #555; font-size: 0.9em; }
-table.geolens-table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0 16px 0; }
-table.geolens-table th, table.geolens-table td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
-table.geolens-table th { background: #f4f4f4; white-space: normal; }
-.table-scroll { overflow-x: auto; max-width: 100%; }
-p.table-legend { font-size: 0.8em; color: #555; margin: -10px 0 14px 0; }
-.cite { font-size: 0.85em; color: #555; } ul.references li { margin-bottom: 4px; }
-.holds { color: #11772d; font-weight: bold; } .fails { color: #b3261e; font-weight: bold; } .descriptive { color: #555; }
-.lowpower { background: #fff4d6; color: #7a5300; font-size: 0.85em; padding: 0 4px; border-radius: 3px; }
-.sample { color: #555; font-size: 0.85em; } .differs { background: #fdf1f0; }
-figure { display: inline-block; margin: 8px; max-width: 100%; } figure img { max-width: min(760px, 100%); border: 1px solid #eee; }
-figcaption { font-size: 0.85em; color: #555; }
-"""
-
-
-def _cell(m: dict | None) -> str:
-    if m is None:
-        return '<td class="descriptive">not run</td>'
-    cls = {True: "holds", False: "fails", None: "descriptive"}[m["holds"]]
-    sample = m.get("sample") or {}
-    measured = m["measured"]
-    tail = ""
-    if sample:
-        n = f"n = {sample.get('n_windows')} {html.escape(str(sample.get('windows', 'windows')))}"
-        if sample.get("n_seeds") is not None:
-            n += f", {sample['n_seeds']} seed(s)"
-        tail = f'<br><span class="sample">{n}</span>'
-        if sample.get("low_power"):
-            tail += f' <span class="lowpower" title="{html.escape(sample.get("low_power_reason", ""))}">low power</span>'
-        marker = measured.rfind(" [n = ")
-        if marker > 0:
-            measured = measured[:marker]  # the sample is shown separately
-    return f'<td><span class="{cls}">{html.escape(m["verdict"])}</span><br>{html.escape(cite_text(measured))}{tail}</td>'
-
-
 COMPARE_LEGEND = (
     "paper claim: what the cited paper states (with the report section); source: the paper and its section, with "
-    "the full citation; criterion: the rule applied; one column per model: its verdict, the number measured and the "
-    "sample behind it (n windows; low power: fewer than 20 windows or one seed)."
+    "the full citation; criterion: the rule applied; one column per model: its verdict with the sample behind it "
+    "(holds / does not hold only when decided by confidence intervals on at least the claim's minimum sample, "
+    "otherwise indicative; hover for why), then the number measured."
 )
 
 
 def render_compare_html(cmp: dict) -> str:
-    """One self-contained page: the claim table with a column per model, then the figures."""
+    """One self-contained page (``templates/compare.html.j2``): the claim table with a column per
+    model, then the figures."""
     data, figs = cmp["data"], cmp["figures"]
     labels = data["models"]
-    runs = data["runs"]
-    meta = "<br>".join(
-        f"<b>{html.escape(lab)}</b>: {html.escape(str(r['params'].get('corpus')))}, "
-        f"{r['params'].get('n_sequences')} windows × {r['params'].get('seq_len')} tokens"
-        f"{' (quick)' if r['params'].get('quick') else ''}, model mode {html.escape(str(r['versions'].get('model_mode', '?')))}, "
-        f"geolens {html.escape(str(r['versions'].get('geolens', '?')))}; from <code>{html.escape(str(r.get('path')))}</code>"
-        for lab, r in runs.items()
-    )
-    head = "<tr><th>paper claim</th><th>source (full citation)</th><th>criterion</th>" + "".join(f"<th>{html.escape(l)}</th>" for l in labels) + "</tr>"
-    body = []
-    for row in data["claims"]:
-        cls = "" if row["agree"] else ' class="differs"'
-        body.append(
-            f"<tr{cls}><td>{html.escape(cite_text(row['claim']))}<br><span class=\"sample\">{html.escape(row['section'])}</span></td>"
-            f"<td>{source_html(row['source'])}</td><td>{html.escape(cite_text(row['criterion']))}</td>"
-            + "".join(_cell(row["models"][l]) for l in labels)
-            + "</tr>"
-        )
-    n_low = sum(1 for row in data["claims"] for m in row["models"].values() if m and (m.get("sample") or {}).get("low_power"))
-    fig_html = "".join(
-        f'<figure><img alt="{html.escape(f.title)}" src="data:image/png;base64,{f.to_base64_png()}"><figcaption>{html.escape(f.title)}</figcaption></figure>'
-        for f in figs
-    )
-    return "\n".join(
-        [
-            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-            f"<title>geolens cross-model report: {html.escape(' vs '.join(labels))}</title>",
-            f"<style>{_CSS}</style></head><body>",
-            f"<h1>geolens cross-model report: {html.escape(' vs '.join(labels))}</h1>",
-            f'<p class="meta">{meta}<br>Every number is the one its own report measured; all are in <code>compare.json</code>.</p>',
-            '<section id="claims"><h2>Paper claim → measured, per model</h2>',
-            "<p>Rows whose verdicts differ between the models are shaded. A verdict resting on fewer than 20 "
-            f"windows or on one seed is marked <span class=\"lowpower\">low power</span> ({n_low} here).</p>",
-            f'<div class="table-scroll"><table class="geolens-table claims">{head}{"".join(body)}</table></div>',
-            f'<p class="table-legend">{COMPARE_LEGEND}</p></section>',
-            '<section id="figures"><h2>Figures on shared axes</h2>',
-            "<p>Layers are placed at their relative depth so that models of different depths share one axis.</p>",
-            fig_html or "<p>No section with figures is common to these runs.</p>",
-            "</section>",
-            '<section id="references"><h2>References</h2>',
-            references_html(),
-            "</section></body></html>\n",
-        ]
-    )
+    runs = [
+        dict(label=lab, corpus=str(r["params"].get("corpus")), n_sequences=r["params"].get("n_sequences"), seq_len=r["params"].get("seq_len"),
+             quick=bool(r["params"].get("quick")), model_mode=str(r["versions"].get("model_mode", "?")),
+             geolens=str(r["versions"].get("geolens", "?")), path=str(r.get("path")))
+        for lab, r in data["runs"].items()
+    ]  # fmt: skip
+    rows = [
+        dict(claim=cite_text(row["claim"]), section=row["section"], source=source_html(row["source"]), criterion=cite_text(row["criterion"]),
+             agree=row["agree"], cells=[None if row["models"][l] is None else dict(row["models"][l], measured=cite_text(row["models"][l]["measured"]))
+                                        for l in labels])
+        for row in data["claims"]
+    ]  # fmt: skip
+    n_indicative = sum(1 for row in data["claims"] for m in row["models"].values() if m and m["decision"] == "indicative")
+    return render_page(
+        "compare.html.j2", page_class="compare", references=references_html(), labels=labels, runs=runs, rows=rows,
+        n_indicative=n_indicative, legend=COMPARE_LEGEND, figures=[{"title": f.title, "png": f.to_base64_png()} for f in figs],
+    )  # fmt: skip
 
 
 def write_comparison(reports: Sequence[dict], out: str | Path) -> dict[str, Path]:

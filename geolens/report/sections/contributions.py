@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from geolens.adapter import names_filter
+from geolens.claims import Claim
 from geolens.report.contrast import ContributionContrast
-from geolens.report.document import Claim, Section
+from geolens.report.document import Section
 from geolens.viz.contributions import contribution_heatmaps, sink_attention_vs_contribution_plot, source_colors
 
 

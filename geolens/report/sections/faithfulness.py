@@ -9,7 +9,8 @@ k ∈ {0.05, 0.5}) with every metric of :mod:`geolens.metrics` registered with `
 Value Zeroing is left out (one forward per source token) and a metric registered by the user takes
 part. The claims are
 decided by paired bootstrap CIs over documents, after the range check; with fewer than
-:data:`geolens.faithfulness.MIN_DOCUMENTS` documents or without range they stay undecided.
+:data:`geolens.faithfulness.MIN_DOCUMENTS` documents or without range they stay undecided, and
+below the protocol's :data:`geolens.claims.PROTOCOL_MIN_DOCUMENTS` documents they read indicative.
 """
 
 from __future__ import annotations

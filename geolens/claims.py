@@ -1,0 +1,150 @@
+"""Paper claims, the samples behind them, and when a claim may read "holds".
+
+A topic pipeline (:mod:`geolens.pipelines`) states each claim of the source papers next to what
+its run measured, as a :class:`Claim`; the report (:mod:`geolens.report`) only shows them. This
+module sits below both, so that no pipeline imports the report.
+
+**The verdict rule.** A claim reads ``holds`` or ``does not hold`` only when both are true:
+
+1. its criterion was decided by confidence intervals (``ci=True``: the intervals of
+   :mod:`geolens.stats`, e.g. :func:`geolens.stats.verdict` or :func:`geolens.stats.holm_family`),
+   not by comparing point estimates;
+2. its sample reaches the claim's minimum (:func:`sample_size`'s ``minimum``):
+   :data:`PROTOCOL_MIN_DOCUMENTS` documents for the faithfulness claims (the minimum that
+   ``docs/faithfulness/protocol.json`` fixes), :data:`MIN_WINDOWS` windows for every other claim
+   (below that a percentile interval over windows is too unstable to decide on), and at least two
+   seeds when the claim compares with random orders.
+
+Otherwise the claim is ``indicative``, shown with its sample, e.g. ``indicative (n = 8 corpus
+windows)``, whatever its numbers say; ``descriptive`` when the paper gives no criterion, and
+``undecided`` when the intervals were computed on enough data but could not decide (e.g. a failed
+range check).
+
+>>> c = Claim("X is small", "paper B", "x = 0.1", holds=True, criterion="x < 0.5", numbers={"sample": sample_size(8)})
+>>> c.verdict, c.decision
+('indicative (n = 8 corpus windows)', 'indicative')
+>>> Claim("X is small", "paper B", "x = 0.1 [0.05, 0.2]", holds=True, criterion="95% CI below 0.5",
+...       numbers={"sample": sample_size(64)}, ci=True).verdict
+'holds (n = 64 corpus windows)'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+MIN_WINDOWS = 20
+"""The fewest windows (or documents) on which a claim other than faithfulness may be decided."""
+
+PROTOCOL_MIN_DOCUMENTS = 100
+"""The fewest documents on which a faithfulness claim may be decided (``docs/faithfulness/protocol.json``,
+``primary.min_documents`` and ``data.n_documents``; a test keeps the two equal)."""
+
+Decision = Literal["holds", "does not hold", "undecided", "indicative", "descriptive"]
+DECISIONS: tuple[str, ...] = ("holds", "does not hold", "undecided", "indicative", "descriptive")
+
+
+def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int | None = None, minimum: int = MIN_WINDOWS) -> dict:
+    """What a verdict rests on, as a JSON-ready dict.
+
+    ``n_windows`` units of kind ``windows`` (e.g. "corpus windows", "documents"), ``n_seeds``
+    (None when no random order is involved) and ``low_power``: fewer than ``minimum`` units, or a
+    single seed, with its reason.
+
+    >>> s = sample_size(8)
+    >>> s["low_power"], s["low_power_reason"]
+    (True, '8 < 20 corpus windows')
+    >>> sample_size(150, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)["low_power"]
+    False
+    """
+    if int(n_windows) < 0 or (n_seeds is not None and int(n_seeds) < 1) or int(minimum) < 1:
+        raise ValueError(f"a sample needs n_windows ≥ 0, n_seeds ≥ 1 (or None) and minimum ≥ 1, got {n_windows}, {n_seeds} and {minimum}")
+    reasons = []
+    if int(n_windows) < int(minimum):
+        reasons.append(f"{int(n_windows)} < {int(minimum)} {windows}")
+    if n_seeds is not None and int(n_seeds) < 2:
+        reasons.append("one seed")
+    return {
+        "n_windows": int(n_windows),
+        "windows": windows,
+        "n_seeds": None if n_seeds is None else int(n_seeds),
+        "minimum": int(minimum),
+        "low_power": bool(reasons),
+        "low_power_reason": "; ".join(reasons),
+    }
+
+
+def describe_sample(sample: dict) -> str:
+    """``"n = 64 held-out windows, 3 seeds"``.
+
+    >>> describe_sample(sample_size(8))
+    'n = 8 corpus windows'
+    """
+    text = f"n = {sample['n_windows']} {sample.get('windows', 'windows')}"
+    if sample.get("n_seeds") is not None:
+        text += f", {sample['n_seeds']} seed{'s' if sample['n_seeds'] != 1 else ''}"
+    return text
+
+
+@dataclass
+class Claim:
+    """A paper claim next to what this run measured.
+
+    ``holds`` is the outcome of ``criterion`` on this run's numbers (``None`` when the paper gives
+    no criterion, or when the intervals could not decide); ``ci`` says whether that outcome was
+    decided by confidence intervals; ``numbers`` are the values behind ``measured``, with the
+    sample under ``numbers["sample"]`` (:func:`sample_size`). What the claim *reads* follows the
+    verdict rule of the module docstring: :attr:`decision` and :attr:`verdict`.
+    """
+
+    claim: str
+    source: str
+    measured: str
+    holds: bool | None
+    criterion: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    ci: bool = False
+
+    @property
+    def sample(self) -> dict | None:
+        return self.numbers.get("sample")
+
+    @property
+    def decision(self) -> Decision:
+        """holds / does not hold / undecided / indicative / descriptive (the module's rule)."""
+        if self.holds is None and not self.ci:
+            return "descriptive"
+        if not self.ci or self.sample is None or self.sample["low_power"]:
+            return "indicative"
+        if self.holds is None:
+            return "undecided"
+        return "holds" if self.holds else "does not hold"
+
+    @property
+    def verdict(self) -> str:
+        """What the report prints: the decision with its sample, e.g. ``indicative (n = 8 corpus windows)``."""
+        d = self.decision
+        return d if d == "descriptive" or self.sample is None else f"{d} ({describe_sample(self.sample)})"
+
+    @property
+    def why(self) -> str:
+        """Why the claim is not decided ("" when it is, or when it is descriptive)."""
+        if self.decision != "indicative":
+            return ""
+        reasons = [] if self.ci else ["no confidence interval"]
+        if self.sample is None:
+            reasons.append("no sample recorded")
+        elif self.sample["low_power"]:
+            reasons.append(f"below the minimum sample: {self.sample['low_power_reason']}")
+        return "; ".join(reasons)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Claim":
+        """A claim read back from a ``report.json`` entry. Entries written before the verdict rule
+        (no ``ci`` key) read as decided by point estimates: never holds / does not hold."""
+        holds = data.get("criterion_met", data.get("holds"))
+        return cls(data["claim"], data.get("source", ""), data["measured"], holds, data.get("criterion", ""),
+                   dict(data.get("numbers") or {}), ci=bool(data.get("ci", False)))  # fmt: skip
+
+
+__all__ = ["DECISIONS", "MIN_WINDOWS", "PROTOCOL_MIN_DOCUMENTS", "Claim", "Decision", "describe_sample", "sample_size"]
