@@ -23,10 +23,13 @@ Scoring (:func:`score_questions`): one forward pass per question scores every ch
 prompt + choice_k share the prompt; a shorter choice is filled up with its own last token, which
 causal attention never lets act on the scored positions, and only the positions that predict
 choice tokens are unembedded; single-token choices need just the prompt). Per question: the
-prediction, whether it is correct, log p(correct | prompt) and its share among the choices
-log softmax_k(log p(choice_k | prompt)). :func:`mc_summary` gives accuracy and mean log-prob with
+prediction, whether it is correct, log p(correct | prompt), its share among the choices
+log softmax_k(log p(choice_k | prompt)) and the answer margin, score(correct) − max score(other
+choices) (:func:`choice_scores`: summed log-prob, or per-token mean, the choice-normalised score
+of docs/faithfulness/PROTOCOL.md §5). :func:`mc_summary` gives accuracy and mean log-prob with
 bootstrap CIs over questions, :func:`paired_difference` the paired bootstrap of a difference
-between two runs on the same questions.
+between two runs on the same questions. Multiple choice under the pre-registered protocol
+(eligibility, per-layer masks, margin drops, Holm family) is :mod:`geolens.faithfulness.multiple_choice`.
 
 Under masks, each (question, choice) sequence gets its own metric scores and masks
 (:func:`geolens.faithfulness.metric_scores`, same protocol) and all masks of one sequence run
@@ -216,19 +219,52 @@ def choice_logliks(model, question: Question, *, fwd_hooks=()) -> tuple[list[flo
     return out, [len(c) for c in ids]
 
 
-def _question_row(q: Question, qid: int, ll: Sequence[float], lengths: Sequence[int], normalize: str) -> dict:
-    pred = _predict(ll, lengths, normalize)
+def choice_scores(logliks: Sequence[float], lengths: Sequence[int], normalize: str = "mean") -> list[float]:
+    """Each choice's score from its log-likelihood: ``"mean"`` (choice-normalised) divides
+    log p(choice | prompt) by the choice's token count, the mean per-token log-probability;
+    ``"sum"`` keeps the sum (BIG-bench ``multiple_choice_grade``).
+
+    >>> choice_scores([-6.0, -3.0], [3, 1]), choice_scores([-6.0, -3.0], [3, 1], "sum")
+    ([-2.0, -3.0], [-6.0, -3.0])
+    """
+    if normalize == "mean":
+        return [float(s) / int(n) for s, n in zip(logliks, lengths)]
+    if normalize != "sum":
+        raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
+    return [float(s) for s in logliks]
+
+
+def answer_margin(scores: Sequence[float], answer: int) -> float:
+    """score(correct) − max score(other choices): > 0 exactly when the correct choice wins alone.
+
+    >>> answer_margin([-1.0, -1.5, -3.0], 0), answer_margin([-1.0, -1.5, -3.0], 2)
+    (0.5, -2.0)
+    """
+    if len(scores) < 2:
+        raise ValueError(f"an answer margin needs at least two choices, got {len(scores)}")
+    return float(scores[answer]) - max(float(s) for k, s in enumerate(scores) if k != answer)
+
+
+def question_row(q: Question, qid: int, ll: Sequence[float], lengths: Sequence[int], normalize: str) -> dict:
+    """The per-question columns of :func:`score_questions` from the choices' log-likelihoods:
+    ``task, qid, n_choices, answer, predicted, correct, logprob_correct, logprob_correct_norm,
+    margin, chance`` (``margin``: :func:`answer_margin` of the :func:`choice_scores`)."""
+    scores = choice_scores(ll, lengths, normalize)
+    pred = int(max(range(len(scores)), key=lambda k: scores[k]))
     lls = torch.tensor(ll, dtype=torch.float64)
+    margin = answer_margin(scores, q.answer) if len(scores) > 1 else float("nan")
     return dict(
         task=q.task, qid=qid, n_choices=len(q.choices), answer=q.answer, predicted=pred, correct=bool(pred == q.answer),
         logprob_correct=float(lls[q.answer]), logprob_correct_norm=float(torch.log_softmax(lls, 0)[q.answer]),
-        chance=1.0 / len(q.choices),
+        margin=margin, chance=1.0 / len(q.choices),
     )  # fmt: skip
 
 
 def score_questions(model, questions: Sequence[Question], *, normalize: str = "sum", fwd_hooks=(), progress: bool = False) -> pd.DataFrame:
     """One row per question: ``task, qid, n_choices, answer, predicted, correct, logprob_correct,
-    logprob_correct_norm, chance`` (``qid`` = index within its task)."""
+    logprob_correct_norm, margin, chance`` (:func:`question_row`; ``qid`` = index within its task).
+    ``normalize`` picks the choice score (:func:`choice_scores`) that decides the prediction and
+    the margin; the log-prob columns are always the summed log p(choice | prompt)."""
     if normalize not in ("sum", "mean"):
         raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
     rows, seen = [], {}
@@ -236,7 +272,7 @@ def score_questions(model, questions: Sequence[Question], *, normalize: str = "s
         qid = seen.get(q.task, 0)
         seen[q.task] = qid + 1
         ll, lengths = choice_logliks(model, q, fwd_hooks=fwd_hooks)
-        rows.append(_question_row(q, qid, ll, lengths, normalize))
+        rows.append(question_row(q, qid, ll, lengths, normalize))
     return pd.DataFrame(rows)
 
 
@@ -288,24 +324,11 @@ def paired_difference(a: pd.DataFrame, b: pd.DataFrame, *, n_boot: int = 2000, s
     return pd.DataFrame(rows)
 
 
-def _predict(logliks: Sequence[float], lengths: Sequence[int], normalize: str) -> int:
-    if normalize == "mean":
-        logliks = [s / n for s, n in zip(logliks, lengths)]
-    elif normalize != "sum":
-        raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
-    return int(max(range(len(logliks)), key=lambda k: logliks[k]))
-
-
 def choice_loglik(model, tokens: torch.Tensor, n_choice: int) -> float:
     """log p(choice | prompt) = −Σ NLL of the last ``n_choice`` tokens of ``tokens`` ``[1, pos]``."""
     with torch.no_grad():
         logits = model(tokens, return_type="logits")
     return -float(tail_nll(logits[:, -1 - n_choice : -1], tokens).sum())
-
-
-def mc_accuracy(model, questions: Sequence[Question], *, normalize: str = "sum", progress: bool = False) -> float:
-    """Clean accuracy: the share of questions whose best log-likelihood choice is correct."""
-    return float(score_questions(model, questions, normalize=normalize, progress=progress).correct.mean())
 
 
 def mc_under_masks_per_question(
@@ -350,12 +373,12 @@ def mc_under_masks_per_question(
             masks = torch.cat([curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1)
             nll = masked_token_nll(model, tokens, masks, layers, chunk_size=chunk_size, n_scored=n)
             masked_ll.append(-nll.to(torch.float64).sum(-1).reshape(len(metrics), n_d, n_k))
-        out.append(dict(metric="clean", direction="none", fraction=0.0, **_question_row(q, qid, clean_ll, lengths, normalize)))
+        out.append(dict(metric="clean", direction="none", fraction=0.0, **question_row(q, qid, clean_ll, lengths, normalize)))
         ll = torch.stack(masked_ll, dim=-1)  # [metric, direction, k, choice]
         for mi, m in enumerate(metrics):
             for di, d in enumerate(DIRECTIONS):
                 for ki, k in enumerate(protocol.fractions):
-                    row = _question_row(q, qid, ll[mi, di, ki].tolist(), lengths, normalize)
+                    row = question_row(q, qid, ll[mi, di, ki].tolist(), lengths, normalize)
                     out.append(dict(metric=m, direction=d, fraction=float(k), **row))
     return pd.DataFrame(out)
 

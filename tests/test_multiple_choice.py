@@ -17,7 +17,9 @@ from geolens.multiple_choice import (
     MC_TASKS,
     SHIPPED_BIGBENCH,
     Question,
+    answer_margin,
     choice_logliks,
+    choice_scores,
     load_questions,
     mc_summary,
     mc_under_masks_per_question,
@@ -83,6 +85,35 @@ def test_choice_logliks_equal_naive_per_choice_forwards(tiny):
         want = _naive_logliks(model, q)
         assert lengths == [len(model.tokenizer(" " + c, add_special_tokens=False)["input_ids"]) for c in q.choices]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_choice_normalised_scores_prediction_and_margin_equal_naive_loop(tiny):
+    """Each choice's mean per-token log p given the prompt, the arg-max prediction and the answer
+    margin score(correct) − max score(other) against one float64 forward per choice and loops."""
+    model, _, _ = tiny
+    df = score_questions(model, QUESTIONS, normalize="mean")
+    for (_, row), q in zip(df.iterrows(), QUESTIONS):
+        lengths = [len(model.tokenizer(" " + c, add_special_tokens=False)["input_ids"]) for c in q.choices]
+        means = [s / n for s, n in zip(_naive_logliks(model, q), lengths)]
+        best = 0
+        for k in range(len(means)):
+            if means[k] > means[best]:
+                best = k
+        others = max(means[k] for k in range(len(means)) if k != q.answer)
+        assert row.predicted == best and row.correct == (best == q.answer)
+        assert row.margin == pytest.approx(means[q.answer] - others, abs=1e-5)
+        ll, n = choice_logliks(model, q)
+        np.testing.assert_allclose(choice_scores(ll, n, "mean"), means, rtol=1e-5, atol=1e-6)
+        assert (row.margin > 0) == row.correct  # a positive margin is exactly a correct arg-max
+
+
+def test_answer_margin_and_choice_scores_by_hand():
+    assert answer_margin([-2.0, -1.0, -4.0], 1) == 1.0 and answer_margin([-2.0, -1.0, -4.0], 0) == -1.0
+    assert choice_scores([-6.0, -2.0], [3, 2], "mean") == [-2.0, -1.0] and choice_scores([-6.0, -2.0], [3, 2], "sum") == [-6.0, -2.0]
+    with pytest.raises(ValueError, match="two choices"):
+        answer_margin([-1.0], 0)
+    with pytest.raises(ValueError, match="normalize"):
+        choice_scores([-1.0], [1], "max")
 
 
 def test_single_token_choices_use_one_prompt_forward(tiny_gqa, monkeypatch):

@@ -1,0 +1,654 @@
+"""Multiple choice under the pre-registered faithfulness protocol (docs/faithfulness/PROTOCOL.md §5).
+
+- **Scoring**: each choice's score is its mean per-token log-probability given the prompt,
+  (1/n) Σ_t log p(c_t | BOS, prompt, c_<t) (:func:`geolens.multiple_choice.choice_scores`,
+  ``normalize="mean"``); the prediction is the arg-max choice and the **answer margin** is
+  score(correct) − max score(other choices) (:func:`geolens.multiple_choice.answer_margin`).
+- **Eligibility** (:func:`eligibility`): a task takes part in verdicts only if the 95% percentile
+  bootstrap CI of its clean accuracy over questions (:func:`geolens.multiple_choice.mc_summary`,
+  which draws through :mod:`geolens.stats`) lies entirely above chance, the mean of 1/#choices
+  over its questions. The other tasks are listed as excluded, with accuracy, CI and chance.
+- **Masking** (:func:`masked_scores`), eligible tasks only: one layer at a time, every third layer
+  (0, 3, 6, …), comprehensiveness. Each sequence BOS + prompt + choice gets each metric's scores at
+  that layer; for every query, the top ⌈k·n⌉ of its n (head, source ≤ query) terms pooled over
+  heads (``query`` ranking, :func:`geolens.interventions.masking.removal_ranks`, ties by source
+  then head) are removed by setting α_ij^h = 0 in that layer's ``hook_pattern``, without
+  renormalising, on prompt and choice tokens alike
+  (:func:`geolens.interventions.masking.masked_token_nll`, which runs the layers before the masked
+  one once for all masks). The choice tokens are scored as in the clean model.
+- **Metrics**: per-layer metrics of :mod:`geolens.metrics`, computed from
+  ``LayerInputs.from_layer(view, mode)``. A name ``<metric>_intra`` or ``<metric>_inter`` fixes the
+  mode of ‖o_i‖ (``intra``: the head's output o_i^h, ``inter``: the layer's o_i), so
+  ``output_normalized_intra`` is α‖ṽ_j‖/‖o_i^h‖; a bare name uses ``inter`` (:func:`resolve_metric`).
+- **Outcome** per question and metric: the mean over layers and k of the margin's drop,
+  margin(clean) − margin(masked); larger means the metric found terms the answer depends on.
+- **Pairs** (:func:`pair_tests`), pairs 1–5 of §4 (:data:`DEFAULT_PAIRS`): Δ = mean drop(b) −
+  mean drop(a) over questions (Δ > 0: b more faithful), its bootstrap distribution from
+  task-stratified resamples (:func:`stratified_indices`: questions resampled within each task,
+  so each task keeps its question count), B = 2000, seed 0, one Holm family
+  (:func:`geolens.stats.holm_family`: raw and adjusted p, interval at the pair's Holm level,
+  verdict). A pair whose two metrics gave identical masks in every condition is ``not testable``.
+
+:func:`run_multiple_choice` runs all of it; with an :class:`MCCheckpoint` every question's record
+is saved atomically (:func:`geolens.checkpoint.atomic_write_bytes`) as soon as it is computed,
+so an interrupted run resumes where it stopped. :func:`load_protocol` reads the settings of
+``protocol.json`` and :func:`deviations` says where a run departs from them (the run is then
+labelled ``exploratory`` and gets no verdicts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from geolens.faithfulness import MODES
+from geolens.interventions.masking import masked_token_nll, removal_ranks
+from geolens.metrics import LayerInputs, Metric, find_metric, metric_names
+from geolens.multiple_choice import Question, choice_logliks, choice_scores, choice_tokens, mc_summary, question_row
+from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
+
+DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
+    ("raw_attention", "value_weighted"),
+    ("value_weighted", "output_normalized_intra"),
+    ("output_normalized_inter", "contribution"),
+    ("raw_attention", "contribution"),
+    ("contribution", "contribution_abs"),
+)
+"""Pairs 1–5 of docs/faithfulness/PROTOCOL.md §4, (a, b): "b is more faithful than a"."""
+SCORING = {"mean": "choice_normalized_mean_logprob", "sum": "summed_logprob"}
+CHECKPOINT = "mc_checkpoint.json"
+_LAYER_STEPS = {"every layer": 1, "every second layer": 2, "every third layer": 3}
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and the protocol file
+
+
+@dataclass(frozen=True)
+class MCSettings:
+    """How questions are scored, masked and compared (the defaults are the protocol's §5).
+
+    Attributes:
+        normalize: choice score, ``mean`` (choice-normalised, the protocol) or ``sum``.
+        layer_step: masked layers 0, step, 2·step, … (3: every third layer).
+        fractions: the k of the comprehensiveness masks (⌈k·n⌉ terms of each query removed).
+        pairs: the (a, b) metric pairs of the Holm family.
+        n_boot, seed: bootstrap resamples and the seed of every draw (eligibility and pairs).
+        alpha: the family-wise error rate of the Holm family.
+    """
+
+    normalize: str = "mean"
+    layer_step: int = 3
+    fractions: tuple[float, ...] = (0.05, 0.2)
+    pairs: tuple[tuple[str, str], ...] = DEFAULT_PAIRS
+    n_boot: int = 2000
+    seed: int = 0
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.normalize not in SCORING:
+            raise ValueError(f"normalize must be 'sum' or 'mean', got {self.normalize!r}")
+        if isinstance(self.layer_step, bool) or int(self.layer_step) != self.layer_step or self.layer_step < 1:
+            raise ValueError(f"layer_step must be an integer ≥ 1, got {self.layer_step!r}")
+        fr = tuple(float(k) for k in self.fractions)
+        if not fr or any(not 0.0 < k <= 1.0 for k in fr) or list(fr) != sorted(set(fr)):
+            raise ValueError(f"fractions must be distinct, increasing and in (0, 1], got {list(self.fractions)}")
+        object.__setattr__(self, "fractions", fr)
+        pairs = tuple((str(a), str(b)) for a, b in self.pairs)
+        if not pairs or any(a == b for a, b in pairs):
+            raise ValueError(f"pairs must name two different metrics each, got {list(self.pairs)}")
+        object.__setattr__(self, "pairs", pairs)
+        for name in self.metrics:
+            resolve_metric(name)
+        if int(self.n_boot) < 1:
+            raise ValueError(f"n_boot must be ≥ 1, got {self.n_boot}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics of the pairs, in order of first appearance."""
+        return tuple(dict.fromkeys(m for pair in self.pairs for m in pair))
+
+    def layers(self, n_layers: int) -> tuple[int, ...]:
+        """The masked layers of a model of ``n_layers`` layers: 0, step, 2·step, …"""
+        return tuple(range(0, int(n_layers), int(self.layer_step)))
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint's records depend on (the statistics are recomputed on resume)."""
+        return dict(normalize=self.normalize, layer_step=int(self.layer_step), fractions=list(self.fractions), metrics=list(self.metrics))
+
+
+@dataclass(frozen=True)
+class MCProtocol:
+    """The multiple-choice settings of a pre-registered ``protocol.json`` and its text's hash."""
+
+    path: str
+    text_path: str
+    sha256: str
+    version: int | None
+    tasks: tuple[str, ...]
+    settings: MCSettings
+    models: tuple[str, ...]
+    model_mode: str | None
+    dtype: str | None
+
+
+def load_protocol(path) -> MCProtocol:
+    """Read ``protocol.json`` (its ``multiple_choice`` block, ``pairs`` and ``statistics``) and hash
+    the text it names (``text``, looked up next to the JSON file). ValueError in one line when the
+    file is missing, unreadable or asks for something this module does not implement.
+
+    >>> from pathlib import Path
+    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
+    >>> p.settings.layer_step, p.settings.fractions, len(p.settings.pairs)
+    (3, (0.05, 0.2), 5)
+    """
+    path = Path(path)
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read the protocol {path}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        mc, stats = spec["multiple_choice"], spec["statistics"]
+        text = path.parent / Path(spec["text"]).name
+        expected = {"scoring": "choice_normalized_mean_logprob", "outcome": "answer_margin_drop", "direction": "comprehensiveness",
+                    "multiple_comparison": "holm", "masking": "eligible tasks only"}  # fmt: skip
+        for key, value in expected.items():
+            if mc.get(key) != value:
+                raise ValueError(f"multiple_choice.{key} = {mc.get(key)!r}; this version of geolens runs {value!r}")
+        if "task-stratified" not in str(mc.get("bootstrap")):
+            raise ValueError(f"multiple_choice.bootstrap = {mc.get('bootstrap')!r}; this version of geolens runs a task-stratified bootstrap")
+        if mc.get("layers") not in _LAYER_STEPS:
+            raise ValueError(f"multiple_choice.layers = {mc.get('layers')!r}; expected one of {sorted(_LAYER_STEPS)}")
+        match = re.fullmatch(r"pairs (\d+)-(\d+)", str(mc.get("pairs")))
+        if not match:
+            raise ValueError(f"multiple_choice.pairs = {mc.get('pairs')!r}; expected 'pairs i-j' of the protocol's pair list")
+        first, last = int(match.group(1)), int(match.group(2))
+        if not 1 <= first <= last <= len(spec["pairs"]):
+            raise ValueError(f"multiple_choice.pairs = {mc['pairs']!r}: the protocol lists {len(spec['pairs'])} pairs")
+        settings = MCSettings(
+            normalize="mean", layer_step=_LAYER_STEPS[mc["layers"]], fractions=tuple(mc["fractions"]),
+            pairs=tuple(tuple(p) for p in spec["pairs"][first - 1 : last]), n_boot=int(mc["n_boot"]),
+            seed=int(stats["seed"]), alpha=float(stats["alpha"]),
+        )  # fmt: skip
+        data = spec.get("data", {})
+        digest = hashlib.sha256(text.read_bytes()).hexdigest()
+        return MCProtocol(
+            path=str(path), text_path=str(text), sha256=digest, version=spec.get("version"), tasks=tuple(mc["tasks"]),
+            settings=settings, models=tuple(data.get("models", ())), model_mode=data.get("model_mode"), dtype=data.get("dtype"),
+        )  # fmt: skip
+    except OSError as err:
+        raise ValueError(f"protocol {path}: cannot read its text ({err.strerror or type(err).__name__}: {err.filename})") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"protocol {path}: {err if isinstance(err, ValueError) else f'missing or malformed field {err}'}") from None
+
+
+def deviations(protocol: MCProtocol, *, tasks: Sequence[str], max_questions: int, settings: MCSettings,
+               model: str, model_mode: str, dtype: str | None = None) -> list[str]:  # fmt: skip
+    """Where a run departs from ``protocol`` (empty: a run under the protocol), one line each.
+
+    >>> from pathlib import Path
+    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
+    >>> deviations(p, tasks=p.tasks, max_questions=0, settings=p.settings, model="smollm2-135m", model_mode="bridge")
+    []
+    >>> deviations(p, tasks=p.tasks[:1], max_questions=0, settings=p.settings, model="tiny-gqa", model_mode="bridge")[0]
+    "model 'tiny-gqa' is not one of the protocol's ('smollm2-135m', 'gemma3-270m')"
+    """
+    out = []
+    if model not in protocol.models:
+        out.append(f"model {model!r} is not one of the protocol's {protocol.models}")
+    if protocol.model_mode is not None and model_mode != protocol.model_mode:
+        out.append(f"model mode {model_mode!r}, the protocol's is {protocol.model_mode!r}")
+    if dtype is not None and protocol.dtype is not None and dtype != protocol.dtype:
+        out.append(f"dtype {dtype}, the protocol's is {protocol.dtype}")
+    if tuple(tasks) != protocol.tasks:
+        out.append(f"tasks {list(tasks)}, the protocol's are {list(protocol.tasks)}")
+    if max_questions:
+        out.append(f"the first {max_questions} questions of each task, the protocol takes all")
+    for key in ("normalize", "layer_step", "fractions", "pairs", "n_boot", "seed", "alpha"):
+        got, want = getattr(settings, key), getattr(protocol.settings, key)
+        if got != want:
+            out.append(f"{key} = {got}, the protocol's is {want}")
+    return sorted(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metric scores and masks
+
+
+def resolve_metric(name: str) -> tuple[Metric, str]:
+    """(registered per-layer metric, mode) of ``name``: a registered name (mode ``inter``) or
+    ``<registered name>_intra`` / ``_inter``.
+
+    >>> metric, mode = resolve_metric("output_normalized_intra")
+    >>> metric.name, mode
+    ('output_normalized', 'intra')
+    """
+    metric, mode = find_metric(name), "inter"
+    if metric is None and isinstance(name, str):
+        for m in MODES:
+            if name.endswith("_" + m):
+                metric, mode = find_metric(name[: -len(m) - 1]), m
+    if metric is None:
+        raise ValueError(f"unknown metric {name!r}: use a registered metric ({', '.join(metric_names())}), optionally ending in _intra or _inter")
+    if not metric.per_layer:
+        raise ValueError(f"metric {name!r} is computed per sequence; multiple choice under the protocol ranks per-layer metrics only")
+    return metric, mode
+
+
+def layer_metric_scores(view, metrics: Sequence[str]) -> dict[str, Float[Tensor, "batch head query key"]]:
+    """Each metric's scores at one layer (``view`` from :func:`geolens.adapter.get_attention_layer`),
+    from :meth:`geolens.metrics.LayerInputs.from_layer` in the metric's mode (|·| for an absolute one)."""
+    inputs: dict[str, LayerInputs] = {}
+    out = {}
+    for name in metrics:
+        metric, mode = resolve_metric(name)
+        if mode not in inputs:
+            inputs[mode] = LayerInputs.from_layer(view, mode)
+        out[name] = metric.layer_scores(inputs[mode], False)
+    return out
+
+
+def query_masks(scores: Float[Tensor, "*lead head query key"], fractions: Sequence[float]) -> Bool[Tensor, "k *lead head query key"]:
+    """Comprehensiveness masks under ``query`` ranking: for each query i, its n_i terms (h, j ≤ i)
+    of every head pooled and the ⌈k·n_i⌉ largest removed (True), for each k of ``fractions``.
+
+    Ties go to the lower source index, then the lower head
+    (:func:`geolens.interventions.masking.removal_ranks`). ⌈·⌉ is taken after subtracting 1e-9,
+    so that k·n = 9.000000000000002 removes 9 terms.
+
+    >>> m = query_masks(torch.tensor([[[[1.0, 0.0], [0.3, 0.7]]]]), [0.5])  # one head, two queries
+    >>> m[0, 0, 0].tolist()
+    [[True, False], [False, True]]
+    """
+    rank, n_eligible, eligible = removal_ranks(scores, scope="query", largest=True, allow_sink=True, allow_current=True)
+    out = []
+    for k in fractions:
+        if not 0.0 < k <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {k}")
+        n = torch.ceil(n_eligible.to(torch.float64) * float(k) - 1e-9).to(rank.dtype)
+        out.append((rank < n) & eligible)
+    return torch.stack(out)
+
+
+def masked_scores(
+    model,
+    question: Question,
+    layers: Sequence[int],
+    metrics: Sequence[str],
+    fractions: Sequence[float],
+    *,
+    normalize: str = "mean",
+    chunk_size: int = 16,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every choice's score under every (metric, layer, k) mask, and which metrics masked alike.
+
+    Returns ``scores`` ``[metric, layer, k, choice]`` (float64; :func:`~geolens.multiple_choice.choice_scores`
+    of the masked log-likelihoods) and ``same`` ``[metric, metric]``: True where two metrics' masks
+    were identical for every choice, layer and k. Identical masks run once.
+    """
+    from geolens.adapter import get_attention_layer, names_filter
+
+    layers = [int(l) for l in layers]
+    fractions = [float(k) for k in fractions]
+    n_m, n_l, n_k = len(metrics), len(layers), len(fractions)
+    rows = choice_tokens(model, question)
+    scores = np.zeros((n_m, n_l, n_k, len(rows)))
+    same = np.ones((n_m, n_m), dtype=bool)
+    device = next(model.parameters()).device
+    for c, (tokens, n) in enumerate(rows):
+        tokens = tokens.to(device)
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))
+        for li, layer in enumerate(layers):
+            by_metric = layer_metric_scores(get_attention_layer(model, cache, layer), metrics)
+            masks = torch.cat([query_masks(by_metric[m], fractions) for m in metrics])  # [metric·k, 1, head, query, key]
+            unique, which = _distinct(masks[:, 0])
+            nll = masked_token_nll(model, tokens, unique[None], [layer], chunk_size=chunk_size, n_scored=n)
+            loglik = (-nll.to(torch.float64).sum(-1)).tolist()
+            s = np.asarray(choice_scores(loglik, [n] * len(loglik), normalize))
+            scores[:, li, :, c] = s[which].reshape(n_m, n_k)
+            w = which.reshape(n_m, n_k)
+            same &= (w[:, None, :] == w[None, :, :]).all(-1)
+        del cache
+    return scores, same
+
+
+def _distinct(masks: Tensor) -> tuple[Tensor, np.ndarray]:
+    """(the distinct masks, in order of first appearance; for each input mask, its index there)."""
+    kept: list[Tensor] = []
+    which = []
+    for m in masks:
+        for u, other in enumerate(kept):
+            if torch.equal(m, other):
+                which.append(u)
+                break
+        else:
+            which.append(len(kept))
+            kept.append(m)
+    return torch.stack(kept), np.asarray(which)
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def eligibility(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per task: ``task, n_questions, accuracy, ci_low, ci_high, chance, eligible``.
+
+    accuracy and its 95% percentile CI come from :func:`geolens.multiple_choice.mc_summary`
+    (bootstrap over the task's questions); chance is the mean of 1/#choices; ``eligible`` when
+    ci_low > chance, the whole interval above chance.
+    """
+    s = mc_summary(per_question, n_boot=n_boot, seed=seed)
+    tasks = list(dict.fromkeys(per_question.task))
+    s = s[s.task.isin(tasks)].set_index("task").loc[tasks].reset_index()
+    out = s[["task", "n_questions", "accuracy", "accuracy_lo", "accuracy_hi", "chance"]].rename(columns={"accuracy_lo": "ci_low", "accuracy_hi": "ci_high"})
+    return out.assign(eligible=out.ci_low > out.chance).reset_index(drop=True)
+
+
+def stratified_indices(strata, n_boot: int, seed=0) -> np.ndarray:
+    """``[n_boot, n]`` resamples drawn within strata: each resample takes, for every stratum s
+    with n_s rows, n_s of its rows with replacement, placed at that stratum's positions, so each
+    stratum keeps its row count. The draws are :func:`geolens.stats.bootstrap_indices` of one
+    generator (``numpy.random.default_rng(seed)``), strata in order of first appearance.
+
+    >>> idx = stratified_indices(["a", "a", "b"], 4, seed=0)
+    >>> idx.shape, bool((idx[:, 2] == 2).all()), bool((idx[:, :2] < 2).all())
+    ((4, 3), True, True)
+    """
+    strata = np.asarray(strata)
+    if strata.ndim != 1 or strata.size < 1:
+        raise ValueError(f"strata must label every row (a non-empty 1-D array), got shape {strata.shape}")
+    rng = np.random.default_rng(seed)
+    out = np.empty((int(n_boot), strata.size), dtype=np.int64)
+    for s in dict.fromkeys(strata.tolist()):
+        rows = np.flatnonzero(strata == s)
+        out[:, rows] = rows[bootstrap_indices(rows.size, n_boot, rng)]
+    return out
+
+
+def pair_tests(
+    drops: Mapping[str, np.ndarray],
+    tasks: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    *,
+    identical: set | frozenset = frozenset(),
+    n_boot: int = 2000,
+    seed=0,
+    alpha: float = 0.05,
+) -> pd.DataFrame:
+    """One Holm family of paired comparisons of the per-question margin drops.
+
+    For (a, b): Δ = mean over questions of drop_b − drop_a (> 0: b more faithful); its bootstrap
+    distribution on the same task-stratified resamples for every pair (:func:`stratified_indices`);
+    :func:`geolens.stats.holm_family` gives p, p_adj, the interval at the pair's Holm level and
+    the verdict. A pair in ``identical`` (masks identical in every condition) is ``not testable``
+    and left out of the family. Columns: ``a, b, estimate, ci_low, ci_high, level, p, p_adj,
+    rank, verdict, holm_stopped_at, rules_differ, identical_masks, n_questions, n_questions_by_task``.
+    """
+    tasks = np.asarray(tasks)
+    idx = stratified_indices(tasks, n_boot, seed)
+    estimates, samples, testable = [], [], []
+    for a, b in pairs:
+        d = np.asarray(drops[b], dtype=np.float64) - np.asarray(drops[a], dtype=np.float64)
+        if d.shape != tasks.shape:
+            raise ValueError(f"pair {a} → {b}: {d.size} drops for {tasks.size} questions")
+        estimates.append(float(d.mean()))
+        samples.append(resample_means(d, idx))
+        testable.append((a, b) not in identical and (b, a) not in identical)
+    by_task = {str(t): int((tasks == t).sum()) for t in dict.fromkeys(tasks.tolist())}
+    rows = []
+    for (a, b), t, ok in zip(pairs, holm_family(estimates, samples, testable=testable, alpha=alpha), testable):
+        rows.append(dict(a=a, b=b, **t._asdict(), identical_masks=not ok, n_questions=int(tasks.size), n_questions_by_task=by_task))
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole run, resumable
+
+
+def question_key(question: Question, qid: int) -> str:
+    """``task/qid``: a question's key in tables and checkpoints (qid = index within its task)."""
+    return f"{question.task}/{qid}"
+
+
+def question_sha(question: Question) -> str:
+    """SHA-256 (16 hex digits) of the prompt, choices and answer: a resumed record must match it."""
+    return hashlib.sha256(json.dumps([question.prompt, list(question.choices), question.answer]).encode()).hexdigest()[:16]
+
+
+@dataclass
+class MCCheckpoint:
+    """Per-question records of a run (clean rows, masked scores), saved atomically at ``path``
+    after each question (:meth:`save`); :meth:`open` resumes one written under the same settings."""
+
+    path: Path | None
+    settings: dict
+    model: dict | None = None
+    clean: dict = field(default_factory=dict)
+    masked: dict = field(default_factory=dict)
+    commands: list = field(default_factory=list)
+
+    FORMAT = 1
+
+    @classmethod
+    def open(cls, path, settings: MCSettings, *, resume: bool) -> MCCheckpoint:
+        """A new checkpoint, or with ``resume`` the one at ``path`` (ValueError in one line when it
+        is unreadable or was written under other settings)."""
+        path = Path(path)
+        if not (resume and path.is_file()):
+            return cls(path, settings.fingerprint())
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("format") != cls.FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, expected {cls.FORMAT}")
+            saved = data["settings"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"cannot resume from {path}: {err}") from None
+        for key, value in settings.fingerprint().items():
+            if saved.get(key) != value:
+                raise ValueError(f"cannot resume from {path}: it was run with {key} = {saved.get(key)}, not {value} (--overwrite starts again)")
+        return cls(path, saved, data.get("model"), data.get("clean", {}), data.get("masked", {}), data.get("commands", []))
+
+    def check_model(self, fingerprint: dict) -> None:
+        """Record the model, or refuse (ValueError) a checkpoint made with another one."""
+        if self.model is None:
+            self.model = fingerprint
+        elif self.model != fingerprint:
+            raise ValueError(f"cannot resume from {self.path}: it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')})")
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        from geolens.checkpoint import atomic_write_bytes
+
+        data = dict(format=self.FORMAT, settings=self.settings, model=self.model, commands=self.commands, clean=self.clean, masked=self.masked)
+        atomic_write_bytes(self.path, json.dumps(data).encode("utf-8"))
+
+
+def _record(store: dict, key: str, sha: str, compute):
+    if key in store:
+        if store[key].get("sha") != sha:
+            raise ValueError(f"question {key} of the checkpoint is another question (prompt, choices or answer changed)")
+        return store[key], False
+    store[key] = dict(compute(), sha=sha)
+    return store[key], True
+
+
+@dataclass
+class MCResult:
+    """What :func:`run_multiple_choice` found; :meth:`summary` is the JSON record."""
+
+    settings: MCSettings
+    layers: tuple[int, ...]
+    questions: pd.DataFrame  # one row per question: clean columns, per-condition margins, drops
+    tasks: pd.DataFrame  # eligibility per task
+    metrics: pd.DataFrame  # mean margin drop per metric [CI]
+    pairs: pd.DataFrame
+    n_masked: int  # questions masked (those of the eligible tasks)
+
+    def summary(self) -> dict:
+        s = self.settings
+        tasks = self.tasks.to_dict(orient="records")
+        return {
+            "scoring": SCORING[s.normalize],
+            "outcome": "answer_margin_drop",
+            "direction": "comprehensiveness",
+            "ranking": "query",
+            "removed_per_query": "ceil(k * n) of the query's n (head, source) terms",
+            "layers": list(self.layers),
+            "fractions": list(s.fractions),
+            "metrics": list(s.metrics),
+            "n_questions": int(len(self.questions)),
+            "n_questions_by_task": {t["task"]: int(t["n_questions"]) for t in tasks},
+            "tasks": tasks,
+            "eligible_tasks": [t for t in tasks if t["eligible"]],
+            "excluded_tasks": [t for t in tasks if not t["eligible"]],
+            "eligibility": "clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)",
+            "n_questions_masked": int(self.n_masked),
+            "bootstrap": "task-stratified over questions",
+            "n_boot": int(s.n_boot),
+            "seed": int(s.seed),
+            "alpha": float(s.alpha),
+            "multiple_comparison": "holm",
+            "metric_drops": self.metrics.to_dict(orient="records"),
+            "pairs": self.pairs.to_dict(orient="records"),
+        }
+
+
+def run_multiple_choice(
+    model,
+    questions: Sequence[Question],
+    settings: MCSettings = MCSettings(),
+    *,
+    masks: bool = True,
+    checkpoint: MCCheckpoint | None = None,
+    chunk_size: int = 16,
+    progress: bool = False,
+) -> MCResult:
+    """Clean scoring and eligibility of every task, then (``masks``) masking of the eligible tasks'
+    questions, margin drops and the Holm family of :attr:`MCSettings.pairs`.
+
+    ``checkpoint`` keeps every question's record and is saved after each new one; records already
+    in it (a resumed run) are reused. Questions are keyed by task and index within the task.
+    """
+    ckpt = checkpoint if checkpoint is not None else MCCheckpoint(None, settings.fingerprint())
+    layers = settings.layers(model.cfg.n_layers)
+    metrics = settings.metrics
+    seen: dict[str, int] = {}
+    keyed = []
+    for q in questions:
+        keyed.append((question_key(q, seen.get(q.task, 0)), seen.get(q.task, 0), q))
+        seen[q.task] = seen.get(q.task, 0) + 1
+    if not keyed:
+        raise ValueError("no questions to score")
+
+    def clean(q, qid):
+        ll, lengths = choice_logliks(model, q)
+        return dict(question_row(q, qid, ll, lengths, settings.normalize), scores=choice_scores(ll, lengths, settings.normalize))
+
+    rows = []
+    for key, qid, q in tqdm(keyed, desc="multiple choice, clean", disable=not progress):
+        row, new = _record(ckpt.clean, key, question_sha(q), lambda: clean(q, qid))
+        if new:
+            ckpt.save()
+        rows.append(row)
+    table = pd.DataFrame(rows).drop(columns=["sha"])
+    tasks = eligibility(table, n_boot=settings.n_boot, seed=settings.seed)
+    table["clean_scores"] = [";".join(f"{x:.6g}" for x in s) for s in table.pop("scores")]
+    eligible = set(tasks.task[tasks.eligible])
+    todo = [(i, key, q) for i, (key, _, q) in enumerate(keyed) if q.task in eligible] if masks else []
+    drops = {m: np.full(len(keyed), np.nan) for m in metrics}
+    margins = {}
+    identical = np.ones((len(metrics), len(metrics)), dtype=bool)
+    for i, key, q in tqdm(todo, desc="multiple choice, masked", disable=not progress):
+
+        def compute(q=q):
+            s, same = masked_scores(model, q, layers, metrics, settings.fractions, normalize=settings.normalize, chunk_size=chunk_size)
+            return dict(scores=s.tolist(), same=same.tolist())
+
+        rec, new = _record(ckpt.masked, key, question_sha(q), compute)
+        if new:
+            ckpt.save()
+        s = np.asarray(rec["scores"], dtype=np.float64)  # [metric, layer, k, choice]
+        identical &= np.asarray(rec["same"], dtype=bool)
+        m = s[..., q.answer] - np.delete(s, q.answer, axis=-1).max(-1)  # answer margins [metric, layer, k]
+        for mi, name in enumerate(metrics):
+            drops[name][i] = float(table.margin.iloc[i] - m[mi].mean())
+            for li, layer in enumerate(layers):
+                for ki, k in enumerate(settings.fractions):
+                    margins.setdefault(f"margin:{name}:L{layer}:k{k:g}", np.full(len(keyed), np.nan))[i] = m[mi, li, ki]
+    if todo:
+        table = pd.concat([table, pd.DataFrame(margins), pd.DataFrame({f"margin_drop:{m}": v for m, v in drops.items()})], axis=1)
+    idx = [i for i, _, _ in todo]
+    same = {(a, b) for a, b in settings.pairs if identical[metrics.index(a), metrics.index(b)]}
+    if idx:
+        unit_tasks = table.task.to_numpy()[idx]
+        pairs = pair_tests({m: v[idx] for m, v in drops.items()}, unit_tasks, settings.pairs, identical=same,
+                           n_boot=settings.n_boot, seed=settings.seed, alpha=settings.alpha)  # fmt: skip
+        metric_rows = _metric_drops({m: v[idx] for m, v in drops.items()}, unit_tasks, settings)
+    else:
+        pairs, metric_rows = pd.DataFrame(), pd.DataFrame()
+    return MCResult(settings, layers, table, tasks, metric_rows, pairs, len(idx))
+
+
+def _metric_drops(drops: Mapping[str, np.ndarray], tasks: np.ndarray, settings: MCSettings) -> pd.DataFrame:
+    """Mean margin drop per metric with its 95% interval on the pairs' stratified resamples."""
+    idx = stratified_indices(tasks, settings.n_boot, settings.seed)
+    by_task = {str(t): int((tasks == t).sum()) for t in dict.fromkeys(tasks.tolist())}
+    rows = []
+    for m, d in drops.items():
+        lo, hi = percentile_ci(resample_means(d, idx), 0.95)
+        rows.append(dict(metric=m, margin_drop=float(np.mean(d)), ci_low=float(lo), ci_high=float(hi), n_questions=int(len(d)), n_questions_by_task=by_task))
+    return pd.DataFrame(rows)
+
+
+def labelled(summary: dict, protocol: MCProtocol | None, deviations: Sequence[str]) -> dict:
+    """``summary`` with ``protocol_sha256``, ``label`` (``primary`` under ``protocol`` with no
+    deviation, else ``exploratory``) and ``deviations``; an exploratory run gets no verdicts
+    (PROTOCOL.md: its pairs keep estimates, intervals and p-values, ``verdict`` None)."""
+    dev = list(deviations) if protocol is not None else ["not run under a pre-registered protocol (--protocol)"]
+    out = dict(
+        protocol_sha256=protocol.sha256 if protocol else None, protocol_version=protocol.version if protocol else None,
+        protocol_file=protocol.path if protocol else None, label="exploratory" if dev else "primary", deviations=dev, **summary,
+    )  # fmt: skip
+    if dev:
+        out["pairs"] = [dict(p, verdict=None) for p in out["pairs"]]
+    return out
+
+
+__all__ = [
+    "CHECKPOINT",
+    "DEFAULT_PAIRS",
+    "MCCheckpoint",
+    "MCProtocol",
+    "MCResult",
+    "MCSettings",
+    "SCORING",
+    "deviations",
+    "eligibility",
+    "labelled",
+    "layer_metric_scores",
+    "load_protocol",
+    "masked_scores",
+    "pair_tests",
+    "query_masks",
+    "question_key",
+    "question_sha",
+    "resolve_metric",
+    "run_multiple_choice",
+    "stratified_indices",
+]
