@@ -62,7 +62,22 @@ class HFAdapter(ModelAdapter):
         super().__init__(model)
         from geolens.hf.backend import attach
 
+        self._check_layout()
         attach(model, self)
+
+    def _check_layout(self) -> None:
+        """One clear error when the model does not have this family's modules."""
+        model_type = getattr(self.config, "model_type", type(self.model).__name__)
+        try:
+            attn = self.attention_module(0)
+            getattr(attn, self.output_name).weight
+            getattr(self.decoder, self.final_norm_name)
+        except (AttributeError, IndexError, TypeError):
+            known = sorted(t for cls in HF_FAMILIES for t in cls.model_types)
+            raise ValueError(
+                f"{model_type}: no geolens adapter for this model family ({type(self.model).__name__} does not have the "
+                f"module layout of {self.family}); families with an adapter: {', '.join(known)}"
+            ) from None
 
     @classmethod
     def matches(cls, model) -> bool:
