@@ -429,42 +429,48 @@ def test_not_testable_when_two_metrics_mask_alike_everywhere():
     assert list(pairs.verdict)[1] in ("holds", "reversed", "tie")
 
 
-def test_load_protocol_reads_the_frozen_protocol_and_lists_deviations(tmp_path):
+def test_mc_protocol_reads_the_frozen_protocol_and_lists_differences(tmp_path):
     import hashlib
     import json
 
-    from geolens.faithfulness.multiple_choice import DEFAULT_PAIRS, MCSettings, deviations, labelled, load_protocol
+    from geolens.faithfulness.multiple_choice import DEFAULT_PAIRS, MCSettings, differences, labelled, mc_protocol
 
-    p = load_protocol(PROTOCOL_JSON)
+    p = mc_protocol(PROTOCOL_JSON)
     spec = json.loads(PROTOCOL_JSON.read_text())
-    assert p.sha256 == hashlib.sha256((PROTOCOL_JSON.parent / "PROTOCOL.md").read_bytes()).hexdigest()
-    assert p.sha256 == (PROTOCOL_JSON.parent / "PROTOCOL.sha256").read_text().strip()
+    sha = p.preregistered.sha256
+    assert sha == hashlib.sha256((PROTOCOL_JSON.parent / "PROTOCOL.md").read_bytes()).hexdigest()
+    assert sha == (PROTOCOL_JSON.parent / "PROTOCOL.sha256").read_text().strip()
     assert p.settings.pairs == DEFAULT_PAIRS == tuple(tuple(x) for x in spec["pairs"][:5])
     assert p.settings == MCSettings() and p.tasks == tuple(spec["multiple_choice"]["tasks"]) and p.settings.n_boot == 2000
     ok = dict(tasks=p.tasks, max_questions=0, settings=p.settings, model="gemma3-270m", model_mode="bridge", dtype="float32")
-    assert deviations(p, **ok) == []
+    assert differences(p, **ok) == []
     for change, word in ((dict(max_questions=5), "first 5"), (dict(settings=MCSettings(fractions=(0.1, 0.2))), "fractions"),
                          (dict(settings=MCSettings(normalize="sum")), "normalize"), (dict(model_mode="hooked"), "model mode"),
-                         (dict(settings=MCSettings(seed=1)), "seed"), (dict(tasks=p.tasks[::-1]), "tasks")):  # fmt: skip
-        dev = deviations(p, **{**ok, **change})
-        assert len(dev) == 1 and word in dev[0], (change, dev)
+                         (dict(settings=MCSettings(seed=1)), "seed"), (dict(tasks=p.tasks[::-1]), "tasks"), (dict(dtype="bfloat16"), "dtype"),
+                         (dict(settings=MCSettings(pairs=DEFAULT_PAIRS[:4])), "pairs"), (dict(settings=MCSettings(layer_step=1)), "layer_step")):  # fmt: skip
+        diff = differences(p, **{**ok, **change})
+        assert len(diff) == 1 and word in diff[0], (change, diff)
     summary = dict(pairs=[dict(a="x", b="y", verdict="holds", p_adj=0.01)])
-    primary = labelled(summary, p, [])
-    assert primary["label"] == "primary" and primary["protocol_sha256"] == p.sha256 and primary["pairs"][0]["verdict"] == "holds"
-    explore = labelled(summary, p, ["seed = 1"])
+    registered = labelled(summary, p, [])
+    assert registered["label"] == "pre-registered" and registered["protocol_sha256"] == sha and registered["pairs"][0]["verdict"] == "holds"
+    explore = labelled(summary, p, ["seed = 1, not 0"])
     assert explore["label"] == "exploratory" and explore["pairs"][0]["verdict"] is None and explore["pairs"][0]["p_adj"] == 0.01
-    assert labelled(summary, None, [])["label"] == "exploratory"
+    assert labelled(summary, None, [])["label"] == "exploratory" and labelled(summary, None, [])["protocol_sha256"] is None
     # a protocol this code does not implement, or a broken file: one-line ValueErrors
     bad = json.loads(PROTOCOL_JSON.read_text())
     bad["multiple_choice"]["scoring"] = "summed"
     (tmp_path / "protocol.json").write_text(json.dumps(bad))
     (tmp_path / "PROTOCOL.md").write_text("text")
     with pytest.raises(ValueError, match="scoring") as err:
-        load_protocol(tmp_path / "protocol.json")
+        mc_protocol(tmp_path / "protocol.json")
     assert "\n" not in str(err.value)
+    bad["multiple_choice"].update(scoring="choice_normalized_mean_logprob", pairs="pairs 4-9")
+    (tmp_path / "protocol.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="pairs 4-9"):
+        mc_protocol(tmp_path / "protocol.json")
     del bad["multiple_choice"]
     (tmp_path / "protocol.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="multiple_choice"):
-        load_protocol(tmp_path / "protocol.json")
-    with pytest.raises(ValueError, match="cannot read"):
-        load_protocol(tmp_path / "missing.json")
+        mc_protocol(tmp_path / "protocol.json")
+    with pytest.raises(ValueError, match="no such file"):
+        mc_protocol(tmp_path / "missing.json")

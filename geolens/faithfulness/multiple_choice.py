@@ -13,9 +13,8 @@
   that layer; for every query, the top ⌈k·n⌉ of its n (head, source ≤ query) terms pooled over
   heads (``query`` ranking, :func:`geolens.interventions.masking.removal_ranks`, ties by source
   then head) are removed by setting α_ij^h = 0 in that layer's ``hook_pattern``, without
-  renormalising, on prompt and choice tokens alike
-  (:func:`geolens.interventions.masking.masked_token_nll`, which runs the layers before the masked
-  one once for all masks). The choice tokens are scored as in the clean model.
+  renormalising, on prompt and choice tokens alike (:func:`geolens.interventions.masking.masked_token_nll`:
+  the layers before the masked one run once for all masks).
 - **Metrics**: per-layer metrics of :mod:`geolens.metrics`, computed from
   ``LayerInputs.from_layer(view, mode)``. A name ``<metric>_intra`` or ``<metric>_inter`` fixes the
   mode of ‖o_i‖ (``intra``: the head's output o_i^h, ``inter``: the layer's o_i), so
@@ -31,8 +30,8 @@
 
 :func:`run_multiple_choice` runs all of it; with an :class:`MCCheckpoint` every question's record
 is saved atomically (:func:`geolens.checkpoint.atomic_write_bytes`) as soon as it is computed,
-so an interrupted run resumes where it stopped. :func:`load_protocol` reads the settings of
-``protocol.json`` and :func:`deviations` says where a run departs from them (the run is then
+so an interrupted run resumes where it stopped. :func:`mc_protocol` reads the settings of
+``protocol.json`` and :func:`differences` says where a run departs from them (the run is then
 labelled ``exploratory`` and gets no verdicts).
 """
 
@@ -53,18 +52,16 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from geolens.faithfulness import MODES
+from geolens.faithfulness.preregistered import Preregistered, load_protocol, run_label
 from geolens.interventions.masking import masked_token_nll, removal_ranks
 from geolens.metrics import LayerInputs, Metric, find_metric, metric_names
 from geolens.multiple_choice import Question, choice_logliks, choice_scores, choice_tokens, mc_summary, question_row
 from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
 
 DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
-    ("raw_attention", "value_weighted"),
-    ("value_weighted", "output_normalized_intra"),
-    ("output_normalized_inter", "contribution"),
-    ("raw_attention", "contribution"),
-    ("contribution", "contribution_abs"),
-)
+    ("raw_attention", "value_weighted"), ("value_weighted", "output_normalized_intra"), ("output_normalized_inter", "contribution"),
+    ("raw_attention", "contribution"), ("contribution", "contribution_abs"),
+)  # fmt: skip
 """Pairs 1–5 of docs/faithfulness/PROTOCOL.md §4, (a, b): "b is more faithful than a"."""
 SCORING = {"mean": "choice_normalized_mean_logprob", "sum": "summed_logprob"}
 CHECKPOINT = "mc_checkpoint.json"
@@ -132,95 +129,73 @@ class MCSettings:
 
 @dataclass(frozen=True)
 class MCProtocol:
-    """The multiple-choice settings of a pre-registered ``protocol.json`` and its text's hash."""
+    """The multiple-choice part of a pre-registered protocol
+    (:func:`geolens.faithfulness.preregistered.load_protocol`: the twin and its text's hash)."""
 
-    path: str
-    text_path: str
-    sha256: str
-    version: int | None
+    preregistered: Preregistered
     tasks: tuple[str, ...]
     settings: MCSettings
-    models: tuple[str, ...]
-    model_mode: str | None
-    dtype: str | None
 
 
-def load_protocol(path) -> MCProtocol:
-    """Read ``protocol.json`` (its ``multiple_choice`` block, ``pairs`` and ``statistics``) and hash
-    the text it names (``text``, looked up next to the JSON file). ValueError in one line when the
-    file is missing, unreadable or asks for something this module does not implement.
+def mc_protocol(path) -> MCProtocol:
+    """The tasks and :class:`MCSettings` of ``protocol.json``'s ``multiple_choice`` block (pairs
+    ``i-j`` of its ``pairs``, seed and α of its ``statistics``). ValueError in one line when the
+    protocol is missing or asks for something this module does not implement.
 
     >>> from pathlib import Path
-    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
-    >>> p.settings.layer_step, p.settings.fractions, len(p.settings.pairs)
-    (3, (0.05, 0.2), 5)
+    >>> p = mc_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
+    >>> p.settings.layer_step, p.settings.fractions, len(p.settings.pairs), len(p.preregistered.sha256)
+    (3, (0.05, 0.2), 5, 64)
     """
-    path = Path(path)
+    pre = load_protocol(path)
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read the protocol {path}: {getattr(err, 'strerror', None) or err}") from None
-    try:
-        mc, stats = spec["multiple_choice"], spec["statistics"]
-        text = path.parent / Path(spec["text"]).name
-        expected = {"scoring": "choice_normalized_mean_logprob", "outcome": "answer_margin_drop", "direction": "comprehensiveness",
-                    "multiple_comparison": "holm", "masking": "eligible tasks only"}  # fmt: skip
-        for key, value in expected.items():
-            if mc.get(key) != value:
+        mc, spec = pre["multiple_choice"], pre.settings
+        fixed = {"scoring": "choice_normalized_mean_logprob", "outcome": "answer_margin_drop", "direction": "comprehensiveness",
+                 "multiple_comparison": "holm", "masking": "eligible tasks only", "layers": tuple(_LAYER_STEPS)}  # fmt: skip
+        for key, value in fixed.items():
+            if mc.get(key) not in (value if isinstance(value, tuple) else (value,)):
                 raise ValueError(f"multiple_choice.{key} = {mc.get(key)!r}; this version of geolens runs {value!r}")
-        if "task-stratified" not in str(mc.get("bootstrap")):
-            raise ValueError(f"multiple_choice.bootstrap = {mc.get('bootstrap')!r}; this version of geolens runs a task-stratified bootstrap")
-        if mc.get("layers") not in _LAYER_STEPS:
-            raise ValueError(f"multiple_choice.layers = {mc.get('layers')!r}; expected one of {sorted(_LAYER_STEPS)}")
         match = re.fullmatch(r"pairs (\d+)-(\d+)", str(mc.get("pairs")))
-        if not match:
-            raise ValueError(f"multiple_choice.pairs = {mc.get('pairs')!r}; expected 'pairs i-j' of the protocol's pair list")
-        first, last = int(match.group(1)), int(match.group(2))
-        if not 1 <= first <= last <= len(spec["pairs"]):
-            raise ValueError(f"multiple_choice.pairs = {mc['pairs']!r}: the protocol lists {len(spec['pairs'])} pairs")
+        if "task-stratified" not in str(mc.get("bootstrap")) or not match or not 1 <= int(match[1]) <= int(match[2]) <= len(spec["pairs"]):
+            raise ValueError(f"multiple_choice: bootstrap {mc.get('bootstrap')!r} and pairs {mc.get('pairs')!r}: expected a "
+                             f"task-stratified bootstrap and 'pairs i-j' of the protocol's {len(spec['pairs'])} pairs")  # fmt: skip
         settings = MCSettings(
             normalize="mean", layer_step=_LAYER_STEPS[mc["layers"]], fractions=tuple(mc["fractions"]),
-            pairs=tuple(tuple(p) for p in spec["pairs"][first - 1 : last]), n_boot=int(mc["n_boot"]),
-            seed=int(stats["seed"]), alpha=float(stats["alpha"]),
+            pairs=tuple(tuple(p) for p in spec["pairs"][int(match[1]) - 1 : int(match[2])]), n_boot=int(mc["n_boot"]),
+            seed=int(spec["statistics"]["seed"]), alpha=float(spec["statistics"]["alpha"]),
         )  # fmt: skip
-        data = spec.get("data", {})
-        digest = hashlib.sha256(text.read_bytes()).hexdigest()
-        return MCProtocol(
-            path=str(path), text_path=str(text), sha256=digest, version=spec.get("version"), tasks=tuple(mc["tasks"]),
-            settings=settings, models=tuple(data.get("models", ())), model_mode=data.get("model_mode"), dtype=data.get("dtype"),
-        )  # fmt: skip
-    except OSError as err:
-        raise ValueError(f"protocol {path}: cannot read its text ({err.strerror or type(err).__name__}: {err.filename})") from None
+        return MCProtocol(pre, tuple(mc["tasks"]), settings)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"protocol {path}: {err if isinstance(err, ValueError) else f'missing or malformed field {err}'}") from None
 
 
-def deviations(protocol: MCProtocol, *, tasks: Sequence[str], max_questions: int, settings: MCSettings,
-               model: str, model_mode: str, dtype: str | None = None) -> list[str]:  # fmt: skip
-    """Where a run departs from ``protocol`` (empty: a run under the protocol), one line each.
+def differences(protocol: MCProtocol, *, tasks: Sequence[str], max_questions: int, settings: MCSettings,
+                model: str, model_mode: str, dtype: str | None = None) -> list[str]:  # fmt: skip
+    """Where a run departs from ``protocol``, one line each (empty: the pre-registered run).
 
     >>> from pathlib import Path
-    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
-    >>> deviations(p, tasks=p.tasks, max_questions=0, settings=p.settings, model="smollm2-135m", model_mode="bridge")
+    >>> p = mc_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
+    >>> differences(p, tasks=p.tasks, max_questions=0, settings=p.settings, model="smollm2-135m", model_mode="bridge")
     []
-    >>> deviations(p, tasks=p.tasks[:1], max_questions=0, settings=p.settings, model="tiny-gqa", model_mode="bridge")[0]
-    "model 'tiny-gqa' is not one of the protocol's ('smollm2-135m', 'gemma3-270m')"
+    >>> differences(p, tasks=p.tasks[:1], max_questions=0, settings=p.settings, model="tiny-gqa", model_mode="bridge")[0]
+    "model tiny-gqa is not one of the protocol's ['smollm2-135m', 'gemma3-270m']"
     """
+    data = protocol.preregistered.settings.get("data", {})
     out = []
-    if model not in protocol.models:
-        out.append(f"model {model!r} is not one of the protocol's {protocol.models}")
-    if protocol.model_mode is not None and model_mode != protocol.model_mode:
-        out.append(f"model mode {model_mode!r}, the protocol's is {protocol.model_mode!r}")
-    if dtype is not None and protocol.dtype is not None and dtype != protocol.dtype:
-        out.append(f"dtype {dtype}, the protocol's is {protocol.dtype}")
+    if model not in data.get("models", ()):
+        out.append(f"model {model} is not one of the protocol's {data.get('models')}")
+    if data.get("model_mode") and model_mode != data["model_mode"]:
+        out.append(f"model mode {model_mode}, not {data['model_mode']}")
+    if dtype is not None and data.get("dtype") and dtype != data["dtype"]:
+        out.append(f"dtype {dtype}, not {data['dtype']}")
     if tuple(tasks) != protocol.tasks:
-        out.append(f"tasks {list(tasks)}, the protocol's are {list(protocol.tasks)}")
+        out.append(f"tasks {list(tasks)}, not {list(protocol.tasks)}")
     if max_questions:
-        out.append(f"the first {max_questions} questions of each task, the protocol takes all")
+        out.append(f"the first {max_questions} questions of each task, not all")
     for key in ("normalize", "layer_step", "fractions", "pairs", "n_boot", "seed", "alpha"):
         got, want = getattr(settings, key), getattr(protocol.settings, key)
         if got != want:
-            out.append(f"{key} = {got}, the protocol's is {want}")
+            out.append(f"{key} = {got}, not {want}")
     return sorted(out)
 
 
@@ -503,30 +478,17 @@ class MCResult:
     def summary(self) -> dict:
         s = self.settings
         tasks = self.tasks.to_dict(orient="records")
-        return {
-            "scoring": SCORING[s.normalize],
-            "outcome": "answer_margin_drop",
-            "direction": "comprehensiveness",
-            "ranking": "query",
-            "removed_per_query": "ceil(k * n) of the query's n (head, source) terms",
-            "layers": list(self.layers),
-            "fractions": list(s.fractions),
-            "metrics": list(s.metrics),
-            "n_questions": int(len(self.questions)),
-            "n_questions_by_task": {t["task"]: int(t["n_questions"]) for t in tasks},
-            "tasks": tasks,
-            "eligible_tasks": [t for t in tasks if t["eligible"]],
-            "excluded_tasks": [t for t in tasks if not t["eligible"]],
-            "eligibility": "clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)",
-            "n_questions_masked": int(self.n_masked),
-            "bootstrap": "task-stratified over questions",
-            "n_boot": int(s.n_boot),
-            "seed": int(s.seed),
-            "alpha": float(s.alpha),
-            "multiple_comparison": "holm",
-            "metric_drops": self.metrics.to_dict(orient="records"),
-            "pairs": self.pairs.to_dict(orient="records"),
-        }
+        return dict(
+            scoring=SCORING[s.normalize], outcome="answer_margin_drop", direction="comprehensiveness", ranking="query",
+            removed_per_query="ceil(k * n) of the query's n (head, source) terms", layers=list(self.layers),
+            fractions=list(s.fractions), metrics=list(s.metrics), n_questions=int(len(self.questions)),
+            n_questions_by_task={t["task"]: int(t["n_questions"]) for t in tasks}, tasks=tasks,
+            eligible_tasks=[t for t in tasks if t["eligible"]], excluded_tasks=[t for t in tasks if not t["eligible"]],
+            eligibility="clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)",
+            n_questions_masked=int(self.n_masked), bootstrap="task-stratified over questions", n_boot=int(s.n_boot),
+            seed=int(s.seed), alpha=float(s.alpha), multiple_comparison="holm",
+            metric_drops=self.metrics.to_dict(orient="records"), pairs=self.pairs.to_dict(orient="records"),
+        )  # fmt: skip
 
 
 def run_multiple_choice(
@@ -616,39 +578,23 @@ def _metric_drops(drops: Mapping[str, np.ndarray], tasks: np.ndarray, settings: 
     return pd.DataFrame(rows)
 
 
-def labelled(summary: dict, protocol: MCProtocol | None, deviations: Sequence[str]) -> dict:
-    """``summary`` with ``protocol_sha256``, ``label`` (``primary`` under ``protocol`` with no
-    deviation, else ``exploratory``) and ``deviations``; an exploratory run gets no verdicts
-    (PROTOCOL.md: its pairs keep estimates, intervals and p-values, ``verdict`` None)."""
-    dev = list(deviations) if protocol is not None else ["not run under a pre-registered protocol (--protocol)"]
-    out = dict(
-        protocol_sha256=protocol.sha256 if protocol else None, protocol_version=protocol.version if protocol else None,
-        protocol_file=protocol.path if protocol else None, label="exploratory" if dev else "primary", deviations=dev, **summary,
-    )  # fmt: skip
-    if dev:
+def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[str]) -> dict:
+    """``summary`` with ``protocol_version``, ``protocol_sha256``, ``label``
+    (:func:`geolens.faithfulness.preregistered.run_label`: ``pre-registered`` under ``protocol``
+    with no difference, else ``exploratory``) and ``differences``. An exploratory run gets no
+    verdicts (PROTOCOL.md): its pairs keep estimates, intervals and p-values, ``verdict`` None."""
+    diff = list(differences) if protocol is not None else ["not run under a pre-registered protocol (--protocol)"]
+    label = run_label(protocol.preregistered, diff) if protocol is not None else "exploratory"
+    out = dict(protocol_version=protocol.preregistered.version if protocol else None, protocol_sha256=protocol.preregistered.sha256 if protocol else None,
+               label=label, differences=diff, **summary)  # fmt: skip
+    if label != "pre-registered":
         out["pairs"] = [dict(p, verdict=None) for p in out["pairs"]]
+        out["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
     return out
 
 
 __all__ = [
-    "CHECKPOINT",
-    "DEFAULT_PAIRS",
-    "MCCheckpoint",
-    "MCProtocol",
-    "MCResult",
-    "MCSettings",
-    "SCORING",
-    "deviations",
-    "eligibility",
-    "labelled",
-    "layer_metric_scores",
-    "load_protocol",
-    "masked_scores",
-    "pair_tests",
-    "query_masks",
-    "question_key",
-    "question_sha",
-    "resolve_metric",
-    "run_multiple_choice",
-    "stratified_indices",
-]
+    "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "SCORING", "differences",
+    "eligibility", "labelled", "layer_metric_scores", "masked_scores", "mc_protocol", "pair_tests", "query_masks",
+    "question_key", "question_sha", "resolve_metric", "run_multiple_choice", "stratified_indices",
+]  # fmt: skip
