@@ -155,6 +155,12 @@ def test_screenshot_is_not_blank_and_shows_both_signs(report_page, tmp_path):
     assert img.shape[0] >= 2000 and img.shape[1] >= 1200
     non_white = (img < 0.95).any(-1).double().mean().item()
     assert non_white > 0.05, f"only {non_white:.1%} of the page is not white"
+    # both signs in the contribution section's views (the claim table above it fills the first
+    # 2400 pixels of the whole page, and the red of a "does not hold" verdict must not count)
+    view = _section_only(page, "contributions", tmp_path / "contributions.html")
+    shot = tmp_path / "contributions.png"
+    run = run_chromium(view, f"--screenshot={shot}", "--window-size=1280,2400")
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
     red, blue = _red_blue(shot)
     assert blue > 2000 and red > 200, (red, blue)
 
