@@ -1,0 +1,835 @@
+"""The per-layer masking endpoint of protocol 2 (docs/faithfulness/PROTOCOL.md §3, pairs §4).
+
+One layer l at a time, a metric's ranking decides which attention terms α_ij^h ṽ_j^h of that layer
+are removed, α_ij^h = 0 in ``hook_pattern`` without renormalising (docs/method.md §3), for every
+query i at once, and the effect on the model's next-token predictions is measured.
+
+- **Layers** (:func:`masking_layers`): document d masks three layers, d mod L, (d + ⌊L/3⌋) mod L
+  and (d + 2⌊L/3⌋) mod L, one in each third of the stack.
+- **Terms**: the (head h, source j) pairs of query i with α_ij^h ≠ 0 (a source outside a sliding
+  window, α = 0, is no term), as in the per-term endpoint (PROTOCOL.md §2). The sink and the
+  current token are terms like the others.
+- **Ranking** (:func:`query_masks`): ``query`` ranking, all (h, j) terms of one query pooled on
+  the metric's scale. Value Zeroing scores sources: its ranked units are the query's sources
+  (j with some α_ij^h ≠ 0), each removed in every head.
+- **Fractions**: k of the query's ranked units, rounded up: ⌈k · n_i⌉ (at least one).
+  Comprehensiveness removes the top ⌈k n_i⌉, sufficiency the bottom ⌈k n_i⌉; ties are broken
+  by increasing source index, then head (:func:`geolens.interventions.masking.removal_ranks`).
+- **Metrics** (:data:`MASKING_METRICS`, scores from one clean ``run_with_cache``, registered
+  definitions of :mod:`geolens.metrics`): ``raw_attention`` α, ``value_weighted`` α‖ṽ_j^h‖,
+  ``output_normalized_intra`` α‖ṽ_j^h‖/‖o_i^h‖ (each head's own output norm),
+  ``output_normalized_inter`` α‖ṽ_j^h‖/‖o_i‖ (the layer's: it ranks a query's terms exactly as
+  value-weighted does; formed only because pair 3 names it, and its forwards are shared with
+  value-weighted's identical masks), ``contribution`` c_ij^h (inter mode, signed),
+  ``contribution_abs`` |c_ij^h|, ``value_zeroing`` (Mohebbi et al. 2023,
+  :func:`geolens.faithfulness.value_zeroing`) and ``random``: uniform scores of
+  :func:`geolens.interventions.masking.random_scores` seeded by :func:`masking_random_seed`.
+- **Conditions** of a layer: every (metric, direction, k), plus **all removed**: every α of the
+  layer zeroed, which leaves the attention output equal to b_O (0 for models without an output
+  bias, SmolLM2 and Gemma 3): the whole attention output removed.
+- **Forwards** (:func:`masked_outcomes`): each masked forward starts at layer l from the clean
+  residual stream entering it (``ModelAdapter.forward_from_layer``: the blocks before l do not
+  run), the conditions of one layer are the rows of a batch, identical masks run once, and only
+  the scored positions are unembedded. Every batch has one unmasked row, which must reproduce
+  the clean logits.
+- **Outcomes** at the scored predictions (positions 8, 12, …, 124: the logits at position p
+  predict token p + 1), with p the clean next-token distribution and p̃ the masked one, from the
+  logits in float64, averaged over the scored positions:
+
+      KL = Σ_t p_t (log p_t − log p̃_t),    Δp = p̃_{t*} − p_{t*} (t* the clean top-1),
+      NLL = −log p̃(x_{p+1}) (the ceiling check),  unigram CE = −log u(x_{p+1}).
+
+:func:`masking_summary` turns the rows of all documents into normalised AOPC, the range and
+ceiling checks, per-metric means with document bootstrap CIs and the pre-registered pairs as one
+Holm family (:func:`geolens.stats.holm_family`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from geolens.adapter import adapter_for, get_attention_layer, names_filter
+from geolens.interventions.base import applied
+from geolens.interventions.masking import pattern_mask_hooks, random_scores, removal_ranks
+from geolens.metrics import LayerInputs, get_metric
+from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, percentile_ci, resample_means
+from geolens.validation import check_context, check_layer
+
+MASKING_METRICS: tuple[str, ...] = (
+    "raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter",
+    "contribution", "contribution_abs", "value_zeroing", "random",
+)  # fmt: skip
+# the registered metric (geolens.metrics) and the mode of its LayerInputs, for the per-layer ones
+_REGISTERED = {
+    "raw_attention": ("raw_attention", "inter"),
+    "value_weighted": ("value_weighted", "inter"),
+    "output_normalized_intra": ("output_normalized", "intra"),
+    "output_normalized_inter": ("output_normalized", "inter"),
+    "contribution": ("contribution", "inter"),
+    "contribution_abs": ("contribution_abs", "inter"),
+}
+ALL_REMOVED = "all_removed"  # metric and direction of the condition removing every term of the layer
+DIRECTIONS = ("comprehensiveness", "sufficiency")
+SECTION_2_ONLY = ("grad_x_act",)  # metrics of pairs that the masking endpoint does not form
+MIN_DELTA_P_ALL_REMOVED = 1e-3  # exploratory Δp nAOPC: |Δp(all removed)| below this is no denominator
+COLUMNS = (
+    "document", "layer", "metric", "direction", "k", "n_terms", "n_removed",
+    "kl", "delta_p", "nll", "clean_nll", "unigram_ce", "mask_hash",
+)  # fmt: skip
+
+
+class Condition(NamedTuple):
+    """One masked forward of a layer: the metric, direction and fraction, and its mask
+    ``[head, query, key]`` (True = α_ij^h set to 0)."""
+
+    metric: str
+    direction: str
+    k: float
+    mask: Bool[Tensor, "head query key"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol's choices
+
+
+def masking_layers(document_index: int, n_layers: int) -> tuple[int, int, int]:
+    """The three layers masked in document d (PROTOCOL.md §3): d mod L, (d + ⌊L/3⌋) mod L and
+    (d + 2⌊L/3⌋) mod L, one in each third of the stack; over L consecutive documents every layer
+    is masked equally often. With L < 3 the three coincide.
+
+    >>> masking_layers(0, 30), masking_layers(7, 30), masking_layers(17, 18)
+    ((0, 10, 20), (7, 17, 27), (17, 5, 11))
+    """
+    d, L = _check_index(document_index), int(n_layers)
+    if L < 1:
+        raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+    step = L // 3
+    return (d % L, (d + step) % L, (d + 2 * step) % L)
+
+
+def masking_random_seed(document_index: int, layer: int) -> int:
+    """The seed of the random metric's scores of one (document, layer):
+    ``numpy.random.SeedSequence([2026, document_index, layer, 2]).generate_state(1)[0]`` (the
+    per-term endpoint draws from ``[2026, document_index, position, 1]``; the last entry keeps the
+    two streams apart).
+
+    >>> masking_random_seed(3, 12) == masking_random_seed(3, 12) != masking_random_seed(3, 13)
+    True
+    """
+    return int(np.random.SeedSequence([2026, _check_index(document_index), int(layer), 2]).generate_state(1)[0])
+
+
+def scored_positions(protocol) -> list[int]:
+    """The positions whose next-token predictions are scored: ``secondary.scored_positions`` =
+    [first, last, step], both ends included (protocol 2: 8, 12, …, 124, 30 predictions).
+
+    >>> p = scored_positions({"secondary": {"scored_positions": [8, 124, 4]}})
+    >>> len(p), p[0], p[-1]
+    (30, 8, 124)
+    """
+    first, last, step = (int(x) for x in protocol["secondary"]["scored_positions"])
+    if first < 0 or last < first or step < 1:
+        raise ValueError(f"secondary.scored_positions must be [first, last, step] with 0 ≤ first ≤ last, step ≥ 1; got {[first, last, step]}")
+    return list(range(first, last + 1, step))
+
+
+def _check_index(document_index) -> int:
+    if isinstance(document_index, bool) or not isinstance(document_index, (int, np.integer)) or document_index < 0:
+        raise ValueError(f"document_index must be a non-negative integer, got {document_index!r}")
+    return int(document_index)
+
+
+def _n_take(n_units: Tensor, fraction: float) -> Tensor:
+    """⌈fraction · n⌉ in integer arithmetic, the fraction read to 10⁻⁶ (so that 0.1 · 30 is 3,
+    not the 4 that float rounding of 3.0000000000000004 would give)."""
+    scaled = int(round(fraction * 1_000_000))
+    return (n_units.long() * scaled + 999_999) // 1_000_000
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks
+
+
+def query_masks(
+    scores: Float[Tensor, "head query key"],
+    terms: Bool[Tensor, "head query key"],
+    fractions: Sequence[float],
+    *,
+    largest: bool = True,
+) -> list[Bool[Tensor, "head query key"]]:
+    """Masks of ``query`` ranking for each fraction: for query i with n_i ranked units, the
+    ⌈k · n_i⌉ with the largest (``largest=True``, comprehensiveness) or smallest (sufficiency)
+    scores are removed.
+
+    ``terms[h, i, j]`` marks the terms (α_ij^h ≠ 0). With a head axis of n_heads in ``scores`` the
+    units are the query's terms (h, j), pooled over heads; with a head axis of 1 (one score per
+    source, Value Zeroing) they are its sources j having a term in some head, and a removed
+    source is removed in every head. Ties are broken by increasing source index, then head. Every
+    mask comes back ``[head, query, key]`` with True on removed terms only (so that two
+    conditions removing the same terms have equal masks).
+
+    >>> import torch
+    >>> terms = torch.tensor([[[True, False], [True, True]]])  # 1 head, queries 0 and 1
+    >>> scores = torch.tensor([[[0.0, 0.0], [0.2, 0.7]]])
+    >>> [m[0].tolist() for m in query_masks(scores, terms, [0.5, 1.0])]
+    [[[True, False], [False, True]], [[True, False], [True, True]]]
+    """
+    if terms.dtype != torch.bool or terms.ndim != 3:
+        raise ValueError(f"terms must be a bool tensor [head, query, key], got {terms.dtype} {tuple(terms.shape)}")
+    if scores.ndim != 3 or scores.shape[0] not in (1, terms.shape[0]) or scores.shape[1:] != terms.shape[1:]:
+        raise ValueError(f"scores {tuple(scores.shape)} must be [head, query, key] (head 1 or {terms.shape[0]}) like terms {tuple(terms.shape)}")
+    for k in fractions:
+        if not 0.0 < float(k) <= 1.0:
+            raise ValueError(f"fractions must be in (0, 1], got {k}")
+    units = terms.any(0, keepdim=True) if scores.shape[0] == 1 else terms
+    if not bool(torch.isfinite(scores[units]).all()):
+        raise ValueError("scores must be finite on every term")
+    fill = float("-inf") if largest else float("inf")  # non-terms rank after every term
+    ranked = torch.where(units, scores, torch.full_like(scores, fill))
+    rank, _, _ = removal_ranks(ranked[None], scope="query", largest=largest, allow_sink=True, allow_current=True)
+    rank = rank[0]
+    n_units = units.sum((0, 2))  # [query]
+    out = []
+    for k in fractions:
+        take = _n_take(n_units, float(k))[None, :, None]
+        out.append(((rank < take) & units).expand_as(terms) & terms)
+    return out
+
+
+def mask_hash(mask: Bool[Tensor, "head query key"]) -> str:
+    """A 16-hex-digit digest of a mask (its shape and bits): equal digests, identical masks.
+
+    >>> import torch
+    >>> m = torch.zeros(2, 3, 3, dtype=torch.bool)
+    >>> mask_hash(m) == mask_hash(m.clone()), mask_hash(m) == mask_hash(~m)
+    (True, False)
+    """
+    bits = np.packbits(mask.detach().to("cpu", torch.bool).numpy().reshape(-1))
+    digest = hashlib.blake2b(np.asarray(mask.shape, dtype=np.int64).tobytes(), digest_size=8)
+    digest.update(bits.tobytes())
+    return digest.hexdigest()
+
+
+def masking_scores(
+    view,
+    metrics: Sequence[str],
+    *,
+    value_zeroing: Float[Tensor, "query key"] | None = None,
+    random_seed: int | None = None,
+) -> dict[str, Float[Tensor, "head query key"]]:
+    """Each metric's scores of one layer of one sequence (``view``: the
+    :class:`~geolens.adapter.AttentionLayer` of a batch of one), ``[head, query, key]``;
+    Value Zeroing ``[1, query, key]`` (``value_zeroing``: its ``[query, key]`` scores of this
+    layer); random: :func:`~geolens.interventions.masking.random_scores` of ``random_seed``.
+    Per-layer metrics use their registered definitions (:mod:`geolens.metrics`) on
+    ``LayerInputs.from_layer(view, mode)``, mode ``inter`` except ``output_normalized_intra``.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model)[:1], names_filter=geolens.names_filter(model))
+    >>> s = masking_scores(geolens.get_attention_layer(model, cache, 1), ["raw_attention", "random"], random_seed=0)
+    >>> tuple(s["raw_attention"].shape), tuple(s["random"].shape)
+    ((4, 20, 20), (4, 20, 20))
+    """
+    unknown = [m for m in metrics if m not in MASKING_METRICS]
+    if unknown:
+        raise ValueError(f"unknown masking metrics {unknown}; choose from {list(MASKING_METRICS)}")
+    if view.pattern.shape[0] != 1:
+        raise ValueError(f"masking_scores takes the layer of one sequence, got a batch of {view.pattern.shape[0]}")
+    inputs: dict[str, LayerInputs] = {}
+    out = {}
+    for m in metrics:
+        if m in _REGISTERED:
+            name, mode = _REGISTERED[m]
+            if mode not in inputs:
+                inputs[mode] = LayerInputs.from_layer(view, mode)
+            out[m] = get_metric(name).layer_scores(inputs[mode], False)[0].expand_as(view.pattern[0])
+        elif m == "value_zeroing":
+            if value_zeroing is None:
+                raise ValueError("value_zeroing scores of the layer are needed for the value_zeroing metric")
+            out[m] = value_zeroing.to(view.pattern.dtype)[None]
+        else:  # random
+            if random_seed is None:
+                raise ValueError("random_seed is needed for the random metric")
+            out[m] = random_scores(tuple(view.pattern.shape[1:]), seed=random_seed).to(view.pattern)
+    return out
+
+
+def layer_conditions(
+    scores: dict[str, Tensor],
+    terms: Bool[Tensor, "head query key"],
+    fractions: Sequence[float],
+    directions: Sequence[str] = DIRECTIONS,
+) -> list[Condition]:
+    """Every (metric, direction, k) of one layer (:func:`query_masks`), then the all-removed
+    condition (every term, i.e. every α of the layer, zeroed).
+
+    >>> import torch
+    >>> terms = torch.ones(1, 2, 2, dtype=torch.bool).tril()
+    >>> conditions = layer_conditions({"raw_attention": torch.rand(1, 2, 2)}, terms, [0.5])
+    >>> [(c.metric, c.direction, c.k) for c in conditions]
+    [('raw_attention', 'comprehensiveness', 0.5), ('raw_attention', 'sufficiency', 0.5), ('all_removed', 'all_removed', 1.0)]
+    """
+    bad = [d for d in directions if d not in DIRECTIONS]
+    if bad:
+        raise ValueError(f"unknown directions {bad}; choose from {list(DIRECTIONS)}")
+    out = []
+    for metric, s in scores.items():
+        for direction in directions:
+            masks = query_masks(s, terms, fractions, largest=direction == "comprehensiveness")
+            out += [Condition(metric, direction, float(k), m) for k, m in zip(fractions, masks)]
+    out.append(Condition(ALL_REMOVED, ALL_REMOVED, 1.0, terms.clone()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Masked forwards
+
+
+def _scored_positions_hook(model, positions: Sequence[int]):
+    """Keep only the scored positions just before the unembedding (position-wise maps follow)."""
+    index = torch.as_tensor(list(positions), dtype=torch.long)
+
+    def hook(x: Tensor, hook) -> Tensor:
+        return x[:, index.to(x.device)]
+
+    return (adapter_for(model).unembed_input_hook, hook)
+
+
+def masked_outcomes(
+    model,
+    tokens: Int[Tensor, "1 pos"],
+    layer: int,
+    masks: Bool[Tensor, "n_masks head query key"],
+    positions: Sequence[int],
+    clean_logits: Float[Tensor, "scored d_vocab"],
+    *,
+    resid_pre: Float[Tensor, "1 pos d_model"] | None = None,
+    batch_size: int = 16,
+) -> dict[str, Float[Tensor, "n_masks scored"]]:
+    """KL(clean ‖ masked), Δp of the clean top-1 token and the masked NLL of the actual next token
+    at each scored position (float64, from the logits), for each mask of ``layer`` (α_ij^h = 0
+    where True, not renormalised; head axis n_heads or 1).
+
+    ``resid_pre`` (the clean residual stream entering ``layer``): each forward starts there
+    (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`), the blocks before ``layer`` not
+    run. None: each forward runs the whole model from ``tokens`` (the reference, and the
+    baseline of ``benchmarks/masking.py``); both give the same outcomes. ``batch_size`` masks per
+    forward; the first forward also runs one unmasked row, whose logits must equal
+    ``clean_logits`` (the clean logits at ``positions``), else RuntimeError.
+
+    >>> import geolens, torch
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)[:1]
+    >>> logits = model(tokens)[0, [4, 8]]
+    >>> masks = torch.ones(2, 4, 20, 20, dtype=torch.bool).tril()  # everything removed, twice
+    >>> out = masked_outcomes(model, tokens, 1, masks, [4, 8], logits)
+    >>> tuple(out["kl"].shape), bool((out["kl"] > 0).all())
+    ((2, 2), True)
+    """
+    tokens = _check_tokens(model, tokens)
+    n_pos = tokens.shape[1]
+    layer = check_layer(layer, model.cfg.n_layers)
+    positions = [int(p) for p in positions]
+    if not positions or min(positions) < 0 or max(positions) > n_pos - 2:
+        raise ValueError(f"scored positions must lie in 0 … {n_pos - 2} (each predicts the next token), got {positions[:3]}…")
+    if masks.dtype != torch.bool or masks.ndim != 4 or masks.shape[-2:] != (n_pos, n_pos):
+        raise ValueError(f"masks must be bool [n_masks, head, {n_pos}, {n_pos}], got {masks.dtype} {tuple(masks.shape)}")
+    if clean_logits.shape[0] != len(positions):
+        raise ValueError(f"clean_logits has {clean_logits.shape[0]} rows for {len(positions)} scored positions")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if resid_pre is not None and tuple(resid_pre.shape[:2]) != (1, n_pos):
+        raise ValueError(f"resid_pre must be [1, {n_pos}, d_model], got {tuple(resid_pre.shape)}")
+    adapter = adapter_for(model)
+    ref = torch.log_softmax(clean_logits.to(torch.float64), dim=-1)  # [scored, vocab]
+    p_ref = ref.exp()
+    top = ref.argmax(-1)
+    following = tokens[0, torch.tensor(positions) + 1].to(ref.device)
+    rows = torch.arange(len(positions), device=ref.device)
+    out = {"kl": [], "delta_p": [], "nll": []}
+    tail = _scored_positions_hook(model, positions)
+    with torch.no_grad():
+        for start in range(0, masks.shape[0], batch_size):
+            chunk = masks[start : start + batch_size]
+            check = start == 0
+            if check:  # one unmasked row: the clean reference of the batch
+                chunk = torch.cat([torch.zeros_like(chunk[:1]), chunk])
+            n = chunk.shape[0]
+            hooks = list(pattern_mask_hooks(model, chunk[None], [layer])) + [tail]
+            with applied(model, hooks):
+                if resid_pre is None:
+                    logits = model(tokens.expand(n, -1))
+                else:
+                    logits = adapter.forward_from_layer(resid_pre.expand(n, -1, -1).contiguous(), layer)
+            if check:
+                _check_reference(logits[0], clean_logits, layer)
+                logits = logits[1:]
+            logp = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [n, scored, vocab]
+            out["kl"].append((p_ref * (ref - logp)).sum(-1))
+            out["delta_p"].append(logp[:, rows, top].exp() - p_ref[rows, top])
+            out["nll"].append(-logp[:, rows, following])
+            del logits, logp
+    return {k: torch.cat(v) if v else torch.zeros(0, len(positions), dtype=torch.float64) for k, v in out.items()}
+
+
+def _check_reference(row: Tensor, clean: Tensor, layer: int) -> None:
+    """The batch's unmasked row must reproduce the clean logits (float32 rounding aside)."""
+    scale = 1.0 + float(clean.abs().max())
+    err = float((row.to(torch.float64) - clean.to(torch.float64)).abs().max())
+    if not err <= 1e-4 * scale:
+        raise RuntimeError(
+            f"layer {layer}: the forward without masks differs from the clean forward by {err:.3g} in the "
+            "logits: starting at this layer from the clean residual stream is wrong for this model"
+        )
+
+
+def _check_tokens(model, tokens) -> Tensor:
+    if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.ndim != 2 or tokens.shape[0] != 1:
+        raise ValueError(f"tokens must be one unpadded window, an integer tensor [1, pos]; got {getattr(tokens, 'shape', type(tokens))}")
+    check_context(model, tokens.shape[1])
+    return tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# One document
+
+
+def unigram_logprobs(model, texts: Sequence[str]) -> Float[Tensor, "d_vocab"]:
+    """log u(t), the corpus unigram distribution of the model's tokens over ``texts`` with add-one
+    smoothing (float64): u(t) = (count(t) + 1) / (N + V), N the number of tokens of all texts
+    (the model's tokenizer, no special tokens), V = ``model.cfg.d_vocab``.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")
+    >>> u = unigram_logprobs(model, ["abba", "a"])  # 'a' 3 times, 'b' twice, N = 5, V = 64
+    >>> round(float(u.exp().sum()), 12), round(float(u[model.tokenizer("a")["input_ids"][-1]].exp() * 69), 6)
+    (1.0, 4.0)
+    """
+    if isinstance(texts, str) or not len(texts):
+        raise ValueError("texts must be a non-empty list of strings")
+    V = int(model.cfg.d_vocab)
+    counts = torch.zeros(V, dtype=torch.float64)
+    for text in texts:
+        ids = torch.as_tensor(model.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        if ids.numel() and int(ids.max()) >= V:
+            raise ValueError(f"the tokenizer gives token id {int(ids.max())}, outside the model's vocabulary of {V}")
+        counts += torch.bincount(ids, minlength=V).to(torch.float64)
+    return torch.log(counts + 1.0) - math.log(float(counts.sum()) + V)
+
+
+def _check_protocol(protocol) -> dict:
+    second = protocol["secondary"]
+    wrong = {
+        key: second.get(key)
+        for key, want in (("masking_scope", "layer"), ("ranking_scope", "query"), ("start_at_layer", True))
+        if second.get(key) != want
+    }
+    if wrong:
+        raise ValueError(f"layer masking implements protocol 2's per-layer query-ranked masking; this protocol has {wrong}")
+    return second
+
+
+def protocol_metrics(protocol) -> list[str]:
+    """The metrics masked under ``protocol``: ``secondary.metrics``, then any other metric of a
+    pair that the masking endpoint forms (``output_normalized_inter`` of pair 3; gradient ×
+    activation belongs to the per-term endpoint only).
+
+    >>> import geolens, json, pathlib
+    >>> twin = json.loads((pathlib.Path(geolens.__file__).parents[1] / "docs/faithfulness/protocol.json").read_text())
+    >>> protocol_metrics(twin)[-1]
+    'output_normalized_inter'
+    """
+    metrics = list(protocol["secondary"]["metrics"])
+    for pair in protocol["pairs"]:
+        for m in pair:
+            if m not in metrics and m not in SECTION_2_ONLY:
+                metrics.append(m)
+    return metrics
+
+
+def layer_masking_document(
+    model,
+    tokens: Int[Tensor, "1 pos"],
+    document_index: int,
+    *,
+    protocol,
+    unigram_logprobs: Float[Tensor, "d_vocab"] | None = None,
+    batch_size: int = 16,
+) -> pd.DataFrame:
+    """The masking endpoint on one window (module docstring): one row per (layer, metric,
+    direction, k) of the document's layers (:func:`masking_layers`, each distinct layer once),
+    plus one all-removed row per layer.
+
+    Columns (:data:`COLUMNS`): ``document``, ``layer``, ``metric``, ``direction``, ``k``;
+    ``n_terms`` (terms of the layer, every query) and ``n_removed`` (terms the mask removes);
+    ``kl``, ``delta_p``, ``nll``: the means over the scored positions (:func:`scored_positions`);
+    ``clean_nll`` and ``unigram_ce`` (the unigram cross-entropy of the same next tokens, NaN
+    without ``unigram_logprobs``: the ceiling check is then not made); ``mask_hash``
+    (:func:`mask_hash`: equal for identical masks).
+
+    ``protocol``: the parsed ``protocol.json`` (or :func:`geolens.faithfulness.preregistered.load_protocol`'s
+    object): its fractions, directions, metrics (:func:`protocol_metrics`) and scored positions.
+    One clean ``run_with_cache`` gives every score (Value Zeroing: one
+    :func:`~geolens.faithfulness.value_zeroing` call for the document's layers); the masked
+    forwards start at each layer (:func:`masked_outcomes`), ``batch_size`` conditions per forward,
+    identical masks of a layer run once.
+
+    >>> import geolens, json, pathlib
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> twin = json.loads((pathlib.Path(geolens.__file__).parents[1] / "docs/faithfulness/protocol.json").read_text())
+    >>> twin["secondary"]["scored_positions"] = [4, 16, 4]  # a short window
+    >>> model = tiny_bridge("gqa", n_layers=3)
+    >>> rows = layer_masking_document(model, tiny_tokens(model)[:1], 0, protocol=twin)
+    >>> sorted(set(rows.layer)), len(rows)  # 3 layers × (8 metrics × 2 directions × 5 k + 1)
+    ([0, 1, 2], 243)
+    """
+    from geolens.faithfulness import value_zeroing
+
+    second = _check_protocol(protocol)
+    tokens = _check_tokens(model, tokens)
+    document_index = _check_index(document_index)
+    positions = scored_positions(protocol)
+    n_pos = tokens.shape[1]
+    if positions[-1] > n_pos - 2:
+        raise ValueError(f"the last scored position {positions[-1]} needs a window of at least {positions[-1] + 2} tokens, got {n_pos}")
+    fractions = [float(k) for k in second["fractions"]]
+    directions = list(second["directions"])
+    metrics = protocol_metrics(protocol)
+    if unigram_logprobs is not None and tuple(unigram_logprobs.shape) != (int(model.cfg.d_vocab),):
+        raise ValueError(f"unigram_logprobs must be [d_vocab={model.cfg.d_vocab}], got {tuple(unigram_logprobs.shape)}")
+    layers = list(dict.fromkeys(masking_layers(document_index, model.cfg.n_layers)))
+    adapter = adapter_for(model)
+    wanted = names_filter(model, layers)
+    resid_names = {adapter.resid_pre_hook(l) for l in layers}
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda name: wanted(name) or name in resid_names)
+    clean_logits = logits[0, positions]
+    following = tokens[0, torch.tensor(positions) + 1]
+    clean_nll = float(-torch.log_softmax(clean_logits.to(torch.float64), -1)[torch.arange(len(positions)), following.to(clean_logits.device)].mean())
+    unigram_ce = float("nan") if unigram_logprobs is None else float(-unigram_logprobs.to(torch.float64)[following.cpu()].mean())
+    vz = value_zeroing(model, tokens, layers) if "value_zeroing" in metrics else None  # [layer, 1, query, key], layers sorted
+    vz_layers = sorted(layers)
+    rows = []
+    for layer in layers:
+        view = get_attention_layer(model, cache, layer)
+        terms = view.pattern[0] != 0
+        scores = masking_scores(
+            view, metrics,
+            value_zeroing=None if vz is None else vz[vz_layers.index(layer), 0],
+            random_seed=masking_random_seed(document_index, layer),
+        )  # fmt: skip
+        conditions = layer_conditions(scores, terms, fractions, directions)
+        hashes = [mask_hash(c.mask) for c in conditions]
+        unique: dict[str, int] = {}
+        for c, h in zip(conditions, hashes):
+            unique.setdefault(h, len(unique))
+        first = {h: next(c.mask for c, hh in zip(conditions, hashes) if hh == h) for h in unique}
+        masks = torch.stack([first[h] for h in unique])
+        measured = masked_outcomes(
+            model, tokens, layer, masks, positions, clean_logits,
+            resid_pre=cache[adapter.resid_pre_hook(layer)], batch_size=batch_size,
+        )  # fmt: skip
+        means = {k: v.mean(1) for k, v in measured.items()}
+        n_terms = int(terms.sum())
+        for c, h in zip(conditions, hashes):
+            u = unique[h]
+            rows.append(dict(
+                document=document_index, layer=int(layer), metric=c.metric, direction=c.direction, k=c.k,
+                n_terms=n_terms, n_removed=int(c.mask.sum()), kl=float(means["kl"][u]), delta_p=float(means["delta_p"][u]),
+                nll=float(means["nll"][u]), clean_nll=clean_nll, unigram_ce=unigram_ce, mask_hash=h,
+            ))  # fmt: skip
+    del cache
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+
+def _none_if_nan(d: dict) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def _check_rows(rows: pd.DataFrame) -> None:
+    missing = [c for c in ("document", "layer", "metric", "direction", "k", "kl", "delta_p", "nll", "unigram_ce", "mask_hash") if c not in rows.columns]
+    if missing:
+        raise ValueError(f"masking rows lack the columns {missing} (layer_masking_document writes them)")
+    if rows.empty:
+        raise ValueError("no masking rows to summarise")
+
+
+def _exclusions(rows: pd.DataFrame, min_kl: float) -> tuple[pd.DataFrame, dict, dict]:
+    """Per (document, layer): the all-removed KL and Δp and the exclusions; the range and ceiling
+    check reports."""
+    all_removed = rows[rows.metric == ALL_REMOVED]
+    counts = all_removed.groupby(["document", "layer"]).size()
+    doc_layers = rows[["document", "layer"]].drop_duplicates().set_index(["document", "layer"]).index
+    if len(counts) != len(doc_layers) or (counts != 1).any():
+        raise ValueError("every (document, layer) needs exactly one all-removed row")
+    table = all_removed.set_index(["document", "layer"])[["kl", "delta_p"]].rename(columns={"kl": "kl_all", "delta_p": "delta_p_all"})
+    table["range_excluded"] = table.kl_all < min_kl
+    checked = rows.unigram_ce.notna()
+    off = checked & (rows.nll > rows.unigram_ce)
+    per = rows.assign(off=off, checked=checked).groupby(["document", "layer"])
+    table["ceiling_excluded"] = per.off.any().reindex(table.index)
+    table["ceiling_checked"] = per.checked.all().reindex(table.index)
+    table["excluded"] = table.range_excluded | table.ceiling_excluded
+    n_cond = int(len(rows))
+    excluded_conditions = int(rows.set_index(["document", "layer"]).index.isin(table.index[table.ceiling_excluded]).sum())
+    range_check = dict(
+        min_kl_all_removed=float(min_kl),
+        n_document_layers=int(len(table)),
+        n_document_layers_excluded=int(table.range_excluded.sum()),
+        excluded=[[int(d), int(l)] for d, l in table.index[table.range_excluded]],
+    )
+    ceiling = dict(
+        rule="masked mean NLL of the actual next tokens > their corpus unigram cross-entropy",
+        n_conditions=n_cond,
+        n_conditions_checked=int(checked.sum()),
+        n_off_distribution=int(off.sum()),
+        share=float(off.sum()) / n_cond,
+        n_all_removed_off_distribution=int(off[rows.metric == ALL_REMOVED].sum()),
+        n_document_layers_excluded=int(table.ceiling_excluded.sum()),
+        n_conditions_excluded=excluded_conditions,
+        share_conditions_excluded=excluded_conditions / n_cond,
+        excluded=[[int(d), int(l)] for d, l in table.index[table.ceiling_excluded]],
+    )
+    if not bool(checked.all()):
+        ceiling["note"] = "conditions without a unigram cross-entropy were not checked"
+    return table, range_check, ceiling
+
+
+def _naopc(kept: pd.DataFrame, table: pd.DataFrame, outcome: str, fractions: list[float]) -> pd.DataFrame:
+    """nAOPC per (document, layer, metric, direction): mean over k of outcome(k) / outcome(all removed)."""
+    denominator = table[f"{outcome}_all"]
+    grid = kept.pivot_table(index=["document", "layer", "metric", "direction"], columns="k", values=outcome, aggfunc="first")
+    missing = [k for k in fractions if k not in grid.columns]
+    if missing or grid[fractions].isna().any().any():
+        raise ValueError(f"some (document, layer, metric, direction) lack fractions of the grid {fractions}")
+    ratio = grid[fractions].div(denominator.reindex(grid.index.droplevel(["metric", "direction"])).to_numpy(), axis=0)
+    return ratio
+
+
+def _per_document(values: pd.Series) -> pd.DataFrame:
+    """Documents × (direction, metric): the mean over each document's remaining layers."""
+    return values.groupby(["document", "direction", "metric"]).mean().unstack(["direction", "metric"])
+
+
+def _pair_list(protocol, present: set[str]) -> tuple[list[tuple[str, str]], list[dict]]:
+    formed, not_formed = [], []
+    for a, b in protocol["pairs"]:
+        if a in SECTION_2_ONLY or b in SECTION_2_ONLY:
+            continue
+        if a in present and b in present:
+            formed.append((a, b))
+        else:
+            not_formed.append(dict(a=a, b=b, why=f"no masking rows of {[m for m in (a, b) if m not in present]}"))
+    return formed, not_formed
+
+
+def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None) -> dict:
+    """Normalised AOPC, the range and ceiling checks, per-metric means and the pre-registered pairs
+    of the masking endpoint (PROTOCOL.md §3–4) from :func:`layer_masking_document`'s rows of all
+    documents.
+
+    - **nAOPC** of (document d, layer l, metric m, direction): mean over the k grid of KL(k),
+      divided by KL(all removed) of (d, l).
+    - **Range check**: a (d, l) whose all-removed KL is below ``secondary.range_check_min_kl_all_removed``
+      is excluded from every metric (``range_check``).
+    - **Ceiling check**: a condition is off-distribution when its masked mean NLL exceeds the
+      unigram cross-entropy of the same next tokens; a (d, l) with any off-distribution condition
+      (the all-removed one included) is excluded from every metric (``ceiling_check``: the counts,
+      ``share`` = off-distribution conditions / conditions, and the conditions excluded with
+      their (d, l)). Rows without a unigram cross-entropy are not checked.
+    - **Per document**: the mean nAOPC over its remaining layers; documents left with no layer
+      drop out (counted). **Per metric and direction**: the mean over documents with a 95%
+      percentile CI from the document bootstrap (``statistics.n_boot`` resamples of the documents,
+      ``statistics.seed``; :func:`geolens.stats.cluster_bootstrap_indices`, one value per
+      document), the same resamples for every metric, direction and pair.
+    - **Pairs** a → b of ``protocol["pairs"]`` (those with gradient × activation belong to the
+      per-term endpoint), in each direction: Δ = S(b) − S(a) for comprehensiveness (more damage
+      from the top terms is better) and S(a) − S(b) for sufficiency (less damage from the bottom
+      terms is better), so Δ > 0 always means b is more faithful; all pairs of both directions
+      form one Holm family (:func:`geolens.stats.holm_family`, α = ``statistics.alpha``). A pair
+      whose two metrics have identical masks (equal ``mask_hash``) in every (d, l, k) of a
+      direction used is "not testable" and left out of the family.
+    - **Exploratory**, outside the family, 95% CIs: the Δp nAOPC (mean over k of Δp(k) /
+      Δp(all removed); a (d, l) with |Δp(all removed)| < :data:`MIN_DELTA_P_ALL_REMOVED` is left
+      out of it, besides the exclusions above) with its pairs, the per-k normalised KL
+      (KL(k)/KL(all removed)) of each metric with the per-k pair differences, and the per-layer
+      means of the nAOPC.
+
+    ``n_boot`` and ``seed`` override the protocol's (for tests and exploratory runs).
+    """
+    _check_rows(rows)
+    second = protocol["secondary"]
+    stats = protocol["statistics"]
+    n_boot = int(stats["n_boot"]) if n_boot is None else int(n_boot)
+    seed = int(stats["seed"]) if seed is None else int(seed)
+    alpha = float(stats.get("alpha", 0.05))
+    fractions = [float(k) for k in second["fractions"]]
+    directions = [d for d in DIRECTIONS if d in set(rows.direction)]
+    table, range_check, ceiling = _exclusions(rows, float(second["range_check_min_kl_all_removed"]))
+    used = table.index[~table.excluded]
+    conditions = rows[rows.metric != ALL_REMOVED]
+    index = conditions.set_index(["document", "layer"]).index
+    kept = conditions[index.isin(used)]
+    all_documents = sorted(set(rows.document))
+    if kept.empty:
+        raise ValueError(
+            f"no (document, layer) is left after the range check ({range_check['n_document_layers_excluded']} excluded) "
+            f"and the ceiling check ({ceiling['n_document_layers_excluded']} excluded): nothing to compare"
+        )
+    present = set(kept.metric)
+    naopc = _naopc(kept, table, "kl", fractions)
+    per_doc = _per_document(naopc.mean(axis=1))
+    documents = per_doc.index.to_numpy()
+    indices = cluster_bootstrap_indices(documents, n_boot, seed)
+    boot = resample_means(per_doc.to_numpy(), indices)  # [n_boot, columns]
+    columns = list(per_doc.columns)
+    lo, hi = percentile_ci(boot, 0.95)
+    metrics_out = []
+    for c, (direction, metric) in enumerate(columns):
+        metrics_out.append(dict(
+            direction=direction, metric=metric, naopc=float(per_doc.iloc[:, c].mean()), ci_low=float(lo[c]), ci_high=float(hi[c]),
+            n_documents=int(len(per_doc)), n_document_layers=int(naopc.xs((metric, direction), level=("metric", "direction")).shape[0]),
+        ))  # fmt: skip
+
+    formed, not_formed = _pair_list(protocol, present)
+    hashes = kept.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
+    tests = []
+    for direction in directions:
+        sign = 1.0 if direction == "comprehensiveness" else -1.0
+        for a, b in formed:
+            ca, cb = columns.index((direction, a)), columns.index((direction, b))
+            ha = hashes.xs((a, direction), level=("metric", "direction"))
+            hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
+            same = bool((ha == hb).all())
+            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
+            entry = dict(endpoint="masking", outcome="kl", direction=direction, a=a, b=b, n_documents=int(len(per_doc)))
+            tests.append((entry, float(delta.mean()), sign * (boot[:, cb] - boot[:, ca]), not same))
+    decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
+    pairs = [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
+
+    exploratory = dict(
+        note="exploratory: 95% CIs on the same document resamples, outside the Holm family",
+        delta_p=_delta_p_summary(kept, table, fractions, formed, directions, documents, indices),
+        per_k=_per_k(kept, table, fractions, formed, directions, documents, indices),
+        per_layer=_per_layer(naopc, n_boot, seed),
+    )
+    return dict(
+        endpoint="normalized_aopc",
+        outcome="kl",
+        secondary_outcome="delta_p",
+        masking_scope="layer",
+        ranking_scope="query",
+        fractions=fractions,
+        directions=directions,
+        n_documents=int(len(per_doc)),
+        n_documents_without_layers=int(len(all_documents) - len(per_doc)),
+        n_document_layers=int(len(table)),
+        n_document_layers_used=int(len(used)),
+        range_check=range_check,
+        ceiling_check=ceiling,
+        metrics=metrics_out,
+        pairs=pairs,
+        pairs_not_formed=not_formed,
+        exploratory=exploratory,
+        multiple_comparison="holm",
+        alpha=alpha,
+        n_boot=n_boot,
+        seed=seed,
+    )
+
+
+def _pair_intervals(per_doc: pd.DataFrame, boot: np.ndarray, formed, directions, extra: dict | None = None) -> list[dict]:
+    """95% CIs of the exploratory pair differences (Δ > 0: b better), on given resamples."""
+    columns = list(per_doc.columns)
+    out = []
+    for direction in directions:
+        sign = 1.0 if direction == "comprehensiveness" else -1.0
+        for a, b in formed:
+            if (direction, a) not in columns or (direction, b) not in columns:
+                continue
+            ca, cb = columns.index((direction, a)), columns.index((direction, b))
+            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
+            samples = sign * (boot[:, cb] - boot[:, ca])
+            lo, hi = percentile_ci(samples, 0.95, omit_nan=True)
+            out.append(_none_if_nan(dict(direction=direction, a=a, b=b, **(extra or {}), estimate=float(delta.mean()),
+                                         ci_low=float(lo), ci_high=float(hi), n_documents=int(delta.notna().sum()))))  # fmt: skip
+    return out
+
+
+def _delta_p_summary(kept, table, fractions, formed, directions, documents, indices) -> dict:
+    usable = table.index[~table.excluded & (table.delta_p_all.abs() >= MIN_DELTA_P_ALL_REMOVED)]
+    part = kept[kept.set_index(["document", "layer"]).index.isin(usable)]
+    n_left_out = int((~table.excluded).sum() - len(usable))
+    if part.empty:
+        return dict(metrics=[], pairs=[], min_abs_delta_p_all_removed=MIN_DELTA_P_ALL_REMOVED, n_document_layers_left_out=n_left_out)
+    per_doc = _per_document(_naopc(part, table, "delta_p", fractions).mean(axis=1)).reindex(documents)
+    boot = resample_means(per_doc.to_numpy(), indices, omit_nan=True)
+    lo, hi = percentile_ci(boot, 0.95, omit_nan=True)
+    metrics = [
+        _none_if_nan(dict(direction=d, metric=m, naopc=float(per_doc.iloc[:, c].mean()), ci_low=float(lo[c]), ci_high=float(hi[c]),
+                          n_documents=int(per_doc.iloc[:, c].notna().sum())))  # fmt: skip
+        for c, (d, m) in enumerate(per_doc.columns)
+    ]
+    return dict(
+        metrics=metrics,
+        pairs=_pair_intervals(per_doc, boot, formed, directions),
+        min_abs_delta_p_all_removed=MIN_DELTA_P_ALL_REMOVED,
+        n_document_layers_left_out=n_left_out,
+    )
+
+
+def _per_k(kept, table, fractions, formed, directions, documents, indices) -> dict:
+    ratio = _naopc(kept, table, "kl", fractions)  # [(d, l, m, dir), k]
+    metrics, pairs = [], []
+    for k in fractions:
+        per_doc = _per_document(ratio[k]).reindex(documents)
+        boot = resample_means(per_doc.to_numpy(), indices)
+        lo, hi = percentile_ci(boot, 0.95)
+        for c, (d, m) in enumerate(per_doc.columns):
+            metrics.append(dict(direction=d, metric=m, k=k, normalized_kl=float(per_doc.iloc[:, c].mean()), ci_low=float(lo[c]), ci_high=float(hi[c])))
+        pairs += _pair_intervals(per_doc, boot, formed, directions, extra=dict(k=k))
+    return dict(metrics=metrics, pairs=pairs)
+
+
+def _per_layer(naopc: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
+    values = naopc.mean(axis=1)
+    out = []
+    for (layer, metric, direction), part in values.groupby(level=["layer", "metric", "direction"]):
+        m, lo, hi = mean_ci(part.to_numpy(), n_boot=n_boot, seed=seed, groups=part.index.get_level_values("document").to_numpy())
+        out.append(dict(layer=int(layer), direction=direction, metric=metric, naopc=float(m), ci_low=float(lo), ci_high=float(hi), n_documents=int(len(part))))
+    return out
+
+
+__all__ = [
+    "ALL_REMOVED",
+    "COLUMNS",
+    "Condition",
+    "MASKING_METRICS",
+    "layer_conditions",
+    "layer_masking_document",
+    "mask_hash",
+    "masked_outcomes",
+    "masking_layers",
+    "masking_random_seed",
+    "masking_scores",
+    "masking_summary",
+    "protocol_metrics",
+    "query_masks",
+    "scored_positions",
+    "unigram_logprobs",
+]
