@@ -98,7 +98,12 @@ class HFAdapter(ModelAdapter):
 
     @property
     def decoder(self):
-        return self.model.base_model
+        """The decoder stack (``model.base_model``; transformers 4.x's Gemma 3 text model names
+        itself there, its decoder is ``get_decoder()``)."""
+        base = self.model.base_model
+        if hasattr(base, self.layers_name) or not hasattr(self.model, "get_decoder"):
+            return base
+        return self.model.get_decoder()
 
     @property
     def n_layers(self) -> int:
