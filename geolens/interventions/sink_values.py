@@ -17,9 +17,14 @@ Controls (:func:`sink_edit`, one spec per kind of :data:`SinkEditKind`, used by
 - ``"corpus_mean"``: v_0 ← the corpus mean of v_0 of that layer and kv head (computed beforehand);
 - ``"rotate"``: v_0 ← ‖v_0‖ u with u a unit vector orthogonal to v_0: the seeded Gaussian
   direction g of (seed, layer, kv head) with its v_0 component removed (norm kept, direction turned
-  by 90° in a random plane);
+  by 90° in a random plane). With ``degrees=θ``: v_0 ← cos θ v_0 + sin θ ‖v_0‖ u, the rotation by θ
+  in the plane spanned by v_0 and u (the same plane for every θ of one seed), which keeps ‖v_0‖ and
+  moves v_0 by ‖Δv_0‖ = 2 sin(θ/2)‖v_0‖;
 - ``"random_token"``: v_j ← λ v_j for one non-sink position j ≥ 1 (the same λ on an ordinary
   token: is it the *sink* that matters?).
+
+:func:`sink_edit_query_heads` makes the same edits of v_0 for chosen *query* heads only, exactly
+under grouped-query attention (see its docstring).
 
 Each builder returns TransformerLens ``fwd_hooks`` ``[(hook_name, fn)]``; the context managers
 :func:`scaled_sink_value`, :func:`mean_sink_value` and :func:`removed_sink_value` apply them
@@ -31,7 +36,8 @@ head of its group. Heads are chosen either with ``kv_heads=`` (kv-head indices; 
 query heads are reported by :func:`affected_query_heads` and on the returned
 :class:`SinkValueEdit`) or with ``heads=`` (query-head indices), which raises
 :class:`PartialKVGroupError` if it names only part of a group, since no edit of ``hook_v`` can
-change v_0 for some query heads of a group and not for others.
+change v_0 for some query heads of a group and not for others (:func:`sink_edit_query_heads`
+edits the head outputs instead, and can).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, Mapping, Sequence, get_args
+
+import math
 
 import torch
 from jaxtyping import Float
@@ -207,24 +215,35 @@ NORM_PRESERVING_KINDS: tuple[str, ...] = ("rotate", "corpus_mean")
 
 @dataclass(frozen=True)
 class SinkEditSpec:
-    """One edit: ``kind`` of :data:`SinkEditKind`, ``lam`` (scale, random_token), ``seed`` (rotate)."""
+    """One edit: ``kind`` of :data:`SinkEditKind`, ``lam`` (scale, random_token), ``seed`` (rotate),
+    ``degrees`` (rotate: the angle θ; ``None`` turns v_0 to the orthogonal direction, as 90°).
+
+    >>> SinkEditSpec("rotate", seed=3, degrees=60).label
+    'rotate 60° seed=3'
+    """
 
     kind: str
     lam: float = 1.0
     seed: int = 0
+    degrees: float | None = None
 
     def __post_init__(self):
         if self.kind not in SINK_EDIT_KINDS:
             raise ValueError(f"unknown sink edit kind {self.kind!r}; expected one of {', '.join(SINK_EDIT_KINDS)}")
         if not torch.isfinite(torch.tensor(float(self.lam))):
             raise ValueError(f"λ must be finite, got {self.lam}")
+        if self.degrees is not None:
+            if self.kind != "rotate":
+                raise ValueError(f"degrees= is the angle of a rotation; {self.kind!r} takes none")
+            if not math.isfinite(float(self.degrees)):
+                raise ValueError(f"the rotation angle must be finite, got {self.degrees}")
 
     @property
     def label(self) -> str:
         if self.kind in ("scale", "random_token"):
             return f"{self.kind} λ={self.lam:g}"
         if self.kind == "rotate":
-            return f"rotate seed={self.seed}"
+            return f"rotate seed={self.seed}" if self.degrees is None else f"rotate {self.degrees:g}° seed={self.seed}"
         return self.kind
 
 
@@ -267,7 +286,12 @@ def _v0_edit(spec: SinkEditSpec, v: Tensor, layer: int, kv: tuple[int, ...], n_k
         norm0 = v0.norm(dim=-1, keepdim=True)
         unit = v0 / norm0.clamp_min(torch.finfo(torch.float64).tiny)
         u = g - (g * unit).sum(-1, keepdim=True) * unit
-        out[:, 0] = norm0 * u / u.norm(dim=-1, keepdim=True)
+        u = u / u.norm(dim=-1, keepdim=True)
+        if spec.degrees is None:
+            out[:, 0] = norm0 * u
+        else:
+            theta = math.radians(float(spec.degrees))
+            out[:, 0] = math.cos(theta) * v0 + math.sin(theta) * norm0 * u
     elif kind == "random_token":
         if position is None:
             raise ValueError("random_token needs position= (a non-sink position j ≥ 1, or one per row)")
@@ -324,6 +348,109 @@ def sink_edit(
     return _edit_values(model, layers, heads, kv_heads, make)
 
 
+def _query_head_selection(model, layers: tuple[int, ...], heads) -> dict[int, tuple[int, ...]]:
+    """``{layer: query heads}`` from ``heads``: None (all), one list for every layer, or a mapping."""
+    n_heads = adapter_for(model).n_heads
+    if heads is None:
+        chosen = {l: tuple(range(n_heads)) for l in layers}
+    elif isinstance(heads, Mapping):
+        extra = sorted(int(l) for l in heads if int(l) not in layers)
+        if extra:
+            raise ValueError(f"heads= names layers {extra} that the edit does not touch (layers {list(layers)})")
+        chosen = {l: tuple(sorted({int(h) for h in heads.get(l, ())})) for l in layers}
+    else:
+        one = tuple(sorted({int(h) for h in ([heads] if isinstance(heads, int) else heads)}))
+        chosen = {l: one for l in layers}
+    bad = sorted({h for hs in chosen.values() for h in hs if not 0 <= h < n_heads})
+    if bad:
+        raise IndexError(f"query heads {bad} out of range for a model with {n_heads} heads")
+    return chosen
+
+
+def sink_edit_query_heads(
+    model,
+    spec: SinkEditSpec | Sequence[SinkEditSpec],
+    *,
+    layers=None,
+    heads: Mapping[int, Iterable[int]] | Iterable[int] | None = None,
+    corpus_means: Mapping[int, Tensor] | None = None,
+) -> SinkValueEdit:
+    """The edit ``spec`` of v_0 as seen by chosen query heads only, through the head outputs.
+
+    Query head h of layer l reads v_0 of its kv head k(h) (grouped-query attention: k(h) =
+    h // group). Replacing that v_0 by v_0' for head h alone changes only its output:
+    z_i^h = Σ_j α_ij^h v_j^{k(h)} becomes z_i^h + α_i0^h (v_0' − v_0) for every query i, while the
+    attention pattern, which does not depend on values, stays as it is. The hooks do exactly
+    that: they read v_0 at ``hook_v`` and α_i0 at ``hook_pattern`` of the same forward, compute
+    v_0' with the same edit as :func:`sink_edit` (the same v_0', so for all heads the two agree),
+    and add α_i0^h (v_0' − v_0) at ``hook_z`` in float64 for the selected heads; the other heads'
+    z is returned unchanged, bit for bit. So a query-head subset of a kv group can be edited, which
+    ``hook_v`` cannot do (:class:`PartialKVGroupError`).
+
+    ``heads``: the query heads to edit: ``None`` (all), one list for every layer, or ``{layer:
+    heads}`` (a layer left out or given no head is not edited). ``spec``: one edit, or one per row
+    of the batch (as :func:`sink_edit`). Every kind that edits v_0 is allowed; ``random_token``
+    (which edits a non-sink value) is not.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 4 query heads on 2 kv heads
+    >>> edit = sink_edit_query_heads(model, SinkEditSpec("scale", 0.0), layers=[1], heads={1: [0]})
+    >>> edit.query_heads, edit.kv_heads, [name for name, _ in edit.fwd_hooks]
+    ((0,), (0,), ['blocks.1.attn.hook_v', 'blocks.1.attn.hook_pattern', 'blocks.1.attn.hook_z'])
+    """
+    specs = [spec] if isinstance(spec, SinkEditSpec) else list(spec)
+    if not specs or not all(isinstance(s, SinkEditSpec) for s in specs):
+        raise TypeError("spec must be a SinkEditSpec or a non-empty list of them")
+    if any(s.kind == "random_token" for s in specs):
+        raise ValueError("sink_edit_query_heads edits v_0 only; random_token edits a non-sink value (use sink_edit)")
+    if any(s.kind == "corpus_mean" for s in specs) and corpus_means is None:
+        raise ValueError("corpus_mean needs corpus_means={layer: [n_kv_heads, d_head]}")
+    single = isinstance(spec, SinkEditSpec)
+    layers, _ = _resolve(model, layers, None, None)
+    chosen = _query_head_selection(model, layers, heads)
+    adapter = adapter_for(model)
+    n_kv = adapter.n_kv_heads
+    all_kv = tuple(range(n_kv))
+    seen: dict[tuple[str, int], Tensor] = {}
+
+    def keep(what: str, layer: int):
+        def hook(x: Tensor, hook=None):
+            seen[(what, layer)] = x
+            return None
+
+        return hook
+
+    def edit_z(layer: int, index: Tensor):
+        def hook(z: Float[Tensor, "batch pos head d_head"], hook=None):
+            v, pattern = seen.pop(("v", layer), None), seen.pop(("pattern", layer), None)
+            if v is None or pattern is None:
+                raise RuntimeError(f"layer {layer}: hook_z ran before hook_v and hook_pattern of the same forward")
+            if not single and z.shape[0] != len(specs):
+                raise ValueError(f"{len(specs)} per-row edits for a batch of {z.shape[0]} rows")
+            rows = [
+                _v0_edit(specs[0] if single else specs[r], v[r : r + 1], layer, all_kv, n_kv, corpus_means, None)[:, 0]
+                for r in range(z.shape[0])
+            ]
+            delta = adapter.expand_kv(torch.cat(rows) - v[:, 0].to(torch.float64), dim=1)  # [b, head, d]
+            idx = index.to(z.device)
+            alpha0 = pattern[:, idx, :, 0].to(torch.float64).transpose(1, 2)  # [b, query, sel]
+            out = z.clone()
+            out[:, :, idx] = (z[:, :, idx].to(torch.float64) + alpha0[..., None] * delta[:, None, idx]).to(z.dtype)
+            return out
+
+        return hook
+
+    hooks = []
+    for l in layers:
+        if not chosen[l]:
+            continue
+        hooks += [(adapter.value_hook(l), keep("v", l)), (adapter.pattern_hook(l), keep("pattern", l)),
+                  (adapter.z_hook(l), edit_z(l, torch.tensor(chosen[l])))]  # fmt: skip
+    query = tuple(sorted({h for hs in chosen.values() for h in hs}))
+    kv = tuple(sorted({adapter.kv_head_of(h) for h in query}))
+    return SinkValueEdit(tuple(l for l in layers if chosen[l]), kv, query, hooks)
+
+
 @contextmanager
 def sink_edit_applied(model, spec, **kwargs) -> Iterator[SinkValueEdit]:
     """Context manager for :func:`sink_edit` (hooks removed on any exit)."""
@@ -367,6 +494,7 @@ __all__: Sequence[str] = [
     "rotation_direction",
     "sink_edit",
     "sink_edit_applied",
+    "sink_edit_query_heads",
     "affected_query_heads",
     "group_size",
     "kv_heads_of",
