@@ -229,7 +229,7 @@ def ground_truth_document(
 def _pivot(rows: pd.DataFrame, column: str) -> pd.DataFrame:
     """Positions × metrics of one (scope, outcome), excluded positions dropped."""
     kept = rows[~rows.excluded]
-    return kept.pivot_table(index=["document", "position"], columns="metric", values=column, aggfunc="first", dropna=False)
+    return kept.pivot(index=["document", "position"], columns="metric", values=column)
 
 
 def ground_truth_summary(rows: pd.DataFrame, pairs: Sequence[Sequence[str]], *, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> dict:
