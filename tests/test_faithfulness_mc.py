@@ -177,18 +177,18 @@ PROTOCOL_JSON = __import__("pathlib").Path(__file__).resolve().parents[1] / "doc
 SIX = ("raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter", "contribution", "contribution_abs")
 
 
-def _naive_query_mask(scores, k):
-    """[head, query, key] bool: for each query i, its terms (h, j ≤ i) sorted by score descending,
-    ties by source then head, the first ⌈k·n⌉ removed (exact rational k·n)."""
+def _naive_query_mask(scores, terms, k):
+    """[head, query, key] bool: for each query i, its terms (h, j) with α_ij^h ≠ 0 sorted by score
+    descending, ties by source then head, the first ⌈k·n⌉ removed (exact rational k·n)."""
     import math
     from fractions import Fraction
 
-    n_h, n_q, n_k = scores.shape
+    n_h, n_q, n_k = terms.shape
     out = torch.zeros(n_h, n_q, n_k, dtype=torch.bool)
     for i in range(n_q):
-        terms = [(-float(scores[h, i, j]), j, h) for j in range(n_k) if j <= i + n_k - n_q for h in range(n_h)]
-        n = math.ceil(Fraction(str(k)) * len(terms))
-        for _, j, h in sorted(terms)[:n]:
+        units = [(-float(scores[h, i, j]), j, h) for j in range(n_k) for h in range(n_h) if terms[h, i, j]]
+        n = math.ceil(Fraction(str(k)) * len(units))
+        for _, j, h in sorted(units)[:n]:
             out[h, i, j] = True
     return out
 
@@ -202,42 +202,6 @@ def _argmax_questions(model, questions):
     return [dataclasses.replace(q, answer=int(p)) for q, p in zip(questions, rows.predicted)]
 
 
-def test_layer_metric_scores_are_the_six_metrics_by_naive_loops(tiny):
-    """raw α, α‖ṽ‖, α‖ṽ‖/‖o_i^h‖ (intra), α‖ṽ‖/‖o_i‖ (inter), c (inter) and |c| against float64 loops."""
-    import reference
-
-    from geolens.adapter import get_attention_layer
-    from geolens.faithfulness.multiple_choice import layer_metric_scores
-
-    model, _, cache = tiny
-    for layer in range(model.cfg.n_layers):
-        got = layer_metric_scores(get_attention_layer(model, cache, layer), SIX)
-        pattern, _, _ = reference.raw_tensors(model, cache, layer)
-        vt_norm = reference.projected_values(model, cache, layer).norm(dim=-1)[:, :, None, :]  # [b, h, 1, k]
-        rel_intra, _ = reference.factors(model, cache, layer, "intra")
-        rel_inter, _ = reference.factors(model, cache, layer, "inter")
-        c = reference.contributions(model, cache, layer, "inter")
-        want = dict(raw_attention=pattern, value_weighted=pattern * vt_norm, output_normalized_intra=pattern * rel_intra,
-                    output_normalized_inter=pattern * rel_inter, contribution=c, contribution_abs=c.abs())  # fmt: skip
-        for name in SIX:
-            torch.testing.assert_close(got[name].double(), want[name], rtol=1e-4, atol=1e-5, msg=f"{name}, layer {layer}")
-
-
-def test_query_masks_equal_naive_ranking_with_ties():
-    from geolens.faithfulness.multiple_choice import query_masks
-
-    g = torch.Generator().manual_seed(0)
-    scores = torch.randint(0, 4, (1, 3, 7, 7), generator=g).float()  # few values: many ties
-    scores[0, :, :, 3] = torch.rand(3, 7, generator=g)
-    for k in (0.05, 0.2, 0.5, 1.0):
-        got = query_masks(scores, [k])[0, 0]
-        torch.testing.assert_close(got, _naive_query_mask(scores[0], k), msg=f"k={k}")
-    m = query_masks(scores, [0.05])[0, 0]
-    assert (m.flatten(0, 0).sum((0, 2)) >= 1).all()  # at least one term per query, rounded up
-    with pytest.raises(ValueError, match="fraction"):
-        query_masks(scores, [0.0])
-
-
 @pytest.mark.parametrize("kind", ["gqa", "mha"])
 def test_masked_margin_equals_hand_built_full_forward(kind):
     """Every (metric, layer, k, choice) score of masked_scores equals a full forward with α = 0 at
@@ -245,7 +209,8 @@ def test_masked_margin_equals_hand_built_full_forward(kind):
     from conftest import make_tiny
 
     from geolens.adapter import get_attention_layer, names_filter
-    from geolens.faithfulness.multiple_choice import layer_metric_scores, masked_scores
+    from geolens.faithfulness.layer_masking import masking_scores
+    from geolens.faithfulness.multiple_choice import masked_scores
     from geolens.interventions.base import active_hook_count
 
     model = make_tiny(kind, n_layers=3)
@@ -260,10 +225,11 @@ def test_masked_margin_equals_hand_built_full_forward(kind):
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))
         for li, layer in enumerate(layers):
-            scores = layer_metric_scores(get_attention_layer(model, cache, layer), SIX)
+            view = get_attention_layer(model, cache, layer)
+            scores = masking_scores(view, SIX)  # the section-3 scores, tested against naive loops in test_layer_masking
             for mi, name in enumerate(SIX):
                 for ki, k in enumerate(fractions):
-                    mask = _naive_query_mask(scores[name][0], k)
+                    mask = _naive_query_mask(scores[name], view.pattern[0] != 0, k)
 
                     def zero(pattern, hook, mask=mask):
                         return pattern.masked_fill(mask[None].to(pattern.device), 0.0)

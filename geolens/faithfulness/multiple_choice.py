@@ -9,16 +9,15 @@
   which draws through :mod:`geolens.stats`) lies entirely above chance, the mean of 1/#choices
   over its questions. The other tasks are listed as excluded, with accuracy, CI and chance.
 - **Masking** (:func:`masked_scores`), eligible tasks only: one layer at a time, every third layer
-  (0, 3, 6, …), comprehensiveness. Each sequence BOS + prompt + choice gets each metric's scores at
-  that layer; for every query, the top ⌈k·n⌉ of its n (head, source ≤ query) terms pooled over
-  heads (``query`` ranking, :func:`geolens.interventions.masking.removal_ranks`, ties by source
-  then head) are removed by setting α_ij^h = 0 in that layer's ``hook_pattern``, without
-  renormalising, on prompt and choice tokens alike (:func:`geolens.interventions.masking.masked_token_nll`:
-  the layers before the masked one run once for all masks).
-- **Metrics**: per-layer metrics of :mod:`geolens.metrics`, computed from
-  ``LayerInputs.from_layer(view, mode)``. A name ``<metric>_intra`` or ``<metric>_inter`` fixes the
-  mode of ‖o_i‖ (``intra``: the head's output o_i^h, ``inter``: the layer's o_i), so
-  ``output_normalized_intra`` is α‖ṽ_j‖/‖o_i^h‖; a bare name uses ``inter`` (:func:`resolve_metric`).
+  (0, 3, 6, …), comprehensiveness, with the masks of the per-layer endpoint (PROTOCOL.md §3,
+  :mod:`geolens.faithfulness.layer_masking`): each sequence BOS + prompt + choice gets each
+  metric's scores at that layer (:func:`~geolens.faithfulness.layer_masking.masking_scores`:
+  ``output_normalized_intra`` α‖ṽ_j‖/‖o_i^h‖, every other metric in inter mode) and, for every
+  query, the top ⌈k·n⌉ of its n terms (h, j) with α_ij^h ≠ 0, pooled over heads
+  (:func:`~geolens.faithfulness.layer_masking.query_masks`, ties by source then head), are removed
+  by setting α_ij^h = 0 in that layer's ``hook_pattern``, not renormalised, on prompt and choice
+  tokens alike (:func:`geolens.interventions.masking.masked_token_nll`: the layers before the
+  masked one run once for all masks).
 - **Outcome** per question and metric: the mean over layers and k of the margin's drop,
   margin(clean) − margin(masked); larger means the metric found terms the answer depends on.
 - **Pairs** (:func:`pair_tests`), pairs 1–5 of §4 (:data:`DEFAULT_PAIRS`): Δ = mean drop(b) −
@@ -47,14 +46,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens.faithfulness import MODES
+from geolens.faithfulness.layer_masking import MASKING_METRICS, masking_scores, query_masks
 from geolens.faithfulness.preregistered import Preregistered, load_protocol, run_label
-from geolens.interventions.masking import masked_token_nll, removal_ranks
-from geolens.metrics import LayerInputs, Metric, find_metric, metric_names
+from geolens.interventions.masking import masked_token_nll
+from geolens.metrics import find_metric
 from geolens.multiple_choice import Question, choice_logliks, choice_scores, choice_tokens, mc_summary, question_row
 from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
 
@@ -107,7 +105,9 @@ class MCSettings:
             raise ValueError(f"pairs must name two different metrics each, got {list(self.pairs)}")
         object.__setattr__(self, "pairs", pairs)
         for name in self.metrics:
-            resolve_metric(name)
+            metric = find_metric(name)
+            if name not in MASKING_METRICS or (metric is not None and not metric.per_layer):
+                raise ValueError(f"metric {name!r}: multiple choice masks with the per-layer metrics of {list(MASKING_METRICS)}")
         if int(self.n_boot) < 1:
             raise ValueError(f"n_boot must be ≥ 1, got {self.n_boot}")
         if not 0.0 < self.alpha < 1.0:
@@ -200,62 +200,7 @@ def differences(protocol: MCProtocol, *, tasks: Sequence[str], max_questions: in
 
 
 # ---------------------------------------------------------------------------------------------
-# Metric scores and masks
-
-
-def resolve_metric(name: str) -> tuple[Metric, str]:
-    """(registered per-layer metric, mode) of ``name``: a registered name (mode ``inter``) or
-    ``<registered name>_intra`` / ``_inter``.
-
-    >>> metric, mode = resolve_metric("output_normalized_intra")
-    >>> metric.name, mode
-    ('output_normalized', 'intra')
-    """
-    metric, mode = find_metric(name), "inter"
-    if metric is None and isinstance(name, str):
-        for m in MODES:
-            if name.endswith("_" + m):
-                metric, mode = find_metric(name[: -len(m) - 1]), m
-    if metric is None:
-        raise ValueError(f"unknown metric {name!r}: use a registered metric ({', '.join(metric_names())}), optionally ending in _intra or _inter")
-    if not metric.per_layer:
-        raise ValueError(f"metric {name!r} is computed per sequence; multiple choice under the protocol ranks per-layer metrics only")
-    return metric, mode
-
-
-def layer_metric_scores(view, metrics: Sequence[str]) -> dict[str, Float[Tensor, "batch head query key"]]:
-    """Each metric's scores at one layer (``view`` from :func:`geolens.adapter.get_attention_layer`),
-    from :meth:`geolens.metrics.LayerInputs.from_layer` in the metric's mode (|·| for an absolute one)."""
-    inputs: dict[str, LayerInputs] = {}
-    out = {}
-    for name in metrics:
-        metric, mode = resolve_metric(name)
-        if mode not in inputs:
-            inputs[mode] = LayerInputs.from_layer(view, mode)
-        out[name] = metric.layer_scores(inputs[mode], False)
-    return out
-
-
-def query_masks(scores: Float[Tensor, "*lead head query key"], fractions: Sequence[float]) -> Bool[Tensor, "k *lead head query key"]:
-    """Comprehensiveness masks under ``query`` ranking: for each query i, its n_i terms (h, j ≤ i)
-    of every head pooled and the ⌈k·n_i⌉ largest removed (True), for each k of ``fractions``.
-
-    Ties go to the lower source index, then the lower head
-    (:func:`geolens.interventions.masking.removal_ranks`). ⌈·⌉ is taken after subtracting 1e-9,
-    so that k·n = 9.000000000000002 removes 9 terms.
-
-    >>> m = query_masks(torch.tensor([[[[1.0, 0.0], [0.3, 0.7]]]]), [0.5])  # one head, two queries
-    >>> m[0, 0, 0].tolist()
-    [[True, False], [False, True]]
-    """
-    rank, n_eligible, eligible = removal_ranks(scores, scope="query", largest=True, allow_sink=True, allow_current=True)
-    out = []
-    for k in fractions:
-        if not 0.0 < k <= 1.0:
-            raise ValueError(f"fraction must be in (0, 1], got {k}")
-        n = torch.ceil(n_eligible.to(torch.float64) * float(k) - 1e-9).to(rank.dtype)
-        out.append((rank < n) & eligible)
-    return torch.stack(out)
+# Masked scores
 
 
 def masked_scores(
@@ -288,9 +233,11 @@ def masked_scores(
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))
         for li, layer in enumerate(layers):
-            by_metric = layer_metric_scores(get_attention_layer(model, cache, layer), metrics)
-            masks = torch.cat([query_masks(by_metric[m], fractions) for m in metrics])  # [metric·k, 1, head, query, key]
-            unique, which = _distinct(masks[:, 0])
+            view = get_attention_layer(model, cache, layer)
+            terms = view.pattern[0] != 0
+            by_metric = masking_scores(view, metrics)
+            masks = torch.stack([mask for m in metrics for mask in query_masks(by_metric[m], terms, fractions)])  # [metric·k, head, query, key]
+            unique, which = _distinct(masks)
             nll = masked_token_nll(model, tokens, unique[None], [layer], chunk_size=chunk_size, n_scored=n)
             loglik = (-nll.to(torch.float64).sum(-1)).tolist()
             s = np.asarray(choice_scores(loglik, [n] * len(loglik), normalize))
@@ -595,6 +542,6 @@ def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[s
 
 __all__ = [
     "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "SCORING", "differences",
-    "eligibility", "labelled", "layer_metric_scores", "masked_scores", "mc_protocol", "pair_tests", "query_masks",
-    "question_key", "question_sha", "resolve_metric", "run_multiple_choice", "stratified_indices",
+    "eligibility", "labelled", "masked_scores", "mc_protocol", "pair_tests", "question_key", "question_sha",
+    "run_multiple_choice", "stratified_indices",
 ]  # fmt: skip
