@@ -164,6 +164,8 @@ def test_command_runs_resumes_and_labels_a_small_run_exploratory(tmp_path, capsy
     assert summary["protocol"]["masking_scope"] == "layer" and max(summary["protocol"]["fractions"]) <= 0.2
     assert all(p["verdict"] is None for p in summary["pairs"])  # exploratory: no verdicts
     assert summary["per_term_effects"]["n_positions"] == 20
+    readme = (out / "README.md").read_text()
+    assert summary["command"] in readme and "| contribution_abs |" in readme and "one Holm family" in readme
     rows = pd.read_csv(out / "per_term_rows.csv.gz")
     # resuming a finished stage recomputes nothing and gives the same summary
     assert main(args + ["--resume"]) == 0

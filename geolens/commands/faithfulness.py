@@ -277,7 +277,8 @@ def run_preregistered(args) -> int:
     print(f"model {model_name} ({model_mode(model)}), corpus {args.corpus}: {n_documents} documents × {windows.shape[1]} tokens; "
           f"torch threads {torch.get_num_threads()}", flush=True)  # fmt: skip
     summary = dict(
-        command="geolens " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("geolens") else None,
+        command=f"geolens faithfulness --protocol {args.protocol} --model {model_name} --corpus {args.corpus} --stage {args.stage}"
+        + (f" --max-documents {args.max_documents}" if args.max_documents is not None else "") + f" --out {out}",
         protocol_version=protocol.version, protocol_sha256=protocol.sha256, label=label, differences=differences,
         model=model_name, model_mode=model_mode(model), corpus=args.corpus, n_documents=n_documents,
         corpus_indices=sources, stages={},
@@ -305,6 +306,10 @@ def run_preregistered(args) -> int:
     from geolens.faithfulness.preregistered import _write_json
 
     _write_json(summary, out / "summary.json")
+    if "per_term_effects" in summary:
+        from geolens.checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(out / "README.md", per_term_markdown(summary).encode("utf-8"))
     print(per_term_text(summary))
     print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s)")
     return 0
@@ -352,6 +357,54 @@ def per_term_text(summary: dict) -> str:
         p_adj = "" if p["p_adj"] is None else f"p_adj {p['p_adj']:.3g}"
         lines.append(f"  {p['scope']:<6} {p['a']} → {p['b']}: {p['estimate']:+.3f} {ci} {p_adj} → {p['verdict']}")
     return "\n".join(lines)
+
+
+def per_term_markdown(summary: dict) -> str:
+    """README.md of a protocol-2 run: what ran, the per-term endpoint's table and its family."""
+    part = summary["per_term_effects"]
+    lines = [
+        f"# Faithfulness, protocol {summary['protocol_version']}: {summary['model']}",
+        "",
+        f"Command: `{summary['command']}` (add `--resume` to continue an interrupted run).",
+        f"Protocol text SHA-256 `{summary['protocol_sha256']}` ({summary['label']}); "
+        f"model mode {summary['model_mode']}; corpus {summary['corpus']}, {summary['n_documents']} documents.",
+        "",
+        f"## Per-term endpoint ({part['n_positions']} positions from {part['n_documents']} documents)",
+        "",
+        "Mean over positions of Spearman's ρ between each metric's scores and the measured effect of "
+        "removing each term alone (KL), and the top-5 overlap; 95% document-cluster bootstrap intervals "
+        f"(B = {part['n_boot']}).",
+        "",
+    ]
+    for scope in ("term", "source"):
+        lines += [f"### {scope} scope", "", "| metric | ρ (KL) | 95% CI | top-5 overlap | 95% CI | ρ (−Δp) |", "|---|---:|---|---:|---|---:|"]
+        dp = {m["metric"]: m for m in part["metrics"] if m["scope"] == scope and m["outcome"] == "delta_p"}
+        for m in part["metrics"]:
+            if m["scope"] == scope and m["outcome"] == "kl":
+                lines.append(f"| {m['metric']} | {m['spearman']:+.3f} | [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] | {m['top5']:.3f} "
+                             f"| [{m['top5_ci_low']:.3f}, {m['top5_ci_high']:.3f}] | {dp[m['metric']]['spearman']:+.3f} |")  # fmt: skip
+        lines.append("")
+    lines += [
+        "## Pre-registered pairs (one Holm family)",
+        "",
+        "Δ = ρ(b) − ρ(a) (KL outcome): positive means b agrees better with the measured effects. The interval "
+        "is at the pair's Holm level; the verdict is decided by it within Holm's step-down.",
+        "",
+        "| scope | a → b | Δ | CI | level | p | p_adj | verdict |",
+        "|---|---|---:|---|---:|---:|---:|---|",
+    ]
+    for p in part["pairs"]:
+        if p["p_adj"] is None:
+            lines.append(f"| {p['scope']} | {p['a']} → {p['b']} | {p['estimate']:+.4f} | | | | | {p['verdict']} |")
+        else:
+            lines.append(f"| {p['scope']} | {p['a']} → {p['b']} | {p['estimate']:+.4f} | [{p['ci_low']:+.4f}, {p['ci_high']:+.4f}] "
+                         f"| {100 * p['level']:.2f}% | {p['p']:.3g} | {p['p_adj']:.3g} | {p['verdict']} |")  # fmt: skip
+    effects = part.get("single_term_effects")
+    if effects:
+        lines += ["", f"Single-term effects ({effects['n_positions']} positions): median KL of the largest term "
+                  f"{effects['median_kl_of_largest_term']:.3g} nats, of all terms' effects summed {effects['median_kl_of_all_terms_summed']:.3g}; "
+                  f"median clean top-1 probability {effects['median_clean_top_prob']:.3f}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def run(args) -> int:
