@@ -547,6 +547,18 @@ def test_smollm2_start_at_layer_equals_from_layer_zero(smollm2):
         masks = torch.stack(query_masks(scores, terms, [0.02, 0.2]) + [terms])
         fast = masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions], resid_pre=cache[adapter.resid_pre_hook(layer)])
         slow = masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions])
+        # float32 rounding: the earlier blocks run on a batch of 1 (the cache) or of n rows
         for key in ("kl", "delta_p", "nll"):
-            torch.testing.assert_close(fast[key], slow[key], rtol=1e-4, atol=1e-6)
-        assert (fast["kl"].mean(1) > 0).all()
+            torch.testing.assert_close(fast[key], slow[key], rtol=1e-3, atol=2e-5, msg=key)
+        assert (fast["kl"].mean(1) > 1e-3).all()
+
+
+def test_unpaired_rows_are_refused():
+    rows = _rows(_kls, all_kl={(d, 0): 1.0 for d in range(4)})
+    drop = (rows.document == 2) & (rows.metric == "random") & (rows.direction == "sufficiency")
+    with pytest.raises(ValueError, match="paired"):
+        masking_summary(rows[~drop], _summary_protocol(), n_boot=10, seed=0)
+    with pytest.raises(ValueError, match="fractions"):
+        masking_summary(rows[~(drop & (rows.k == 0.05))], _summary_protocol(), n_boot=10, seed=0)
+    with pytest.raises(ValueError, match="all-removed"):
+        masking_summary(rows[rows.metric != ALL_REMOVED], _summary_protocol(), n_boot=10, seed=0)

@@ -256,7 +256,7 @@ def masking_scores(
         elif m == "value_zeroing":
             if value_zeroing is None:
                 raise ValueError("value_zeroing scores of the layer are needed for the value_zeroing metric")
-            out[m] = value_zeroing.to(view.pattern.dtype)[None]
+            out[m] = value_zeroing.to(view.pattern)[None]
         else:  # random
             if random_seed is None:
                 raise ValueError("random_seed is needed for the random metric")
@@ -289,6 +289,29 @@ def layer_conditions(
             out += [Condition(metric, direction, float(k), m) for k, m in zip(fractions, masks)]
     out.append(Condition(ALL_REMOVED, ALL_REMOVED, 1.0, terms.clone()))
     return out
+
+
+def distinct_masks(conditions: Sequence[Condition]) -> tuple[list[str], Bool[Tensor, "n_distinct head query key"], list[int]]:
+    """``(hashes, masks, row)``: each condition's :func:`mask_hash`, its distinct masks stacked in
+    order of first appearance, and the row of ``masks`` each condition reads (identical masks
+    run once).
+
+    >>> import torch
+    >>> m = torch.eye(3, dtype=torch.bool)[None]
+    >>> hashes, masks, row = distinct_masks([Condition("a", "sufficiency", 0.1, m), Condition("b", "sufficiency", 0.1, m.clone())])
+    >>> tuple(masks.shape), row
+    ((1, 1, 3, 3), [0, 0])
+    """
+    hashes = [mask_hash(c.mask) for c in conditions]
+    first: dict[str, int] = {}
+    distinct = []
+    for c, h in zip(conditions, hashes):
+        if h not in first:
+            first[h] = len(distinct)
+            distinct.append(c.mask)
+    if not distinct:
+        raise ValueError("no conditions")
+    return hashes, torch.stack(distinct), [first[h] for h in hashes]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,20 +553,14 @@ def layer_masking_document(
             random_seed=masking_random_seed(document_index, layer),
         )  # fmt: skip
         conditions = layer_conditions(scores, terms, fractions, directions)
-        hashes = [mask_hash(c.mask) for c in conditions]
-        unique: dict[str, int] = {}
-        for c, h in zip(conditions, hashes):
-            unique.setdefault(h, len(unique))
-        first = {h: next(c.mask for c, hh in zip(conditions, hashes) if hh == h) for h in unique}
-        masks = torch.stack([first[h] for h in unique])
+        hashes, masks, row_of = distinct_masks(conditions)
         measured = masked_outcomes(
             model, tokens, layer, masks, positions, clean_logits,
             resid_pre=cache[adapter.resid_pre_hook(layer)], batch_size=batch_size,
         )  # fmt: skip
         means = {k: v.mean(1) for k, v in measured.items()}
         n_terms = int(terms.sum())
-        for c, h in zip(conditions, hashes):
-            u = unique[h]
+        for c, h, u in zip(conditions, hashes, row_of):
             rows.append(dict(
                 document=document_index, layer=int(layer), metric=c.metric, direction=c.direction, k=c.k,
                 n_terms=n_terms, n_removed=int(c.mask.sum()), kl=float(means["kl"][u]), delta_p=float(means["delta_p"][u]),
@@ -617,6 +634,9 @@ def _naopc(kept: pd.DataFrame, table: pd.DataFrame, outcome: str, fractions: lis
     missing = [k for k in fractions if k not in grid.columns]
     if missing or grid[fractions].isna().any().any():
         raise ValueError(f"some (document, layer, metric, direction) lack fractions of the grid {fractions}")
+    groups = grid.groupby(level=["document", "layer"]).size()
+    if (groups != groups.max()).any():
+        raise ValueError("some (document, layer) lack conditions of a metric or direction that others have: the comparison must be paired")
     ratio = grid[fractions].div(denominator.reindex(grid.index.droplevel(["metric", "direction"])).to_numpy(), axis=0)
     return ratio
 
@@ -712,6 +732,9 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     for direction in directions:
         sign = 1.0 if direction == "comprehensiveness" else -1.0
         for a, b in formed:
+            if (direction, a) not in columns or (direction, b) not in columns:
+                not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
+                continue
             ca, cb = columns.index((direction, a)), columns.index((direction, b))
             ha = hashes.xs((a, direction), level=("metric", "direction"))
             hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
@@ -820,6 +843,7 @@ __all__ = [
     "COLUMNS",
     "Condition",
     "MASKING_METRICS",
+    "distinct_masks",
     "layer_conditions",
     "layer_masking_document",
     "mask_hash",
