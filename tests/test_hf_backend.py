@@ -312,6 +312,60 @@ def test_padded_batch_equals_each_prompt_alone(fam, side):
 
 
 # ---------------------------------------------------------------------------------------------
+# Streamed mode
+
+
+def test_streamed_layers_equal_the_cached_forward(fam):
+    """Contribution weights computed inside the forward, layer by layer, equal those of a cache."""
+    from geolens.hf.streamed import stream_layers
+
+    family, model, tokens, cache = fam
+    streamed = stream_layers(model, tokens, lambda layer: geolens.layer_metrics(layer).contribution)
+    assert sorted(streamed) == [0, 1]
+    for l in range(2):
+        torch.testing.assert_close(streamed[l], geolens.contribution_weights(model, cache, l), rtol=0, atol=1e-6)
+    mask = torch.ones_like(tokens)
+    mask[0, :3] = 0  # left padding on row 0, given with its mask
+    padded = stream_layers(model, tokens, lambda layer: geolens.layer_metrics(layer).contribution, layers=[1], attention_mask=mask)
+    _, masked = geolens.run_with_cache(model, tokens, attention_mask=mask, names_filter=geolens.names_filter(model))
+    torch.testing.assert_close(padded[1], geolens.contribution_weights(model, masked, 1, attention_mask=mask), rtol=0, atol=1e-6)
+
+
+def _live_patterns(shape) -> int:
+    """Distinct storages of the live tensors of ``shape``."""
+    import gc
+
+    gc.collect()
+    return len({t.data_ptr() for t in gc.get_objects() if issubclass(type(t), torch.Tensor) and tuple(t.shape) == shape})
+
+
+def test_streamed_mode_holds_one_layer_pattern_at_a_time():
+    from geolens.hf.streamed import stream_layers
+
+    model = prepare(tiny_family("llama", n_layers=4))
+    tokens, shape = _tokens(3, 13), (3, 4, 13, 13)  # a shape no other test's cache holds
+    live = stream_layers(model, tokens, lambda layer: _live_patterns(shape))
+    assert live == {0: 1, 1: 1, 2: 1, 3: 1}
+    _, cache = geolens.run_with_cache(model, tokens)  # a cached forward holds every layer's
+    assert _live_patterns(shape) == 4
+
+
+def test_stream_corpus_accumulates_every_batch_and_layer():
+    from geolens.hf.streamed import stream_corpus
+
+    model = prepare(tiny_family("gemma2"))
+    tokens = _tokens(5)
+    sink = torch.zeros(2, 4, dtype=torch.float64)
+    assert stream_corpus(model, tokens, lambda layer: sink[layer.layer].add_(layer.pattern[:, :, 1:, 0].double().sum((0, 2))), batch_size=2) == 3
+    expected = torch.zeros(2, 4, dtype=torch.float64)
+    for rows in (slice(0, 2), slice(2, 4), slice(4, 5)):
+        _, cache = geolens.run_with_cache(model, tokens[rows])
+        for l in range(2):
+            expected[l] += cache[f"blocks.{l}.attn.hook_pattern"][:, :, 1:, 0].double().sum((0, 2))
+    torch.testing.assert_close(sink, expected, rtol=0, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
 # The load-time check and hook hygiene
 
 
@@ -431,27 +485,33 @@ def test_tiny_models_agree_with_the_bridge(kind):
 # Real models (slow tier): the HF-native backend against TransformerLens 4.x
 
 
+def _real_model_results(model, tokens, layers) -> dict:
+    """Contribution weights, the baselines, Value Zeroing and sink statistics of a few layers."""
+    with torch.no_grad():
+        _, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model, layers))
+    res = {}
+    for l in layers:
+        res[f"intra {l}"] = geolens.contribution_weights(model, cache, l, mode="intra")
+        for metric, value in geolens.attention_metrics(model, cache, l, mode="inter").as_dict().items():
+            res[f"{metric} {l}"] = value  # raw attention, the two baselines, inter contributions
+    res["vz"] = geolens.value_zeroing(model, tokens[:1], layers=layers[:2])
+    res["sinks"] = geolens.sink_geometry(model, tokens, layers=layers, batch_size=2).heads
+    return res
+
+
 def _real_models_agree(name: str, n_pos: int = 32):
+    from transformers import PreTrainedModel
+
     from geolens.data import corpus_windows
     from geolens.models import load_model
 
     hf = load_model(name, backend="hf")
+    assert isinstance(hf, PreTrainedModel)
     tokens = corpus_windows(hf, "lee", seq_len=n_pos, n_sequences=2)
     layers = [0, hf.cfg.n_layers // 2, hf.cfg.n_layers - 1]
-    out = {}
-    for label, model in (("hf", hf), ("tl", None)):
-        model = model or load_model(name)
-        with torch.no_grad():
-            _, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model, layers))
-        res = {}
-        for l in layers:
-            res[f"intra {l}"] = geolens.contribution_weights(model, cache, l, mode="intra")
-            for name, value in geolens.attention_metrics(model, cache, l, mode="inter").as_dict().items():
-                res[f"{name} {l}"] = value  # raw attention, the two baselines, inter contributions
-        res["vz"] = geolens.value_zeroing(model, tokens[:1], layers=layers[:2])
-        res["sinks"] = geolens.sink_geometry(model, tokens, layers=layers, batch_size=2).heads
-        out[label] = res
-        del model, cache
+    out = {"hf": _real_model_results(hf, tokens, layers)}
+    del hf
+    out["tl"] = _real_model_results(load_model(name), tokens, layers)
     return out
 
 

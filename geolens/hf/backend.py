@@ -116,16 +116,9 @@ def set_tokenizer(model, tokenizer) -> None:
 
 
 def _ensure_checked(model) -> None:
-    from geolens.hf.check import check_attention
-
     state = sites(model)
-    if not getattr(state, "checked", False):
-        state.checked = True
-        try:
-            check_attention(model)
-        except BaseException:
-            state.checked = False
-            raise
+    if not state.checked:
+        state.check()
 
 
 def _names_filter(names_filter) -> Callable[[str], bool] | None:
@@ -181,7 +174,6 @@ def tl_forward(
         raise ValueError(f"return_type must be 'logits' or None on the HF-native backend, got {return_type!r}")
     if not isinstance(tokens, Tensor):
         raise TypeError("the HF-native backend takes token ids [batch, pos] (use model.to_tokens(text, prepend_bos=...))")
-    _ensure_checked(model)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     inputs = {"inputs_embeds": tokens} if torch.is_floating_point(tokens) else {"input_ids": tokens if tokens.ndim == 2 else tokens[None]}

@@ -63,6 +63,9 @@ class Run:
     cache: dict | None = None
     names_filter: Callable[[str], bool] | None = None
     stop_at_layer: int | None = None
+    # called with the layer index once that layer's attention has run and its hooks fired
+    # (geolens.hf.streamed: each layer's quantities computed inside the forward)
+    on_layer: Callable[[int], None] | None = None
 
 
 class Sites:
@@ -75,6 +78,7 @@ class Sites:
         self._handles: list = []
         self._saved_impl = None
         self.names = frozenset(self._all_names())
+        self.checked = False  # geolens.hf.check.check_attention has passed
 
     # --- names
 
@@ -119,6 +123,8 @@ class Sites:
         unknown = sorted(set(run.hooks) - self.names)
         if unknown:
             raise KeyError(f"no hook point named {unknown[:4]} on this model (see model.hook_dict)")
+        if not self.runs and not self.checked:  # the first use: check before any run of the caller's
+            self.check()
         outermost = not self.runs
         if outermost:
             self._install()
@@ -129,6 +135,17 @@ class Sites:
             self.runs.remove(run)
             if outermost:
                 self._uninstall()
+
+    def check(self) -> None:
+        """Run :func:`geolens.hf.check.check_attention` once (again after a failure)."""
+        from geolens.hf.check import check_attention
+
+        self.checked = True
+        try:
+            check_attention(self._model())
+        except BaseException:
+            self.checked = False
+            raise
 
     def _install(self) -> None:
         model = self._model()
@@ -242,6 +259,9 @@ class Sites:
                 z = torch.matmul(pattern.to(values.dtype), values).transpose(1, 2).contiguous()
         if self.wants(z_name):
             z = self.fire(z_name, z)
+        for run in list(self.runs):
+            if run.on_layer is not None:
+                run.on_layer(l)
         return z, pattern
 
 
