@@ -15,7 +15,7 @@ Launcher (one line per node)::
 
     torchrun --standalone --nproc-per-node 2 -m geolens.distributed \\
         --model smollm2-135m --corpus lee --seq-len 128 --n-sequences 800 \\
-        --analysis head-sink-rate --batch-size 8 --out sink_rates.pt
+        --analysis norm-curve --batch-size 8 --out norm_curve.pt
 
 Without ``torchrun`` the same command runs as one process. ``--checkpoint DIR`` makes every
 rank resumable (one file per rank: ``DIR/rank{r}-of-{world}.pt``).
@@ -135,7 +135,6 @@ def run_corpus_distributed(
 # --- launcher ------------------------------------------------------------------------------
 
 ANALYSES: dict[str, str] = {
-    "head-sink-rate": "geolens.streaming:HeadSinkRate",
     "sink-geometry": "geolens.sinks:SinkGeometry",
     "norm-curve": "geolens.sinks:NormCurve",
     "token-types": "geolens.sinks:TokenTypeDecomposition",
@@ -193,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from geolens.data import corpus_windows
 
             tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)
-        analyses = [analysis_factory(spec)(model) for spec in (args.analysis or ["head-sink-rate"])]
+        analyses = [analysis_factory(spec)(model) for spec in (args.analysis or ["norm-curve"])]
         if args.warmup and tokens.shape[0]:  # first-call costs (allocator, kernels) out of the timing
             with torch.no_grad():
                 model(as_token_tensor(tokens[: args.batch_size]).to(device))

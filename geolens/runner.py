@@ -154,14 +154,13 @@ def run_corpus(
             alone. Without it, a batch that looks padded (rows starting or ending with different
             numbers of the tokenizer's pad id) is refused.
 
-    >>> import geolens
-    >>> from geolens.streaming import HeadSinkRate
+    >>> from geolens.sinks.norm_curve import NormCurve
     >>> from geolens.testing import tiny_bridge
     >>> model = tiny_bridge("gqa")
     >>> tokens = model.to_tokens(["a cat", "the dog sat"], padding_side="left")
     >>> mask = (tokens != model.tokenizer.pad_token_id).long()
-    >>> [rates] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], attention_mask=mask, progress=False)
-    >>> int(rates.sink_rate.count[0, 0])  # queries 1… of each prompt: 5 + 11
+    >>> [curve] = run_corpus(model, tokens, [NormCurve(model.cfg.n_layers, model.cfg.n_heads)], attention_mask=mask, progress=False)
+    >>> int(curve.per_head.counts[0, 0].sum())  # queries 1… of each prompt: 5 + 11
     16
     """
     _check_inputs(tokens, analyses, batch_size, checkpoint_every)
@@ -218,12 +217,13 @@ def run_analysis(
     ``result()``. The one-call functions of the topics (``sink_geometry``, ``head_taxonomy``,
     ``mean_head_z``, …) are this call.
 
-    >>> from geolens.streaming import HeadSinkRate
+    >>> from geolens.sinks.norm_curve import NormCurve
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")
     >>> tokens = tiny_tokens(model, length=8)
-    >>> rates = run_analysis(model, tokens, HeadSinkRate.for_model, model, batch_size=1)
-    >>> int(rates["n_tokens"]) == tokens.shape[0] * 7  # queries 1…7 of every window
+    >>> curve = run_analysis(model, tokens, NormCurve, model.cfg.n_layers, model.cfg.n_heads, batch_size=1)
+    >>> pooled = curve.curves.query("scope == 'layer' and layer == 0")
+    >>> int(pooled["count"].sum()) == tokens.shape[0] * 7 * model.cfg.n_heads  # queries 1…7 of every window and head
     True
     """
     analysis = analysis_class(*args, **kwargs)

@@ -69,7 +69,6 @@ from geolens.visibility import sink_visible, visible_keys
 Space = Literal["value", "projected"]
 WINNER_KINDS = ("sink", "current", "other")
 REGIMES = ("Mixer", "Retriever", "Reset")  # same order as WINNER_KINDS
-REGIME_OF_KIND = dict(zip(WINNER_KINDS, REGIMES))
 
 
 def _check_space(space: str) -> None:

@@ -17,7 +17,8 @@ import torch
 from conftest import make_tiny, random_corpus
 from geolens.checkpoint import atomic_torch_save, load_checkpoint
 from geolens.runner import run_corpus
-from geolens.streaming import CorpusAnalysis, HeadSinkRate, Moments
+from geolens.sinks.norm_curve import NormCurve
+from geolens.streaming import CorpusAnalysis, Moments
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +32,17 @@ def assert_identical(a: dict, b: dict):
         assert torch.equal(a[k].nan_to_num(-7.0), b[k].nan_to_num(-7.0)), k
 
 
+def norm_curve(model, **kwargs) -> NormCurve:
+    """A real corpus analysis (sink rate binned with ‖o_i^h‖ as payload) over every layer and head."""
+    return NormCurve(model.cfg.n_layers, model.cfg.n_heads, **kwargs)
+
+
+def histograms(a: NormCurve) -> dict:
+    """Every number a NormCurve accumulates."""
+    return {f"{scope}.{k}": getattr(getattr(a, scope), k) for scope in ("per_head", "per_layer")
+            for k in ("counts", "payload_sum", "payload_sq")} | {"out_of_window": a.out_of_window.total}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def gqa():
     return make_tiny("gqa")
@@ -40,7 +52,7 @@ class _Interrupt(Exception):
     pass
 
 
-class _Crashing(HeadSinkRate):
+class _Crashing(NormCurve):
     """Raises when ``limit`` updates are done, as a KeyboardInterrupt / crash would.
 
     ``calls`` is part of the state (it is saved and restored), ``limit`` is not (class attribute).
@@ -78,20 +90,20 @@ class _Random(CorpusAnalysis):
 def test_interrupted_run_resumes_to_identical_numbers(gqa, tmp_path, monkeypatch):
     tokens = corpus_tokens()
     torch.manual_seed(5)
-    ref = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa), _Random()], batch_size=2, progress=False)
+    ref = run_corpus(gqa, tokens, [norm_curve(gqa), _Random()], batch_size=2, progress=False)
     path = tmp_path / "run.pt"
     torch.manual_seed(5)
-    crashing = _Crashing.for_model(gqa)
+    crashing = _Crashing(2, 4)
     with pytest.raises(_Interrupt):
         run_corpus(gqa, tokens, [crashing, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3)
     assert load_checkpoint(path)["next_batch"] == 6  # the last multiple of 3 before the crash
     torch.manual_seed(123)  # the checkpoint restores the generator, not the seed
     monkeypatch.setattr(_Crashing, "limit", 10**9)
-    resumed = _Crashing.for_model(gqa)
+    resumed = _Crashing(2, 4)
     run_corpus(gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3)
     assert resumed.calls == 12  # 6 restored from the checkpoint + the 6 remaining batches
     out = run_corpus(gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path)  # complete: no-op
-    assert_identical(out[0].result(), ref[0].result())
+    assert_identical(histograms(out[0]), histograms(ref[0]))
     assert torch.equal(out[1].result(), ref[1].result())
     assert load_checkpoint(path)["next_batch"] == 12
 
@@ -99,14 +111,14 @@ def test_interrupted_run_resumes_to_identical_numbers(gqa, tmp_path, monkeypatch
 def test_checkpoint_of_another_run_is_refused(gqa, tmp_path):
     path = tmp_path / "run.pt"
     tokens = corpus_tokens(n=6)
-    run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=path)
+    run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=2, progress=False, checkpoint=path)
     with pytest.raises(ValueError, match="tokens_sha256"):
-        run_corpus(gqa, corpus_tokens(n=6, seed=9), [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=path)
+        run_corpus(gqa, corpus_tokens(n=6, seed=9), [norm_curve(gqa)], batch_size=2, progress=False, checkpoint=path)
     with pytest.raises(ValueError, match="batch_size"):
-        run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=3, progress=False, checkpoint=path)
+        run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=3, progress=False, checkpoint=path)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="junk.pt"):
-        run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=tmp_path / "junk.pt")
+        run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=2, progress=False, checkpoint=tmp_path / "junk.pt")
 
 
 def test_failed_rename_keeps_previous_file_and_leaves_no_temp(tmp_path, monkeypatch):
@@ -153,12 +165,12 @@ CHILD = """
 import sys, time, torch
 from geolens.distributed import load_any_model
 from geolens.runner import run_corpus
-from geolens.streaming import HeadSinkRate
+from geolens.sinks.norm_curve import NormCurve
 
 tokens_path, ckpt, out, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 calls = 0
 
-class SlowSinkRate(HeadSinkRate):
+class SlowNormCurve(NormCurve):
     def update(self, model, cache, tokens):
         global calls
         calls += 1
@@ -167,9 +179,10 @@ class SlowSinkRate(HeadSinkRate):
 
 model = load_any_model("tiny-gqa", "cpu")
 tokens = torch.load(tokens_path, weights_only=True)
-[a] = run_corpus(model, tokens, [SlowSinkRate.for_model(model)], batch_size=2, progress=False,
+[a] = run_corpus(model, tokens, [SlowNormCurve(model.cfg.n_layers, model.cfg.n_heads)], batch_size=2, progress=False,
                  checkpoint=ckpt, checkpoint_every=2)
-torch.save({"result": a.result(), "calls": calls}, out)
+state = {f"{s}.{k}": getattr(getattr(a, s), k) for s in ("per_head", "per_layer") for k in ("counts", "payload_sum", "payload_sq")}
+torch.save({"result": {**state, "out_of_window": a.out_of_window.total}, "calls": calls}, out)
 """
 
 
@@ -207,9 +220,8 @@ def test_sigkilled_run_resumes_to_identical_numbers(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_resumed_run_is_identical(smollm2, smollm2_tokens, tmp_path, monkeypatch):
-    """Real model: the first 3 layers' sink rates, interrupted after 2 of 4 batches and resumed."""
-    make = lambda: HeadSinkRate(smollm2.cfg.n_layers, smollm2.cfg.n_heads, layers=[0, 1, 2])  # noqa: E731
-    [ref] = run_corpus(smollm2, smollm2_tokens, [make()], batch_size=1, progress=False)
+    """Real model: the first 3 layers' sink-rate histograms, interrupted after 2 of 4 batches and resumed."""
+    [ref] = run_corpus(smollm2, smollm2_tokens, [norm_curve(smollm2, layers=[0, 1, 2])], batch_size=1, progress=False)
     monkeypatch.setattr(_Crashing, "limit", 2)
     crashing = _Crashing(smollm2.cfg.n_layers, smollm2.cfg.n_heads, layers=[0, 1, 2])
     path = tmp_path / "smollm2.pt"
@@ -220,14 +232,15 @@ def test_smollm2_resumed_run_is_identical(smollm2, smollm2_tokens, tmp_path, mon
     resumed = _Crashing(smollm2.cfg.n_layers, smollm2.cfg.n_heads, layers=[0, 1, 2])
     run_corpus(smollm2, smollm2_tokens, [resumed], batch_size=1, progress=False, checkpoint=path)
     assert resumed.calls == 4
-    assert_identical(resumed.result(), ref.result())
-    assert torch.equal(ref.sink_rate.count, torch.full((3, 9), 4.0 * 63, dtype=torch.float64))  # queries 1..63 of 4 rows
+    assert_identical(histograms(resumed), histograms(ref))
+    counts = ref.per_head.counts.sum(-1)
+    assert torch.equal(counts[:3], torch.full((3, 9), 4.0 * 63, dtype=torch.float64)) and not counts[3:].any()  # queries 1..63 of 4 rows
 
 
 # --- issue 12: fingerprints of the model and of the analyses' arguments; checkpoint safety ----------
 
 
-class _Counting(HeadSinkRate):
+class _Counting(NormCurve):
     """Counts its updates, so a test can assert that no batch ran."""
 
     def __init__(self, *args, **kwargs):
@@ -243,49 +256,49 @@ def test_checkpoint_of_another_model_is_refused(gqa, tmp_path):
     """Same architecture, other weights (another seed): the weight checksum names the difference."""
     path = tmp_path / "run.pt"
     tokens = corpus_tokens(n=4)
-    run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=2, progress=False, checkpoint=path)
+    run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=2, progress=False, checkpoint=path)
     other = make_tiny("gqa", seed=1)
-    resumed = _Counting.for_model(other)
+    resumed = _Counting(2, 4)
     with pytest.raises(ValueError, match=r"model\.weights_sha256"):
-        run_corpus(other, tokens, [HeadSinkRate.for_model(other)], batch_size=2, progress=False, checkpoint=path)
+        run_corpus(other, tokens, [resumed], batch_size=2, progress=False, checkpoint=path)
     deeper = make_tiny("gqa", n_layers=3)
     with pytest.raises(ValueError, match=r"model\.n_layers: checkpoint 2, this run 3"):
-        run_corpus(deeper, tokens, [HeadSinkRate(3, deeper.cfg.n_heads, layers=[0, 1])], batch_size=2, progress=False, checkpoint=path)
+        run_corpus(deeper, tokens, [norm_curve(deeper, layers=[0, 1])], batch_size=2, progress=False, checkpoint=path)
     assert resumed.calls == 0
 
 
 def test_checkpoint_with_other_analysis_arguments_is_refused_and_keeps_the_configuration(gqa, tmp_path):
     path = tmp_path / "run.pt"
     tokens = corpus_tokens(n=4)
-    run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa, layers=[0])], batch_size=2, progress=False, checkpoint=path)
-    other = HeadSinkRate.for_model(gqa, layers=[1])
+    run_corpus(gqa, tokens, [norm_curve(gqa, layers=[0])], batch_size=2, progress=False, checkpoint=path)
+    other = norm_curve(gqa, layers=[1])
     with pytest.raises(ValueError, match=r"analyses\[0\]\.args\.layers"):
         run_corpus(gqa, tokens, [other], batch_size=2, progress=False, checkpoint=path)
-    assert other.layers == [1] and other.sink_rate.count.sum() == 0
-    edges = HeadSinkRate.for_model(gqa, layers=[0], edges=torch.linspace(0, 1, 5))
-    with pytest.raises(ValueError, match=r"analyses\[0\]\.args\.edges"):
-        run_corpus(gqa, tokens, [edges], batch_size=2, progress=False, checkpoint=path)
+    assert other.layers == [1] and other.per_head.counts.sum() == 0
+    bins = norm_curve(gqa, layers=[0], n_bins=4)
+    with pytest.raises(ValueError, match=r"analyses\[0\]\.args\.n_bins"):
+        run_corpus(gqa, tokens, [bins], batch_size=2, progress=False, checkpoint=path)
     # the same arguments resume (the run is complete: nothing left to do, same numbers)
-    [same] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa, layers=[0])], batch_size=2, progress=False, checkpoint=path)
-    [ref] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa, layers=[0])], batch_size=2, progress=False)
-    assert_identical(same.result(), ref.result())
+    [same] = run_corpus(gqa, tokens, [norm_curve(gqa, layers=[0])], batch_size=2, progress=False, checkpoint=path)
+    [ref] = run_corpus(gqa, tokens, [norm_curve(gqa, layers=[0])], batch_size=2, progress=False)
+    assert_identical(histograms(same), histograms(ref))
 
 
 def test_load_state_dict_and_merge_never_replace_the_configuration():
     from geolens.taxonomy import TaxonomyAnalysis
 
-    a, b = HeadSinkRate(2, 4, layers=[0]), HeadSinkRate(2, 4, layers=[1])
+    a, b = NormCurve(2, 4, layers=[0]), NormCurve(2, 4, layers=[1])
     with pytest.raises(ValueError, match=r"layers\[0\]=1 there, 0 here"):
         a.load_state_dict(b.state_dict())
     assert a.layers == [0]
     with pytest.raises(ValueError, match="layers"):
         a.merge(b)
-    assert a.config() == {"n_layers": 2, "n_heads": 4, "edges": None, "layers": [0]}
+    assert a.config() == {"n_layers": 2, "n_heads": 4, "n_bins": 20, "layers": [0]}
     t = TaxonomyAnalysis(2, 4, space="projected")
     with pytest.raises(ValueError, match="space"):
         t.load_state_dict(TaxonomyAnalysis(2, 4).state_dict())
     assert t.space == "projected"
-    a.load_state_dict(HeadSinkRate(2, 4, layers=[0]).state_dict())  # same arguments: fine
+    a.load_state_dict(NormCurve(2, 4, layers=[0]).state_dict())  # same arguments: fine
 
 
 def test_subclass_load_state_dict_overrides_are_checked_too():
@@ -302,7 +315,7 @@ def test_garbage_checkpoint_is_refused_without_suggesting_trusted(gqa, tmp_path)
 
     path = tmp_path / "garbage.pt"
     path.write_bytes(random.Random(0).randbytes(4096))
-    for call in (lambda: load_checkpoint(path), lambda: run_corpus(gqa, corpus_tokens(n=4), [HeadSinkRate.for_model(gqa)],
+    for call in (lambda: load_checkpoint(path), lambda: run_corpus(gqa, corpus_tokens(n=4), [norm_curve(gqa)],
                                                                      batch_size=2, progress=False, checkpoint=path)):  # fmt: skip
         with pytest.raises(ValueError) as err:
             call()
@@ -314,7 +327,7 @@ def test_garbage_checkpoint_is_refused_without_suggesting_trusted(gqa, tmp_path)
 def test_checkpoint_folder_that_cannot_be_written_fails_before_the_first_batch(gqa, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    analysis = _Counting.for_model(gqa)
+    analysis = _Counting(2, 4)
     with pytest.raises(ValueError, match="not writable"):
         run_corpus(gqa, corpus_tokens(n=4), [analysis], batch_size=2, progress=False, checkpoint=blocker / "run.pt")
     assert analysis.calls == 0
@@ -325,7 +338,7 @@ def test_checkpoint_folder_that_cannot_be_written_fails_before_the_first_batch(g
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (read-only even for root)")
 def test_read_only_checkpoint_folder_fails_before_the_first_batch(gqa):
-    analysis = _Counting.for_model(gqa)
+    analysis = _Counting(2, 4)
     with pytest.raises(ValueError, match="checkpoint folder /proc is not writable"):
         run_corpus(gqa, corpus_tokens(n=4), [analysis], batch_size=2, progress=False, checkpoint="/proc/geolens-run.pt")
     assert analysis.calls == 0

@@ -15,7 +15,7 @@ from conftest import make_tiny, random_corpus
 from geolens.checkpoint import load_checkpoint
 from geolens.distributed import analysis_factory, merge_states, rank_checkpoint, run_corpus_distributed
 from geolens.runner import n_batches, run_corpus, shard_bounds
-from geolens.streaming import HeadSinkRate
+from geolens.sinks.norm_curve import NormCurve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,30 +23,37 @@ REPO = Path(__file__).resolve().parents[1]
 corpus_tokens = partial(random_corpus, n=21, seq=14, seed=2)  # this file's corpus; keywords override
 
 
-def assert_merged_equals_single(merged: dict, single: dict):
-    """Counts exactly; means, variances and per-bin means up to float64 merge rounding."""
-    assert merged.keys() == single.keys()
-    for k in ("count", "bin_counts", "n_tokens"):
-        assert torch.equal(merged[k], single[k]), k
-    for k in ("sink_rate_mean", "sink_rate_std", "bin_output_norm"):
-        torch.testing.assert_close(merged[k], single[k], rtol=1e-12, atol=1e-15, equal_nan=True)
+def norm_curve(model) -> NormCurve:
+    """A real corpus analysis (sink rate binned with ‖o_i^h‖ as payload) over every layer and head."""
+    return NormCurve(model.cfg.n_layers, model.cfg.n_heads)
+
+
+def assert_merged_equals_single(merged: NormCurve, single: NormCurve):
+    """Counts exactly; per-bin sums of ‖o‖ and ‖o‖² up to float64 merge rounding."""
+    for hist in ("per_head", "per_layer"):
+        a, b = getattr(merged, hist), getattr(single, hist)
+        assert torch.equal(a.counts, b.counts), hist
+        assert a.counts.sum() > 0
+        for k in ("payload_sum", "payload_sq"):
+            torch.testing.assert_close(getattr(a, k), getattr(b, k), rtol=1e-12, atol=1e-15, msg=f"{hist}.{k}")
+    assert torch.equal(merged.out_of_window.total, single.out_of_window.total)
 
 
 def test_merging_simulated_rank_states_equals_one_process():
     model = make_tiny("gqa")
     tokens = corpus_tokens()
-    [single] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
+    [single] = run_corpus(model, tokens, [norm_curve(model)], batch_size=4, progress=False)
     world = 3
     states = []
     for rank in range(world):
         lo, hi = shard_bounds(tokens.shape[0], 4, rank, world)
-        [a] = run_corpus(model, tokens[lo:hi], [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
+        [a] = run_corpus(model, tokens[lo:hi], [norm_curve(model)], batch_size=4, progress=False)
         states.append([a.state_dict()])
-    [merged] = merge_states([HeadSinkRate.for_model(model)], states)
-    assert_merged_equals_single(merged.result(), single.result())
+    [merged] = merge_states([norm_curve(model)], states)
+    assert_merged_equals_single(merged, single)
     # no process group: run_corpus_distributed is run_corpus
-    [alone] = run_corpus_distributed(model, tokens, [HeadSinkRate.for_model(model)], batch_size=4, progress=False)
-    assert torch.equal(alone.sink_rate.mean, single.sink_rate.mean)
+    [alone] = run_corpus_distributed(model, tokens, [norm_curve(model)], batch_size=4, progress=False)
+    assert torch.equal(alone.per_head.payload_sum, single.per_head.payload_sum)
 
 
 def flat_tensors(state, prefix=""):
@@ -70,7 +77,7 @@ def _launch(args, tmp_path, timeout=150):
 def test_two_gloo_processes_equal_one_process(tmp_path):
     tokens = corpus_tokens()
     torch.save(tokens, tmp_path / "tokens.pt")
-    analyses = ["head-sink-rate", "sink-geometry", "taxonomy"]  # the latter two: geolens.sinks, geolens.taxonomy
+    analyses = ["norm-curve", "sink-geometry", "taxonomy"]
     common = ["--model", "tiny-gqa", "--tokens", "tokens.pt", "--batch-size", "4", "--no-progress"]
     common += [arg for spec in analyses for arg in ("--analysis", spec)]
     # torchrun --standalone picks a free port itself (rendezvous on localhost:0)
@@ -80,7 +87,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         tmp_path,
     )  # fmt: skip
     two = torch.load(tmp_path / "two.pt", weights_only=True)
-    assert two["timing"]["world_size"] == 2 and two["analyses"] == ["HeadSinkRate", "SinkGeometry", "TaxonomyAnalysis"]
+    assert two["timing"]["world_size"] == 2 and two["analyses"] == ["NormCurve", "SinkGeometry", "TaxonomyAnalysis"]
     # the single-process reference, in this process with one thread like each rank (OMP_NUM_THREADS=1)
     model = make_tiny("gqa")
     threads = torch.get_num_threads()
@@ -89,8 +96,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         single = run_corpus(model, tokens, [analysis_factory(spec)(model) for spec in analyses], batch_size=4, progress=False)
     finally:
         torch.set_num_threads(threads)
-    merged = HeadSinkRate.for_model(model).load_state_dict(two["states"][0]).result()
-    assert_merged_equals_single(merged, single[0].result())
+    assert_merged_equals_single(norm_curve(model).load_state_dict(two["states"][0]), single[0])
     for k, spec in enumerate(analyses[1:], start=1):  # sink geometry and taxonomy states
         a, b = flat_tensors(two["states"][k]), flat_tensors(single[k].state_dict())
         assert a.keys() == b.keys() and a, spec
@@ -120,6 +126,6 @@ def test_load_model_device_map_goes_through_accelerate(tmp_path, device_map):
     tokens = corpus_tokens(n=2, seq=10)
     with torch.no_grad():
         assert torch.equal(mapped(tokens), plain(tokens))
-    [a] = run_corpus(mapped, tokens, [HeadSinkRate.for_model(mapped)], batch_size=1, progress=False)
-    [b] = run_corpus(plain, tokens, [HeadSinkRate.for_model(plain)], batch_size=1, progress=False)
-    assert torch.equal(a.sink_rate.mean, b.sink_rate.mean)
+    [a] = run_corpus(mapped, tokens, [norm_curve(mapped)], batch_size=1, progress=False)
+    [b] = run_corpus(plain, tokens, [norm_curve(plain)], batch_size=1, progress=False)
+    assert torch.equal(a.per_head.counts, b.per_head.counts) and torch.equal(a.per_head.payload_sum, b.per_head.payload_sum)

@@ -14,7 +14,7 @@ import geolens
 from geolens import attention_metrics, contribution_weights, influence_factors, names_filter
 from geolens.contributions import ZeroNormOutputWarning
 from geolens.runner import run_corpus
-from geolens.streaming import HeadSinkRate
+from geolens.sinks.norm_curve import NormCurve
 from geolens.testing import tiny_tokenizer
 
 PAD = 2
@@ -128,6 +128,11 @@ def test_bad_attention_mask(model, bad, match):
 # --- run_corpus ----------------------------------------------------------------------------------
 
 
+def norm_curve(model) -> NormCurve:
+    """A real corpus analysis (sink rate binned with ‖o_i^h‖ as payload) over every layer and head."""
+    return NormCurve(model.cfg.n_layers, model.cfg.n_heads)
+
+
 def _tiny_two():
     """Two prompts of 6 and 12 tokens: 5 + 11 = 16 queries i ≥ 1 (the issue's 12-vs-32 case)."""
     tok = tiny_tokenizer()
@@ -138,23 +143,22 @@ def _tiny_two():
 def test_run_corpus_with_mask_equals_prompts_alone(model, side):
     prompts = _tiny_two()
     tokens, mask = _pad(prompts, side)
-    [padded] = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], attention_mask=mask, progress=False, batch_size=2)
-    alone = HeadSinkRate.for_model(model)
+    [padded] = run_corpus(model, tokens, [norm_curve(model)], attention_mask=mask, progress=False, batch_size=2)
+    alone = norm_curve(model)
     for p in prompts:
         run_corpus(model, p[None], [alone], progress=False)
-    assert int(padded.sink_rate.count[0, 0]) == sum(len(p) - 1 for p in prompts) == 16
-    assert int(padded.n_tokens.total) == int(alone.n_tokens.total)
-    torch.testing.assert_close(padded.sink_rate.mean, alone.sink_rate.mean, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(padded.by_bin.counts, alone.by_bin.counts)
+    assert int(padded.per_head.counts[0, 0].sum()) == sum(len(p) - 1 for p in prompts) == 16
+    assert torch.equal(padded.per_head.counts, alone.per_head.counts)
+    torch.testing.assert_close(padded.per_head.payload_sum, alone.per_head.payload_sum, atol=1e-6, rtol=1e-5)
 
 
 def test_run_corpus_refuses_unmasked_padding(model):
     tokens, _ = _pad(_tiny_two(), "left")
     with pytest.raises(ValueError, match="looks padded.*attention_mask="):
-        run_corpus(model, tokens, [HeadSinkRate.for_model(model)], progress=False)
+        run_corpus(model, tokens, [norm_curve(model)], progress=False)
     tokens, _ = _pad(_tiny_two(), "right")
     with pytest.raises(ValueError, match="looks padded"):
-        run_corpus(model, tokens, [HeadSinkRate.for_model(model)], progress=False)
+        run_corpus(model, tokens, [norm_curve(model)], progress=False)
 
 
 def test_run_corpus_accepts_equal_rows_and_rejects_holes(model):
@@ -162,9 +166,9 @@ def test_run_corpus_accepts_equal_rows_and_rejects_holes(model):
     holes = mask.clone()
     holes[1, 3] = 0
     with pytest.raises(ValueError, match="padding between real tokens"):
-        run_corpus(model, tokens, [HeadSinkRate.for_model(model)], attention_mask=holes, progress=False)
+        run_corpus(model, tokens, [norm_curve(model)], attention_mask=holes, progress=False)
     with pytest.raises(ValueError, match="shape"):
-        run_corpus(model, tokens, [HeadSinkRate.for_model(model)], attention_mask=mask[:, 1:], progress=False)
+        run_corpus(model, tokens, [norm_curve(model)], attention_mask=mask[:, 1:], progress=False)
 
 
 def test_gpt2_style_pad_equal_to_bos_is_not_padding():

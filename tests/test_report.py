@@ -224,13 +224,13 @@ def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report):
 def test_quick_corpus_pass_bar_advances_per_batch(tiny_gqa, capsys):
     """The corpus-pass bar counts batches; --quick's 8 windows must give it several steps."""
     from geolens.runner import n_batches, run_corpus
-    from geolens.streaming import HeadSinkRate
+    from geolens.sinks.norm_curve import NormCurve
 
     model = tiny_gqa[0]
     quick = ReportConfig.quick_defaults()
     assert n_batches(quick.n_sequences, quick.batch_size) >= 4
     tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!") * 4, length=8)
-    run_corpus(model, tokens[: quick.n_sequences], [HeadSinkRate(model.cfg.n_layers, model.cfg.n_heads)],
+    run_corpus(model, tokens[: quick.n_sequences], [NormCurve(model.cfg.n_layers, model.cfg.n_heads)],
                batch_size=quick.batch_size, desc="corpus pass")  # fmt: skip
     err = capsys.readouterr().err
     steps = {int(m) for m in re.findall(r"corpus pass:.*?\| *(\d+)/4", err)}

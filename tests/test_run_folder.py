@@ -397,13 +397,13 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(tmp_path, monke
     is intact and a resume from it gives the uninterrupted run's numbers."""
     from geolens import checkpoint as ckpt
     from geolens.runner import run_corpus
-    from geolens.streaming import HeadSinkRate
+    from geolens.sinks.norm_curve import NormCurve
 
     model = make_tiny("gqa")
     torch.manual_seed(0)
     tokens = torch.randint(1, model.cfg.d_vocab, (6, 12))
     tokens[:, 0] = 0
-    whole = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=2, progress=False)[0].result()
+    whole = run_corpus(model, tokens, [NormCurve(2, 4)], batch_size=2, progress=False)[0].state_dict()
     path = tmp_path / "run.ckpt"
     real_fdopen = os.fdopen
     calls = {"n": 0}
@@ -428,17 +428,19 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(tmp_path, monke
 
     monkeypatch.setattr(ckpt.os, "fdopen", fdopen)
     with pytest.raises(ckpt.WriteError) as err:
-        run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)
+        run_corpus(model, tokens, [NormCurve(2, 4)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)
     assert err.value.errno == errno.ENOSPC and "\n" not in str(err.value)
     assert str(path) in str(err.value) and "saved before is intact" in str(err.value)
     assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no temporary file left
     assert ckpt.load_checkpoint(path)["next_batch"] == 1
     monkeypatch.setattr(ckpt.os, "fdopen", real_fdopen)
-    resumed = run_corpus(model, tokens, [HeadSinkRate.for_model(model)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)[0]
-    got = resumed.result()
+    resumed = run_corpus(model, tokens, [NormCurve(2, 4)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)[0]
+    got = resumed.state_dict()
     assert got.keys() == whole.keys()
-    for key in got:
-        assert torch.equal(got[key].nan_to_num(-7.0), whole[key].nan_to_num(-7.0)), key
+    for key in ("per_head", "per_layer", "out_of_window"):
+        assert got[key]["__acc__"].keys() == whole[key]["__acc__"].keys()
+        for name, value in got[key]["__acc__"].items():
+            assert torch.equal(value, whole[key]["__acc__"][name]), (key, name)
 
 
 def test_checkpoint_files_follow_the_umask(tmp_path):

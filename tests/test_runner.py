@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from functools import partial
 
+import pandas as pd
 import pytest
 import torch
 
 from conftest import make_tiny, random_corpus
 from geolens.runner import n_batches, run_corpus, shard_bounds
-from geolens.streaming import CorpusAnalysis, HeadSinkRate
+from geolens.sinks.norm_curve import NormCurve
+from geolens.streaming import CorpusAnalysis
 
 
 corpus_tokens = partial(random_corpus, n=11, seq=14, seed=0)  # this file's corpus; keywords override
+
+
+def norm_curve(model, **kwargs) -> NormCurve:
+    """A real corpus analysis (sink rate binned with ‖o_i^h‖ as payload) over every layer and head."""
+    return NormCurve(model.cfg.n_layers, model.cfg.n_heads, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +31,15 @@ def test_batch_size_does_not_change_results(gqa):
     tokens = corpus_tokens()
     with torch.no_grad():
         _, cache = gqa.run_with_cache(tokens)
-    whole = HeadSinkRate.for_model(gqa)
+    whole = norm_curve(gqa)
     whole.update(gqa, cache, tokens)
     for bs in (1, 4, 11, 50):
-        [a] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=bs, progress=False)
-        assert torch.equal(a.sink_rate.count, whole.sink_rate.count)
-        torch.testing.assert_close(a.sink_rate.mean, whole.sink_rate.mean, rtol=1e-6, atol=1e-9)
-        torch.testing.assert_close(a.sink_rate.var, whole.sink_rate.var, rtol=1e-5, atol=1e-9)
-        assert torch.equal(a.by_bin.counts, whole.by_bin.counts)
-        assert int(a.n_tokens.total) == 11 * 13
+        [a] = run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=bs, progress=False)
+        assert torch.equal(a.per_head.counts, whole.per_head.counts)
+        torch.testing.assert_close(a.per_head.payload_sum, whole.per_head.payload_sum, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(a.per_head.payload_sq, whole.per_head.payload_sq, rtol=1e-5, atol=1e-9)
+        assert torch.equal(a.per_layer.counts, whole.per_layer.counts)
+        assert torch.equal(a.per_head.counts.sum(-1), torch.full((2, 4), 11.0 * 13, dtype=torch.float64))  # queries 1..13
 
 
 class _Recorder(CorpusAnalysis):
@@ -76,7 +83,7 @@ def test_shard_bounds_partition_whole_batches():
 
 
 def test_bad_inputs_raise_clear_errors(gqa):
-    a = HeadSinkRate.for_model(gqa)
+    a = norm_curve(gqa)
     with pytest.raises(ValueError, match="batch_size"):
         run_corpus(gqa, corpus_tokens(), [a], batch_size=0)
     with pytest.raises(ValueError, match="checkpoint_every"):
@@ -96,22 +103,22 @@ def test_numpy_memmap_tokens(gqa, tmp_path):
     mm[:] = tokens.numpy()
     mm.flush()
     ro = np.load(tmp_path / "tokens.npy", mmap_mode="r")
-    [a] = run_corpus(gqa, ro, [HeadSinkRate.for_model(gqa)], batch_size=4, progress=False)
-    [b] = run_corpus(gqa, tokens, [HeadSinkRate.for_model(gqa)], batch_size=4, progress=False)
-    assert torch.equal(a.sink_rate.mean, b.sink_rate.mean)
+    [a] = run_corpus(gqa, ro, [norm_curve(gqa)], batch_size=4, progress=False)
+    [b] = run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=4, progress=False)
+    assert torch.equal(a.per_head.counts, b.per_head.counts) and torch.equal(a.per_head.payload_sum, b.per_head.payload_sum)
 
 
 def test_forward_stops_after_the_last_layer_read_with_identical_results():
     from geolens.runner import stop_layer
 
     model = make_tiny("gqa", n_layers=3)
-    early = HeadSinkRate(3, model.cfg.n_heads, layers=[0, 1])
+    early = norm_curve(model, layers=[0, 1])
     assert stop_layer(model, early.hook_names(model)) == 2
-    assert stop_layer(model, HeadSinkRate.for_model(model).hook_names(model)) is None  # needs the last layer
+    assert stop_layer(model, norm_curve(model).hook_names(model)) is None  # needs the last layer
     assert stop_layer(model, ["blocks.0.attn.hook_v", "ln_final.hook_normalized"]) is None  # not a block hook
     assert stop_layer(model, []) is None
     tokens = corpus_tokens(n=5, seq=12)
     [a] = run_corpus(model, tokens, [early], batch_size=2, progress=False)
-    [b] = run_corpus(model, tokens, [HeadSinkRate(3, model.cfg.n_heads, layers=[0, 1])], batch_size=2, progress=False, stop_early=False)
-    for x, y in zip(a.result().values(), b.result().values()):
-        assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0))
+    [b] = run_corpus(model, tokens, [norm_curve(model, layers=[0, 1])], batch_size=2, progress=False, stop_early=False)
+    pd.testing.assert_frame_equal(a.result(min_count=1).curves, b.result(min_count=1).curves, check_exact=True)
+    assert int(a.per_head.counts[:2].sum()) == 2 * 4 * 5 * 11  # layers 0-1 read: 4 heads, 5 rows, queries 1..11

@@ -111,7 +111,7 @@ def test_foreign_cache_with_more_layers_is_refused():
 def test_sequences_longer_than_the_context_are_refused_where_geolens_runs_the_model(tiny_gqa):
     from geolens import run_corpus
     from geolens.data import token_windows
-    from geolens.streaming import HeadSinkRate
+    from geolens.sinks.norm_curve import NormCurve
     from geolens.testing import tiny_tokens
     from geolens.validation import check_context
 
@@ -121,6 +121,6 @@ def test_sequences_longer_than_the_context_are_refused_where_geolens_runs_the_mo
     with pytest.raises(ValueError, match=rf"{n_ctx + 1} tokens is longer than the model's context \(n_ctx = {n_ctx}\)"):
         check_context(model, n_ctx + 1)
     with pytest.raises(ValueError, match="longer than the model's context"):
-        run_corpus(model, tiny_tokens(model, length=n_ctx + 8), [HeadSinkRate.for_model(model)], progress=False)
+        run_corpus(model, tiny_tokens(model, length=n_ctx + 8), [NormCurve(model.cfg.n_layers, model.cfg.n_heads)], progress=False)
     with pytest.raises(ValueError, match=f"seq_len {n_ctx + 1}: a window"):
         token_windows(model, ["a b c " * 200], n_ctx + 1)

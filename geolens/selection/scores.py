@@ -268,12 +268,6 @@ def aggregate(y: Float[Tensor, "... key d"], ranking: Tensor, visible: Tensor, n
     return (y * selected[..., None].to(y.dtype)).sum(-2)
 
 
-def causal_visibility(n_query: int, n_key: int, *, device=None) -> Bool[Tensor, "query key"]:
-    """T_t for the last ``n_query`` query positions of a causal window of ``n_key`` keys."""
-    q = torch.arange(n_key - n_query, n_key, device=device)[:, None]
-    return torch.arange(n_key, device=device)[None, :] <= q
-
-
 def layer_contributions(layer, queries: slice | None = None, *, window: int | None = None) -> tuple[Tensor, Tensor]:
     """(y [batch, head, query, key, d_head] = α_ij v_j, visible [query, key]) of one layer.
 
