@@ -156,3 +156,9 @@ def test_mc_command_resume_continues_from_the_checkpoint(tmp_path, tasks, monkey
     assert main(argv[:-2] + ["--fractions", "0.5", "--out", str(out), "--resume"]) == 2  # other settings: refused, in one line
     err = capsys.readouterr().err.strip()
     assert "fractions" in err and len(err.splitlines()) == 1
+    monkeypatch.undo()
+    other = ["--model", "tiny-mha" if argv[2] == "tiny-gqa" else "tiny-gqa"]
+    assert main(argv[:1] + other + argv[3:] + ["--resume"]) == 2  # another model: refused once it is loaded
+    err = capsys.readouterr().err.strip()
+    assert "another model" in err and len(err.splitlines()) == 1
+    pd.testing.assert_frame_equal(pd.read_csv(out / "mc_questions.csv"), first)  # the run's files are kept

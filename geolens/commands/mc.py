@@ -118,7 +118,7 @@ def run(args) -> int:
     from geolens.adapter import model_mode
     from geolens.checkpoint import model_fingerprint
     from geolens.commands._options import UsageError, check_model_name, out_folder
-    from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, differences, labelled, run_multiple_choice
+    from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, ResumeError, differences, labelled, run_multiple_choice
     from geolens.models import load_model
 
     protocol, tasks, max_questions, settings = _settings(args)
@@ -130,7 +130,7 @@ def run(args) -> int:
     command = " ".join(["geolens"] + sys.argv[1:])
     try:  # a resumed checkpoint must agree with these settings: refused before the model loads
         checkpoint = MCCheckpoint.open(Path(args.out or ".") / CHECKPOINT, settings, resume=args.resume)
-    except ValueError as err:
+    except ResumeError as err:
         raise UsageError(str(err)) from None
     out = out_folder(args, "mc", resumable=True)
     checkpoint.path = out / CHECKPOINT
@@ -142,11 +142,10 @@ def run(args) -> int:
     model = load_model(model_name, compatibility_mode=args.compat)
     try:
         checkpoint.check_model(model_fingerprint(model))
+        checkpoint.save()
         result = run_multiple_choice(model, questions, settings, masks=masks, checkpoint=checkpoint, chunk_size=args.chunk_size, progress=True)
-    except ValueError as err:
-        if "cannot resume" in str(err) or "of the checkpoint" in str(err):
-            raise UsageError(str(err)) from None
-        raise
+    except ResumeError as err:
+        raise UsageError(str(err)) from None
     diff = differences(protocol, tasks=tasks, max_questions=max_questions, settings=settings, model=args.model, model_mode=model_mode(model),
                      dtype=str(next(model.parameters()).dtype).removeprefix("torch.")) if protocol else []  # fmt: skip
     info = labelled(result.summary(), protocol, diff)

@@ -352,6 +352,11 @@ def question_sha(question: Question) -> str:
     return hashlib.sha256(json.dumps([question.prompt, list(question.choices), question.answer]).encode()).hexdigest()[:16]
 
 
+class ResumeError(ValueError):
+    """A checkpoint that cannot be resumed: unreadable, or made with other settings, another model
+    or other questions (one line)."""
+
+
 @dataclass
 class MCCheckpoint:
     """Per-question records of a run (clean rows, masked scores), saved atomically at ``path``
@@ -368,8 +373,8 @@ class MCCheckpoint:
 
     @classmethod
     def open(cls, path, settings: MCSettings, *, resume: bool) -> MCCheckpoint:
-        """A new checkpoint, or with ``resume`` the one at ``path`` (ValueError in one line when it
-        is unreadable or was written under other settings)."""
+        """A new checkpoint, or with ``resume`` the one at ``path`` (:class:`ResumeError` when it is
+        unreadable or was written under other settings)."""
         path = Path(path)
         if not (resume and path.is_file()):
             return cls(path, settings.fingerprint())
@@ -379,18 +384,18 @@ class MCCheckpoint:
                 raise ValueError(f"format {data.get('format')!r}, expected {cls.FORMAT}")
             saved = data["settings"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"cannot resume from {path}: {err}") from None
+            raise ResumeError(f"cannot resume from {path}: {err}") from None
         for key, value in settings.fingerprint().items():
             if saved.get(key) != value:
-                raise ValueError(f"cannot resume from {path}: it was run with {key} = {saved.get(key)}, not {value} (--overwrite starts again)")
+                raise ResumeError(f"cannot resume from {path}: it was run with {key} = {saved.get(key)}, not {value} (--overwrite starts again)")
         return cls(path, saved, data.get("model"), data.get("clean", {}), data.get("masked", {}), data.get("commands", []))
 
     def check_model(self, fingerprint: dict) -> None:
-        """Record the model, or refuse (ValueError) a checkpoint made with another one."""
+        """Record the model, or refuse (:class:`ResumeError`) a checkpoint made with another one."""
         if self.model is None:
             self.model = fingerprint
         elif self.model != fingerprint:
-            raise ValueError(f"cannot resume from {self.path}: it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')})")
+            raise ResumeError(f"cannot resume from {self.path}: it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')})")
 
     def save(self) -> None:
         if self.path is None:
@@ -404,7 +409,7 @@ class MCCheckpoint:
 def _record(store: dict, key: str, sha: str, compute):
     if key in store:
         if store[key].get("sha") != sha:
-            raise ValueError(f"question {key} of the checkpoint is another question (prompt, choices or answer changed)")
+            raise ResumeError(f"question {key} of the checkpoint is another question (prompt, choices or answer changed)")
         return store[key], False
     store[key] = dict(compute(), sha=sha)
     return store[key], True
@@ -541,7 +546,7 @@ def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[s
 
 
 __all__ = [
-    "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "SCORING", "differences",
+    "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "ResumeError", "SCORING", "differences",
     "eligibility", "labelled", "masked_scores", "mc_protocol", "pair_tests", "question_key", "question_sha",
     "run_multiple_choice", "stratified_indices",
 ]  # fmt: skip
