@@ -189,3 +189,22 @@ def test_bad_protocol_options_are_one_line_errors(extra, message, capsys, tmp_pa
     assert main(["faithfulness", "--model", "tiny-gqa", "--out", str(tmp_path / "x"), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_stages_run_separately_merge_into_one_summary(tmp_path):
+    """--stage masking, then --stage per_term --resume into the same folder: one summary with both
+    endpoints and the ceiling check (a tiny random model is off-distribution everywhere, so the
+    masking endpoint is all exclusions and forms no pair)."""
+    from geolens.cli import main
+
+    out = tmp_path / "run"
+    base = ["faithfulness", "--protocol", str(PROTOCOL), "--model", "tiny-gqa", "--max-documents", "1", "--out", str(out)]
+    assert main(base + ["--stage", "masking"]) == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert first["stages"] == {"per_term": "not run", "masking": "complete"} and "ceiling_check" in first
+    assert first["ceiling_check"]["n_conditions"] > 0 and first["masking"]["pairs"] == []
+    assert main(base + ["--stage", "per_term", "--resume"]) == 0
+    both = json.loads((out / "summary.json").read_text())
+    assert both["stages"] == {"per_term": "complete", "masking": "complete"}
+    assert both["ceiling_check"] == first["ceiling_check"] and both["pairs"] == both["per_term_effects"]["pairs"]
+    assert "Per-layer masking endpoint" in (out / "README.md").read_text()

@@ -439,14 +439,15 @@ def test_naopc_range_and_ceiling_exclusions_by_hand():
         assert m["ci_low"] <= m["naopc"] <= m["ci_high"]
 
 
-def test_without_unigram_the_ceiling_is_not_checked_and_everything_excluded_is_an_error():
+def test_without_unigram_the_ceiling_is_not_checked_and_everything_excluded_forms_no_pair():
     all_kl = {(d, 0): 1.0 for d in range(4)}
     rows = _rows(_kls, all_kl=all_kl, unigram=float("nan"), nll={(0, 0, "random"): 99.0})
     s = masking_summary(rows, _summary_protocol(), n_boot=100, seed=0)
     assert s["ceiling_check"]["n_conditions_checked"] == 0 and s["ceiling_check"]["n_off_distribution"] == 0
     assert "not checked" in s["ceiling_check"]["note"]
-    with pytest.raises(ValueError, match="no \\(document, layer\\) is left"):
-        masking_summary(_rows(_kls, all_kl={(0, 0): 1e-5}), _summary_protocol(), n_boot=10, seed=0)
+    empty = masking_summary(_rows(_kls, all_kl={(0, 0): 1e-5}), _summary_protocol(), n_boot=10, seed=0)
+    assert empty["pairs"] == [] and empty["metrics"] == [] and empty["n_document_layers_used"] == 0
+    assert "no (document, layer) is left" in empty["note"] and empty["range_check"]["n_document_layers_excluded"] >= 1
 
 
 def test_the_document_bootstrap_resamples_whole_documents():

@@ -289,30 +289,65 @@ def run_preregistered(args) -> int:
         ),
         multiple_comparison=protocol["statistics"]["multiple_comparison"],
     )  # fmt: skip
-    pairs: list[dict] = []
+    previous = _previous_summary(out, protocol.sha256, model_name) if args.resume else {}
+    summary["stages"] = dict(per_term="not run", masking="not run")
+    for key in ("per_term_effects", "masking", "ceiling_check"):  # a stage run before into this folder
+        if key in previous:
+            summary[key] = previous[key]
+    summary["stages"].update({k: v for k, v in previous.get("stages", {}).items() if v == "complete"})
     if args.stage in ("all", "per_term"):
-        part = _per_term_stage(model, windows, protocol, out, args, model_name, label)
-        summary["per_term_effects"] = part
+        summary["per_term_effects"] = _per_term_stage(model, windows, protocol, out, args, model_name, label)
         summary["stages"]["per_term"] = "complete"
-        pairs += part["pairs"]
     if args.stage in ("all", "masking"):
-        summary["stages"]["masking"] = "not run: the masking stage is not part of this geolens version yet"
-    summary["pairs"] = pairs
+        summary["masking"] = _masking_stage(model, windows, protocol, out, args, model_name)
+        summary["ceiling_check"] = summary["masking"]["ceiling_check"]
+        summary["stages"]["masking"] = "complete"
+    summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
     summary["seconds"] = round(time.time() - start, 1)
     if label != "pre-registered":  # an exploratory run gets no verdicts (PROTOCOL.md, preamble)
-        for pair in pairs:
+        for pair in summary["pairs"]:
             pair["verdict"] = None
         summary["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
     from geolens.faithfulness.preregistered import _write_json
 
     _write_json(summary, out / "summary.json")
-    if "per_term_effects" in summary:
-        from geolens.checkpoint import atomic_write_bytes
+    from geolens.checkpoint import atomic_write_bytes
 
-        atomic_write_bytes(out / "README.md", per_term_markdown(summary).encode("utf-8"))
-    print(per_term_text(summary))
+    atomic_write_bytes(out / "README.md", protocol_markdown(summary).encode("utf-8"))
+    if "per_term_effects" in summary:
+        print(per_term_text(summary))
+    if "masking" in summary:
+        print(masking_markdown(summary["masking"]))
     print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s)")
     return 0
+
+
+def _previous_summary(out: Path, sha256: str, model_name: str) -> dict:
+    """The summary of an earlier stage run into ``out`` under the same protocol and model ({} if none)."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return {}
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    if previous.get("protocol_sha256") != sha256 or previous.get("model") != model_name:
+        return {}
+    return previous
+
+
+def _masking_stage(model, windows, protocol, out: Path, args, model_name: str) -> dict:
+    from geolens.data import load_corpus
+    from geolens.faithfulness.layer_masking import layer_masking_document, masking_summary, unigram_logprobs
+    from geolens.faithfulness.preregistered import run_document_stage
+
+    unigram = unigram_logprobs(model, load_corpus(args.corpus))
+    fingerprint = dict(stage="masking", protocol_sha256=protocol.sha256, model=model_name, corpus=args.corpus,
+                       n_documents=int(windows.shape[0]))  # fmt: skip
+
+    def measure(d: int) -> dict:
+        return {"rows": layer_masking_document(model, windows[d : d + 1], d, protocol=protocol.settings, unigram_logprobs=unigram)}
+
+    tables = run_document_stage("masking", out, fingerprint, int(windows.shape[0]), measure, resume=args.resume,
+                                progress=lambda text: print(text, flush=True))  # fmt: skip
+    return masking_summary(tables["rows"], protocol.settings)
 
 
 def _per_term_stage(model, windows, protocol, out: Path, args, model_name: str, label: str) -> dict:
@@ -359,16 +394,53 @@ def per_term_text(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def per_term_markdown(summary: dict) -> str:
-    """README.md of a protocol-2 run: what ran, the per-term endpoint's table and its family."""
-    part = summary["per_term_effects"]
+def protocol_markdown(summary: dict) -> str:
+    """README.md of a protocol-2 run: what ran, then each stage's tables."""
     lines = [
         f"# Faithfulness, protocol {summary['protocol_version']}: {summary['model']}",
         "",
         f"Command: `{summary['command']}` (add `--resume` to continue an interrupted run).",
         f"Protocol text SHA-256 `{summary['protocol_sha256']}` ({summary['label']}); "
-        f"model mode {summary['model_mode']}; corpus {summary['corpus']}, {summary['n_documents']} documents.",
+        f"model mode {summary['model_mode']}; corpus {summary['corpus']}, {summary['n_documents']} documents. "
+        f"Stages: " + ", ".join(f"{k} {v}" for k, v in summary["stages"].items()) + ".",
         "",
+    ]
+    if "per_term_effects" in summary:
+        lines.append(per_term_markdown(summary))
+    if "masking" in summary:
+        lines.append(masking_markdown(summary["masking"]))
+    return "\n".join(lines)
+
+
+def masking_markdown(part: dict) -> str:
+    """The per-layer masking endpoint: nAOPC per metric and direction, the checks, the family."""
+    rc, cc = part["range_check"], part["ceiling_check"]
+    lines = [
+        f"## Per-layer masking endpoint ({part['n_documents']} documents, {part['n_document_layers_used']} of "
+        f"{part['n_document_layers']} (document, layer) pairs used)",
+        "",
+        f"Range check: {json.dumps(rc, ensure_ascii=False)}",
+        "",
+        f"Ceiling check: {json.dumps(cc, ensure_ascii=False)}",
+        "",
+        "| metric | direction | nAOPC (KL) | 95% CI |",
+        "|---|---|---:|---|",
+    ]
+    for m in part["metrics"]:
+        lines.append(f"| {m['metric']} | {m['direction']} | {m['naopc']:.4f} | [{m['ci_low']:.4f}, {m['ci_high']:.4f}] |")
+    lines += ["", "### Pre-registered pairs (one Holm family; Δ > 0: b more faithful)", "",
+              "| direction | a → b | Δ | CI | p_adj | verdict |", "|---|---|---:|---|---:|---|"]  # fmt: skip
+    for p in part["pairs"]:
+        ci = "" if p.get("ci_low") is None else f"[{p['ci_low']:+.4f}, {p['ci_high']:+.4f}]"
+        p_adj = "" if p.get("p_adj") is None else f"{p['p_adj']:.3g}"
+        lines.append(f"| {p['direction']} | {p['a']} → {p['b']} | {p['estimate']:+.4f} | {ci} | {p_adj} | {p['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def per_term_markdown(summary: dict) -> str:
+    """The per-term endpoint's tables and its family."""
+    part = summary["per_term_effects"]
+    lines = [
         f"## Per-term endpoint ({part['n_positions']} positions from {part['n_documents']} documents)",
         "",
         "Mean over positions of Spearman's ρ between each metric's scores and the measured effect of "

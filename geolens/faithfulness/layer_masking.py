@@ -706,11 +706,15 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     index = conditions.set_index(["document", "layer"]).index
     kept = conditions[index.isin(used)]
     all_documents = sorted(set(rows.document))
-    if kept.empty:
-        raise ValueError(
-            f"no (document, layer) is left after the range check ({range_check['n_document_layers_excluded']} excluded) "
-            f"and the ceiling check ({ceiling['n_document_layers_excluded']} excluded): nothing to compare"
-        )
+    if kept.empty:  # nothing to compare: the checks are the result, and no pair is formed
+        return dict(
+            endpoint="normalized_aopc", outcome="kl", masking_scope="layer", ranking_scope="query", fractions=fractions,
+            directions=directions, n_documents=0, n_documents_without_layers=len(all_documents),
+            n_document_layers=int(len(table)), n_document_layers_used=0, range_check=range_check, ceiling_check=ceiling,
+            metrics=[], pairs=[], multiple_comparison="holm", alpha=alpha, n_boot=n_boot, seed=seed,
+            note=f"no (document, layer) is left after the range check ({range_check['n_document_layers_excluded']} excluded) "
+            f"and the ceiling check ({ceiling['n_document_layers_excluded']} excluded): nothing to compare",
+        )  # fmt: skip
     present = set(kept.metric)
     naopc = _naopc(kept, table, "kl", fractions)
     per_doc = _per_document(naopc.mean(axis=1))
