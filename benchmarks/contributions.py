@@ -253,7 +253,7 @@ def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET,
     ``reuse``: every chunk's results go into one buffer per chunk shape (``out=``), allocated once
     per forward, instead of fresh memory per chunk."""
     from geolens.adapter import PATTERN, VALUE, Z, hook_name
-    from geolens.contributions import iter_query_chunks
+    from geolens.geometry import iter_query_chunks
     from geolens.interventions.base import applied
 
     spent = [0.0]

@@ -20,7 +20,8 @@ import time
 import torch
 
 from geolens.adapter import AttentionLayer
-from geolens.contributions import contribution_weights_from_layer, iter_query_chunks, layer_metrics
+from geolens.contributions import contribution_weights_from_layer, layer_metrics
+from geolens.geometry import iter_query_chunks
 from _common import smoke_folder  # benchmarks/_common.py
 
 

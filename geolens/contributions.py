@@ -13,7 +13,7 @@ Efficient form (docs/method.md §2): ``[head, query, key, d_model]`` is never bu
 u_i^h = o_i W_O^{hT} the inner product is ⟨o_i, ṽ_j^h⟩ = ⟨u_i^h, v_j^h⟩, and with the Gram matrix
 G^h = W_O^h W_O^{hT} the norm is ‖ṽ_j^h‖² = v_j^h G^h v_j^{hT}. Cost is O(head·query·key·d_head)
 time and O(head·query·key) memory, the order of the attention pattern itself. G, the norms it
-gives and query chunking live in :mod:`geolens.geometry` (re-exported here: ``projected_value_norms``,
+gives and query chunking live in :mod:`geolens.geometry` (``projected_value_norms``,
 ``head_outputs``, ``layer_output``, ``iter_query_chunks``, ``query_chunk_for_budget``);
 :func:`layer_metrics` returns every per-layer quantity as one :class:`LayerMetrics`.
 
@@ -33,16 +33,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter import AttentionLayer, _cache_lookup, get_attention_layer, model_mode, required_hook_names
-from geolens.geometry import (  # noqa: F401  (head_outputs, iter_query_chunks, query_chunk_for_budget: re-exported)
+from geolens.geometry import (
     CONTRIBUTION_TEMPORARIES,
     METRIC_TEMPORARIES,
     fill_query_chunks,
     gram,
-    head_outputs,
     iter_query_chunks,
-    layer_output,
     projected_value_norms,
-    query_chunk_for_budget,
     split_query_chunk,
 )
 from geolens.validation import check_eps, check_layer, check_out
@@ -290,7 +287,7 @@ def layer_metrics(
 
     ``mode`` picks o_i: the head output (``"intra"``) or the layer output (``"inter"``); outputs
     with ‖o_i‖ ≤ ``eps`` give rows of 0 (:class:`ZeroNormOutputWarning`). ``query_chunk_size`` or
-    ``memory_budget_bytes`` (:func:`query_chunk_for_budget`) bound the temporaries to
+    ``memory_budget_bytes`` (:func:`geolens.geometry.query_chunk_for_budget`) bound the temporaries to
     ``[batch, head, chunk, key]``; each chunk is written into preallocated outputs, and the results
     equal the unchunked ones up to float rounding.
 
@@ -317,17 +314,6 @@ def layer_metrics(
     cos = g.dot * inv_out * g.inv_value_norm[:, :, None, :]
     contribution = alpha * g.dot * (inv_out * inv_out)
     return LayerMetrics(alpha, relative, cos, contribution, g.value_norm[:, :, None, :])
-
-
-def _metrics_from_layer(
-    layer: AttentionLayer,
-    mode: Mode,
-    eps: float,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-) -> LayerMetrics:
-    """:func:`layer_metrics` under its former private name and positional arguments."""
-    return layer_metrics(layer, mode, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
 
 
 def _model_layer_metrics(
@@ -419,7 +405,7 @@ def contribution_weights_from_layer(
     """c_ij for one :class:`AttentionLayer` (docs/method.md §2, efficient form), optionally query-chunked.
 
     Chunks are written straight into the output, so the extra memory beyond it is one chunk's
-    temporaries; ``memory_budget_bytes`` picks the chunk (:func:`query_chunk_for_budget`;
+    temporaries; ``memory_budget_bytes`` picks the chunk (:func:`geolens.geometry.query_chunk_for_budget`;
     ``mode="both"`` counts twice the temporaries of one mode). ``mode="both"`` returns a
     :class:`ContributionPair` computed in one pass (its two tensors are views of one
     ``[2, batch, head, query, key]`` allocation). ``out``: as in :func:`contribution_weights`.
@@ -467,7 +453,7 @@ def contribution_weights(
             long sequences; identical results).
         memory_budget_bytes: instead of ``query_chunk_size``, the most bytes the temporaries
             may take beyond the inputs and the output; the chunk size is derived from it
-            (:func:`query_chunk_for_budget`).
+            (:func:`geolens.geometry.query_chunk_for_budget`).
         attention_mask: ``[batch, pos]``, 1 = real token (TransformerLens' convention), the mask the
             cache was run with. Padded queries and keys get 0; real positions equal each prompt
             run alone. Without it a batch that looks padded is refused.

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from geolens.data import as_token_tensor
-from geolens.models import load_any_model  # the launcher's loader (geolens.distributed.load_any_model: its old import path)
+from geolens.models import load_any_model
 from geolens.runner import run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis
 

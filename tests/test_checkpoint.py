@@ -163,7 +163,7 @@ def test_process_killed_between_write_and_rename_never_leaves_a_half_file(tmp_pa
 
 CHILD = """
 import sys, time, torch
-from geolens.distributed import load_any_model
+from geolens.models import load_model
 from geolens.runner import run_corpus
 from geolens.sinks.norm_curve import NormCurve
 
@@ -177,7 +177,7 @@ class SlowNormCurve(NormCurve):
         super().update(model, cache, tokens)
         time.sleep(delay)
 
-model = load_any_model("tiny-gqa", "cpu")
+model = load_model("tiny-gqa")
 tokens = torch.load(tokens_path, weights_only=True)
 [a] = run_corpus(model, tokens, [SlowNormCurve(model.cfg.n_layers, model.cfg.n_heads)], batch_size=2, progress=False,
                  checkpoint=ckpt, checkpoint_every=2)

@@ -12,7 +12,6 @@ import pytest
 from conftest import make_tiny
 
 import geolens.data
-import geolens.distributed
 import geolens.models
 from geolens.cli import main
 
@@ -35,7 +34,6 @@ def no_model(monkeypatch):
         raise ModelLoaded(f"the model was loaded ({args}, {kwargs})")
 
     monkeypatch.setattr(geolens.models, "load_model", refuse)
-    monkeypatch.setattr(geolens.distributed, "load_any_model", refuse)
 
 
 @pytest.fixture
@@ -47,7 +45,6 @@ def tiny_model(monkeypatch):
         raise CorpusWorkStarted
 
     monkeypatch.setattr(geolens.models, "load_model", lambda *a, **k: model)
-    monkeypatch.setattr(geolens.distributed, "load_any_model", lambda *a, **k: model)
     monkeypatch.setattr(geolens.data, "corpus_windows", corpus)
     return model
 

@@ -14,7 +14,6 @@ import geolens
 from geolens import geometry
 from geolens.contributions import (
     LayerMetrics,
-    _metrics_from_layer,
     attention_metrics,
     contribution_weights_from_layer,
     layer_metrics,
@@ -254,20 +253,15 @@ def test_layer_metrics_fields(tiny, mode):
     torch.testing.assert_close(m.contribution, reference.contributions(model, cache, 1, mode), rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(m.attention * m.relative_norm * m.alignment, m.contribution, rtol=1e-8, atol=1e-12)
     torch.testing.assert_close(m.value_norm[:, :, 0], projected_value_norms(layer), rtol=0, atol=0)
-    old = _metrics_from_layer(layer, mode, 0.0)  # the former private name still works
-    assert all(torch.equal(a, b) for a, b in zip(old, m))
     am = attention_metrics(model, cache, 1, mode, dtype=torch.float64)
     assert torch.equal(am.value_weighted, m.attention * m.value_norm)
     assert torch.equal(am.output_normalized, m.attention * m.relative_norm)
     assert torch.equal(am.contribution, m.contribution) and torch.equal(am.raw_attention, m.attention)
 
 
-def test_contributions_reexports_the_geometry_core():
-    from geolens import contributions
-
-    for name in ("projected_value_norms", "head_outputs", "layer_output", "iter_query_chunks", "query_chunk_for_budget"):
-        assert getattr(contributions, name) is getattr(geometry, name)
-    assert geolens.projected_value_norms is geometry.projected_value_norms
+def test_public_names_are_the_geometry_functions():
+    for name in ("projected_value_norms", "head_output_norms", "head_outputs", "layer_output"):
+        assert getattr(geolens, name) is getattr(geometry, name)
 
 
 @pytest.mark.bridge_only

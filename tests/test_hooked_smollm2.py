@@ -21,7 +21,7 @@ def hooked_smollm2():
     pytest.importorskip("transformer_lens.HookedTransformer", reason="needs TransformerLens 2.x/3.x")
     if not (CHECKPOINT / MANIFEST).exists():
         pytest.skip(f"no converted SmolLM2 checkpoint in {CHECKPOINT}; run the TL 4.x suite first")
-    from geolens.hooked import hooked_llama_from_checkpoint
+    from geolens.models import hooked_llama_from_checkpoint
 
     return hooked_llama_from_checkpoint(str(CHECKPOINT))
 

@@ -10,11 +10,8 @@ import pytest
 import torch
 
 import geolens
-from geolens.contributions import (
-    contribution_weights_from_layer,
-    iter_query_chunks,
-    query_chunk_for_budget,
-)
+from geolens.contributions import contribution_weights_from_layer
+from geolens.geometry import iter_query_chunks, query_chunk_for_budget
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the probe lives with the benchmarks
 from long_context_probe import measure_in_subprocess  # noqa: E402

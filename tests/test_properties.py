@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from geolens import attention_metrics, contribution_weights  # noqa: E402
 from geolens.adapter import get_attention_layer  # noqa: E402
-from geolens.contributions import layer_output  # noqa: E402
+from geolens.geometry import layer_output  # noqa: E402
 
 
 def _model(n_heads, n_kv, d_head, d_model, seed):

@@ -50,12 +50,10 @@ def run_cli(argv, capsys):
 @pytest.fixture
 def tiny_everywhere(monkeypatch):
     """Every model a command loads is the tiny GQA model (commands that take only real names)."""
-    import geolens.distributed
     import geolens.models
 
     model = make_tiny("gqa")
     monkeypatch.setattr(geolens.models, "load_model", lambda name, **kw: model)
-    monkeypatch.setattr(geolens.distributed, "load_any_model", lambda name, device, **kw: model)
     return model
 
 
@@ -299,7 +297,7 @@ def _taxonomy(tmp_path, out):
 @pytest.mark.parametrize(
     "where, state, code",
     [
-        (("geolens.distributed", "load_any_model", 0, signal.SIGINT), "absent", 130),  # during the model load
+        (("geolens.models", "load_model", 0, signal.SIGINT), "absent", 130),  # during the model load
         (("geolens.pipelines", "write_tables", 1, signal.SIGINT), "incomplete", 130),  # after some tables
         (("geolens.pipelines", "write_tables", 1, signal.SIGTERM), "incomplete", 143),
         (("geolens.viz.taxonomy", "save_regime_grid_html", 0, signal.SIGINT), "incomplete", 130),  # near the end
@@ -455,9 +453,9 @@ def test_checkpoint_files_follow_the_umask(tmp_path):
 
 
 def test_unwritable_output_folder_is_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    import geolens.distributed
+    import geolens.models
 
-    monkeypatch.setattr(geolens.distributed, "load_any_model", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(geolens.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     blocker = tmp_path / "file"
     blocker.write_text("x")
     rc, err = run_cli(_taxonomy(tmp_path, blocker / "out"), capsys)

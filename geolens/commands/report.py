@@ -103,12 +103,7 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
     else:
         config = ReportConfig(**{k: v for k, v in options.items() if v is not None})
     start = time.perf_counter()
-    if model_name.startswith("tiny-"):  # tiny random models (tests, demos)
-        from geolens.distributed import load_any_model
-
-        model = load_any_model(model_name, "cpu")
-    else:
-        model = load_model(model_name, compatibility_mode=args.compat)
+    model = load_model(model_name, compatibility_mode=args.compat)  # tiny-* models ignore --compat
     if config.example_layer is not None:
         config.example_layer = check_index(config.example_layer, model.cfg.n_layers, "layers", "--example-layer")
     loaded = time.perf_counter() - start

@@ -65,7 +65,7 @@ from geolens.data import corpus_label
 def run(args) -> int:
     import torch
 
-    from geolens.distributed import load_any_model
+    from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.selection import SelectionParams, run_selection
     from geolens.selection.effective_set import effective_set_size
@@ -82,7 +82,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
-    model = load_any_model(model_name, "cpu")
+    model = load_model(model_name)
     summary = {
         "command": "geolens " + " ".join(sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},

@@ -26,7 +26,7 @@ from geolens.data import corpus_label
 def run(args) -> int:
     import torch
 
-    from geolens.distributed import load_any_model
+    from geolens.models import load_model
     from geolens.pipelines import write_tables
     from geolens.pipelines.taxonomy import TaxonomyParams, run_taxonomy
     from geolens.taxonomy import REGIMES, compare_taxonomies
@@ -42,7 +42,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
-    model = load_any_model(model_name, "cpu")
+    model = load_model(model_name)
     params = TaxonomyParams(space=args.space, queries=args.queries, prefix_lengths=args.prefix_lengths, batch_size=args.batch_size)
     results, n_windows = {}, {}
     for corpus in args.corpora:
