@@ -265,7 +265,7 @@ class LayerMetrics(NamedTuple):
 
     ``relative_norm · alignment · attention = contribution``; ``value_norm`` broadcasts over the
     query axis (``attention · value_norm`` is the value-weighted baseline, docs/method.md §2). A
-    NamedTuple, so it also unpacks as the 5-tuple ``(α, rel, cos, c, ‖ṽ‖)`` it replaces.
+    NamedTuple: it unpacks as ``(α, rel, cos, c, ‖ṽ‖)``.
     """
 
     attention: Float[Tensor, "batch head query key"]  # α_ij (the pattern itself)

@@ -20,9 +20,8 @@ inner products and norms of projected vectors are quadratic forms in ``d_head``:
   (docs/method.md §2: each query row is computed on its own, so chunked results equal the
   unchunked ones up to the rounding of the matmul kernels, which may differ with the chunk size).
 
-Numbers are bitwise those of the former call sites: the einsum equations are the same (the
-ellipsis form of :func:`gram_norm` contracts exactly as the spelled-out ones did), and callers that
-need a subset of positions slice the vectors before the quadratic form, as they always did.
+Callers that need a subset of positions slice the vectors before the quadratic form (each
+position is its own computation).
 """
 
 from __future__ import annotations

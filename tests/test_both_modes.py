@@ -1,5 +1,5 @@
 """``mode="both"``: intra- and inter-head contribution weights in one pass equal the two
-single-mode results (and the naive float64 reference), chunked or not (issue 15)."""
+single-mode results (and the naive float64 reference), chunked or not."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The forward's own z (``hook_z``) is used instead of recomputing α v only when it agrees with α
-and v (Freivalds' check, issue 15); any other z is rejected and the result is the recomputed one."""
+and v (Freivalds' check); any other z is rejected and the result is the recomputed one."""
 
 from __future__ import annotations
 

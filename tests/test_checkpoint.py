@@ -1,4 +1,4 @@
-"""Resumable runs (issue 7): atomic checkpoints, and a SIGKILLed run resumes to identical numbers."""
+"""Resumable runs: atomic checkpoints, and a SIGKILLed run resumes to identical numbers."""
 
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def test_smollm2_resumed_run_is_identical(smollm2, smollm2_tokens, tmp_path, mon
     assert torch.equal(counts[:3], torch.full((3, 9), 4.0 * 63, dtype=torch.float64)) and not counts[3:].any()  # queries 1..63 of 4 rows
 
 
-# --- issue 12: fingerprints of the model and of the analyses' arguments; checkpoint safety ----------
+# --- fingerprints of the model and of the analyses' arguments; checkpoint safety -------------------
 
 
 class _Counting(NormCurve):

@@ -1,4 +1,4 @@
-"""CLI user errors (issue 12): one line on stderr, exit code 2, no traceback, before the model loads.
+"""CLI user errors: one line on stderr, exit code 2, no traceback, before the model loads.
 
 Every test runs ``geolens.cli.main`` in-process with the model loaders replaced by a function that
 raises: a test that reaches the model fails, so "before the model loads" is asserted without any

@@ -131,6 +131,6 @@ def test_no_warning_for_normal_outputs(tiny_gqa):
 def test_bad_mode_and_layer(tiny_gqa):
     model, _, cache = tiny_gqa
     with pytest.raises(ValueError, match="mode"):
-        geolens.contribution_weights(model, cache, 0, mode="all")  # "both" is a mode since issue 15
+        geolens.contribution_weights(model, cache, 0, mode="all")  # modes: intra, inter, both
     with pytest.raises(IndexError, match="out of range"):
         geolens.contribution_weights(model, cache, 7)

@@ -1,4 +1,4 @@
-"""Data-parallel corpus runs: 2 gloo processes on CPU give the single-process numbers (issue 7)."""
+"""Data-parallel corpus runs: 2 gloo processes on CPU give the single-process numbers."""
 
 from __future__ import annotations
 

@@ -247,7 +247,7 @@ def test_layer_metrics_fields(tiny, mode):
     model, _, cache = tiny
     layer = geolens.get_attention_layer(model, cache, 1, dtype=torch.float64)
     m = layer_metrics(layer, mode)
-    alpha, relative, cos, contribution, value_norm = m  # still unpacks as the former 5-tuple
+    alpha, relative, cos, contribution, value_norm = m  # unpacks as a 5-tuple
     assert alpha is m.attention and relative is m.relative_norm and cos is m.alignment
     assert contribution is m.contribution and value_norm is m.value_norm
     torch.testing.assert_close(m.contribution, reference.contributions(model, cache, 1, mode), rtol=1e-8, atol=1e-10)

@@ -1,4 +1,4 @@
-"""Long context (issue 7): a memory budget picks the query chunk; results are identical, and the
+"""Long context: a memory budget picks the query chunk; results are identical, and the
 extra memory beyond inputs and outputs stays within the budget."""
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def test_unreadable_cache_file_is_one_line(spec, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_damaged_smollm2_weights_are_reconverted_to_the_same_logits(tmp_path, monkeypatch, smollm2):
-    """The fault of the issue: 4096 flipped bytes in the cached SmolLM2 weights loaded silently."""
+    """4096 flipped bytes in the cached SmolLM2 weights are found, and the model is converted again."""
     src = models.converted_checkpoint("smollm2-135m")
     shutil.copytree(src, tmp_path / "models" / src.name)
     weights = tmp_path / "models" / src.name / "model.safetensors"

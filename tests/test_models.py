@@ -42,6 +42,6 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
 def test_analyze_refuses_empty_text(capsys):
     from geolens.cli import main
 
-    assert main(["analyze", "   "]) == 2  # one line on stderr, exit code 2 (issue 12)
+    assert main(["analyze", "   "]) == 2  # one line on stderr, exit code 2
     err = capsys.readouterr().err.strip()
     assert "empty" in err and len(err.splitlines()) == 1

@@ -1,4 +1,4 @@
-"""Padded batches (issue 12): with ``attention_mask`` every quantity on a row's real positions
+"""Padded batches: with ``attention_mask`` every quantity on a row's real positions
 equals that prompt run alone, padded positions are 0 and excluded from corpus statistics, and a
 padded batch without its mask is refused instead of being read as real tokens."""
 
@@ -134,7 +134,7 @@ def norm_curve(model) -> NormCurve:
 
 
 def _tiny_two():
-    """Two prompts of 6 and 12 tokens: 5 + 11 = 16 queries i ≥ 1 (the issue's 12-vs-32 case)."""
+    """Two prompts of 6 and 12 tokens: 5 + 11 = 16 queries i ≥ 1."""
     tok = tiny_tokenizer()
     return [torch.tensor([0] + tok(t, add_special_tokens=False)["input_ids"]) for t in ("a cat", "the dog sat")]
 

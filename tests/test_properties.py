@@ -1,5 +1,5 @@
 """Property-based tests (hypothesis) of the contribution engine's invariants over random shapes,
-grouped-query layouts, paddings and chunk sizes (issue 12):
+grouped-query layouts, paddings and chunk sizes:
 
 - intra-head rows sum to 1; inter-head weights sum to 1 over (head, source);
 - Σ_j α_ij ṽ_j summed over heads reconstructs the attention output Σ_h z^h W_O^h;

@@ -1,4 +1,4 @@
-"""Streaming accumulators against numpy on the concatenated data (issue 7, "Streaming statistics")."""
+"""Streaming accumulators against numpy on the concatenated data."""
 
 from __future__ import annotations
 

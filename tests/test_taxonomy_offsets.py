@@ -1,4 +1,4 @@
-"""Sharper taxonomy (issue 11 item 4): relative offsets of "other" winners, final-query mode,
+"""Head taxonomy details: relative offsets of "other" winners, final-query mode,
 window-prefix shares, and sliding-window layers, against hand-built patterns and naive loops."""
 
 from __future__ import annotations

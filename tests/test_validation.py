@@ -1,5 +1,5 @@
-"""Argument validation (issue 12): each defect that used to return a plausible number or a
-misleading error now gets a one-line error naming the problem."""
+"""Argument validation: bad input that would give a plausible number or a misleading error gets a
+one-line error naming the problem."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_check_eps_and_dtype():
 
 
 def test_foreign_cache_gqa_into_mha_is_refused():
-    """A grouped-query model's cache with a multi-head model used to be silently expanded."""
+    """A grouped-query model's cache read with a multi-head model is refused (not expanded to its heads)."""
     from conftest import TINY_KINDS
 
     assert "mha" in TINY_KINDS

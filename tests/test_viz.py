@@ -144,7 +144,7 @@ def test_script_json_cannot_close_the_script_element():
 
 
 def test_script_json_escapes_comment_openers_and_every_angle_bracket():
-    """``<!--`` inside a script switches the HTML parser to its escaped state (issue 12)."""
+    """``<!--`` inside a script switches the HTML parser to its escaped state."""
     tokens = ["<!--", "<script>", "a<b", "\u2028"]
     comp = Component("ColoredTokens", {"tokens": tokens, "values": [1.0, 2.0, 3.0, 4.0]})
     body = comp.markup().split("<script>", 1)[1].rsplit("</script>", 1)[0]
