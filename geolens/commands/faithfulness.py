@@ -303,6 +303,13 @@ def run_preregistered(args) -> int:
         summary["ceiling_check"] = summary["masking"]["ceiling_check"]
         summary["stages"]["masking"] = "complete"
     summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
+    summary["stage_seconds"] = {}
+    for stage in ("per_term", "masking"):
+        progress = out / f"{stage}_progress.json"
+        if summary["stages"].get(stage) == "complete" and progress.is_file():
+            saved = json.loads(progress.read_text(encoding="utf-8"))
+            # a run before the progress file kept time: its summary's wall-clock seconds
+            summary["stage_seconds"][stage] = saved.get("seconds", previous.get("seconds"))
     summary["seconds"] = round(time.time() - start, 1)
     if label != "pre-registered":  # an exploratory run gets no verdicts (PROTOCOL.md, preamble)
         for pair in summary["pairs"]:
@@ -318,7 +325,7 @@ def run_preregistered(args) -> int:
         print(per_term_text(summary))
     if "masking" in summary:
         print(masking_markdown(summary["masking"]))
-    print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s)")
+    print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s; stages {summary['stage_seconds']})")
     return 0
 
 
@@ -402,7 +409,8 @@ def protocol_markdown(summary: dict) -> str:
         f"Command: `{summary['command']}` (add `--resume` to continue an interrupted run).",
         f"Protocol text SHA-256 `{summary['protocol_sha256']}` ({summary['label']}); "
         f"model mode {summary['model_mode']}; corpus {summary['corpus']}, {summary['n_documents']} documents. "
-        f"Stages: " + ", ".join(f"{k} {v}" for k, v in summary["stages"].items()) + ".",
+        f"Stages: " + ", ".join(f"{k} {v}" + (f" ({summary['stage_seconds'][k]:.0f} s)" if summary.get("stage_seconds", {}).get(k) else "")
+                                for k, v in summary["stages"].items()) + ".",
         "",
     ]
     if "per_term_effects" in summary:

@@ -134,27 +134,34 @@ def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: in
     atomically: an interrupt leaves the last complete document's tables). With ``resume`` the
     stage continues after the documents already saved, if its progress file records the same
     ``fingerprint`` (protocol hash, model, settings); otherwise ValueError in one line.
-    Returns the tables of all documents."""
+    Returns the tables of all documents. The progress file also records the stage's compute time
+    (``seconds``, summed over the invocations that measured documents)."""
+    import time
+
     import pandas as pd
 
     progress_path = out / f"{stage}_progress.json"
     tables: dict[str, list] = {}
-    done = 0
+    done, seconds = 0, 0.0
     if resume and progress_path.is_file():
         saved = json.loads(progress_path.read_text(encoding="utf-8"))
         if saved.get("fingerprint") != json.loads(json.dumps(fingerprint, default=_plain)):
             raise ValueError(f"--resume: {progress_path} was written by a run with other settings; use a new --out")
         done = int(saved["documents_done"])
+        seconds = float(saved.get("seconds", 0.0))
         for name in saved["tables"]:
             tables[name] = [pd.read_csv(out / f"{stage}_{name}.csv.gz")]
         progress(f"{stage}: resuming after {done} documents already in {out}")
     for d in range(done, n_documents):
+        start = time.perf_counter()
         for name, frame in measure(d).items():
             tables.setdefault(name, []).append(frame)
         merged = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
         tables = {name: [frame] for name, frame in merged.items()}
         for name, frame in merged.items():
             _write_table(frame, out / f"{stage}_{name}.csv.gz")
-        _write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged)), progress_path)
+        seconds += time.perf_counter() - start
+        _write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged),
+                         seconds=round(seconds, 1)), progress_path)  # fmt: skip
         progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
     return {name: parts[0] for name, parts in tables.items()}
