@@ -1,4 +1,4 @@
-"""Contribution weights and the attention baselines (docs/method.md §1–2, paper A §2.1–2.2).
+"""Contribution weights and the attention baselines (docs/method.md §1–2; Cunningham & Muça Cirone 2026, §2.1–2.2).
 
 For layer l, head h, query i and source j, with projected value ṽ_j^h = v_j^h W_O^h and head
 output o_i^h = Σ_j α_ij^h ṽ_j^h:
@@ -217,7 +217,7 @@ def _contribution_pass(
 
 @dataclass
 class InfluenceFactors:
-    """The three factors of paper A §2.1 for each (batch, head, query, key); c = α·rel·cos.
+    """The three factors of Cunningham & Muça Cirone (2026, §2.1) per (batch, head, query, key); c = α·rel·cos.
 
     ``mode`` says which output o_i they refer to: the head's (intra) or the layer's (inter).
     ``model_mode`` records the TransformerLens mode that produced the cache (docs/tl-notes.md: the

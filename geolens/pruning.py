@@ -1,4 +1,4 @@
-"""Head pruning by regime and a single-head sensitivity scan (docs/method.md §6, paper B).
+"""Head pruning by regime and a single-head sensitivity scan (docs/method.md §6; Mudarisov et al. 2026).
 
 Heads are ablated at ``hook_z`` (:mod:`geolens.interventions.ablation`, zero or mean) in a fixed
 *order*, down to retention levels 90 % … 10 % of all heads; at retention r the first

@@ -1,11 +1,11 @@
-"""The parameter-free Retriever / Mixer / Reset head taxonomy (docs/method.md §6, paper B).
+"""The parameter-free Retriever / Mixer / Reset head taxonomy (docs/method.md §6; Mudarisov et al. 2026).
 
 For head h of layer l and query i (over the visible sources j ≤ i), the *winner* is the source
 with the largest attention-scaled value norm
 
     w_i = argmax_{j ≤ i} α_ij ‖v_j‖          (ties: the smallest index j, as ``torch.argmax``)
 
-with v the value vector before W_O (``space="value"``, paper B) or the projected value
+with v the value vector before W_O (``space="value"``, as in Mudarisov et al. 2026) or the projected value
 ṽ_j = v_j W_O (``space="projected"``). Per head the winners are counted as
 
 - sink: w_i = 0 (the first position, BOS);
@@ -73,7 +73,7 @@ REGIMES = ("Mixer", "Retriever", "Reset")  # same order as WINNER_KINDS
 
 def _check_space(space: str) -> None:
     if space not in ("value", "projected"):
-        raise ValueError(f"space must be 'value' (α‖v‖, paper B) or 'projected' (α‖vW_O‖), got {space!r}")
+        raise ValueError(f"space must be 'value' (α‖v‖, as in Mudarisov et al. 2026) or 'projected' (α‖vW_O‖), got {space!r}")
 
 
 def value_norms(layer, space: Space = "value") -> Float[Tensor, "batch head key"]:

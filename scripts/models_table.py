@@ -70,9 +70,9 @@ def sinks(model: str) -> dict[str, str] | None:
     n = int(s["n_sequences"])
     out = {
         "sink heads (Gu et al. ε = 0.3), share of heads": ci(boot(heads.gu_sink_share), pct=True) + f"; n = {len(heads)} heads × {n} windows",
-        "sink projected-value norm ‖ṽ_0‖/mean‖ṽ_j‖ (median over heads; paper B: 3–10× smaller)": ci(boot(heads.proj_norm_ratio, np.median))
+        "sink projected-value norm ‖ṽ_0‖/mean‖ṽ_j‖ (median over heads; Mudarisov et al. 2026: 3–10× smaller)": ci(boot(heads.proj_norm_ratio, np.median))
         + f"; {100 * (heads.proj_norm_ratio < 1).mean():.0f}% of heads below 1",
-        "mean cos(ṽ_0, ṽ_j) over heads (paper B: negative)": ci(boot(heads.proj_cos_tail), "{:+.3f}")
+        "mean cos(ṽ_0, ṽ_j) over heads (Mudarisov et al. 2026: negative)": ci(boot(heads.proj_cos_tail), "{:+.3f}")
         + f"; negative in {100 * (heads.proj_cos_tail < 0).mean():.0f}% of heads",
     }
     fits = f / "norm_fits.csv"
@@ -80,7 +80,7 @@ def sinks(model: str) -> dict[str, str] | None:
         h = pd.read_csv(fits)
         h = h[(h.scope == "head") & h.curvature.notna()]
         ok = (h.convex.astype(bool) & h.argmin_inside.astype(bool)).astype(float)
-        out["‖o_i‖ vs sink rate convex with its minimum inside (0, 1), share of fitted heads (paper B)"] = ci(boot(ok), pct=True) + f"; {len(h)} heads"
+        out["‖o_i‖ vs sink rate convex with its minimum inside (0, 1), share of fitted heads (Cunningham & Muça Cirone 2026)"] = ci(boot(ok), pct=True) + f"; {len(h)} heads"
     drift = f / "drift_summary.csv"
     if drift.exists():
         d = pd.read_csv(drift).set_index("lambda")
@@ -114,7 +114,7 @@ def taxonomy(model: str) -> dict[str, str] | None:
             continue
         h = pd.read_csv(p)
         shares = " / ".join(ci(boot((h.regime == r).astype(float)), pct=True) for r in ("Mixer", "Retriever", "Reset"))
-        out[f"regime shares Mixer / Retriever / Reset ({corpus}; paper B: Retrievers 5.8–17.2%)"] = shares + f"; {len(h)} heads × {n if isinstance(n, int) else n.get(corpus, n)} windows"
+        out[f"regime shares Mixer / Retriever / Reset ({corpus}; Mudarisov et al. 2026: Retrievers 5.8–17.2%)"] = shares + f"; {len(h)} heads × {n if isinstance(n, int) else n.get(corpus, n)} windows"
     off = s.get("offset_dominated_heads", {}).get("lee")
     if off is not None:
         out["Reset heads dominated by one offset (lee, > 50% of queries)"] = f"{len(off)}: " + ", ".join(f"L{l}H{hh}" for l, hh, _ in off[:6]) + (" …" if len(off) > 6 else "")

@@ -96,7 +96,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("taxonomy", help="Retriever/Mixer/Reset head taxonomy on corpora (docs/method.md §6)")
     add_run_options(p, tiny=True, model="smollm2-135m", corpora=["lee", "enwiki"], n_sequences=200, seq_len=128, batch_size=8)
-    p.add_argument("--space", choices=["value", "projected"], default="value", help="‖v‖ (paper B) or ‖v W_O‖")
+    p.add_argument("--space", choices=["value", "projected"], default="value", help="‖v‖ (as in Mudarisov et al. 2026) or ‖v W_O‖")
     p.add_argument("--queries", choices=["all", "final"], default="all", help="count every query ≥ 1, or the final query of each window (the authors' protocol)")
     p.add_argument("--prefix-lengths", type=int_at_least(2), nargs="*", default=[16, 32, 64, 128], help="window prefixes on which the regime shares are re-counted (each ≥ 2)")
     add_run_options(p, threads=1)

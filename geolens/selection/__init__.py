@@ -1,4 +1,4 @@
-"""Token-selection geometry of attention heads (docs/method.md §5–6, paper B).
+"""Token-selection geometry of attention heads (docs/method.md §5–6; Mudarisov et al. 2026).
 
 - :mod:`geolens.selection.scores`: geometric precision P_N, recall R_N and extremal F_N;
 - :mod:`geolens.selection.bounds`: inversion count GInv_N, margin γ_N and the lower bounds;

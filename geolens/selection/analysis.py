@@ -1,4 +1,4 @@
-"""Corpus-level token-selection geometry with the authors' protocol (docs/method.md §5, paper B).
+"""Corpus-level token-selection geometry with the authors' protocol (docs/method.md §5; Mudarisov et al. 2026).
 
 :class:`SelectionAnalysis` (a :class:`geolens.streaming.CorpusAnalysis`, run by
 :func:`geolens.runner.run_corpus`) scores, for every window of the corpus, the final query (or

@@ -1,4 +1,4 @@
-"""Inversion bounds on geometric precision and recall (docs/method.md §5, paper B).
+"""Inversion bounds on geometric precision and recall (docs/method.md §5; Mudarisov et al. 2026).
 
 For a selected set S (|S| = N) and outside set O = T_t ∖ S with distances D to s_N:
 

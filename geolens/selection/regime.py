@@ -1,7 +1,7 @@
-"""The sink-aware regime fitted on a corpus (docs/method.md §5, paper B's assumptions).
+"""The sink-aware regime fitted on a corpus (docs/method.md §5; the assumptions of Mudarisov et al. 2026).
 
-Paper B's analysis assumes (i) stable non-sink value norms with a compressed sink, (ii) an
-exponential decay of cross-token similarity with distance and (iii) a piecewise attention profile
+The analysis of Mudarisov et al. (2026) assumes (i) stable non-sink value norms with a compressed sink,
+(ii) an exponential decay of cross-token similarity with distance and (iii) a piecewise attention profile
 (plateau, oscillation, recency). :class:`RegimeAnalysis` measures, per (layer, head) and window,
 with u_j the value vector (``space="value"``) or ṽ_j = v_j W_O (``"projected"``):
 

@@ -1,9 +1,9 @@
-"""Geometric precision, recall and extremal F_N of a head's token selection (docs/method.md §5, paper B).
+"""Geometric precision, recall and extremal F_N of a head's token selection (docs/method.md §5; Mudarisov et al. 2026).
 
 For one head and one query t over its visible sources T_t = {0 … t} (in a sliding-window layer
 T_t = {max(0, t − W + 1) … t}, :mod:`geolens.visibility`: the sink is a source only for t < W;
 ``sink="force"`` cannot select an invisible sink), each source i contributes
-y_i = α_i u_i, with u the value vector before W_O (``space="value"``, paper B) or the projected
+y_i = α_i u_i, with u the value vector before W_O (``space="value"``, as in Mudarisov et al. 2026) or the projected
 value ṽ = v W_O (``space="projected"``). A ranking r (attention r_i = α_i, contribution norm
 r_i = ‖y_i‖, or a random ranking) selects S = top-N (ties by increasing index). With the
 aggregate s_N = Σ_{i∈S} y_i (its magnitude kept) and D_i = d(y_i, s_N), where

@@ -1,4 +1,4 @@
-"""Token-type decomposition of log|c_ij| into its three factors (docs/method.md §4, paper A §3.2).
+"""Token-type decomposition of log|c_ij| into its three factors (docs/method.md §4; Cunningham & Muça Cirone 2026, §3.2).
 
 Intra-head contribution weights factor exactly (docs/method.md §2):
 
@@ -15,8 +15,8 @@ negative when a factor varies against the others). The second, finer identity is
     Var X = Var A + Var R + Var C + 2 Cov(A, R) + 2 Cov(A, C) + 2 Cov(R, C),
 
 with each term divided by Var X (``frac_*`` columns). Means of A, R, C say which factor sets
-the *level* of the contributions. Paper A's claim: the sink's contributions are governed by
-value geometry (R and C), the tail's by attention and alignment (A and C) jointly.
+the *level* of the contributions. The claim of Cunningham & Muça Cirone (2026): the sink's contributions are
+governed by value geometry (R and C), the tail's by attention and alignment (A and C) jointly.
 
 Samples with α = 0, ‖ṽ_j‖ = 0, cos = 0 or ‖o_i‖ = 0 have no logarithm and are skipped.
 Sliding-window layers (:mod:`geolens.visibility`): only the pairs (i, j) of the visible set

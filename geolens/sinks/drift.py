@@ -1,4 +1,4 @@
-"""Semantic drift under sink-value scaling (docs/method.md §4, paper A §3.3).
+"""Semantic drift under sink-value scaling (docs/method.md §4; Cunningham & Muça Cirone 2026, §3.3).
 
 For each λ of a grid in [0, 2], the model runs with v_0 ← λ v_0 in the chosen layers and kv
 heads (:mod:`geolens.interventions.sink_values`; all layers and heads by default, all at once).
@@ -21,8 +21,8 @@ non-sink value norm uses the tokens that share a window with the sink, 1 ≤ j �
 Low-norm heads (documented rule): at λ = 1, a head's relative output norm is
 r_h = mean_i ‖o_i^h‖ / mean_{j≥1} ‖ṽ_j^h‖ (how much of a typical value's norm survives the
 mixing). Heads in the edited layers with r_h at or below the ``low_norm_quantile`` (0.25 by
-default) of r over those heads are "low-norm". Paper A's claim: as λ → 0 the low-norm heads'
-outputs turn toward the semantic cone (cos rises) and perplexity rises.
+default) of r over those heads are "low-norm". The claim of Cunningham & Muça Cirone (2026): as λ → 0 the
+low-norm heads' outputs turn toward the semantic cone (cos rises) and perplexity rises.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sink geometry per (layer, head) over a corpus (docs/method.md §4, paper A §3.2, paper B).
+"""Sink geometry per (layer, head) over a corpus (docs/method.md §4; Cunningham & Muça Cirone 2026, §3.2; Mudarisov et al. 2026).
 
 For a sequence, layer l and query head h (GQA kv heads expanded, so the value-space numbers of
 the query heads of one group coincide), with v_j the value (``hook_v``, b_V included) and
@@ -16,7 +16,8 @@ the query heads of one group coincide), with v_j the value (``hook_v``, b_V incl
 - cos(v_0, v_j) and cos(ṽ_0, ṽ_j) for j > 0, averaged over (sequence, j), with the share of
   negative cosines;
 - cos(v_0, m) and cos(ṽ_0, m W_O) with m = mean_{j>0} v_j, the mean non-sink value of the
-  sequence (the direction of the "semantic cone" in paper A's words), averaged over sequences.
+  sequence (the direction of the "semantic cone" of Cunningham & Muça Cirone 2026), averaged over
+  sequences.
 
 Sliding-window (local) layers (:mod:`geolens.visibility`): a query i ≥ W cannot see the sink.
 Such out-of-window queries are left out of the sink rate, its histogram and the Gu et al. mean

@@ -1,4 +1,4 @@
-"""Head output norm as a function of the sink rate (docs/method.md §4, paper A §3.3).
+"""Head output norm as a function of the sink rate (docs/method.md §4; Cunningham & Muça Cirone 2026, §3.3).
 
 For every (layer, head) and query i ≥ 1, the sink rate α_i0 and the head output norm
 ‖o_i^h‖ = ‖z_i^h W_O^h‖ = sqrt(z_i G^h z_iᵀ) (b_O excluded, docs/method.md §1). Queries are binned by α_i0
@@ -10,7 +10,8 @@ of the bins with at least ``min_count`` queries (weights = counts, i.e. the fit 
 replaced by their bin means). ``curvature`` = a (convex if a > 0); ``argmin`` = −b / 2a for a
 convex fit (NaN otherwise); ``argmin_inside`` = 0 < argmin < 1 for a convex fit; also
 ``argmin_in_range`` (inside the observed range of bin centres), and the empirical minimum bin.
-Paper A's claim: convex, with the minimum at an intermediate sink rate (< 1), not at α_i0 = 1.
+The claim of Cunningham & Muça Cirone (2026): convex, with the minimum at an intermediate sink rate
+(< 1), not at α_i0 = 1.
 
 Sliding-window layers (:mod:`geolens.visibility`): a query i ≥ W cannot see the sink, so it has no
 sink rate; it is left out of the bins (not put in the α_i0 = 0 bin) and counted in
