@@ -25,7 +25,7 @@ its row of contribution weights, relative norms and alignments is defined as 0 a
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, NamedTuple
 
 import torch
@@ -244,6 +244,9 @@ class AttentionMetrics:
     - ``value_weighted``: α_ij ‖ṽ_j‖ (Kobayashi et al. 2020)
     - ``output_normalized``: α_ij ‖ṽ_j‖ / ‖o_i‖
     - ``contribution``: c_ij = α_ij ‖ṽ_j‖/‖o_i‖ · cos(o_i, ṽ_j)
+
+    Each tensor field is named after the metric of :mod:`geolens.metrics` it holds (its label,
+    colour and description are there); ``METRIC_NAMES`` lists them in field order.
     """
 
     raw_attention: Float[Tensor, "batch head query key"]
@@ -254,10 +257,13 @@ class AttentionMetrics:
     mode: Mode
     model_mode: str
 
-    METRIC_NAMES = ("raw_attention", "value_weighted", "output_normalized", "contribution")
+    METRIC_NAMES = ()  # the tensor fields, set below the class
 
     def as_dict(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in self.METRIC_NAMES}
+
+
+AttentionMetrics.METRIC_NAMES = tuple(f.name for f in fields(AttentionMetrics) if str(f.type).startswith("Float["))
 
 
 class LayerMetrics(NamedTuple):

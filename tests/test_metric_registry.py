@@ -118,6 +118,33 @@ def test_custom_metric_is_drawn_with_its_label_and_colour(tiny_gqa, custom):
     view.close()
 
 
+def test_custom_metric_in_contribution_heatmaps(tiny_gqa, custom):
+    from geolens import viz
+
+    model, tokens, cache = tiny_gqa
+    view = viz.contribution_heatmaps(model, cache, tokens, 1, batch_index=0, metrics=["raw_attention", CUSTOM])
+    _, drawn = view.components
+    torch.testing.assert_close(view.data[CUSTOM], naive_value_norms(model, tokens, 1)[:, None, :].expand(-1, tokens.shape[1], -1),
+                               rtol=1e-4, atol=1e-6)  # fmt: skip
+    assert drawn.caption.startswith("value norm ‖ṽ‖ alone (intra-head): white 0 … full blue")
+    assert view.data[f"{CUSTOM}_scale"]["kind"] == "symmetric" and view.data[f"{CUSTOM}_negative_share"] == 0
+    with pytest.raises(ValueError, match=r"\['value_zeroing'\] are computed per sequence"):
+        viz.contribution_heatmaps(model, cache, tokens, 1, metrics=["value_zeroing"])
+
+
+def test_attention_metrics_fields_are_the_registered_metrics(tiny):
+    from geolens import attention_metrics, get_attention_layer
+    from geolens.contributions import AttentionMetrics
+
+    assert AttentionMetrics.METRIC_NAMES == ("raw_attention", "value_weighted", "output_normalized", "contribution")
+    model, _, cache = tiny
+    for mode in ("intra", "inter"):
+        fields = attention_metrics(model, cache, 1, mode, dtype=torch.float64).as_dict()
+        inputs = metrics.LayerInputs.from_layer(get_attention_layer(model, cache, 1, dtype=torch.float64), mode)
+        for name in AttentionMetrics.METRIC_NAMES:
+            torch.testing.assert_close(get_metric(name).layer_scores(inputs, summed=False), fields[name], rtol=0, atol=0)
+
+
 def test_custom_metric_in_cli_and_report(tiny_gqa, custom, capsys, tmp_path):
     from geolens.cli import main
     from geolens.report.sections import faithfulness as section

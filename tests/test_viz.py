@@ -37,10 +37,14 @@ def test_contribution_heatmaps_show_the_reference_values_with_negatives(tiny):
     assert p["negativeColor"] == "red" and p["positiveColor"] == "blue"
     assert p["maxValue"] == pytest.approx(ref[:, 1:].max().item(), rel=1e-4)
     lowest = ref[:, 1:].min().item()
-    assert p["minValue"] == (pytest.approx(lowest, rel=1e-4) if lowest < 0 else -1.0)  # −1: no negative value
-    assert view.data["contribution_scale"] == {"kind": "per_sign", "min": p["minValue"], "max": p["maxValue"]}
+    assert p["minValue"] == (pytest.approx(lowest, rel=1e-4) if lowest < 0 else -p["maxValue"])  # no negative: symmetric
+    kind = "per_sign" if lowest < 0 else "symmetric"
+    assert view.data["contribution_scale"] == {"kind": kind, "min": p["minValue"], "max": p["maxValue"]}
     assert f"full blue {p['maxValue']:+.3g}" in contrib.caption
     assert (f"full red {p['minValue']:+.3g}" if lowest < 0 else "no negative value") in contrib.caption
+    # what each heatmap shows is named as the metric registry names it
+    assert contrib.caption.startswith("contribution weights c, c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j)")
+    assert attn.caption.startswith("raw attention α, α_ij (intra-head): white 0 … full blue") and "no negative value" in attn.caption
     # attention keeps the symmetric scale
     assert _props(attn)["minValue"] == -_props(attn)["maxValue"]
     share = (ref[:, visible] < 0).double().mean().item()

@@ -9,10 +9,11 @@
   (``maxValue`` = the largest positive value, ``minValue`` = the most negative one), so that
   negatives much smaller than the positives are still visibly red.
 - :func:`contribution_heatmaps`: one layer's raw attention α_ij and contribution weights c_ij
-  (intra- or inter-head) per head, side by side, for one sequence. The contribution weights use
-  the per-sign scale: their negatives are typically one to two orders of magnitude smaller than
-  the largest positive weight, and on a symmetric scale they render as near-white (pale cream).
-  The caption states both ends of the scale.
+  (intra- or inter-head), or any per-layer metric of :mod:`geolens.metrics`, per head, side by
+  side, for one sequence. A metric with negative values (contribution weights) uses the per-sign
+  scale: their negatives are typically one to two orders of magnitude smaller than the largest
+  positive weight, and on a symmetric scale they render as near-white (pale cream). The caption
+  names the metric as the registry does (label and formula) and states both ends of the scale.
 - :func:`source_colors`: the sources of one query coloured by attention and by contribution
   (circuitsvis ``ColoredTokens``): per head (α_ij^h, intra c_ij^h) or for the whole layer (head
   mean of α, and the per-source inter-head totals C_ij = Σ_h c_ij^h, which sum to 1 like α).
@@ -32,7 +33,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from geolens.adapter import get_attention_layer, model_mode
 from geolens.contributions import attention_metrics
+from geolens.metrics import LayerInputs, get_metric
 from geolens.viz.common import Component, HTMLView, PlotView, new_figure
 
 POSITIVE_COLOR = "blue"
@@ -144,55 +147,51 @@ def contribution_heatmaps(
 ) -> HTMLView:
     """Raw attention and contribution weights of one layer, per head, for one sequence.
 
-    Each metric of :class:`geolens.AttentionMetrics` named in ``metrics`` becomes one
-    ``AttentionHeads`` component with its own symmetric scale (contribution weights can be
-    negative and can exceed 1; attention cannot). ``.data`` holds every value shown, the scales
-    and, for the contribution weights, the share of visible (query, source) pairs with c_ij < 0.
+    Each per-layer metric of :mod:`geolens.metrics` named in ``metrics`` (built-in or registered
+    with :func:`geolens.register_metric`) becomes one ``AttentionHeads`` component with its own
+    scale: symmetric for a metric without negative values over queries ≥ 1, per sign otherwise
+    (contribution weights can be negative and can exceed 1; attention cannot). Its caption is the
+    registry's label and description with both ends of the scale. ``.data`` holds every value
+    shown, the scales and, per metric, the share of visible (query, source) pairs below 0.
     """
-    m = attention_metrics(model, cache, layer, mode)
+    drawn = [get_metric(name) for name in metrics]  # ValueError naming the registered metrics
+    needs_model = [m.name for m in drawn if not m.per_layer]
+    if needs_model:
+        raise ValueError(f"metrics {needs_model} are computed per sequence from the model (per_layer=False): draw per-layer metrics here")
     seq = _check_batch(tokens, batch_index)
+    view_of_layer = get_attention_layer(model, cache, layer)
+    inputs = LayerInputs.from_layer(view_of_layer, mode)
     words = str_tokens(model, seq)
     head_idx = list(range(model.cfg.n_heads)) if heads is None else [int(h) for h in heads]
-    names = [f"L{m.layer}H{h}" for h in head_idx]
-    components, data = [], {"layer": m.layer, "mode": mode, "model_mode": m.model_mode, "heads": head_idx, "tokens": words}
+    names = [f"L{view_of_layer.layer}H{h}" for h in head_idx]
+    data = {"layer": view_of_layer.layer, "mode": mode, "model_mode": model_mode(model), "heads": head_idx, "tokens": words}
+    components = []
     visible = torch.tril(torch.ones(len(words), len(words), dtype=torch.bool))
-    for name in metrics:
-        if name not in m.METRIC_NAMES:
-            raise ValueError(f"unknown metric {name!r}: use one of {m.METRIC_NAMES}")
-        values = getattr(m, name)[batch_index, head_idx].detach().double().cpu()
-        scale = "per_sign" if name == "contribution" else "symmetric"
-        view = signed_heatmaps(values, words, head_names=names, scale=scale)
+    for metric in drawn:
+        values = metric.layer_scores(inputs, summed=False)[batch_index, head_idx].detach().double().cpu()
+        signed = bool((_scaled_part(values) < 0).any())
+        view = signed_heatmaps(values, words, head_names=names, scale="per_sign" if signed else "symmetric")
         lo, hi = view.data["scale"]["min"], view.data["scale"]["max"]
-        view.components[0].caption = _caption(name, mode, _scaled_part(values), lo, hi)
+        view.components[0].caption = _caption(metric, mode, lo, hi, signed)
         components += view.components
-        data[name] = values
-        data[f"{name}_max_abs"] = view.data["max_abs"]
-        data[f"{name}_scale"] = view.data["scale"]
-        if name == "contribution":
-            data["contribution_negative_share"] = float((values[:, visible] < 0).double().mean())
-    title = f"Layer {m.layer}: attention vs contribution weights ({mode}-head)"
+        data[metric.name] = values
+        data[f"{metric.name}_max_abs"] = view.data["max_abs"]
+        data[f"{metric.name}_scale"] = view.data["scale"]
+        data[f"{metric.name}_negative_share"] = float((values[:, visible] < 0).double().mean())
+    title = f"Layer {view_of_layer.layer}: attention vs contribution weights ({mode}-head)"
     return HTMLView(components, title=title, data=data)
 
 
-_CAPTIONS = {
-    "raw_attention": "raw attention α_ij: white 0 … full blue {hi:.3g} (queries ≥ 1)",
-    "value_weighted": "value-weighted attention α_ij‖ṽ_j‖: white 0 … full blue {hi:.3g}",
-    "output_normalized": "output-normalised value-weighted attention α_ij‖ṽ_j‖/‖o_i‖: white 0 … full blue {hi:.3g}",
-    "contribution": (
-        "contribution weights c_ij ({mode}-head): blue positive, white 0 … full blue {hi:+.3g}; red negative "
-        "(destructive), white 0 … full red {lo:+.3g}. Each sign has its own scale (the largest positive weight is "
-        "{ratio:.3g}× the most negative one), so that small negatives stay visible: compare intensities within a sign only."
-    ),
-}
-
-
-def _caption(name: str, mode: str, values: Tensor, lo: float, hi: float) -> str:
-    """The caption of one heatmap: what it shows and both ends of its colour scale."""
-    if name != "contribution":
-        return _CAPTIONS[name].format(mode=mode, hi=hi)
-    if not bool((values < 0).any()):
-        return f"contribution weights c_ij ({mode}-head): white 0 … full blue {hi:+.3g}; no negative value here"
-    return _CAPTIONS[name].format(mode=mode, lo=lo, hi=hi, ratio=hi / -lo)
+def _caption(metric, mode: str, lo: float, hi: float, signed: bool) -> str:
+    """The caption of one heatmap: the registry's label and formula, and both ends of its colour scale."""
+    what = f"{metric.label}, {metric.description}" if metric.description else metric.label
+    if not signed:
+        return f"{what} ({mode}-head): white 0 … full blue {hi:+.3g} over queries ≥ 1; no negative value here"
+    return (
+        f"{what} ({mode}-head): blue positive, white 0 … full blue {hi:+.3g}; red negative (destructive), white 0 … "
+        f"full red {lo:+.3g}. Each sign has its own scale (the largest positive value is {hi / -lo:.3g}× the most "
+        "negative one), so that small negatives stay visible: compare intensities within a sign only."
+    )
 
 
 def source_colors(
