@@ -427,7 +427,7 @@ def per_term_effects_naive(
             for h, j in every:
                 ran[j if h < 0 else (h, j)] = True
         terms = every
-        reference = model(tokens)[0, query]
+        reference = model(tokens, return_type="logits")[0, query]
         top = int(reference.argmax())
         for chunk in _chunks(terms, batch_size):
 
@@ -438,7 +438,7 @@ def per_term_effects_naive(
                 return pattern
 
             with applied(model, [(adapter.pattern_hook(layer), zero_terms)]):
-                logits = model(tokens.expand(len(chunk), -1))[:, query]
+                logits = model(tokens.expand(len(chunk), -1), return_type="logits")[:, query]
             for name, value in _outcomes(logits, reference, top, outcome).items():
                 values[name].append(value)
     clean.logits = reference

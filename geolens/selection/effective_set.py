@@ -56,7 +56,7 @@ def keep_top_n_nll(
         for (by, n), acc in sums.items():
             hooks = [] if by == "none" else keep_top_n_hooks(model, n, by=by)
             with torch.no_grad(), applied(model, hooks):
-                logits = model(batch)
+                logits = model(batch, return_type="logits")
             s, c = token_nll_sum(logits, batch)
             acc.update(torch.tensor([s, c], dtype=torch.float64))
             bar.update(1)
