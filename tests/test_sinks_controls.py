@@ -309,13 +309,13 @@ from geolens.interventions.sink_values import sink_edit_query_heads  # noqa: E40
 from geolens.sinks.controls import (  # noqa: E402
     CheckpointMismatch,
     DoseProtocol,
+    controls_sample,
     dose_controls,
     dose_summary,
     dose_window,
     edit_dose,
     gu_sink_heads,
     protocol_deviations,
-    protocol_windows,
     read_protocol,
     read_windows,
     two_stage_means,
@@ -524,9 +524,9 @@ def test_sink_heads_follow_the_gu_criterion():
     assert sorted(set(table.layer)) == [0, 2] and len(table) == 2 * model.cfg.n_heads
 
 
-def test_protocol_windows_are_the_first_two_windows_of_each_long_document():
+def test_controls_sample_takes_the_first_two_windows_of_each_long_document():
     model = make_tiny("gqa")
-    tokens, documents = protocol_windows(model, DOCS, seq_len=12, n_documents=3)
+    tokens, documents = controls_sample(model, DOCS, seq_len=12, n_documents=3)
     assert documents.tolist() == [0, 0, 2, 2, 3, 3]  # documents 1 ("no") and 5 are too short; 4 is not needed
     from geolens.data import token_windows
 
@@ -536,7 +536,7 @@ def test_protocol_windows_are_the_first_two_windows_of_each_long_document():
     ids = model.tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
     assert tokens[1, 1:].tolist() == ids[11:22] and tokens[0, 0] == model.tokenizer.bos_token_id
     with pytest.raises(ValueError, match="only 4 of 6 documents have at least 22 tokens; 5 are needed"):
-        protocol_windows(model, DOCS, seq_len=12, n_documents=5)
+        controls_sample(model, DOCS, seq_len=12, n_documents=5)
 
 
 def _constructed_table(doc_effect, seed_effect, *, norm=(0.0, 0.0), scopes=("all_heads",), protocol=SMALL, G=4):
@@ -624,7 +624,7 @@ def test_verdicts_form_one_holm_family_over_the_scopes():
 
 
 def _small_run(model, tmp_path=None, **kwargs):
-    tokens, documents = protocol_windows(model, DOCS, seq_len=SMALL.seq_len, n_documents=SMALL.n_documents)
+    tokens, documents = controls_sample(model, DOCS, seq_len=SMALL.seq_len, n_documents=SMALL.n_documents)
     kw = dict(sink_heads={0: (1,), 6: (0, 3)}, verdicts=False, rows_per_forward=4)
     kw.update(kwargs)
     return dose_controls(model, tokens, documents, SMALL, **kw), tokens, documents
@@ -693,6 +693,7 @@ def test_read_protocol_reads_the_registered_block(tmp_path):
 
     protocol, info = read_protocol(PROTOCOL_DIR / "protocol.json")
     assert protocol == DoseProtocol()  # the defaults are the pre-registered settings
+    assert DoseProtocol.from_dict(json.loads(json.dumps(SMALL.to_dict()))) == SMALL
     assert info["protocol_sha256"] == hashlib.sha256((PROTOCOL_DIR / "PROTOCOL.md").read_bytes()).hexdigest()
     assert info["pre_registered"] and info["protocol_version"] == 2
     assert protocol_deviations(protocol, protocol, info, model="smollm2-135m", mode="bridge", dtype="float32") == []

@@ -10,10 +10,24 @@ on the first N windows: ``controls_conditions.csv``, ``controls_pairs.csv``,
 ``controls_scopes.csv``, ``controls_windows.csv``, ``controls_summary.json`` and
 ``controls.png``; ``--controls-only`` skips everything else.
 
+``--controls-protocol PATH`` runs instead, and alone, the dose-matched sink controls of a
+pre-registered protocol (the ``"sink_controls"`` block of ``docs/faithfulness/protocol.json``,
+:func:`geolens.sinks.controls.dose_controls`) on the protocol's own sample: the corpus' documents
+cut into the protocol's windows (``--seq-len`` and ``--n-sequences`` belong to the corpus pass).
+It writes ``controls_summary.json`` (with ``protocol_sha256``, the SHA-256 of the protocol's
+text, and ``label``: ``pre-registered``, or ``exploratory`` with its ``differences`` when anything
+differs from the protocol: ``--controls-documents``, ``--n-boot``, ``--corpus``, the model,
+``--compat``; an exploratory run gets no verdicts),
+``controls_windows.csv`` (every window × scope × edit × seed; the summary recomputes exactly
+from it), ``controls_dose_response.csv``, ``controls_verdicts.csv`` and
+``controls_sink_heads.csv``. It checkpoints after every window (``controls_checkpoint.json``,
+removed when the run completes); ``--resume`` continues an interrupted run in ``--out``.
+
 Example (offline)::
 
     geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks --overwrite
     geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out docs/sinks --overwrite
+    geolens sinks --controls-protocol docs/faithfulness/protocol.json --out docs/sinks/smollm2-135m --overwrite
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import sys
 import time
 
 DEFAULT_LAMBDAS = "0,0.25,0.5,0.75,1,1.5,2"
+CORPUS_SEQ_LEN = 128  # --seq-len's default: the corpus pass's window length
 
 
 def _control_layers(text: str, n_layers: int) -> list[int]:
@@ -80,6 +95,86 @@ def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
     return summary
 
 
+def _protocol_options(args):
+    """(protocol run, registered protocol, provenance, twin) of ``--controls-protocol``, checked before the model loads."""
+    from dataclasses import replace
+
+    from geolens.commands._options import UsageError
+    from geolens.faithfulness.preregistered import load_protocol
+    from geolens.sinks.controls import read_protocol
+
+    if args.controls_only or args.controls_sequences:
+        raise UsageError("--controls-protocol runs the protocol's own sample; leave out --controls-only and --controls-sequences")
+    if args.seq_len != CORPUS_SEQ_LEN:
+        raise UsageError("--seq-len sets the corpus pass; --controls-protocol takes the protocol's window length")
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out, the folder of the run")
+    try:
+        twin = load_protocol(args.controls_protocol)
+        registered, info = read_protocol(twin)
+        protocol = replace(registered, n_documents=args.controls_documents or registered.n_documents, n_boot=args.n_boot, corpus=args.corpus)
+    except ValueError as err:
+        raise UsageError(f"--controls-protocol: {err}") from None
+    return protocol, registered, info, twin
+
+
+def run_dose_protocol(args) -> int:
+    """``--controls-protocol``: the dose-matched sink controls of the protocol; writes the controls_* files."""
+    import torch
+
+    from geolens.adapter import model_mode
+    from geolens.commands._options import UsageError, check_corpus, check_model_name, out_folder
+    from geolens.faithfulness.preregistered import run_label
+    from geolens.models import load_model
+    from geolens.sinks.controls import CheckpointMismatch, controls_sample, dose_controls, protocol_deviations, write_windows
+
+    protocol, registered, info, twin = _protocol_options(args)
+    model_name = check_model_name(args.model)
+    check_corpus(args.corpus)
+    out = out_folder(args, "sinks", resumable=True)  # a later usage error removes it again
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model = load_model(model_name, compatibility_mode=args.compat)
+    dtype = str(getattr(model.cfg, "dtype", "")).replace("torch.", "")
+    differences = protocol_deviations(protocol, registered, info, model=args.model, mode=model_mode(model), dtype=dtype)
+    label = run_label(twin, differences)
+    try:
+        tokens, documents = controls_sample(model, _documents(args.corpus), seq_len=protocol.seq_len, n_documents=protocol.n_documents,
+                                             per_document=protocol.windows_per_document)  # fmt: skip
+    except ValueError as err:
+        raise UsageError(f"--corpus {args.corpus}: {err}") from None
+    print(f"dose-matched sink controls, protocol v{info['protocol_version']} ({info['protocol_file']}, sha256 {info['protocol_sha256'][:12]}…): "
+          f"{tokens.shape[0]} windows of {tokens.shape[1]} tokens from {len(set(documents.tolist()))} documents; {label}; "
+          f"torch threads {torch.get_num_threads()}" + "".join(f"\n  differs: {d}" for d in differences), flush=True)  # fmt: skip
+    checkpoint = out / "controls_checkpoint.json"
+    try:
+        res = dose_controls(model, tokens, documents, protocol, checkpoint=checkpoint, resume=args.resume, rows_per_forward=args.controls_rows,
+                            verdicts=not differences, batch_size=args.batch_size, progress=True)  # fmt: skip
+    except CheckpointMismatch as err:
+        raise UsageError(f"--resume: {err}") from None
+    write_windows(res.windows, out / "controls_windows.csv")
+    res.dose_response.to_csv(out / "controls_dose_response.csv", index=False, float_format="%.17g")
+    res.pairs.to_csv(out / "controls_verdicts.csv", index=False, float_format="%.17g")
+    res.sink_heads.to_csv(out / "controls_sink_heads.csv", index=False, float_format="%.17g")
+    summary = {
+        "command": " ".join(["geolens"] + sys.argv[1:]), "model": args.model, "corpus": args.corpus, "label": label,
+        "differences": differences, "protocol_sha256": info["protocol_sha256"], "protocol_version": info["protocol_version"],
+        "protocol_file": info["protocol_file"], "pre_registered_text": info["pre_registered"], "seconds": round(time.time() - t0, 1),
+        **res.summary(),
+    }  # fmt: skip
+    (out / "controls_summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    checkpoint.unlink(missing_ok=True)
+    table = res.dose_response[["scope", "edit", "lam", "degrees", "dose", "n_seeds", "delta_ppl", "delta_ppl_low", "delta_ppl_high", "kl", "kl_low", "kl_high"]]
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    for pair in summary["pairs"] + summary["exploratory_pairs"]:
+        ci = "" if pair["ci_low"] is None else f" [{pair['ci_low']:+.4g}, {pair['ci_high']:+.4g}] at {pair['level']:.4f}, p {pair['p']:.3g}, p_adj {pair['p_adj']:.3g}"
+        est = "" if pair["estimate"] is None else f" {pair['estimate']:+.4g}"
+        print(f"{pair['scope']}: {pair['statistic']}{est}{ci}: {pair['verdict'] or ('exploratory' if pair['outcome'] != 'kl' else label)}")
+    return 0
+
+
 def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
     """The numbers the README quotes, from the result objects."""
     h = geometry.heads
@@ -123,12 +218,19 @@ def run(args) -> int:
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.sinks import SinksParams, run_sinks
 
+    if args.controls_protocol:
+        return run_dose_protocol(args)
+    given = [o for o, v in (("--resume", args.resume), ("--controls-documents", args.controls_documents), ("--controls-rows", args.controls_rows)) if v]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply to --controls-protocol")
     if args.controls_only and args.controls_sequences == 0:
         raise UsageError("--controls-only needs --controls-sequences ≥ 1")
     model_name = check_model_name(args.model)
     out = out_folder(args, "sinks")  # a later usage error removes it again
     check_corpus(args.corpus)
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.time()
     model = load_model(model_name, compatibility_mode=args.compat)
     if args.controls_only:
@@ -173,6 +275,13 @@ def run(args) -> int:
     return 0
 
 
+def _documents(corpus):
+    """The corpus' documents (looked up at call time, so tests can replace ``geolens.data.load_corpus``)."""
+    from geolens import data
+
+    return data.load_corpus(corpus)
+
+
 def _windows(model, corpus, seq_len, n_sequences):
     """Corpus windows (looked up at call time, so tests can replace ``geolens.data.corpus_windows``)."""
     from geolens.commands._options import corpus_windows
@@ -191,7 +300,7 @@ def register(subparsers) -> None:
     from geolens.commands._options import add_out, add_run_options, float_in, float_list, int_list, non_negative_int, positive_int
 
     p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)")
-    add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=200, seq_len=128, batch_size=8,
+    add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=200, seq_len=CORPUS_SEQ_LEN, batch_size=8, threads=0,
                     own={"n_sequences": {"help": "windows for the corpus pass (default 200)"}})  # fmt: skip
     p.add_argument("--eps", type=float_in(0, 1), default=0.3, help="Gu et al. threshold on mean first-token attention")
     p.add_argument("--n-bins", type=positive_int, default=20, help="sink-rate bins on [0, 1]")
@@ -208,8 +317,14 @@ def register(subparsers) -> None:
     p.add_argument("--controls-lambdas", type=float_list(0), default=[0.0, 2.0], help="λ of the scale and random-token edits (default 0,2)")
     p.add_argument("--controls-seeds", type=int_list(0), default=[0, 1, 2], help="seeds of the rotation control (default 0,1,2)")
     p.add_argument("--controls-seed", type=non_negative_int, default=0, help="seed of the random non-sink positions and the bootstrap")
-    p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples over windows (default 2000)")
+    p.add_argument("--controls-protocol", default=None, metavar="PATH",
+                   help="run only the dose-matched sink controls of a pre-registered protocol (docs/faithfulness/protocol.json), on its own sample")
+    p.add_argument("--controls-documents", type=positive_int, default=None,
+                   help="--controls-protocol: documents of the sample (default: the protocol's; another number makes the run exploratory)")
+    p.add_argument("--controls-rows", type=positive_int, default=None, help="--controls-protocol: edited rows per batched forward (default: from the vocabulary size)")
+    p.add_argument("--resume", action="store_true", help="--controls-protocol: continue the interrupted run in --out from its checkpoint")
+    p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples over windows (default 2000; --controls-protocol: another number makes the run exploratory)")
     p.add_argument("--dpi", type=positive_int, default=90)
     p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
-    add_out(p)
+    add_out(p, resumable=True)
     p.set_defaults(func=run)

@@ -38,7 +38,7 @@ z_i^h + α_i0^h (v_0' − v_0) and nothing else
 both scopes (the edit of the kv head's v_0); the ``sink_heads`` scope gives it to the sink heads
 only. With every head selected this equals editing ``hook_v`` (tested).
 
-**Sample** (:func:`protocol_windows`): 100 windows of 64 tokens, two from each of the first 50
+**Sample** (:func:`controls_sample`): 100 windows of 64 tokens, two from each of the first 50
 Lee documents that the model's tokenizer turns into at least 126 tokens (special tokens not
 counted), in corpus order. Document d gives the windows [BOS] + t_0 … t_62 and
 [BOS] + t_63 … t_125 (consecutive, no overlap, the rest of the document unused).
@@ -114,7 +114,6 @@ float rounding): a check that the edit machinery does not perturb the model by i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -459,7 +458,7 @@ class DoseProtocol:
 
     ``layer_step``: v_0 is edited at layers 0, step, 2·step, …; ``lambdas``: the norm edits;
     ``seeds_by_angle``: ((θ in degrees, number of seeds), …), seeds 0 … n − 1 at each angle;
-    ``n_documents`` × ``windows_per_document`` windows of ``seq_len`` tokens (:func:`protocol_windows`);
+    ``n_documents`` × ``windows_per_document`` windows of ``seq_len`` tokens (:func:`controls_sample`);
     ``matched_dose``: the dose of the verdict; ``n_boot``, ``seed``, ``alpha``: the bootstrap and
     Holm's level; ``corpus``: where the documents come from.
 
@@ -548,6 +547,13 @@ class DoseProtocol:
         out["seeds_by_angle"] = {f"{a:g}": n for a, n in self.seeds_by_angle}
         return out
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "DoseProtocol":
+        """The inverse of :meth:`to_dict` (e.g. from a saved ``controls_summary.json``'s ``settings``)."""
+        d = dict(d)
+        d["seeds_by_angle"] = tuple((float(a), int(n)) for a, n in dict(d["seeds_by_angle"]).items())
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
     def differences(self, other: "DoseProtocol") -> list[str]:
         """The settings in which this protocol differs from ``other``, one phrase each."""
         mine, theirs = self.to_dict(), other.to_dict()
@@ -574,26 +580,23 @@ def _layer_step(text) -> int:
     raise ValueError(f"sink_controls.layers: expected 'every <ordinal> layer' (e.g. 'every sixth layer'), got {text!r}")
 
 
-def read_protocol(path) -> tuple[DoseProtocol, dict]:
-    """The dose-matched controls of a machine-readable protocol (``docs/faithfulness/protocol.json``).
+def read_protocol(source) -> tuple[DoseProtocol, dict]:
+    """The dose-matched controls of a pre-registered protocol: ``source`` is the path of its
+    machine-readable twin (``docs/faithfulness/protocol.json``) or the twin already read by
+    :func:`geolens.faithfulness.preregistered.load_protocol`, which also hashes the text
+    ``PROTOCOL.md`` beside it.
 
     Returns (:class:`DoseProtocol`, provenance): ``protocol_file``, ``protocol_version``,
-    ``protocol_text`` (the text the JSON names, looked up beside it), ``protocol_sha256`` (SHA-256
-    of that text), ``pre_registered`` (the hash equals the one recorded in ``<text stem>.sha256``
-    beside it), and the protocol's ``models``, ``model_mode`` and ``dtype``. The
-    ``"sink_controls"`` block gives the edits, seeds, sample and scopes; ``"statistics"``
-    ``n_boot``, ``seed`` and ``alpha``; ``"data"`` the corpus. Anything missing or of the wrong
-    kind is a ``ValueError`` naming it.
+    ``protocol_sha256`` (SHA-256 of the text), ``pre_registered`` (that hash equals the one
+    recorded in ``PROTOCOL.sha256`` beside it), and the protocol's ``models``, ``model_mode`` and
+    ``dtype``. The ``"sink_controls"`` block gives the edits, seeds, sample and scopes;
+    ``"statistics"`` ``n_boot``, ``seed`` and ``alpha``; ``"data"`` the corpus. Anything missing or
+    of the wrong kind is a ``ValueError`` naming it.
     """
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot read it ({err})") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not JSON ({err.msg}, line {err.lineno})") from None
+    from geolens.faithfulness.preregistered import Preregistered, load_protocol
+
+    twin = source if isinstance(source, Preregistered) else load_protocol(source)
+    path, raw = Path(twin.path), twin.settings
     if not isinstance(raw, dict) or not isinstance(raw.get("sink_controls"), dict):
         raise ValueError(f'{path}: no "sink_controls" block (a protocol.json of geolens\' faithfulness protocol)')
     block, where = raw["sink_controls"], f"{path}: sink_controls"
@@ -624,14 +627,10 @@ def read_protocol(path) -> tuple[DoseProtocol, dict]:
         )  # fmt: skip
     except (TypeError, AttributeError) as err:
         raise ValueError(f"{where}: a setting has the wrong type ({err})") from None
-    text = path.parent / Path(str(raw.get("text", "PROTOCOL.md"))).name
-    if not text.is_file():
-        raise ValueError(f"{path}: the protocol text {text.name} it names is not beside it")
-    sha = hashlib.sha256(text.read_bytes()).hexdigest()
-    frozen = text.with_suffix(".sha256")
+    frozen = path.with_name("PROTOCOL.sha256")
     info = {
-        "protocol_file": str(path), "protocol_version": raw.get("version"), "protocol_text": str(text), "protocol_sha256": sha,
-        "pre_registered": frozen.is_file() and frozen.read_text(encoding="utf-8").strip() == sha,
+        "protocol_file": str(path), "protocol_version": raw.get("version"), "protocol_sha256": twin.sha256,
+        "pre_registered": frozen.is_file() and frozen.read_text(encoding="utf-8").strip() == twin.sha256,
         "models": list(data.get("models", [])), "model_mode": data.get("model_mode"), "dtype": data.get("dtype"),
     }  # fmt: skip
     return protocol, info
@@ -655,7 +654,7 @@ def protocol_deviations(protocol: DoseProtocol, registered: DoseProtocol, info: 
     return out
 
 
-def protocol_windows(model, docs: Sequence[str], *, seq_len: int = 64, n_documents: int = 50, per_document: int = 2) -> tuple[torch.Tensor, np.ndarray]:
+def controls_sample(model, docs: Sequence[str], *, seq_len: int = 64, n_documents: int = 50, per_document: int = 2) -> tuple[torch.Tensor, np.ndarray]:
     """The sample of the dose-matched controls: ``per_document`` consecutive windows from each of the
     first ``n_documents`` long-enough documents.
 
@@ -668,7 +667,7 @@ def protocol_windows(model, docs: Sequence[str], *, seq_len: int = 64, n_documen
     Too few eligible documents is a ``ValueError`` saying how many there are.
 
     >>> from geolens.testing import tiny_bridge
-    >>> tokens, documents = protocol_windows(tiny_bridge("gqa"), ["a b c d e f g h", "no", "0123456789"], seq_len=4, n_documents=2)
+    >>> tokens, documents = controls_sample(tiny_bridge("gqa"), ["a b c d e f g h", "no", "0123456789"], seq_len=4, n_documents=2)
     >>> tokens.shape, documents.tolist()
     (torch.Size([4, 4]), [0, 0, 2, 2])
     """
@@ -992,7 +991,7 @@ def dose_controls(
     progress: bool = False,
 ) -> DoseControlsResult:
     """The dose-matched sink controls (module docstring) on ``tokens`` ``[window, pos]`` (BOS first,
-    unpadded; :func:`protocol_windows`), ``documents[w]`` the source document of window w.
+    unpadded; :func:`controls_sample`), ``documents[w]`` the source document of window w.
 
     ``sink_heads``: ``{layer: query heads}`` of the ``sink_heads`` scope (default: found by
     :func:`gu_sink_heads` on ``tokens``). ``checkpoint``: a JSON file rewritten atomically
@@ -1093,7 +1092,7 @@ def write_windows(table: pd.DataFrame, path) -> None:
 
 __all__ = [
     "ALL", "MIN_DOCUMENTS", "MIN_WINDOWS", "ROTATE_POOLED", "SCOPES", "SINK_HEAD_SHARE", "WINDOW_COLUMNS", "CheckpointMismatch", "ControlsResult", "DoseControlsResult", "DoseProtocol",
-    "DoseWindow", "clean_log_probs", "corpus_pass", "default_conditions", "default_rows_per_forward", "dose_controls", "dose_summary",
-    "dose_window", "edit_dose", "edited_window", "gu_sink_heads", "protocol_deviations", "protocol_windows", "read_protocol",
+    "DoseWindow", "clean_log_probs", "controls_sample", "corpus_pass", "default_conditions", "default_rows_per_forward", "dose_controls", "dose_summary",
+    "dose_window", "edit_dose", "edited_window", "gu_sink_heads", "protocol_deviations", "read_protocol",
     "read_windows", "sink_controls", "two_stage_means", "write_windows",
 ]  # fmt: skip
