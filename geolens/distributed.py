@@ -39,6 +39,7 @@ from geolens.data import as_token_tensor
 from geolens.models import load_any_model
 from geolens.runner import run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis
+from geolens.testing import TINY_MODELS
 
 
 def world() -> tuple[int, int]:
@@ -163,7 +164,7 @@ def analysis_factory(spec: str, **kwargs) -> Callable:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m geolens.distributed", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m", help="load_model name, or tiny-gqa / tiny-mha / tiny-gemma")
+    p.add_argument("--model", default="smollm2-135m", help=f"load_model name, or {' / '.join(TINY_MODELS)}")
     p.add_argument("--corpus", default="lee", help="geolens.data.load_corpus name or path")
     p.add_argument("--tokens", default=None, help="a torch.save'd [n, seq] token tensor (instead of --corpus)")
     p.add_argument("--seq-len", type=int, default=128)

@@ -17,6 +17,10 @@ import string
 
 import torch
 
+TINY_KINDS = ("gqa", "mha", "gemma")  # the kinds of tiny_hf_model and tiny_bridge
+HOOKED_TINY_KINDS = ("gqa", "mha")  # the kinds of tiny_hooked
+TINY_MODELS = tuple(f"tiny-{kind}" for kind in TINY_KINDS)  # their names for geolens.load_model
+
 ALPHABET = string.ascii_lowercase + string.digits + " .,!?'-"
 SPECIALS = ["<bos>", "<eos>", "<pad>", "<unk>"]
 VOCAB_SIZE = 64
@@ -87,7 +91,7 @@ def tiny_hf_model(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2, n_ctx:
                 if "norm" in name:
                     p.normal_(0, 0.5)
     else:
-        raise ValueError(f"unknown tiny model kind {kind!r}: use 'gqa', 'mha' or 'gemma'")
+        raise ValueError(f"unknown tiny model kind {kind!r}: use one of {', '.join(map(repr, TINY_KINDS))}")
     model.config.architectures = [type(model).__name__]
     model.config._attn_implementation = "eager"
     return model.eval()
@@ -114,7 +118,7 @@ def tiny_hooked(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2):
     elif kind == "mha":
         fields = dict(**common, act_fn="gelu_new", normalization_type="LN")
     else:
-        raise ValueError(f"unknown tiny model kind {kind!r}: use 'gqa' or 'mha'")
+        raise ValueError(f"unknown tiny model kind {kind!r}: use one of {', '.join(map(repr, HOOKED_TINY_KINDS))}")
     model = hooked_transformer(fields, tiny_tokenizer())
     _randomise_biases(model)
     return model.eval()

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # for `import reference`
 
 from geolens import names_filter  # noqa: E402
-from geolens.testing import tiny_tokens  # noqa: E402
+from geolens.testing import HOOKED_TINY_KINDS, TINY_KINDS, tiny_tokens  # noqa: E402
 
 try:
     from transformer_lens.model_bridge import TransformerBridge  # noqa: F401
@@ -33,7 +33,7 @@ try:
 except ImportError:
     HAS_HOOKED = False
 
-TINY_KINDS = ["gqa", "mha", "gemma"] if HAS_BRIDGE else ["gqa", "mha"]
+TINY_KINDS = list(TINY_KINDS if HAS_BRIDGE else HOOKED_TINY_KINDS)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-TINY_MODELS = ("tiny-gqa", "tiny-mha", "tiny-gemma")
+from geolens.testing import TINY_MODELS
 
 
 class UsageError(ValueError):
@@ -365,7 +365,7 @@ def add_run_options(p, *, tiny: bool = False, own: dict[str, dict] | None = None
     for name, shared in RUN_OPTIONS.items():
         if name not in defaults:
             continue
-        shared = {**shared, "help": shared["help"].format(default=defaults[name], tiny=", tiny-gqa/tiny-mha/tiny-gemma" if tiny else "")}
+        shared = {**shared, "help": shared["help"].format(default=defaults[name], tiny=", " + "/".join(TINY_MODELS) if tiny else "")}
         kwargs = {**shared, "default": defaults[name], **own.get(name, {})}
         p.add_argument("--" + name.replace("_", "-"), **kwargs)
 

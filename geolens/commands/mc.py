@@ -182,7 +182,7 @@ def register(subparsers) -> None:
     from geolens.multiple_choice import DEFAULT_TASKS
 
     p = subparsers.add_parser("mc", help="multiple choice on the shipped BIG-bench tasks: clean accuracy, eligibility, masked margins and paired verdicts")
-    add_run_options(p, model="smollm2-135m", own={"model": {"help": "smollm2-135m (default), gemma3-270m, tiny-gqa/tiny-mha/tiny-gemma, a folder or HF name"}})
+    add_run_options(p, tiny=True, model="smollm2-135m")
     p.add_argument("--protocol", default=None, metavar="PATH", help="run exactly the pre-registered protocol of this protocol.json (docs/faithfulness/protocol.json); refuses the options it fixes")
     p.add_argument("--tasks", default=None, help=f"comma-separated BIG-bench tasks, hf:<name> or .jsonl files (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--max-questions", type=non_negative_int, default=None, help="first N questions of each task (default 0: all)")
