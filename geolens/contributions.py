@@ -42,7 +42,7 @@ from geolens.geometry import (
     projected_value_norms,
     split_query_chunk,
 )
-from geolens.validation import check_eps, check_layer, check_out
+from geolens.validation import check_choice, check_eps, check_layer, check_out
 
 Mode = Literal["intra", "inter"]
 ContributionMode = Literal["intra", "inter", "both"]
@@ -53,9 +53,7 @@ class ZeroNormOutputWarning(UserWarning):
 
 
 def _check_mode(mode: str, *, allow_both: bool = False) -> None:
-    allowed = ("intra", "inter", "both") if allow_both else ("intra", "inter")
-    if mode not in allowed:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, allowed))}, got {mode!r}")
+    check_choice(mode, ("intra", "inter", "both") if allow_both else ("intra", "inter"), name="mode")
 
 
 class ContributionPair(NamedTuple):
@@ -322,17 +320,31 @@ def layer_metrics(
     return LayerMetrics(alpha, relative, cos, contribution, g.value_norm[:, :, None, :])
 
 
-def _model_layer_metrics(
-    model, cache, layer: int, mode: Mode, *, dtype: torch.dtype = torch.float32, eps: float = 0.0,
-    query_chunk_size: int | None = None, memory_budget_bytes: int | None = None, attention_mask: Tensor | None = None
-) -> tuple[int, LayerMetrics]:
-    """(layer index, :func:`layer_metrics`) of one layer read from a cache: the body of
-    :func:`influence_factors` and :func:`attention_metrics`, and the one place their keyword
-    arguments are declared (as in :func:`contribution_weights`)."""
-    _check_mode(mode)
-    [l] = _layers(model, layer)
-    view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
-    return l, layer_metrics(view, mode, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
+@dataclass(frozen=True)
+class _ReadOptions:
+    """The keyword arguments that :func:`contribution_weights`, :func:`attention_metrics` and
+    :func:`influence_factors` share (documented in :func:`contribution_weights`): how a layer is
+    read from the cache and computed. Each public function declares them in its own signature
+    (for help() and editors) and hands them over as one of these; ``tests/test_contributions.py``
+    checks that the three signatures declare them alike."""
+
+    dtype: torch.dtype = torch.float32
+    eps: float = 0.0
+    query_chunk_size: int | None = None
+    memory_budget_bytes: int | None = None
+    attention_mask: Tensor | None = None
+
+    def read(self, model, cache, layer: int) -> AttentionLayer:
+        """The :class:`AttentionLayer` of ``layer``, in ``dtype``, padding zeroed."""
+        return get_attention_layer(model, cache, layer, dtype=self.dtype, attention_mask=self.attention_mask)
+
+    def metrics(self, model, cache, layer: int, mode: Mode) -> tuple[int, LayerMetrics]:
+        """(layer index, :func:`layer_metrics`) of one layer: the body of :func:`influence_factors`
+        and :func:`attention_metrics`."""
+        _check_mode(mode)
+        [l] = _layers(model, layer)
+        view = self.read(model, cache, l)
+        return l, layer_metrics(view, mode, eps=self.eps, query_chunk_size=self.query_chunk_size, memory_budget_bytes=self.memory_budget_bytes)
 
 
 def influence_factors(
@@ -360,8 +372,8 @@ def influence_factors(
     >>> bool(((f.attention * f.relative_norm * f.alignment) - c).abs().max() < 1e-5)  # c = α · ‖ṽ‖/‖o‖ · cos
     True
     """
-    options = dict(dtype=dtype, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
-    l, m = _model_layer_metrics(model, cache, layer, mode, attention_mask=attention_mask, **options)
+    options = _ReadOptions(dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    l, m = options.metrics(model, cache, layer, mode)
     return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
 
 
@@ -483,11 +495,11 @@ def contribution_weights(
     ((2, 4, 20, 20), 1.0)
     """
     modes = _modes(mode)
-    eps = check_eps(eps)
+    options = _ReadOptions(dtype, check_eps(eps), query_chunk_size, memory_budget_bytes, attention_mask)
     layers = _layers(model, layer)
     given, out = out, None  # out: [mode, (layer,) batch, head, query, key], each layer written in place
     for i, l in enumerate(layers):
-        view = get_attention_layer(model, cache, l, dtype=dtype, attention_mask=attention_mask)
+        view = options.read(model, cache, l)
         if i == 0:
             shape = tuple(view.pattern.shape) if layer is not None else (len(layers), *view.pattern.shape)
             if given is not None:
@@ -498,7 +510,7 @@ def contribution_weights(
             elif layer is None:
                 out = view.pattern.new_empty(len(modes), *shape)
         target = None if out is None else out[:, i] if layer is None else out
-        result = _layer_contributions(view, modes, eps, query_chunk_size, memory_budget_bytes, target)
+        result = _layer_contributions(view, modes, options.eps, options.query_chunk_size, options.memory_budget_bytes, target)
     if out is None:
         out = result
     return ContributionPair(*out) if mode == "both" else out[0]
@@ -547,8 +559,8 @@ def attention_metrics(
     >>> tuple(m.contribution.shape), round(float(m.contribution[0, :, 7].sum()), 4)  # Σ_h Σ_j c_ij = 1
     ((2, 4, 20, 20), 1.0)
     """
-    options = dict(dtype=dtype, eps=eps, query_chunk_size=query_chunk_size, memory_budget_bytes=memory_budget_bytes)
-    l, m = _model_layer_metrics(model, cache, layer, mode, attention_mask=attention_mask, **options)
+    options = _ReadOptions(dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
+    l, m = options.metrics(model, cache, layer, mode)
     return AttentionMetrics(
         raw_attention=m.attention,
         value_weighted=m.attention * m.value_norm,

@@ -12,6 +12,9 @@ inner products and norms of projected vectors are quadratic forms in ``d_head``:
     ⟨x W_O^h, y W_O^h⟩ = x G^h yᵀ,    ‖ṽ_j^h‖² = v_j^h G^h v_j^{hT},    ‖o_i^h‖² = z_i^h G^h z_i^{hT}.
 
 - :func:`gram` is the only place that computes G (cached per W_O tensor, see there);
+- :func:`gram_apply`, :func:`gram_dot` and :func:`gram_cosine` are the inner product x G yᵀ and
+  the cosine it gives, for vectors in any layout (G broadcast over their leading axes; no G: the
+  plain inner product of the value space, before W_O);
 - :func:`gram_norm` is the quadratic form sqrt(x G xᵀ) for any ``[..., head, d_head]`` vectors;
 - :func:`projected_value_norms`, :func:`head_output_norms`, :func:`head_outputs` and
   :func:`layer_output` apply them to an :class:`~geolens.adapter.AttentionLayer`;
@@ -118,6 +121,54 @@ def gram_norm(
     True
     """
     return torch.einsum("...hd,hde,...he->...h", x, G, x).clamp_min(0).sqrt()
+
+
+def gram_apply(x: Float[Tensor, "*batch d_head"], G: Tensor | None) -> Float[Tensor, "*batch d_head"]:
+    """x G along the last axis (x unchanged when G is None, the plain inner product).
+
+    G ``[..., d_head, d_head]`` broadcasts against the leading axes of x as einsum's ``...`` does:
+    ``[head, d, d]`` for x ``[..., head, d]``, ``[head, 1, 1, d, d]`` for x ``[batch, head, q, k, d]``.
+    """
+    return x if G is None else torch.einsum("...d,...de->...e", x, G)
+
+
+def gram_dot(x: Float[Tensor, "*batch d_head"], y: Float[Tensor, "*batch d_head"], G: Tensor | None = None) -> Float[Tensor, "*batch"]:
+    """⟨x W_O, y W_O⟩ = x G yᵀ along the last axis (docs/method.md §2); ⟨x, y⟩ when G is None.
+
+    x and y broadcast against each other (e.g. the sink's ``[batch, 1, head, d]`` against every
+    source's ``[batch, key, head, d]``); G as in :func:`gram_apply`.
+
+    >>> W_O, x, y = (torch.randn(*s, dtype=torch.float64) for s in ((4, 8, 32), (3, 4, 8), (3, 4, 8)))
+    >>> explicit = (torch.einsum("bhd,hdm->bhm", x, W_O) * torch.einsum("bhd,hdm->bhm", y, W_O)).sum(-1)
+    >>> torch.allclose(gram_dot(x, y, gram(W_O)), explicit)
+    True
+    """
+    return (gram_apply(x, G) * y).sum(-1)
+
+
+def gram_cosine(
+    x: Float[Tensor, "*batch d_head"], y: Float[Tensor, "*batch d_head"], G: Tensor | None = None, *, eps: float | None = None
+) -> Float[Tensor, "*batch"]:
+    """cos(x W_O, y W_O) = x G yᵀ / (‖x‖_G ‖y‖_G) along the last axis; cos(x, y) when G is None.
+
+    ``eps=None``: NaN where either vector has zero norm (a direction it does not have; the corpus
+    accumulators skip NaN). ``eps`` a number: x G yᵀ / (‖x‖_G ‖y‖_G + eps), 0 for a zero vector.
+    Broadcasting and G as in :func:`gram_dot`.
+
+    >>> W_O, x = torch.randn(4, 8, 32, dtype=torch.float64), torch.randn(3, 4, 8, dtype=torch.float64)
+    >>> explicit = torch.nn.functional.cosine_similarity(torch.einsum("bhd,hdm->bhm", x, W_O), torch.einsum("hdm->hm", W_O), dim=-1)
+    >>> torch.allclose(gram_cosine(x, torch.ones(4, 8, dtype=torch.float64), gram(W_O)), explicit)
+    True
+    >>> gram_cosine(torch.zeros(1, 2), torch.ones(1, 2))
+    tensor([nan])
+    """
+    xg = gram_apply(x, G)
+    dot = (xg * y).sum(-1)
+    norms = (xg * x).sum(-1).clamp_min(0).sqrt() * gram_dot(y, y, G).clamp_min(0).sqrt()
+    if eps is not None:
+        return dot / (norms + eps)
+    cos = dot / norms
+    return torch.where(torch.isfinite(cos), cos, torch.full_like(cos, float("nan")))
 
 
 def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head key"]:

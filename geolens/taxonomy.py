@@ -62,8 +62,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
-from geolens.geometry import gram, projected_value_norms
+from geolens.geometry import gram, gram_cosine, projected_value_norms
 from geolens.streaming import CorpusAnalysis, Moments, Sum
+from geolens.validation import check_choice
 from geolens.visibility import sink_visible, visible_keys
 
 Space = Literal["value", "projected"]
@@ -71,9 +72,11 @@ WINNER_KINDS = ("sink", "current", "other")
 REGIMES = ("Mixer", "Retriever", "Reset")  # same order as WINNER_KINDS
 
 
+SPACES = {"value": "α‖v‖, as in Mudarisov et al. 2026", "projected": "α‖vW_O‖"}
+
+
 def _check_space(space: str) -> None:
-    if space not in ("value", "projected"):
-        raise ValueError(f"space must be 'value' (α‖v‖, as in Mudarisov et al. 2026) or 'projected' (α‖vW_O‖), got {space!r}")
+    check_choice(space, SPACES, name="space")
 
 
 def value_norms(layer, space: Space = "value") -> Float[Tensor, "batch head key"]:
@@ -130,26 +133,16 @@ def _alignments(layer, space: Space, window: int | None = None) -> tuple[Tensor,
     cos(o_i, u_0) is NaN for a query outside the sink's window (the sink is not its source)."""
     u = layer.v  # [b, k, h, d]
     z = layer.z  # [b, q, h, d]
-    if space == "projected":
-        G = gram(layer.W_O)
-        zg = torch.einsum("bqhd,hde->bqhe", z, G)
-        ug = torch.einsum("bkhd,hde->bkhe", u, G)
-    else:
-        zg, ug = z, u
-    z_norm = torch.einsum("bqhd,bqhd->bhq", zg, z).clamp_min(0).sqrt()
-    u_norm = torch.einsum("bkhd,bkhd->bhk", ug, u).clamp_min(0).sqrt()
-    dot_sink = torch.einsum("bqhd,bhd->bhq", zg, u[:, 0])
+    G = gram(layer.W_O) if space == "projected" else None
     n_q = z.shape[1]
-    dot_cur = torch.einsum("bqhd,bqhd->bhq", zg, u[:, -n_q:])
-    eps = 1e-12
-    cos_sink = dot_sink / (z_norm * u_norm[:, :, :1] + eps)
-    cos_cur = dot_cur / (z_norm * u_norm[:, :, -n_q:] + eps)
+    cos_sink = gram_cosine(z, u[:, :1], G, eps=1e-12).transpose(1, 2)  # [b, h, q]
+    cos_cur = gram_cosine(z, u[:, -n_q:], G, eps=1e-12).transpose(1, 2)
     seen = sink_visible(n_q, u.shape[1], window, device=cos_sink.device)
     cos_sink = cos_sink.masked_fill(~seen, float("nan"))
     return cos_sink, cos_cur
 
 
-QUERY_MODES = ("all", "final")
+QUERY_MODES = {"all": "every query ≥ 1", "final": "the final query of each window"}
 DEFAULT_PREFIX_LENGTHS = (16, 32, 64, 128)
 DOMINANT_OFFSET_SHARE = 0.5  # an offset winning more than half of a head's counted queries
 
@@ -187,8 +180,7 @@ class TaxonomyAnalysis(CorpusAnalysis):
         prefix_lengths=DEFAULT_PREFIX_LENGTHS,
     ):
         _check_space(space)
-        if queries not in QUERY_MODES:
-            raise ValueError(f"queries must be 'all' (every query ≥ 1) or 'final' (the final query of each window), got {queries!r}")
+        check_choice(queries, QUERY_MODES, name="queries")
         prefix_lengths = tuple(int(p) for p in (prefix_lengths or ()))
         if any(p < 2 for p in prefix_lengths) or len(set(prefix_lengths)) != len(prefix_lengths):
             raise ValueError(f"prefix_lengths must be distinct lengths of at least 2 tokens, got {prefix_lengths}")

@@ -48,6 +48,24 @@ def check_layer(layer, n_layers: int, *, name: str = "layer", allow_negative: bo
     return index % n_layers
 
 
+def check_choice(value, choices, *, name: str):
+    """``value`` when it is one of ``choices``; ValueError naming the argument and the choices otherwise.
+
+    ``choices``: the allowed strings, or a mapping from each to what it means (shown in the message).
+
+    >>> check_choice("intra", ("intra", "inter"), name="mode")
+    'intra'
+    >>> check_choice("all", {"value": "α‖v‖", "projected": "α‖vW_O‖"}, name="space")
+    Traceback (most recent call last):
+    ...
+    ValueError: space must be one of 'value' (α‖v‖), 'projected' (α‖vW_O‖), got 'all'
+    """
+    if isinstance(value, str) and value in choices:
+        return value
+    listed = ", ".join(f"{c!r} ({choices[c]})" if isinstance(choices, Mapping) else repr(c) for c in choices)
+    raise ValueError(f"{name} must be one of {listed}, got {value!r}")
+
+
 def check_context(model, n_positions: int, *, name: str = "sequence") -> int:
     """``n_positions``, or ValueError when it exceeds the model's context (``cfg.n_ctx``).
 

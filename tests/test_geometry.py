@@ -417,3 +417,33 @@ def test_cached_W_O_follows_a_small_write_in_a_low_precision_weight(tiny_gqa, mo
     changed, _ = adapter.compute_output_weights(0, torch.float32, "cpu")
     assert changed is not first
     assert changed[3, 5, 7] == weight[3, 5, 7].float()
+
+
+def test_gram_dot_and_cosine_against_materialised_projections():
+    """x G yᵀ and cos(x W_O, y W_O) against loops over explicit x W_O (float64), broadcasting a
+    sink-like [b, 1, h, d] against [b, k, h, d], with and without G, and both zero-norm rules."""
+    g = torch.Generator().manual_seed(3)
+    b, k, h, d, m = 2, 5, 3, 4, 7
+    W_O = torch.randn(h, d, m, generator=g, dtype=torch.float64)
+    x = torch.randn(b, 1, h, d, generator=g, dtype=torch.float64)
+    y = torch.randn(b, k, h, d, generator=g, dtype=torch.float64)
+    y[0, 2, 1] = 0  # a zero vector: no direction
+    G = gram(W_O)
+    dot, cos = geometry.gram_dot(x, y, G), geometry.gram_cosine(x, y, G)
+    plain, cos_eps = geometry.gram_cosine(x, y), geometry.gram_cosine(x, y, G, eps=1e-12)
+    assert dot.shape == cos.shape == plain.shape == (b, k, h)
+    for bi in range(b):
+        for j in range(k):
+            for hi in range(h):
+                px, py = x[bi, 0, hi] @ W_O[hi], y[bi, j, hi] @ W_O[hi]
+                assert dot[bi, j, hi].item() == pytest.approx(float(px @ py), rel=1e-12, abs=1e-12)
+                if (bi, j, hi) == (0, 2, 1):
+                    assert torch.isnan(cos[bi, j, hi]) and torch.isnan(plain[bi, j, hi]) and cos_eps[bi, j, hi] == 0
+                    continue
+                assert cos[bi, j, hi].item() == pytest.approx(float(px @ py / (px.norm() * py.norm())), rel=1e-10)
+                assert cos_eps[bi, j, hi].item() == pytest.approx(cos[bi, j, hi].item(), rel=1e-9)
+                vx, vy = x[bi, 0, hi], y[bi, j, hi]
+                assert plain[bi, j, hi].item() == pytest.approx(float(vx @ vy / (vx.norm() * vy.norm())), rel=1e-10)
+    # G broadcast over other leading axes: [head, 1, 1, d, d] for [batch, head, query, key, d]
+    z = y.permute(0, 2, 1, 3)[:, :, None]  # [b, h, 1, k, d]
+    torch.testing.assert_close(geometry.gram_dot(z, z, G[:, None, None]), (geometry.gram_norm(y, G) ** 2).permute(0, 2, 1)[:, :, None])

@@ -208,7 +208,7 @@ def test_offsets_stream_merge_and_round_trip(tiny_gqa):
 
 
 def test_bad_taxonomy_settings():
-    with pytest.raises(ValueError, match="queries must be 'all'"):
+    with pytest.raises(ValueError, match="queries must be one of 'all' \\(every query ≥ 1\\), 'final'"):
         taxonomy.TaxonomyAnalysis(1, 1, queries="last")
     with pytest.raises(ValueError, match="prefix_lengths"):
         taxonomy.TaxonomyAnalysis(1, 1, prefix_lengths=(1, 8))

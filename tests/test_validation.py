@@ -9,7 +9,7 @@ from conftest import make_tiny
 
 from geolens import attention_metrics, contribution_weights, influence_factors, names_filter
 from geolens.testing import tiny_tokens
-from geolens.validation import check_dtype, check_eps, check_layer
+from geolens.validation import check_choice, check_dtype, check_eps, check_layer
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +124,24 @@ def test_sequences_longer_than_the_context_are_refused_where_geolens_runs_the_mo
         run_corpus(model, tiny_tokens(model, length=n_ctx + 8), [NormCurve(model.cfg.n_layers, model.cfg.n_heads)], progress=False)
     with pytest.raises(ValueError, match=f"seq_len {n_ctx + 1}: a window"):
         token_windows(model, ["a b c " * 200], n_ctx + 1)
+
+
+def test_check_choice_names_the_argument_and_every_choice():
+    assert check_choice("inter", ("intra", "inter"), name="mode") == "inter"
+    for bad in ("all", "", None, 1, ["intra"]):
+        with pytest.raises(ValueError) as err:
+            check_choice(bad, ("intra", "inter"), name="mode")
+        assert str(err.value) == f"mode must be one of 'intra', 'inter', got {bad!r}"
+    with pytest.raises(ValueError, match=r"^queries must be one of 'all' \(every query\), 'final' \(the last one\), got 'first'$"):
+        check_choice("first", {"all": "every query", "final": "the last one"}, name="queries")
+    # every function that takes a choice refuses a bad one with this message
+    from geolens.selection.scores import rankings
+    from geolens.taxonomy import TaxonomyAnalysis
+    from geolens.viz.contributions import signed_heatmaps
+
+    with pytest.raises(ValueError, match="^by must be one of 'attention', 'norm', got 'rank'$"):
+        rankings(torch.ones(1), torch.ones(1), "rank")
+    with pytest.raises(ValueError, match="^space must be one of 'value' .*, 'projected' .*, got 'raw'$"):
+        TaxonomyAnalysis(2, 4, space="raw")
+    with pytest.raises(ValueError, match="^scale must be one of 'symmetric', 'per_sign', got 'log'$"):
+        signed_heatmaps(torch.zeros(1, 2, 2), ["a", "b"], scale="log")

@@ -43,6 +43,7 @@ from geolens.selection.baseline import document_means, document_means_ci, paired
 from geolens.selection.bounds import bound_violations
 from geolens.selection.scores import Separation, _norms, aggregate, layer_contributions, selection_scores_multi
 from geolens.streaming import Accumulator, CorpusAnalysis, Moments, Sum
+from geolens.validation import check_choice
 from geolens.visibility import sink_window_keys
 
 METRICS = ("precision", "recall", "f")
@@ -144,8 +145,7 @@ class SelectionAnalysis(CorpusAnalysis):
         seed: int = 0,
         random_bounds: bool = False,
     ):
-        if queries not in ("final", "all"):
-            raise ValueError(f"queries must be 'final' or 'all', got {queries!r}")
+        check_choice(queries, ("final", "all"), name="queries")
         if not conditions:
             raise ValueError("at least one condition is needed")
         self.n_layers, self.n_heads = n_layers, n_heads
@@ -323,7 +323,7 @@ class SelectionAnalysis(CorpusAnalysis):
             _merge_slice(acc, l, Moments((h, nN)).update(x.permute(0, 2, 1, 3).reshape(-1, h, nN), dim=0))
         u = layer.v  # [b, k, h, d], value space
         u0 = u[:, :1]
-        cos = (u0 * u[:, 1:]).sum(-1) / (u0.norm(dim=-1) * u[:, 1:].norm(dim=-1) + 1e-12)  # [b, k-1, h]
+        cos = geometry.gram_cosine(u0, u[:, 1:], eps=1e-12)  # [b, k-1, h]
         tail = sink_window_keys(u.shape[1], window, device=u.device)[1:]  # keys sharing a window with the sink
         align = cos[:, tail].mean(1)  # [b, h]: signed sink alignment of the window
         _merge_slice(self.head_sink_alignment, l, Moments((h,)).update(align, dim=0))
@@ -334,7 +334,7 @@ class SelectionAnalysis(CorpusAnalysis):
         sims = []
         for n in self.sizes:
             s = aggregate(y, ranking, visible, n, sink)
-            sims.append((y0 * s).sum(-1) / (y0.norm(dim=-1) * s.norm(dim=-1) + 1e-12))
+            sims.append(geometry.gram_cosine(y0, s, eps=1e-12))
         sim = torch.where(torch.isnan(top.recall), torch.nan, torch.stack(sims, -1))  # [b, h, q, N]
         sim = sim.masked_fill(~visible[..., 0][None, None, :, None], float("nan"))  # no sink among the sources
         self.corr_sink_aggregate.update(sim.reshape(-1, nN), top.recall.reshape(-1, nN), dim=0)

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
 from geolens.streaming import CorpusAnalysis, Moments, Sum
+from geolens.validation import check_choice
 from geolens.visibility import sink_window_keys
 
 EPS = 1e-12
@@ -41,10 +42,8 @@ EPS = 1e-12
 def _unit_values(layer, space: str) -> tuple[Tensor, Tensor]:
     """(u [b, h, k, dim], ‖u‖ [b, h, k]) in the chosen space (ṽ materialised for 'projected')."""
     u = layer.v.permute(0, 2, 1, 3)  # [b, h, k, d]
-    if space == "projected":
+    if check_choice(space, ("value", "projected"), name="space") == "projected":
         u = torch.einsum("bhkd,hdm->bhkm", u, layer.W_O)
-    elif space != "value":
-        raise ValueError(f"space must be 'value' or 'projected', got {space!r}")
     return u, u.norm(dim=-1)
 
 
@@ -97,8 +96,7 @@ class RegimeAnalysis(CorpusAnalysis):
     """Window-averaged regime quantities per (layer, head); see the module docstring."""
 
     def __init__(self, n_layers: int, n_heads: int, seq_len: int, *, space: str = "value"):
-        if space not in ("value", "projected"):
-            raise ValueError(f"space must be 'value' or 'projected', got {space!r}")
+        check_choice(space, ("value", "projected"), name="space")
         self.n_layers, self.n_heads, self.seq_len, self.space = n_layers, n_heads, seq_len, space
         self.scalars = {k: Moments((n_layers, n_heads)) for k in SCALARS}
         self.lag_sim = Moments((n_layers, n_heads, seq_len - 2))

@@ -40,17 +40,13 @@ from torch import Tensor
 
 from geolens import geometry
 from geolens.selection.bounds import inversion_bounds
+from geolens.validation import check_choice
 from geolens.visibility import visible_keys
 
 Distance = Literal["euclidean", "cosine"]
 Space = Literal["value", "projected"]
 Sink = Literal["keep", "exclude", "force"]
 COSINE_EPS = 1e-12
-
-
-def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def power_of_two_sizes(max_n: int, *, cap: int = 256) -> list[int]:
@@ -79,11 +75,10 @@ def top_n_mask(
     return (source_ranks(ranking, visible) < n) & visible
 
 
-def _metric_dot(a: Tensor, b: Tensor, gram: Tensor | None) -> Tensor:
-    """⟨a, b⟩_G along the last axis (broadcasting), G = I when None."""
-    if gram is None:
-        return (a * b).sum(-1)
-    return (torch.einsum("...kd,...de->...ke", a, gram) * b).sum(-1)
+def _per_key(gram: Tensor | None) -> Tensor | None:
+    """``gram`` (broadcast against the axes of y before key) with a key axis, for :mod:`geolens.geometry`'s
+    helpers, which broadcast G against every leading axis."""
+    return None if gram is None else gram.unsqueeze(-3)
 
 
 def distances(
@@ -110,7 +105,7 @@ def distances(
 def _distances(y: Tensor, selected: Tensor, kinds: Sequence[str], gram: Tensor | None, y_sq: Tensor | None) -> dict[str, Tensor]:
     """:func:`distances` for several distance kinds sharing s_N and ⟨y_i, s_N⟩."""
     for kind in kinds:
-        _check("distance", kind, ("euclidean", "cosine"))
+        check_choice(kind, ("euclidean", "cosine"), name="distance")
     lead = y.ndim - 1  # axes of y before d, key included
     extra = selected.ndim - lead
     if extra < 0:
@@ -125,11 +120,11 @@ def _distances(y: Tensor, selected: Tensor, kinds: Sequence[str], gram: Tensor |
     else:
         sel = sel.unsqueeze(-2)  # [..., 1, key]
     s = sel @ y  # [..., E, d]
-    yg = y if gram is None else torch.einsum("...kd,...de->...ke", y, gram)
+    yg = geometry.gram_apply(y, _per_key(gram))
     dot = yg @ s.transpose(-1, -2)  # [..., key, E]
     if y_sq is None:
         y_sq = (yg * y).sum(-1)
-    s_sq = _metric_dot(s, s, gram)  # [..., E]
+    s_sq = geometry.gram_dot(s, s, _per_key(gram))  # [..., E]
     out = {}
     for kind in kinds:
         if kind == "euclidean":
@@ -238,7 +233,7 @@ def selection_scores_multi(
     visible = visible & torch.ones(ranking.shape[:extra] + y.shape[:-1], dtype=torch.bool, device=y.device)
     ranking = ranking.expand(visible.shape)
     rank = source_ranks(ranking, visible)
-    y_sq = _metric_dot(y, y, gram)
+    y_sq = geometry.gram_dot(y, y, _per_key(gram))
     n_t = torch.tensor([int(n) for n in sizes], device=rank.device).reshape((-1,) + (1,) * rank.ndim)
     selected = (rank[None] < n_t) & visible[None]  # [N, ..., key]: every size at once
     out = {}
@@ -250,7 +245,7 @@ def selection_scores_multi(
 
 def apply_sink_mode(ranking: Tensor, visible: Tensor, sink: Sink) -> tuple[Tensor, Tensor]:
     """(ranking, visible) after the sink rule: ``exclude`` hides position 0, ``force`` ranks it first."""
-    _check("sink", sink, ("keep", "exclude", "force"))
+    check_choice(sink, ("keep", "exclude", "force"), name="sink")
     ranking, visible = torch.broadcast_tensors(ranking, visible)
     if sink == "exclude":
         visible = visible.clone()
@@ -284,7 +279,7 @@ def layer_contributions(layer, queries: slice | None = None, *, window: int | No
 
 def rankings(y_norm: Tensor, pattern: Tensor, by: str) -> Tensor:
     """Ranking scores: ``"attention"`` → α_ij, ``"norm"`` → ‖y_ij‖ (contribution norm)."""
-    _check("by", by, ("attention", "norm"))
+    check_choice(by, ("attention", "norm"), name="by")
     return pattern if by == "attention" else y_norm
 
 
@@ -308,7 +303,7 @@ def head_selection_scores(
     space. ``window``: the layer's sliding window (``geolens.adapter.sliding_window(model, l)``),
     which restricts T_t to the last W keys; None for full attention.
     """
-    _check("space", space, ("value", "projected"))
+    check_choice(space, ("value", "projected"), name="space")
     n_q = layer.pattern.shape[2]
     if queries == "final":
         q_slice = slice(n_q - 1, n_q)
@@ -334,6 +329,7 @@ def head_selection_scores(
 
 
 def _norms(y: Tensor, gram: Tensor | None) -> Tensor:
+    """‖y_i‖_G (‖y_i‖ when ``gram`` is None)."""
     if gram is None:
         return y.norm(dim=-1)
-    return torch.einsum("...kd,...de,...ke->...k", y, gram, y).clamp_min(0).sqrt()
+    return geometry.gram_dot(y, y, _per_key(gram)).clamp_min(0).sqrt()

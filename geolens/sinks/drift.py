@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, logits_from_cache, logits_hook, model_mode, sliding_window
-from geolens.geometry import gram, gram_norm
+from geolens.geometry import gram, gram_cosine, gram_norm
 from geolens.interventions.base import applied
 from geolens.interventions.sink_values import scale_sink_value
 from geolens.runner import run_corpus
@@ -62,11 +62,8 @@ def head_cone_statistics(layer, *, window: int | None = None) -> tuple[torch.Ten
     vt = layer.v[:, 1:]  # [b, k-1, h, d], sources 1..k-1
     counts = torch.arange(1, vt.shape[1] + 1, dtype=vt.dtype, device=vt.device)
     m = vt.cumsum(dim=1) / counts[None, :, None, None]  # m_i = mean_{1≤j≤i} v_j
-    zG = torch.einsum("bqhd,hde->bqhe", z, G)
-    z_norm = (zG * z).sum(-1).clamp_min(0).sqrt()
-    m_norm = gram_norm(m, G)
-    cos = (zG * m).sum(-1) / (z_norm * m_norm)
-    cos = torch.where(torch.isfinite(cos), cos, torch.full_like(cos, float("nan")))
+    z_norm = gram_norm(z, G)
+    cos = gram_cosine(z, m, G)  # NaN for a zero-norm output or mean
     v_norm = gram_norm(vt, G)
     if window is not None:
         n_q, n_k = layer.pattern.shape[-2:]

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, kv_head_of, model_mode, sliding_window
-from geolens.geometry import gram, gram_norm
+from geolens.geometry import gram, gram_cosine, gram_norm
 from geolens.runner import run_analysis
 from geolens.sinks._accumulate import histogram_add_at, moments_add_at
 from geolens.streaming import CorpusAnalysis, Histogram, Moments, Sum
@@ -61,10 +61,6 @@ HEAD_STATS = (
     "value_cos_mean_dir",
     "proj_cos_mean_dir",
 )
-
-
-def _cos(dot, a, b):
-    return dot / (a * b)  # zero norms give NaN (skipped by Moments) or ±inf → masked below
 
 
 def _finite_or_nan(x: torch.Tensor) -> torch.Tensor:
@@ -90,18 +86,15 @@ def layer_sink_statistics(layer, eps: float = GU_EPSILON, *, window: int | None 
     tail = sink_window_keys(n_k, window, device=alpha.device)[1:]  # [k-1]: keys sharing a window with the sink
     G = gram(layer.W_O)
     v0, vt = v[:, 0], v[:, 1:]  # [b,h,d], [b,k-1,h,d]
-    v0G = torch.einsum("bhd,hde->bhe", v0, G)
     vn0, vnt = v0.norm(dim=-1), vt.norm(dim=-1)
-    pn0 = torch.einsum("bhd,bhd->bh", v0G, v0).clamp_min(0).sqrt()
-    pnt = gram_norm(vt, G)  # [b,k-1,h]
+    pn0, pnt = gram_norm(v0, G), gram_norm(vt, G)  # [b,h], [b,k-1,h]
     nan = float("nan")
-    value_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0, vt), vn0[:, None], vnt)).masked_fill(~tail[:, None], nan)
-    proj_cos = _finite_or_nan(_cos(torch.einsum("bhd,bkhd->bkh", v0G, vt), pn0[:, None], pnt)).masked_fill(~tail[:, None], nan)
+    # cosines of zero-norm vectors are NaN (skipped by Moments)
+    value_cos = gram_cosine(v0[:, None], vt).masked_fill(~tail[:, None], nan)
+    proj_cos = gram_cosine(v0[:, None], vt, G).masked_fill(~tail[:, None], nan)
     w = tail.to(vt.dtype)
     n_tail = w.sum()
     m = (vt * w[None, :, None, None]).sum(dim=1) / n_tail  # [b,h,d]: mean over 1 ≤ j ≤ W−1
-    m_norm = m.norm(dim=-1)
-    m_pnorm = gram_norm(m, G)
     sink_col = alpha[:, :, :, 0]  # [b,h,q]
     gu_score = (sink_col * seen.to(alpha.dtype)).sum(-1) / seen.sum()  # [b,h], query 0 included (Gu et al.)
 
@@ -118,8 +111,8 @@ def layer_sink_statistics(layer, eps: float = GU_EPSILON, *, window: int | None 
         "proj_cos_tail": proj_cos,
         "value_cos_negative": nan_indicator(value_cos),
         "proj_cos_negative": nan_indicator(proj_cos),
-        "value_cos_mean_dir": _finite_or_nan(_cos(torch.einsum("bhd,bhd->bh", v0, m), vn0, m_norm)),
-        "proj_cos_mean_dir": _finite_or_nan(_cos(torch.einsum("bhd,bhd->bh", v0G, m), pn0, m_pnorm)),
+        "value_cos_mean_dir": gram_cosine(v0, m),
+        "proj_cos_mean_dir": gram_cosine(v0, m, G),
     }
 
 

@@ -36,6 +36,7 @@ from torch import Tensor
 from geolens.adapter import get_attention_layer, model_mode
 from geolens.contributions import attention_metrics
 from geolens.metrics import LayerInputs, get_metric
+from geolens.validation import check_choice
 from geolens.viz.common import Component, HTMLView, PlotView, new_figure
 
 POSITIVE_COLOR = "blue"
@@ -93,8 +94,7 @@ def signed_heatmaps(
     ≥ 1; ``max_abs`` is then ignored). ``.data["scale"]`` holds both ends. The causal upper
     triangle is masked.
     """
-    if scale not in ("symmetric", "per_sign"):
-        raise ValueError(f"scale must be 'symmetric' or 'per_sign', got {scale!r}")
+    check_choice(scale, ("symmetric", "per_sign"), name="scale")
     if values.ndim != 3 or values.shape[1] != values.shape[2]:
         raise ValueError(f"values must be [head, query, key] with query == key, got {tuple(values.shape)}")
     if len(tokens) != values.shape[-1]:
