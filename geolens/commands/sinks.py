@@ -36,7 +36,6 @@ import json
 import sys
 import time
 
-DEFAULT_LAMBDAS = "0,0.25,0.5,0.75,1,1.5,2"
 CORPUS_SEQ_LEN = 128  # --seq-len's default: the corpus pass's window length
 
 
@@ -298,6 +297,7 @@ def _all_or_ints(text: str):
 
 def register(subparsers) -> None:
     from geolens.commands._options import add_out, add_run_options, float_in, float_list, int_list, non_negative_int, positive_int
+    from geolens.sinks.drift import DEFAULT_LAMBDAS
 
     p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)")
     add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=200, seq_len=CORPUS_SEQ_LEN, batch_size=8, threads=0,
@@ -306,7 +306,7 @@ def register(subparsers) -> None:
     p.add_argument("--n-bins", type=positive_int, default=20, help="sink-rate bins on [0, 1]")
     p.add_argument("--min-count", type=positive_int, default=20, help="queries a bin needs to enter the quadratic fit")
     p.add_argument("--decomposition-sequences", type=non_negative_int, default=0, help="use only the first N windows for the decomposition (0: all)")
-    p.add_argument("--lambdas", type=float_list(0), default=float_list(0)(DEFAULT_LAMBDAS), help=f"λ grid for the drift experiment (default {DEFAULT_LAMBDAS})")
+    p.add_argument("--lambdas", type=float_list(0), default=list(DEFAULT_LAMBDAS), help=f"λ grid for the drift experiment (default {','.join(f'{x:g}' for x in DEFAULT_LAMBDAS)})")
     p.add_argument("--drift-sequences", type=non_negative_int, default=48, help="first N windows used by the drift experiment (0: skip it)")
     p.add_argument("--drift-layers", type=_all_or_ints, default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
     p.add_argument("--drift-kv-heads", type=_all_or_ints, default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
