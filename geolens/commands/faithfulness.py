@@ -214,7 +214,7 @@ def _language_modelling(model, args, protocol, metrics, out: Path):
     print(result)
     print(range_text(result.range_check()))
     for c in checks:
-        print(f"paper A order raw < value-weighted < output-normalised < contribution, {c['direction']} {c['quantity']}: "
+        print(f"order of Cunningham & Muça Cirone 2026, raw < value-weighted < output-normalised < contribution, {c['direction']} {c['quantity']}: "
               f"{'holds' if c['holds'] else 'does NOT hold'} {c['pairs']}")  # fmt: skip
     return result
 

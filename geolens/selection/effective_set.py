@@ -1,4 +1,4 @@
-"""Effective set size N* (docs/method.md §6, the authors' follow-up to paper B).
+"""Effective set size N* (docs/method.md §6; the follow-up of Mudarisov et al. 2026 by the same authors).
 
 Keep only the top-N sources of every (layer, head, query) in all layers at once
 (:func:`geolens.interventions.keep_top_n.keep_top_n_hooks`, ranking by attention or by
