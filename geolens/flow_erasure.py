@@ -1,0 +1,779 @@
+"""Input-token erasure: how faithfully a method attributes one prediction to the input tokens
+(docs/method.md §10.1, the protocol in docs/flow/PROTOCOL.md).
+
+For a next-token prediction at position i with clean top-1 token t*, every method scores the
+erasable input positions 1 … i − 1 (BOS and position i itself are never erased):
+
+- the four contribution flows (:func:`geolens.contribution_flow`, row i of the last layer's
+  output): ``contribution``, ``alti``, ``attention_rollout``, ``value_zeroing_rollout``;
+- ``grad_x_input``: Σ_d x_jd ∂f/∂x_jd with f = log p(t*) and x_j the residual stream entering the
+  first block (:func:`gradient_x_input`);
+- ``integrated_gradients`` (Sundararajan, Taly & Yan 2017): the same objective along the straight
+  path from a baseline input x′, midpoint Riemann sum (:func:`integrated_gradients`);
+- ``random``: uniform scores.
+
+Erasure (DeYoung et al. 2020, ERASER) replaces tokens by a replacement token, positions kept
+(:func:`erase`): **comprehensiveness** erases the top n_k = ⌈k·n⌉ tokens of a ranking,
+**sufficiency** keeps them and erases the other erasable tokens. The outcomes at position i
+against the clean prefix are KL(p_clean ‖ p_erased) and Δp = p_erased(t*) − p_clean(t*)
+(:func:`erasure_outcomes`), and a method's **normalised AOPC** over the fractions is
+mean_k O(k) / O(all erasable tokens erased) (:func:`naopc_table`). :func:`erasure_summary` turns
+the per-prediction tables of a run into per-method intervals and Holm-corrected paired verdicts
+(document-cluster bootstrap, :mod:`geolens.stats`); :func:`induction_check` is the known-answer
+check on a repeated random sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal, NamedTuple, Sequence, get_args
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from geolens.adapter import adapter_for
+from geolens.flow import FLOW_METHODS
+from geolens.interventions.base import applied
+from geolens.interventions.masking import last_predictions_hook
+
+ErasureMethod = Literal["random", "attention_rollout", "value_zeroing_rollout", "alti", "contribution", "grad_x_input", "integrated_gradients"]
+ERASURE_METHODS: tuple[str, ...] = get_args(ErasureMethod)
+GRADIENT_METHODS: tuple[str, ...] = ("grad_x_input", "integrated_gradients")
+Direction = Literal["comprehensiveness", "sufficiency"]
+DIRECTIONS: tuple[str, ...] = get_args(Direction)
+Replacement = Literal["space", "unigram"]
+REPLACEMENTS: tuple[str, ...] = get_args(Replacement)
+FRACTIONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.10, 0.20)
+OUTCOMES: tuple[str, ...] = ("kl", "delta_p")
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclass
+class ErasureSettings:
+    """Everything a run of the erasure test fixes (docs/flow/protocol.json; defaults = the protocol)."""
+
+    positions: Sequence[int] = (15, 31, 63)
+    fractions: Sequence[float] = FRACTIONS
+    methods: Sequence[str] = ERASURE_METHODS
+    replacements: Sequence[str] = REPLACEMENTS  # the first is the primary one
+    ig_steps: int = 32
+    seed: int = 2026  # first entry of every per-document generator
+    n_boot: int = 10000
+    boot_seed: int = 0
+    alpha: float = 0.05
+    min_kl_all: float = 1e-3
+    min_drop_all: float = 0.01
+    chunk_size: int = 16  # erased inputs per forward
+    ig_batch: int = 8  # interpolation steps per forward and backward
+
+    def __post_init__(self) -> None:
+        self.positions = tuple(int(p) for p in self.positions)
+        self.fractions = tuple(float(k) for k in self.fractions)
+        self.methods = tuple(self.methods)
+        self.replacements = tuple(self.replacements)
+        if not self.positions or any(p < 2 for p in self.positions) or len(set(self.positions)) != len(self.positions):
+            raise ValueError(f"positions must be distinct integers ≥ 2 (a prediction needs an erasable token), got {list(self.positions)}")
+        if not self.fractions or any(not 0.0 < k <= 1.0 for k in self.fractions):
+            raise ValueError(f"fractions must lie in (0, 1], got {list(self.fractions)}")
+        unknown = [m for m in self.methods if m not in ERASURE_METHODS]
+        if unknown or len(self.methods) < 2 or len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods must be at least two distinct names of {', '.join(ERASURE_METHODS)}; got {list(self.methods)}")
+        bad = [r for r in self.replacements if r not in REPLACEMENTS]
+        if bad or not self.replacements or len(set(self.replacements)) != len(self.replacements):
+            raise ValueError(f"replacements must be distinct names of {', '.join(REPLACEMENTS)}; got {list(self.replacements)}")
+        for name in ("ig_steps", "n_boot", "chunk_size", "ig_batch"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
+
+    @property
+    def primary(self) -> str:
+        return self.replacements[0]
+
+    @classmethod
+    def from_protocol(cls, settings: dict, **overrides) -> "ErasureSettings":
+        """The settings of docs/flow/protocol.json (``settings`` is the parsed twin)."""
+        r = settings["replacements"]
+        stats = settings["statistics"]
+        values = dict(
+            positions=settings["predictions"]["positions"], fractions=settings["fractions"], methods=settings["methods"],
+            replacements=(r["primary"], r["robustness"]), ig_steps=settings["integrated_gradients"]["steps"],
+            n_boot=stats["n_boot"], boot_seed=stats["seed"], alpha=stats["alpha"],
+            min_kl_all=settings["range_check"]["min_kl_all"], min_drop_all=settings["range_check"]["min_drop_all"],
+        )  # fmt: skip
+        values.update(overrides)
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def method_pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
+    """Every pair (a, b) with a before b in ``methods``: the claim "b is more faithful than a".
+
+    >>> method_pairs(["random", "alti", "contribution"])
+    [('random', 'alti'), ('random', 'contribution'), ('alti', 'contribution')]
+    """
+    return [(a, b) for i, a in enumerate(methods) for b in methods[i + 1 :]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Replacement tokens and erasure
+
+
+def space_token(model) -> int:
+    """The tokenizer's single token for ``" "`` (the primary replacement), or ValueError."""
+    ids = model.tokenizer(" ", add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise ValueError(f"the tokenizer encodes ' ' as {len(ids)} tokens {ids}; the 'space' replacement needs exactly one")
+    return int(ids[0])
+
+
+def unigram_counts(model, texts: Sequence[str]) -> Int[Tensor, "d_vocab"]:
+    """Counts of the model's token ids over ``texts`` (no special tokens), ``[d_vocab]`` int64."""
+    counts = torch.zeros(model.cfg.d_vocab, dtype=torch.int64)
+    for text in texts:
+        ids = torch.tensor(model.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64)
+        if ids.numel():
+            counts += torch.bincount(ids, minlength=model.cfg.d_vocab)[: model.cfg.d_vocab]
+    if int(counts.sum()) == 0:
+        raise ValueError("the texts give no token: no unigram distribution")
+    return counts
+
+
+def replacement_ids(
+    replacement: str, n_pos: int, *, space_id: int | None = None, counts: Tensor | None = None, rng: np.random.Generator | None = None
+) -> Int[Tensor, "pos"]:
+    """The token that replaces an erased token at each position 0 … n_pos − 1.
+
+    ``"space"``: ``space_id`` everywhere; ``"unigram"``: one draw per position from the
+    distribution ``counts / counts.sum()`` with ``rng`` (``Generator.choice``).
+
+    >>> replacement_ids("space", 4, space_id=7).tolist()
+    [7, 7, 7, 7]
+    """
+    if replacement == "space":
+        if space_id is None:
+            raise ValueError("the 'space' replacement needs space_id")
+        return torch.full((n_pos,), int(space_id), dtype=torch.long)
+    if replacement == "unigram":
+        if counts is None or rng is None:
+            raise ValueError("the 'unigram' replacement needs counts and rng")
+        p = counts.to(torch.float64).numpy()
+        return torch.from_numpy(rng.choice(p.size, size=n_pos, p=p / p.sum())).to(torch.long)
+    raise ValueError(f"replacement must be one of {', '.join(REPLACEMENTS)}, got {replacement!r}")
+
+
+def erase(tokens: Int[Tensor, "... pos"], erased: Tensor, replacement: Int[Tensor, "pos"] | int) -> Int[Tensor, "... pos"]:
+    """``tokens`` with the positions where ``erased`` is True replaced (positions kept).
+
+    >>> erase(torch.tensor([0, 5, 6, 7]), torch.tensor([False, True, False, True]), 9).tolist()
+    [0, 9, 6, 9]
+    """
+    erased = torch.as_tensor(erased, dtype=torch.bool, device=tokens.device)
+    if erased.shape[-1] != tokens.shape[-1]:
+        raise ValueError(f"erased has {erased.shape[-1]} positions, the tokens {tokens.shape[-1]}")
+    replacement = torch.as_tensor(replacement, dtype=tokens.dtype, device=tokens.device)
+    return torch.where(erased, replacement, tokens)
+
+
+def n_erased(fraction: float, n_erasable: int) -> int:
+    """n_k = ⌈k · n⌉, at least 1 and at most n (a tolerance of 1e-9 keeps 0.1 · 30 at 3).
+
+    >>> [n_erased(k, 62) for k in (0.01, 0.02, 0.05, 0.1, 0.2)]
+    [1, 2, 4, 7, 13]
+    """
+    if n_erasable < 1:
+        raise ValueError(f"no erasable token (n = {n_erasable})")
+    return min(int(n_erasable), max(1, math.ceil(float(fraction) * n_erasable - 1e-9)))
+
+
+def ranking(scores: Float[Tensor, "pos"], erasable: Sequence[int], *, absolute: bool = False) -> list[int]:
+    """The erasable positions by decreasing score (``absolute``: of |score|), ties by increasing position.
+
+    >>> ranking(torch.tensor([9.0, 0.2, 0.5, 0.2, 3.0]), [1, 2, 3])
+    [2, 1, 3]
+    """
+    s = scores.detach().to(torch.float64).cpu()
+    if bool(torch.isnan(s).any()):
+        raise ValueError("scores contain NaN: no ranking")
+    s = s.abs() if absolute else s
+    return sorted((int(j) for j in erasable), key=lambda j: (-float(s[j]), j))
+
+
+def erasure_sets(order: Sequence[int], fractions: Sequence[float], direction: str) -> list[list[int]]:
+    """The positions erased at each fraction: the top n_k of ``order`` (comprehensiveness) or all
+    but the top n_k (sufficiency).
+
+    >>> erasure_sets([4, 2, 3, 1], [0.25, 0.5], "sufficiency")
+    [[2, 3, 1], [3, 1]]
+    """
+    n = len(order)
+    if direction == "comprehensiveness":
+        return [list(order[: n_erased(k, n)]) for k in fractions]
+    if direction == "sufficiency":
+        return [list(order[n_erased(k, n) :]) for k in fractions]
+    raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcomes
+
+
+def _as_row(tokens: Tensor) -> Int[Tensor, "pos"]:
+    if tokens.ndim == 2 and tokens.shape[0] == 1:
+        tokens = tokens[0]
+    if tokens.ndim != 1:
+        raise ValueError(f"expected one sequence [pos] or [1, pos], got shape {tuple(tokens.shape)}")
+    return tokens
+
+
+def last_position_logprobs(model, rows: Int[Tensor, "row pos"], *, chunk_size: int = 16) -> Float[Tensor, "row d_vocab"]:
+    """log p(next token) at the last position of each row, float64 (only that position is unembedded)."""
+    device = next(model.parameters()).device
+    n = rows.shape[1]
+    out = []
+    with torch.no_grad(), applied(model, [last_predictions_hook(model, n + 1, 1)]):
+        for start in range(0, rows.shape[0], chunk_size):
+            logits = model(rows[start : start + chunk_size].to(device), return_type="logits")
+            out.append(torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1).cpu())
+    return torch.cat(out)
+
+
+class Outcomes(NamedTuple):
+    """Outcomes of erased inputs against the clean one (float64)."""
+
+    kl: Float[Tensor, "row"]  # KL(p_clean ‖ p_erased)
+    delta_p: Float[Tensor, "row"]  # p_erased(t*) − p_clean(t*)
+    p_clean: float  # p_clean(t*)
+    target: int  # t*
+
+
+def erasure_outcomes(model, clean: Int[Tensor, "pos"], rows: Int[Tensor, "row pos"], *, target: int | None = None, chunk_size: int = 16) -> Outcomes:
+    """KL(p_clean ‖ p_row) and Δp of ``target`` (default: the clean top-1) at the last position.
+
+    The clean prefix and every distinct row are run once, together (identical rows share a
+    forward); KL = Σ_t p_t (log p_t − log q_t) and Δp = q_{t*} − p_{t*} in float64.
+    """
+    clean = _as_row(clean)
+    if rows.ndim != 2 or rows.shape[1] != clean.shape[0]:
+        raise ValueError(f"rows must be [row, {clean.shape[0]}], got shape {tuple(rows.shape)}")
+    everything = torch.cat([clean[None].to(rows.device), rows])
+    unique, inverse = torch.unique(everything, dim=0, return_inverse=True)
+    logp = last_position_logprobs(model, unique, chunk_size=chunk_size)
+    lp_clean = logp[inverse[0]]
+    target = int(lp_clean.argmax()) if target is None else int(target)
+    p_clean = lp_clean.exp()
+    kl_unique = (p_clean * (lp_clean - logp)).sum(-1).clamp_min(0.0)
+    dp_unique = logp[:, target].exp() - p_clean[target]
+    idx = inverse[1:]
+    return Outcomes(kl_unique[idx], dp_unique[idx], float(p_clean[target]), target)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient attributions on the input embeddings
+
+
+def input_embeddings(model, tokens: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_model"]:
+    """x: the residual stream entering the first block at each position (the token embedding as
+    the model scales it, plus any absolute position embedding)."""
+    tokens = _as_row(tokens)
+    hook = adapter_for(model).resid_pre_hook(0)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[None].to(device), names_filter=lambda name: name == hook)
+    return cache[hook][0].detach()
+
+
+def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: int) -> tuple[Tensor, Tensor]:
+    """(f, ∂f/∂x) for each row, f = log p(target) at the last position, the model run from x
+    entering block 0 (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`)."""
+    adapter = adapter_for(model)
+    x = x.detach().clone().requires_grad_(True)
+    n = x.shape[1]
+    with torch.enable_grad(), applied(model, [last_predictions_hook(model, n + 1, 1)]):
+        logits = adapter.forward_from_layer(x, 0)
+        f = torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
+        (grad,) = torch.autograd.grad(f.sum(), x)
+    return f.detach(), grad.detach()
+
+
+def _check_position(tokens: Tensor, position: int) -> int:
+    n = tokens.shape[-1]
+    if isinstance(position, bool) or int(position) != position or not -n <= int(position) < n:
+        raise ValueError(f"position must be an integer in [{-n}, {n}), got {position!r}")
+    return int(position) % n
+
+
+def gradient_x_input(model, tokens: Int[Tensor, "pos"], position: int = -1, *, target: int | None = None) -> Float[Tensor, "pos"]:
+    """Gradient × input of f = log p(target) at ``position`` (default target: the clean top-1):
+    a_j = Σ_d x_jd ∂f/∂x_jd for j ≤ position, x the input embeddings (:func:`input_embeddings`);
+    0 after ``position``. Float64.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tuple(gradient_x_input(model, tiny_tokens(model, length=8)[0], 5).shape)
+    (8,)
+    """
+    tokens = _as_row(tokens)
+    position = _check_position(tokens, position)
+    x = input_embeddings(model, tokens[: position + 1])
+    if target is None:
+        target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+    _, grad = _logprob_and_gradient(model, x[None], target)
+    out = torch.zeros(tokens.shape[0], dtype=torch.float64)
+    out[: position + 1] = (x.to(torch.float64) * grad[0].to(torch.float64)).sum(-1).cpu()
+    return out
+
+
+@dataclass
+class IntegratedGradients:
+    """:func:`integrated_gradients`' result: per-position attributions and the two ends of the path."""
+
+    attributions: Float[Tensor, "pos"]  # IG_j, float64, 0 after the position
+    f_input: float  # f(x)
+    f_baseline: float  # f(x′)
+    n_steps: int
+    target: int
+
+    @property
+    def completeness_gap(self) -> float:
+        """Σ_j IG_j − (f(x) − f(x′)): 0 up to the Riemann sum's discretisation error."""
+        return float(self.attributions.sum()) - (self.f_input - self.f_baseline)
+
+
+def integrated_gradients(
+    model,
+    tokens: Int[Tensor, "pos"],
+    baseline: Int[Tensor, "pos"],
+    position: int = -1,
+    *,
+    target: int | None = None,
+    n_steps: int = 32,
+    batch_size: int = 8,
+) -> IntegratedGradients:
+    """Integrated gradients (Sundararajan, Taly & Yan 2017) of f = log p(target) at ``position``
+    on the input embeddings, from the input of the ``baseline`` tokens (same length) to that of
+    ``tokens``, along the straight path, by the midpoint rule:
+
+        IG_j = Σ_d (x_jd − x′_jd) · (1/S) Σ_{s=1..S} ∂f/∂x_jd (x′ + α_s (x − x′)),   α_s = (s − ½)/S.
+
+    Σ_j IG_j = f(x) − f(x′) up to the discretisation error (:attr:`IntegratedGradients.completeness_gap`).
+    ``batch_size`` interpolation steps go through one forward and backward.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> t = tiny_tokens(model, length=8)[0]
+    >>> ig = integrated_gradients(model, t, erase(t, torch.arange(8) > 0, 5), 6, n_steps=64)
+    >>> abs(ig.completeness_gap) < 1e-2 * max(1.0, abs(ig.f_input - ig.f_baseline))
+    True
+    """
+    tokens, baseline = _as_row(tokens), _as_row(baseline)
+    if baseline.shape != tokens.shape:
+        raise ValueError(f"baseline has shape {tuple(baseline.shape)}, the tokens {tuple(tokens.shape)}")
+    if int(n_steps) < 1 or int(batch_size) < 1:
+        raise ValueError(f"n_steps and batch_size must be positive integers, got {n_steps!r} and {batch_size!r}")
+    position = _check_position(tokens, position)
+    x = input_embeddings(model, tokens[: position + 1])
+    xb = input_embeddings(model, baseline[: position + 1])
+    if target is None:
+        target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+    diff = x - xb
+    total = torch.zeros(x.shape, dtype=torch.float64)
+    alphas = (torch.arange(int(n_steps), dtype=torch.float64) + 0.5) / int(n_steps)
+    for start in range(0, int(n_steps), int(batch_size)):
+        a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
+        _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * diff[None], target)
+        total += grad.to(torch.float64).sum(0).cpu()
+    ends, _ = _logprob_and_gradient(model, torch.stack([x, xb]), target)
+    out = torch.zeros(tokens.shape[0], dtype=torch.float64)
+    out[: position + 1] = (diff.to(torch.float64).cpu() * total / int(n_steps)).sum(-1)
+    return IntegratedGradients(out, float(ends[0]), float(ends[1]), int(n_steps), int(target))
+
+
+# ---------------------------------------------------------------------------------------------
+# One document
+
+
+def flow_rows(model, tokens: Int[Tensor, "pos"], positions: Sequence[int], methods: Sequence[str]) -> tuple[dict[str, Tensor], Tensor]:
+    """({method: ``[len(positions), pos]`` rows of :func:`geolens.contribution_flow`}, clean
+    log-probabilities ``[len(positions), d_vocab]`` at the positions), from one cached forward."""
+    from geolens.flow import contribution_flow, flow_names_filter
+
+    tokens = _as_row(tokens)
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(list(positions), dtype=torch.long)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens[None].to(device), names_filter=flow_names_filter(model))
+        rows = {m: contribution_flow(model, cache, m, tokens=tokens[None].to(device))[0][idx].detach().cpu() for m in methods}
+    return rows, torch.log_softmax(logits[0, idx].to(torch.float64), dim=-1).cpu()
+
+
+def measure_document(
+    model,
+    window: Int[Tensor, "pos"],
+    document: int,
+    settings: ErasureSettings = ErasureSettings(),
+    *,
+    space_id: int | None = None,
+    counts: Tensor | None = None,
+):
+    """The erasure test on one window (docs/flow/PROTOCOL.md §2–3): returns the tables
+    ``{"conditions", "predictions", "rankings"}`` (pandas DataFrames) of its predictions.
+
+    ``conditions``: one row per (position, replacement, method, direction, fraction) with
+    ``n_erased``, ``kl`` and ``delta_p``, plus per (position, replacement) the full erasure
+    (``method = direction = "all"``, fraction 1). ``predictions``: the clean top-1 token and its
+    probability, the number of erasable tokens and integrated gradients' two ends and sum.
+    ``rankings``: each method's order of the erasable positions (space-separated).
+    ``space_id`` and ``counts`` are needed by the ``space`` and ``unigram`` replacements.
+    """
+    import pandas as pd
+
+    window = _as_row(window).cpu()
+    positions = settings.positions
+    if max(positions) >= window.shape[0]:
+        raise ValueError(f"position {max(positions)} is outside the window of {window.shape[0]} tokens")
+    n_pos = max(positions) + 1
+    flows = [m for m in settings.methods if m in FLOW_METHODS]
+    rows, clean_logp = flow_rows(model, window[:n_pos], positions, flows)
+    replacements = {}
+    for name in settings.replacements:
+        rng = np.random.default_rng([settings.seed, int(document), 2]) if name == "unigram" else None
+        replacements[name] = replacement_ids(name, n_pos, space_id=space_id, counts=counts, rng=rng)
+    conditions, predictions, rankings = [], [], []
+    for p_index, i in enumerate(positions):
+        prefix = window[: i + 1]
+        erasable = list(range(1, i))
+        target = int(clean_logp[p_index].argmax())
+        scores: dict[str, Tensor] = {}
+        ig = None
+        for m in settings.methods:
+            if m in FLOW_METHODS:
+                scores[m] = rows[m][p_index, : i + 1]
+            elif m == "random":
+                scores[m] = torch.from_numpy(np.random.default_rng([settings.seed, int(document), int(i), 1]).random(i + 1))
+            elif m == "grad_x_input":
+                scores[m] = gradient_x_input(model, prefix, i, target=target)
+            else:
+                baseline = erase(prefix, _mask(i + 1, erasable), replacements[settings.primary][: i + 1])
+                ig = integrated_gradients(model, prefix, baseline, i, target=target, n_steps=settings.ig_steps, batch_size=settings.ig_batch)
+                scores[m] = ig.attributions
+        orders = {m: ranking(scores[m], erasable, absolute=m in GRADIENT_METHODS) for m in settings.methods}
+        rankings += [dict(document=int(document), position=i, method=m, order=" ".join(map(str, orders[m]))) for m in settings.methods]
+        keys, masks = [], []
+        for r in settings.replacements:
+            keys.append((r, "all", "all", 1.0, len(erasable)))
+            masks.append((r, erasable))
+            for m in settings.methods:
+                for d in DIRECTIONS:
+                    for k, erased in zip(settings.fractions, erasure_sets(orders[m], settings.fractions, d)):
+                        keys.append((r, m, d, k, len(erased)))
+                        masks.append((r, erased))
+        inputs = torch.stack([erase(prefix, _mask(i + 1, erased), replacements[r][: i + 1]) for r, erased in masks])
+        out = erasure_outcomes(model, prefix, inputs, target=target, chunk_size=settings.chunk_size)
+        for (r, m, d, k, n), kl, dp in zip(keys, out.kl.tolist(), out.delta_p.tolist()):
+            conditions.append(dict(document=int(document), position=i, replacement=r, method=m, direction=d, fraction=k, n_erased=n, kl=kl, delta_p=dp))
+        predictions.append(dict(
+            document=int(document), position=i, n_erasable=len(erasable), target=target, p_clean=out.p_clean,
+            ig_f_input=None if ig is None else ig.f_input, ig_f_baseline=None if ig is None else ig.f_baseline,
+            ig_sum=None if ig is None else float(ig.attributions.sum()), ig_steps=settings.ig_steps,
+        ))  # fmt: skip
+    return {"conditions": pd.DataFrame(conditions), "predictions": pd.DataFrame(predictions), "rankings": pd.DataFrame(rankings)}
+
+
+def _mask(n: int, positions: Sequence[int]) -> Tensor:
+    m = torch.zeros(n, dtype=torch.bool)
+    m[list(positions)] = True
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def naopc_table(conditions, settings: ErasureSettings):
+    """Normalised AOPC per (document, position, replacement, method, direction) (PROTOCOL.md §4).
+
+    Columns ``naopc_kl`` = mean_k KL(k) / KL(all) and ``naopc_dp`` = mean_k D(k) / D(all) with
+    D = −Δp, ``aopc_kl`` / ``aopc_dp`` the unnormalised means, ``kl_all`` / ``drop_all`` the full
+    erasure's outcomes and ``in_range_kl`` / ``in_range_dp`` the range check (full erasure moves
+    KL ≥ ``min_kl_all``, p(t*) down by ≥ ``min_drop_all``). Out-of-range rows keep NaN ratios.
+    """
+    import pandas as pd
+
+    c = conditions
+    full = c[c.method == "all"].set_index(["document", "position", "replacement"])[["kl", "delta_p"]]
+    full = full.rename(columns={"kl": "kl_all", "delta_p": "dp_all"})
+    parts = c[(c.method != "all") & c.fraction.isin(settings.fractions)].copy()
+    parts["drop"] = -parts["delta_p"]
+    keys = ["document", "position", "replacement", "method", "direction"]
+    grouped = parts.groupby(keys, sort=False)
+    n_k = grouped["fraction"].nunique()
+    if int(n_k.min()) != len(settings.fractions) or int(n_k.max()) != len(settings.fractions):
+        raise ValueError(f"every condition needs the {len(settings.fractions)} fractions {list(settings.fractions)}")
+    table = grouped.agg(aopc_kl=("kl", "mean"), aopc_dp=("drop", "mean")).reset_index()
+    table = table.join(full, on=["document", "position", "replacement"])
+    if table["kl_all"].isna().any():
+        raise ValueError("a prediction has no full-erasure condition (method 'all')")
+    table["drop_all"] = -table.pop("dp_all")
+    table["in_range_kl"] = table["kl_all"] >= settings.min_kl_all
+    table["in_range_dp"] = table["drop_all"] >= settings.min_drop_all
+    table["naopc_kl"] = np.where(table["in_range_kl"], table["aopc_kl"] / table["kl_all"].where(table["in_range_kl"], 1.0), np.nan)
+    table["naopc_dp"] = np.where(table["in_range_dp"], table["aopc_dp"] / table["drop_all"].where(table["in_range_dp"], 1.0), np.nan)
+    return pd.DataFrame(table)
+
+
+def identical_by_construction(rankings, settings: ErasureSettings) -> dict[tuple[str, str], bool]:
+    """For each pair of methods: True when both erase the same token sets at every prediction and
+    fraction of ``rankings`` (then every direction's sets coincide too: a pair that is not testable)."""
+    orders = {(r.document, r.position, r.method): [int(v) for v in str(r.order).split()] for r in rankings.itertuples()}
+    predictions = sorted({(d, p) for d, p, _ in orders})
+    out = {}
+    for a, b in method_pairs(settings.methods):
+        same = True
+        for d, p in predictions:
+            oa, ob = orders[(d, p, a)], orders[(d, p, b)]
+            sets_a = erasure_sets(oa, settings.fractions, "comprehensiveness")
+            sets_b = erasure_sets(ob, settings.fractions, "comprehensiveness")
+            if any(set(x) != set(y) for x, y in zip(sets_a, sets_b)):
+                same = False
+                break
+        out[(a, b)] = same
+    return out
+
+
+def _sign(direction: str) -> float:
+    """Δ = sign · (S(b) − S(a)): comprehensiveness +1 (larger is better), sufficiency −1."""
+    return 1.0 if direction == "comprehensiveness" else -1.0
+
+
+def _wide(naopc, replacement: str, outcome: str, settings: ErasureSettings):
+    """``[prediction, (direction, method)]`` nAOPC of one replacement and outcome, predictions in range only."""
+    t = naopc[(naopc.replacement == replacement) & naopc[f"in_range_{'kl' if outcome == 'kl' else 'dp'}"]]
+    col = "naopc_kl" if outcome == "kl" else "naopc_dp"
+    return t.pivot_table(index=["document", "position"], columns=["direction", "method"], values=col, aggfunc="first").sort_index()
+
+
+def family_tables(naopc, rankings, settings: ErasureSettings, replacement: str, outcome: str, *, verdicts: bool = True) -> dict:
+    """Per-method means and paired differences of one replacement and outcome (PROTOCOL.md §5).
+
+    One set of document-cluster resamples (:func:`geolens.stats.cluster_bootstrap_indices`,
+    ``settings.n_boot``, ``settings.boot_seed``) serves every method and pair. ``verdicts``: the
+    pairs of both directions form one Holm family (:func:`geolens.stats.holm_family`), a pair
+    identical by construction being "not testable"; otherwise (exploratory outcomes) each pair
+    gets its 95% interval and no verdict. Returns ``{"methods": [...], "pairs": [...],
+    "n_predictions", "n_documents"}``.
+    """
+    from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, percentile_ci, resample_means
+
+    wide = _wide(naopc, replacement, outcome, settings)
+    n_pred = int(len(wide))
+    docs = wide.index.get_level_values("document").to_numpy()
+    out = {"replacement": replacement, "outcome": outcome, "n_predictions": n_pred, "n_documents": int(len(set(docs.tolist()))), "methods": [], "pairs": []}
+    if n_pred == 0:
+        return out
+    idx = cluster_bootstrap_indices(docs, settings.n_boot, settings.boot_seed)
+    cols = [(d, m) for d in DIRECTIONS for m in settings.methods]
+    est, lo, hi = mean_ci(wide[cols].to_numpy(), indices=idx)  # every method on the same resamples
+    for c_i, (d, m) in enumerate(cols):
+        out["methods"].append(dict(direction=d, method=m, naopc=float(est[c_i]), ci_low=float(lo[c_i]), ci_high=float(hi[c_i])))
+    same = identical_by_construction(rankings, settings)
+    keys = [(d, a, b) for d in DIRECTIONS for a, b in method_pairs(settings.methods)]
+    diffs = np.stack([_sign(d) * (wide[(d, b)].to_numpy() - wide[(d, a)].to_numpy()) for d, a, b in keys], axis=1)
+    samples = resample_means(diffs, idx)  # [n_boot, pair]
+    tests = [(d, a, b, float(diffs[:, t].mean()), samples[:, t]) for t, (d, a, b) in enumerate(keys)]
+    if verdicts:
+        results = holm_family([t[3] for t in tests], [t[4] for t in tests], testable=[not same[(a, b)] for _, a, b, *_ in tests], alpha=settings.alpha)
+        for (d, a, b, *_), r in zip(tests, results):
+            out["pairs"].append(dict(direction=d, a=a, b=b, delta=r.estimate, ci_low=r.ci_low, ci_high=r.ci_high, level=r.level, p=r.p,
+                                     p_adj=r.p_adj, rank=r.rank, verdict=r.verdict, holm_stopped_at=r.holm_stopped_at, rules_differ=r.rules_differ))  # fmt: skip
+    else:
+        for d, a, b, delta, boot in tests:
+            low, high = percentile_ci(boot, 0.95)
+            out["pairs"].append(dict(direction=d, a=a, b=b, delta=delta, ci_low=float(low), ci_high=float(high), level=0.95, identical=same[(a, b)]))
+    return out
+
+
+def most_faithful(pairs: Sequence[dict], methods: Sequence[str], direction: str) -> dict | None:
+    """The method whose pairs with every other method are decided in its favour in ``direction``
+    (holds as b, reversed as a), with its smallest margin: ``{"method", "by", "ci_low",
+    "ci_high", "against"}`` (``by`` in the method's favour); None when no method qualifies."""
+    rows = [p for p in pairs if p["direction"] == direction]
+    for m in methods:
+        margins = []
+        for p in rows:
+            if m == p["b"] and p["verdict"] == "holds":
+                margins.append((p["delta"], p["ci_low"], p["ci_high"], p["a"]))
+            elif m == p["a"] and p["verdict"] == "reversed":
+                margins.append((-p["delta"], -p["ci_high"], -p["ci_low"], p["b"]))
+        if len(margins) == len(methods) - 1:
+            by, lo, hi, other = min(margins)
+            return dict(method=m, by=float(by), ci_low=float(lo), ci_high=float(hi), against=other)
+    return None
+
+
+def curves_table(conditions, settings: ErasureSettings):
+    """Mean KL and Δp at each fraction per (replacement, method, direction), with 95%
+    document-cluster intervals (one set of resamples for every curve: each prediction has every
+    condition)."""
+    import pandas as pd
+
+    from geolens.stats import cluster_bootstrap_indices, mean_ci
+
+    c = conditions[conditions.method != "all"]
+    keys = ["replacement", "method", "direction", "fraction"]
+    wide = {v: c.pivot_table(index=["document", "position"], columns=keys, values=v, aggfunc="first").sort_index() for v in ("kl", "delta_p")}
+    if wide["kl"].isna().any().any():
+        raise ValueError("every prediction needs every condition for the curves")
+    idx = cluster_bootstrap_indices(wide["kl"].index.get_level_values("document").to_numpy(), settings.n_boot, settings.boot_seed)
+    kl = mean_ci(wide["kl"].to_numpy(), indices=idx)  # every column on the same resamples, in one pass
+    dp = mean_ci(wide["delta_p"].to_numpy(), indices=idx)
+    rows = []
+    for c_i, col in enumerate(wide["kl"].columns):
+        rows.append(dict(zip(keys, col), n=int(len(wide["kl"])), kl=float(kl[0][c_i]), kl_low=float(kl[1][c_i]), kl_high=float(kl[2][c_i]),
+                         delta_p=float(dp[0][c_i]), delta_p_low=float(dp[1][c_i]), delta_p_high=float(dp[2][c_i])))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def verdict_changes(primary: Sequence[dict], robustness: Sequence[dict]) -> list[dict]:
+    """Pairs whose verdict differs between the two families (same direction and pair)."""
+    other = {(p["direction"], p["a"], p["b"]): p["verdict"] for p in robustness}
+    return [dict(direction=p["direction"], a=p["a"], b=p["b"], primary=p["verdict"], robustness=other[(p["direction"], p["a"], p["b"])])
+            for p in primary if (p["direction"], p["a"], p["b"]) in other and other[(p["direction"], p["a"], p["b"])] != p["verdict"]]  # fmt: skip
+
+
+def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
+    """The statistics of a run (PROTOCOL.md §4–5) from its ``conditions``, ``predictions`` and
+    ``rankings`` tables: range check, per-method nAOPC, the primary and robustness families
+    (KL), the exploratory Δp comparisons, verdict changes between replacements, the most faithful
+    method per direction and integrated gradients' completeness gaps."""
+    conditions, predictions, rankings = tables["conditions"], tables["predictions"], tables["rankings"]
+    naopc = naopc_table(conditions, settings)
+    full = naopc.drop_duplicates(["document", "position", "replacement"])
+    range_check = {
+        r: dict(n_predictions=int((full.replacement == r).sum()), excluded_kl=int(((full.replacement == r) & ~full.in_range_kl).sum()),
+                excluded_dp=int(((full.replacement == r) & ~full.in_range_dp).sum()))
+        for r in settings.replacements
+    }  # fmt: skip
+    families = {}
+    for role, r in zip(("primary", "robustness"), settings.replacements):
+        families[role] = family_tables(naopc, rankings, settings, r, "kl", verdicts=True)
+    exploratory = {r: family_tables(naopc, rankings, settings, r, "delta_p", verdicts=False) for r in settings.replacements}
+    out = dict(
+        n_documents=int(predictions["document"].nunique()),
+        n_predictions=int(len(predictions)),
+        multiple_comparison="holm",
+        range_check=range_check,
+        families=families,
+        exploratory_delta_p=exploratory,
+        most_faithful={d: most_faithful(families["primary"]["pairs"], settings.methods, d) for d in DIRECTIONS},
+    )
+    if "robustness" in families:
+        out["verdict_changes"] = verdict_changes(families["primary"]["pairs"], families["robustness"]["pairs"])
+    if "integrated_gradients" in settings.methods and len(predictions):
+        delta = predictions["ig_f_input"] - predictions["ig_f_baseline"]
+        gap = (predictions["ig_sum"] - delta).abs()
+        rel = gap / delta.abs().clip(lower=1e-12)
+        out["ig_completeness"] = dict(median_abs_gap=float(gap.median()), max_abs_gap=float(gap.max()), median_rel_gap=float(rel.median()),
+                                      share_rel_gap_within_5pct=float((rel <= 0.05).mean()), n_steps=int(settings.ig_steps))  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Known answer: induction on a repeated random sequence
+
+
+def induction_tokens(model, n_tokens: int = 20, seed: int = 0) -> Int[Tensor, "pos"]:
+    """BOS, ``n_tokens`` distinct ids, the same ids again (PROTOCOL.md §6): ids drawn without
+    replacement by ``numpy.random.default_rng(seed)`` from [⌊V/50⌋, ⌊V/5⌋) minus special tokens."""
+    from geolens.data import bos_token_id
+
+    V = int(model.cfg.d_vocab)
+    special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
+    candidates = np.array([t for t in range(V // 50, V // 5) if t not in special])
+    if candidates.size < n_tokens:
+        raise ValueError(f"the vocabulary range [{V // 50}, {V // 5}) holds {candidates.size} ordinary ids, fewer than {n_tokens}")
+    ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)
+    return torch.cat([torch.tensor([bos_token_id(model)]), ids, ids])
+
+
+def induction_check(model, *, n_tokens: int = 20, seed: int = 0, methods: Sequence[str] = FLOW_METHODS):
+    """The known-answer check (PROTOCOL.md §6): for k = 1 … n_tokens − 1 and each flow method, is
+    the largest share of the flow row of q = n_tokens + k outside q itself on k + 1 (the token
+    that followed the first occurrence)? A DataFrame, one row per (method, k): ``share_target``,
+    ``largest_other`` (position and share of the largest share outside q), ``rank_target``
+    (1 = largest), ``passes``, and the same with BOS also left out (``*_no_bos``)."""
+    import pandas as pd
+
+    tokens = induction_tokens(model, n_tokens, seed)
+    queries = [n_tokens + k for k in range(1, n_tokens)]
+    rows, _ = flow_rows(model, tokens, queries, methods)
+    out = []
+    for m in methods:
+        for r, k in enumerate(range(1, n_tokens)):
+            q, target = n_tokens + k, k + 1
+            row = rows[m][r].to(torch.float64)
+            rec = dict(method=m, k=k, query=q, target=target, share_target=float(row[target]))
+            for suffix, skip in (("", [q]), ("_no_bos", [0, q])):
+                others = row[: q + 1].clone()
+                others[skip] = -math.inf
+                order = sorted(range(q + 1), key=lambda j: (-float(others[j]), j))
+                rec[f"largest_other{suffix}"] = order[0]
+                rec[f"largest_share{suffix}"] = float(others[order[0]])
+                rec[f"rank_target{suffix}"] = order.index(target) + 1
+                rec[f"passes{suffix}"] = order[0] == target
+            out.append(rec)
+    return pd.DataFrame(out)
+
+
+def induction_summary(table) -> dict:
+    """Per method: how many k pass, and by how much the others miss (median gap between the
+    largest share outside q and the target's share, median rank of the target)."""
+    out = {}
+    for m, g in table.groupby("method", sort=False):
+        rec = {"n": int(len(g))}
+        for suffix in ("", "_no_bos"):
+            fail = g[~g[f"passes{suffix}"]]
+            rec[f"passed{suffix}"] = int(g[f"passes{suffix}"].sum())
+            rec[f"median_rank_target{suffix}"] = float(g[f"rank_target{suffix}"].median())
+            rec[f"median_gap_when_failing{suffix}"] = float((fail[f"largest_share{suffix}"] - fail["share_target"]).median()) if len(fail) else 0.0
+        rec["passes"] = rec["passed"] == rec["n"]
+        out[str(m)] = rec
+    return out
+
+
+__all__ = [
+    "DIRECTIONS",
+    "ERASURE_METHODS",
+    "ErasureSettings",
+    "FRACTIONS",
+    "IntegratedGradients",
+    "REPLACEMENTS",
+    "curves_table",
+    "erase",
+    "erasure_outcomes",
+    "erasure_sets",
+    "erasure_summary",
+    "family_tables",
+    "gradient_x_input",
+    "induction_check",
+    "induction_summary",
+    "induction_tokens",
+    "input_embeddings",
+    "integrated_gradients",
+    "measure_document",
+    "method_pairs",
+    "n_erased",
+    "naopc_table",
+    "ranking",
+    "replacement_ids",
+    "space_token",
+    "unigram_counts",
+]
