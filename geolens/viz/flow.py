@@ -150,3 +150,34 @@ def flow_routes_page(graph, *, title: str = "geolens flow routes") -> str:
 
 
 __all__ = ["flow_routes_html", "flow_routes_page"]
+
+
+def erasure_naopc_plot(naopc, *, labels: dict | None = None, family: str = "primary", subtitle: str = ""):
+    """Each method's mean normalised AOPC with its 95% interval, comprehensiveness and sufficiency
+    side by side, for one family of the input-token erasure test (``naopc``: the ``naopc`` table of
+    :class:`geolens.pipelines.flow.FlowRun`). Returns a :class:`~geolens.viz.common.PlotView`."""
+    from geolens.viz.common import PlotView, new_figure
+
+    rows = naopc[naopc["family"] == family]
+    if rows.empty:
+        raise ValueError(f"erasure_naopc_plot: no rows of family {family!r}")
+    labels = labels or {}
+    fig = new_figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2)
+    data = {}
+    for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
+        d = rows[rows["direction"] == direction]
+        y = list(range(len(d)))
+        est, lo, hi = d["naopc"].to_numpy(), d["ci_low"].to_numpy(), d["ci_high"].to_numpy()
+        ax.errorbar(est, y, xerr=[est - lo, hi - est], fmt="o", color="#4C72B0", capsize=3)
+        ax.set_yticks(y, [labels.get(m, m) for m in d["method"]], fontsize=8)
+        ax.invert_yaxis()
+        better = "larger" if direction == "comprehensiveness" else "smaller"
+        ax.set_xlabel(f"normalised AOPC ({better} = more faithful)")
+        ax.set_title(direction)
+        ax.grid(alpha=0.3, axis="x")
+        data[direction] = {m: [float(a), float(b), float(c)] for m, a, b, c in zip(d["method"], est, lo, hi)}
+    replacement, outcome = rows["replacement"].iloc[0], rows["outcome"].iloc[0]
+    fig.suptitle(f"Input-token erasure, {outcome.upper() if outcome == 'kl' else outcome}, {replacement} replacement" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    fig.tight_layout()
+    return PlotView(fig, title="erasure nAOPC", data={"family": family, "naopc": data})

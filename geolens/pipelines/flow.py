@@ -1,0 +1,270 @@
+"""The contribution-flow pipeline (docs/method.md §10): the input-token erasure test of the flow
+methods against gradient baselines and random (docs/flow/PROTOCOL.md), and the induction
+known-answer check.
+
+:func:`run_flow` runs both on one window per document (:func:`geolens.flow_erasure.measure_document`
+for each, then :func:`geolens.flow_erasure.erasure_summary`) and returns a :class:`FlowRun`.
+``geolens flow --erasure`` runs the same per-document function under the pre-registered protocol,
+saving each document as it finishes, and builds its :class:`FlowRun` from the saved tables with
+:meth:`FlowRun.of`. :meth:`FlowRun.load` reads a finished run folder (e.g.
+``docs/flow/<model>/``) back, so that a report can show a published run without recomputing it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from geolens.flow_erasure import DIRECTIONS, ErasureSettings, curves_table, erasure_summary, induction_check, induction_summary, measure_document
+from geolens.pipelines import TopicRun
+
+LABELS = {
+    "random": "random",
+    "attention_rollout": "attention rollout",
+    "value_zeroing_rollout": "Value Zeroing rollout",
+    "alti": "ALTI",
+    "contribution": "contribution flow",
+    "grad_x_input": "gradient × input",
+    "integrated_gradients": "integrated gradients",
+}
+CITED = {
+    "attention_rollout": "attention rollout (Abnar & Zuidema 2020)",
+    "value_zeroing_rollout": "Value Zeroing rollout (Mohebbi et al. 2023)",
+    "alti": "ALTI (Ferrando, Gállego & Costa-jussà 2022)",
+    "grad_x_input": "gradient × input",
+    "integrated_gradients": "integrated gradients (Sundararajan, Taly & Yan 2017)",
+}
+SOURCE = "geolens contribution flow (docs/method.md §10; docs/flow/PROTOCOL.md)"
+PROTOCOL_MIN_DOCUMENTS = 100  # docs/flow/protocol.json, data.min_documents
+
+
+@dataclass
+class FlowParams:
+    """Parameters of :func:`run_flow` (defaults: the protocol's settings)."""
+
+    erasure: ErasureSettings = field(default_factory=ErasureSettings)
+    induction: bool = True  # run the known-answer check
+    induction_tokens: int = 20
+    induction_seed: int = 0
+
+    @classmethod
+    def quick(cls) -> "FlowParams":
+        """Small settings for a quick look (two predictions per window, 8 integrated-gradient
+        steps, 1000 resamples): nothing it finds is a verdict."""
+        return cls(erasure=ErasureSettings(positions=(15, 31), ig_steps=8, n_boot=1000))
+
+
+@dataclass(kw_only=True)
+class FlowRun(TopicRun):
+    """:func:`run_flow`'s result. ``tables``: ``conditions``, ``predictions``, ``rankings`` (per
+    document), ``naopc`` (per method, family and direction), ``pairs`` (every pair of both
+    families, and the exploratory Δp pairs), ``curves`` (mean outcome per fraction) and
+    ``induction``; ``summary``: :func:`geolens.flow_erasure.erasure_summary` plus the known-answer
+    check; ``status``: ``"pre-registered"`` or ``"exploratory"`` (only the former decides claims)."""
+
+    summary: dict
+    settings: ErasureSettings
+    status: str = "exploratory"
+
+    @classmethod
+    def of(cls, tables: dict, settings: ErasureSettings, *, induction: pd.DataFrame | None = None, status: str = "exploratory",
+           parameters: dict | None = None, induction_skipped: str | None = None) -> "FlowRun":  # fmt: skip
+        """The run from its per-document tables (``conditions``, ``predictions``, ``rankings``);
+        ``induction_skipped``: why the known-answer check did not run (recorded in the summary)."""
+        summary = erasure_summary(tables, settings)
+        if induction is not None:
+            summary["induction_check"] = induction_summary(induction)
+        elif induction_skipped is not None:
+            summary["induction_check"] = {"skipped": induction_skipped}
+        all_tables = dict(tables)
+        all_tables.update(naopc=_naopc_rows(summary), pairs=_pair_rows(summary), curves=curves_table(tables["conditions"], settings))
+        summary["curves"] = all_tables["curves"].to_dict("records")
+        if induction is not None:
+            all_tables["induction"] = induction
+        params = {"erasure": settings.to_dict(), **(parameters or {})}
+        return cls(parameters=params, tables=all_tables, summary=summary, settings=settings, status=status)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "FlowRun":
+        """A finished run folder written by ``geolens flow --erasure`` (``summary.json`` and the
+        per-document tables ``erasure_*.csv.gz``), refused in one line when incomplete."""
+        from geolens.run_folder import require_complete
+
+        folder = require_complete(Path(folder))
+        saved = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        settings = ErasureSettings(**saved["settings"])
+        tables = {name: pd.read_csv(folder / f"erasure_{name}.csv.gz", dtype={"order": str} if name == "rankings" else None)
+                  for name in ("conditions", "predictions", "rankings")}  # fmt: skip
+        induction = pd.read_csv(folder / "induction.csv") if (folder / "induction.csv").is_file() else None
+        return cls.of(tables, settings, induction=induction, status=saved.get("status", "exploratory"), parameters={"folder": str(folder)})
+
+    @property
+    def figures(self) -> dict[str, Callable]:
+        from geolens.viz.flow import erasure_naopc_plot
+
+        if not (self.tables["naopc"]["family"] == "primary").any():
+            return {}  # no prediction passed the range check
+        subtitle = f"{self.summary['n_documents']} documents, {self.summary['n_predictions']} predictions ({self.status})"
+        return {"naopc": partial(erasure_naopc_plot, self.tables["naopc"], labels=LABELS, subtitle=subtitle)}
+
+    def claims(self) -> list:
+        return flow_claims(self.summary, self.settings, status=self.status)
+
+
+def run_flow(model, windows, params: FlowParams = FlowParams(), *, progress: bool = True, texts=None) -> FlowRun:
+    """The erasure test on ``windows`` ``[document, pos]`` (one window per document, BOS first;
+    row d is document d) and the known-answer check. ``texts``: the documents whose unigram
+    counts give the ``unigram`` replacement (default: the Lee corpus)."""
+    from tqdm.auto import tqdm
+
+    from geolens.data import load_corpus
+    from geolens.flow_erasure import space_token, unigram_counts
+
+    s = params.erasure
+    counts = unigram_counts(model, load_corpus("lee") if texts is None else texts) if "unigram" in s.replacements else None
+    space_id = space_token(model) if "space" in s.replacements else None
+    parts = []
+    for d in tqdm(range(int(windows.shape[0])), desc="erasure", disable=not progress):
+        parts.append(measure_document(model, windows[d], d, s, space_id=space_id, counts=counts))
+    tables = {name: pd.concat([p[name] for p in parts], ignore_index=True) for name in ("conditions", "predictions", "rankings")}
+    induction, skipped = checked_induction(model, n_tokens=params.induction_tokens, seed=params.induction_seed) if params.induction else (None, None)
+    parameters = {"n_documents": int(windows.shape[0]), "seq_len": int(windows.shape[1])}
+    return FlowRun.of(tables, s, induction=induction, induction_skipped=skipped, parameters=parameters)
+
+
+def checked_induction(model, **kwargs) -> tuple[pd.DataFrame | None, str | None]:
+    """(:func:`geolens.flow_erasure.induction_check`'s table, None), or (None, why) when the
+    vocabulary is too small for the sequence (the tiny test models)."""
+    try:
+        return induction_check(model, **kwargs), None
+    except ValueError as err:
+        return None, str(err)
+
+
+def _rows(summary: dict, key: str, columns: list[str]) -> pd.DataFrame:
+    """The ``key`` entries ("methods" or "pairs") of every family of ``summary`` as one table."""
+    families = [(name, f) for name, f in summary["families"].items()] + [("exploratory", f) for f in summary["exploratory_delta_p"].values()]
+    rows = [dict(family=name, replacement=f["replacement"], outcome=f["outcome"], **entry) for name, f in families for entry in f[key]]
+    return pd.DataFrame(rows, columns=None if rows else columns)
+
+
+def _naopc_rows(summary: dict) -> pd.DataFrame:
+    return _rows(summary, "methods", ["family", "replacement", "outcome", "direction", "method", "naopc", "ci_low", "ci_high"])
+
+
+def _pair_rows(summary: dict) -> pd.DataFrame:
+    return _rows(summary, "pairs", ["family", "replacement", "outcome", "direction", "a", "b", "delta", "ci_low", "ci_high", "verdict"])
+
+
+def _favour(pair: dict | None, method: str) -> str:
+    """The pair's verdict read from ``method``'s side: "for", "against", "tie", "not testable", or
+    "missing" (no prediction passed the range check)."""
+    if pair is None:
+        return "missing"
+    v = pair["verdict"]
+    if v in ("tie", "not testable"):
+        return v
+    wins = (v == "holds") == (pair["b"] == method)
+    return "for" if wins else "against"
+
+
+def _pair(pairs: list[dict], direction: str, x: str, y: str) -> dict | None:
+    for p in pairs:
+        if p["direction"] == direction and {p["a"], p["b"]} == {x, y}:
+            return p
+    return None
+
+
+def _said(p: dict | None, method: str) -> str:
+    """Δ in ``method``'s favour with its interval at the Holm level, and the verdict."""
+    if p is None:
+        return "no prediction in range"
+    sign = 1.0 if p["b"] == method else -1.0
+    lo, hi = sorted((sign * p["ci_low"], sign * p["ci_high"]))
+    return f"{sign * p['delta']:+.3g} [{lo:+.3g}, {hi:+.3g}] {p['verdict']}"
+
+
+def flow_claims(summary: dict, settings: ErasureSettings, *, status: str) -> list:
+    """The claims of the erasure test (primary family: KL, primary replacement), each decided by
+    its pairs' intervals within Holm's step-down; claims of an exploratory run are indicative."""
+    from geolens.claims import Claim, sample_size
+
+    primary = summary["families"]["primary"]
+    pairs, methods = primary["pairs"], settings.methods
+    sample = sample_size(primary["n_documents"], windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)
+    decided = status == "pre-registered"
+    rc = summary["range_check"][primary["replacement"]]
+    tail = f"; {rc['excluded_kl']} of {rc['n_predictions']} predictions out of range" + ("" if decided else f"; {status} run")
+    claims = []
+
+    def decide(found: list[str]) -> bool | None:
+        if "against" in found:
+            return False
+        return True if found and all(f == "for" for f in found) else None
+
+    if "contribution" in methods:
+        for other in [m for m in methods if m not in ("contribution", "random")]:
+            found, said = [], []
+            for d in DIRECTIONS:
+                p = _pair(pairs, d, "contribution", other)
+                found.append(_favour(p, "contribution"))
+                said.append(f"{d}: {_said(p, 'contribution')}")
+            claims.append(Claim(
+                claim=f"Contribution flow attributes next-token predictions to input tokens more faithfully than {CITED.get(other, LABELS[other])}",
+                source=SOURCE, measured="paired nAOPC difference in contribution flow's favour (KL, " + primary["replacement"] + " replacement) "
+                + "; ".join(said) + tail, holds=decide(found), ci=decided,
+                criterion="in both directions the pair's interval at its Holm level (primary family) lies on contribution flow's side; "
+                "false when either lies on the other side", numbers={"sample": sample, "pairs": [_pair(pairs, d, "contribution", other) for d in DIRECTIONS]},
+            ))  # fmt: skip
+    if "random" in methods:
+        found, said = [], []
+        for m in [m for m in methods if m != "random"]:
+            for d in DIRECTIONS:
+                p = _pair(pairs, d, "random", m)
+                found.append(_favour(p, m))
+                said.append(f"{LABELS[m]} {d[:4]}. {_said(p, m)}")
+        claims.append(Claim(
+            claim="Every attribution method erases more faithfully than a random ranking", source=SOURCE,
+            measured="; ".join(said) + tail, holds=decide(found), ci=decided,
+            criterion="every method's pair with random, in both directions, is decided in the method's favour (primary family)",
+            numbers={"sample": sample},
+        ))  # fmt: skip
+    best = summary.get("most_faithful", {})
+    said = []
+    for d in DIRECTIONS:
+        b = best.get(d)
+        said.append(f"{d}: " + (f"{LABELS[b['method']]}, by at least {b['by']:+.3g} [{b['ci_low']:+.3g}, {b['ci_high']:+.3g}] over {LABELS[b['against']]}" if b else "no method beats every other"))
+    claims.append(Claim(
+        claim="The most faithful method at input level", source=SOURCE, measured="; ".join(said) + tail, holds=None,
+        criterion="descriptive: the method whose pairs with every other method are decided in its favour (primary family)",
+        numbers={"sample": sample, "most_faithful": best},
+    ))  # fmt: skip
+    if "verdict_changes" in summary:
+        changes = summary["verdict_changes"]
+        claims.append(Claim(
+            claim="The verdicts do not depend on the replacement token", source=SOURCE,
+            measured=f"{len(changes)} of {len(pairs)} verdicts differ between the {settings.replacements[0]} and {settings.replacements[1]} replacements"
+            + (": " + ", ".join(f"{c['a']} → {c['b']} ({c['direction'][:4]}.) {c['primary']} / {c['robustness']}" for c in changes[:6]) if changes else "") + tail,
+            holds=not changes, ci=decided, criterion="every pair has the same verdict in the primary and the robustness family (each Holm-corrected)",
+            numbers={"sample": sample, "verdict_changes": changes},
+        ))  # fmt: skip
+    if "induction_check" in summary and "skipped" not in summary["induction_check"]:
+        ic = summary["induction_check"]
+        said = [f"{LABELS.get(m, m)} {r['passed']}/{r['n']} (without BOS {r['passed_no_bos']}/{r['n']}; median rank of the copied source "
+                f"{r['median_rank_target']:g}, median gap {r['median_gap_when_failing']:.3g})" for m, r in ic.items()]  # fmt: skip
+        claims.append(Claim(
+            claim="Known answer: on a repeated random sequence the flow into the second occurrence of a token puts its largest share outside "
+            "the position itself on the token that followed the first occurrence", source="known-answer check (docs/flow/PROTOCOL.md §6)",
+            measured="queries that pass: " + "; ".join(said), holds=None,
+            criterion="descriptive: a check on one sequence, reported per method with the margin by which it misses",
+            numbers={"induction_check": ic},
+        ))  # fmt: skip
+    return claims
+
+
+__all__ = ["FlowParams", "FlowRun", "flow_claims", "run_flow"]
