@@ -39,7 +39,6 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import rankdata
 
 from geolens.adapter import adapter_for, get_attention_layer, names_filter
 from geolens.metrics import LayerInputs
@@ -73,6 +72,18 @@ def draw_positions(document_index: int, n_layers: int, n_positions: int, queries
     return out
 
 
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1 … n, tied values sharing the mean of their ranks."""
+    order = np.argsort(x, kind="stable")
+    sorted_x = x[order]
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    ends = np.r_[starts[1:], x.size]
+    ranks = np.empty(x.size, dtype=np.float64)
+    for start, end in zip(starts, ends):
+        ranks[order[start:end]] = (start + end + 1) / 2.0
+    return ranks
+
+
 def spearman(scores: np.ndarray, effects: np.ndarray) -> float:
     """Spearman's ρ (Pearson correlation of average ranks); 0.0 when ``scores`` are all equal,
     NaN when ``effects`` are (the position is then excluded).
@@ -84,7 +95,7 @@ def spearman(scores: np.ndarray, effects: np.ndarray) -> float:
         return float("nan")
     if np.ptp(scores) == 0:
         return 0.0
-    a, b = rankdata(scores), rankdata(effects)
+    a, b = _average_ranks(np.asarray(scores, dtype=np.float64)), _average_ranks(np.asarray(effects, dtype=np.float64))
     a, b = a - a.mean(), b - b.mean()
     return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
 
