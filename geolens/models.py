@@ -217,12 +217,7 @@ def load_model(
 
             tiny = tiny_hooked(kind)
         return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
-    if name in MODELS:
-        path = str(converted_checkpoint(name))
-    elif Path(name).is_dir() or "/" in name:
-        path = name
-    else:
-        raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
+    path = _checkpoint_path(name)
     tok = AutoTokenizer.from_pretrained(path)
     if device_map is not None or (n_devices or 1) > 1 or max_memory is not None:
         return _boot(
@@ -231,6 +226,16 @@ def load_model(
         )  # fmt: skip
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     return _boot(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
+
+
+def _checkpoint_path(name: str) -> str:
+    """The HF checkpoint behind a :func:`load_model` name: a shipped model's converted folder, a
+    local folder or a hub name."""
+    if name in MODELS:
+        return str(converted_checkpoint(name))
+    if Path(name).is_dir() or "/" in name:
+        return name
+    raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
 
 
 def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype, device_map, max_memory):
@@ -248,12 +253,7 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
         hf, tok = tiny_hf_model(name[len("tiny-") :]), tiny_tokenizer()
         hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
         return prepare(hf, tokenizer=tok)
-    if name in MODELS:
-        path = str(converted_checkpoint(name))
-    elif Path(name).is_dir() or "/" in name:
-        path = name
-    else:
-        raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
+    path = _checkpoint_path(name)
     tok = AutoTokenizer.from_pretrained(path)
     kwargs = dict(dtype=dtype, attn_implementation="eager")
     if device_map is not None or max_memory is not None:

@@ -374,7 +374,34 @@ def markdown(matrix: dict) -> str:
     lines += ["", "Checks:", ""] + [f"- `{c}`: {d}." for c, d in matrix["checks"].items()]
     if notes:
         lines += ["", "Reasons:", ""] + [f"{n}. {text}" for n, text in enumerate(notes, start=1)]
+    lines += USAGE
     return "\n".join(lines) + "\n"
+
+
+USAGE = [
+    "",
+    "## The HF-native backend",
+    "",
+    "A `transformers` causal LM is analysed as it is, without TransformerLens:",
+    "",
+    "```python",
+    "import geolens",
+    'model = geolens.load_model("smollm2-135m", backend="hf")  # a transformers LlamaForCausalLM',
+    'tokens = model.to_tokens("The cat sat on the mat.", prepend_bos=True)',
+    "_, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))",
+    'c = geolens.contribution_weights(model, cache, layer=5, mode="intra")',
+    "```",
+    "",
+    "Any `PreTrainedModel` works the same way once `geolens.adapter_for(model)` (or",
+    "`geolens.hf.prepare(model, tokenizer=...)`) has given it geolens' entry points; its class and its",
+    "Hugging Face forward are unchanged. Pattern, v and z are captured inside the family's own eager",
+    "attention (a function registered in `transformers`' `AttentionInterface`), and before the first",
+    "analysis the attention output rebuilt from them, Σ_h z^h W_O^h + b_O, is checked against the",
+    "attention module's output in every layer: a model geolens would read wrongly raises an error",
+    "naming its family and the layer. Families outside the table use a generic adapter (Llama's",
+    "module layout) under the same check. `geolens.hf.streamed` computes each layer's quantities",
+    "inside the forward and drops its pattern before the next layer.",
+]
 
 
 def write(matrix: dict, out: Path) -> tuple[Path, Path]:

@@ -4,9 +4,12 @@ that do not use its capture:
 - the pattern against ``transformers``' own ``output_attentions=True`` (eager);
 - W_O probed through the output projection with basis vectors (no knowledge of its layout);
 - the attention module's output read by a forward hook of the test's own;
-- the attention output Σ_h Σ_j α_ij^h v_j^h W_O^h + b_O, contribution weights, Value Zeroing and
-  per-term effects rebuilt with explicit loops in float64 or by full reruns of the model;
-- padded batches against each prompt run alone (GPT-2's absolute positions included).
+- the attention output Σ_h Σ_j α_ij^h v_j^h W_O^h + b_O and contribution weights rebuilt with
+  explicit loops in float64.
+
+Value Zeroing, per-term effects and padded batches (GPT-2's absolute positions included) are
+checked per family and backend by the support matrix (scripts/support_matrix.py, run by
+tests/test_support_matrix.py).
 
 Slow tier: the shipped SmolLM2 and Gemma 3 on both backends (HF-native and TransformerLens 4.x).
 """
@@ -23,7 +26,6 @@ from geolens.adapter import adapter_for, get_attention_layer
 from geolens.hf import AttentionCheckError, check_attention, prepare
 from geolens.hf.tiny import FAMILIES, WINDOW, tiny_family
 from geolens.interventions.base import active_hook_count
-from geolens.per_term import per_term_effects
 
 N_POS = 12  # longer than the tiny sliding windows (8)
 
@@ -69,6 +71,30 @@ def output_projection(attn) -> torch.nn.Module:
     """The attention module's output projection, by the names the ten families give it."""
     (found,) = [m for name, m in attn.named_children() if name in ("o_proj", "c_proj", "dense")]
     return found
+
+
+def attention_io(model, tokens) -> tuple[dict, dict]:
+    """({layer: input}, {layer: output}) of every attention module in a forward, read by the
+    test's own hooks."""
+    inputs, outputs = {}, {}
+
+    def keep_in(module, args, kwargs, l):
+        inputs[l] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    def keep_out(module, args, output, l):
+        outputs[l] = output[0].detach()
+
+    handles = []
+    for l, m in enumerate(attention_modules(model)):
+        handles.append(m.register_forward_pre_hook(lambda mod, a, k, l=l: keep_in(mod, a, k, l), with_kwargs=True))
+        handles.append(m.register_forward_hook(lambda mod, a, o, l=l: keep_out(mod, a, o, l)))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    return inputs, outputs
 
 
 def naive_attention_output(pattern, v, W_O, b_O):
@@ -120,14 +146,7 @@ def test_attention_output_rebuilt_from_pattern_and_v_naively(fam):
     """Σ α v W_O + b_O (explicit loops, probed W_O) equals the attention module's own output."""
     family, model, tokens, cache = fam
     adapter = adapter_for(model)
-    outputs = {}
-    handles = [m.register_forward_hook(lambda mod, a, o, l=l: outputs.__setitem__(l, o[0].detach())) for l, m in enumerate(attention_modules(model))]
-    try:
-        with torch.no_grad():
-            model(tokens)
-    finally:
-        for h in handles:
-            h.remove()
+    _, outputs = attention_io(model, tokens)
     for l, attn in enumerate(attention_modules(model)):
         W_O, b_O = probed_W_O(output_projection(attn), adapter.n_heads, adapter.d_head)
         pattern, v = cache[f"blocks.{l}.attn.hook_pattern"], cache[f"blocks.{l}.attn.hook_v"]
@@ -153,18 +172,7 @@ def test_value_weights_give_v_from_the_attention_input(fam):
     """v = x W_V + b_V for the attention module's input x (read by the test's own pre-hook)."""
     family, model, tokens, cache = fam
     adapter = adapter_for(model)
-    inputs = {}
-
-    def keep(module, args, kwargs, l):
-        inputs[l] = (args[0] if args else kwargs["hidden_states"]).detach()
-
-    handles = [m.register_forward_pre_hook(lambda mod, a, k, l=l: keep(mod, a, k, l), with_kwargs=True) for l, m in enumerate(attention_modules(model))]
-    try:
-        with torch.no_grad():
-            model(tokens)
-    finally:
-        for h in handles:
-            h.remove()
+    inputs, _ = attention_io(model, tokens)
     group = adapter.group_size
     for l in range(2):
         W_V, b_V = adapter.value_weights(l)
@@ -231,84 +239,6 @@ def test_contributions_against_the_naive_reference(fam):
                     torch.testing.assert_close(pair.intra[b, h, i], intra, rtol=0, atol=1e-9)
                     torch.testing.assert_close(pair.inter[b, h, i], inter, rtol=0, atol=1e-9)
         torch.testing.assert_close(pair.inter.sum((1, 3)), torch.ones(2, N_POS, dtype=torch.float64), rtol=0, atol=1e-9)
-
-
-def test_value_zeroing_equals_the_naive_rerun(fam):
-    """VZ_ij = 1 − cos(x_i, x_i^{¬j}) with x^{¬j} from a full rerun whose v_j is zeroed (hook_v)."""
-    family, model, tokens, _ = fam
-    adapter = adapter_for(model)
-    layer = 1
-    vz = geolens.value_zeroing(model, tokens, layers=[layer])[0]
-    post = adapter.resid_post_hook(layer)
-    with torch.no_grad():
-        _, clean = model.run_with_cache(tokens, names_filter=[post])
-        for j in range(N_POS):
-
-            def zero(v, hook, j=j):
-                v = v.clone()
-                v[:, j] = 0
-                return v
-
-            with model.hooks(fwd_hooks=[(adapter.value_hook(layer), zero)]):
-                _, edited = model.run_with_cache(tokens, names_filter=[post])
-            cos = torch.nn.functional.cosine_similarity(edited[post].double(), clean[post].double(), dim=-1)  # [batch, query]
-            expected = torch.where(torch.arange(N_POS) >= j, 1 - cos, torch.zeros_like(cos))
-            torch.testing.assert_close(vz[:, :, j].double(), expected, rtol=0, atol=2e-5)
-
-
-def test_per_term_fast_equals_the_naive_full_reruns(fam):
-    """per_term_effects (KV cache, single-position forwards) against one full forward per term with
-    α_ij^h = 0 at the query (``hook_pattern``), all terms as the rows of one batch."""
-    family, model, tokens, _ = fam
-    adapter = adapter_for(model)
-    text, layer, query = tokens[:1], 0, 10
-    fast = per_term_effects(model, text, layer=layer, query=query)
-    terms = [(h, j) for h in range(adapter.n_heads) for j in range(query + 1)]
-
-    def zero(pattern, hook):
-        pattern = pattern.clone()
-        for row, (h, j) in enumerate(terms):
-            pattern[row, h, query, j] = 0
-        return pattern
-
-    with torch.no_grad():
-        clean = model(text, return_type="logits")[0, query].double()
-        perturbed = model.run_with_hooks(text.expand(len(terms), -1), fwd_hooks=[(adapter.pattern_hook(layer), zero)], return_type="logits")
-    p = torch.softmax(clean, -1)
-    for row, (h, j) in enumerate(terms):
-        q = torch.softmax(perturbed[row, query].double(), -1)
-        kl = float((p * (p.log() - q.log())).sum())
-        assert abs(float(fast.kl[h, j]) - kl) <= 1e-4 * kl + 1e-7, (family, h, j, float(fast.kl[h, j]), kl)
-
-
-# ---------------------------------------------------------------------------------------------
-# Padded batches
-
-
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_padded_batch_equals_each_prompt_alone(fam, side):
-    """Logits and contribution rows of a padded batch equal each prompt run alone, on every
-    family (GPT-2's learned absolute positions: positions are counted over the real tokens)."""
-    family, model, _, _ = fam
-    short, long_ = _tokens(1, 8, seed=1)[0], _tokens(1, N_POS, seed=2)[0]
-    pad = N_POS - 8
-    row = torch.cat([torch.full((pad,), 2), short]) if side == "left" else torch.cat([short, torch.full((pad,), 2)])
-    tokens = torch.stack([row, long_])
-    mask = torch.ones_like(tokens)
-    mask[0, :pad] if side == "left" else None
-    if side == "left":
-        mask[0, :pad] = 0
-    else:
-        mask[0, 8:] = 0
-    real = slice(pad, N_POS) if side == "left" else slice(0, 8)
-    with torch.no_grad():
-        logits, cache = geolens.run_with_cache(model, tokens, attention_mask=mask, names_filter=geolens.names_filter(model))
-        alone_logits, alone = geolens.run_with_cache(model, short[None], names_filter=geolens.names_filter(model))
-    torch.testing.assert_close(logits[0, real], alone_logits[0], rtol=0, atol=2e-5)
-    for l in range(2):
-        padded = geolens.contribution_weights(model, cache, l, attention_mask=mask)
-        single = geolens.contribution_weights(model, alone, l)
-        torch.testing.assert_close(padded[0][:, real, real], single[0], rtol=0, atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,27 +87,31 @@ def attach(model, adapter) -> None:
     )  # fmt: skip
     state = Sites(model, adapter)
     _STATE[model] = state
-    hf_forward = model.forward  # the bound class forward
-    ref = weakref.ref(model)
-
-    def forward(*args, **kwargs):
-        if not any(k in kwargs for k in _TL_KEYWORDS):
-            return hf_forward(*args, **kwargs)
-        return tl_forward(ref(), *args, **kwargs)
-
+    if "forward" in vars(model):  # an instance forward of someone else's (accelerate's device hooks): kept
+        object.__setattr__(model, "_hf_forward", vars(model)["forward"])
     values = {
         "cfg": cfg,
-        "forward": forward,
+        "forward": types.MethodType(_forward, model),
         "hook_dict": {name: name for name in sorted(state.names)},
-        "run_with_cache": lambda *a, **k: cached_forward(ref(), *a, **k),
-        "run_with_hooks": lambda *a, **k: run_with_hooks(ref(), *a, **k),
-        "hooks": lambda *a, **k: hooks(ref(), *a, **k),
-        "to_tokens": lambda *a, **k: to_tokens(ref(), *a, **k),
+        "run_with_cache": types.MethodType(cached_forward, model),
+        "run_with_hooks": types.MethodType(run_with_hooks, model),
+        "hooks": types.MethodType(hooks, model),
+        "to_tokens": types.MethodType(to_tokens, model),
     }
     if getattr(model, "tokenizer", None) is None:
         values["tokenizer"] = None
     for key, value in values.items():
         object.__setattr__(model, key, value)
+
+
+def _forward(model, *args, **kwargs):
+    """The instance ``forward``: the class's Hugging Face forward, unless a TransformerLens keyword
+    (``return_type``, ``stop_at_layer``) asks for :func:`tl_forward`. Bound methods, so that a copy
+    of the model calls its own forward."""
+    if not any(k in kwargs for k in _TL_KEYWORDS):
+        inner = vars(model).get("_hf_forward")
+        return inner(*args, **kwargs) if inner is not None else type(model).forward(model, *args, **kwargs)
+    return tl_forward(model, *args, **kwargs)
 
 
 def set_tokenizer(model, tokenizer) -> None:

@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import BridgeAdapter, ModelAdapter, hook_name
+from geolens.adapter import BridgeAdapter, ModelAdapter
 
 
 class HFAdapter(ModelAdapter):
