@@ -72,8 +72,10 @@ the protocol is exploratory: every number, no verdict.
 **Cost:** per window one clean forward and 2 × (4 + 35) = 78 edited forwards of 64 tokens (4 norm
 edits, 5 + 20 + 5 + 5 rotations, two scopes), run as rows of batched forwards branched at the first
 edited layer (:func:`geolens.interventions.masking.branch_hook`; that layer is 0, so only the
-embedding is shared), about 79 × 64 × 2 × (parameters, unembedding included) multiply-adds: some
-1.4 T for SmolLM2-135M, 2.7 T for Gemma 3 270M (its 262 144-token unembedding). Smoke timing on
+embedding is shared), about 79 × 64 × (parameters, unembedding included) multiply-adds: some
+0.7 T for SmolLM2-135M and 1.4 T for Gemma 3 270M (its 262 144-token unembedding), that is about
+25 s and 50 s per window at the 28 G multiply-adds per second of PROTOCOL.md §8 (an estimate from
+the count, not a timing), or 40 and 80 minutes for the 100 windows. Smoke timing on
 a tiny random model (7 layers, d_model 32, vocabulary 64, one torch thread on the shared 2-core
 machine under load): about 0.6 s per window, nearly all of it the forwards' fixed overhead, so
 it says nothing about the real models; their cost is the count above.
