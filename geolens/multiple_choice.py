@@ -161,7 +161,9 @@ def load_questions(name: str, *, max_questions: int | None = None) -> list[Quest
     return qs[:max_questions] if max_questions else qs
 
 
-def _prompt_and_choice_ids(model, question: Question) -> tuple[list[int], list[list[int]]]:
+def prompt_and_choice_ids(model, question: Question) -> tuple[list[int], list[list[int]]]:
+    """(BOS + prompt token ids, each choice's token ids, tokenised as " " + choice); ValueError for
+    a question without choices, an answer index out of range or a choice that tokenises to nothing."""
     if not question.choices:
         raise ValueError(f"question {question.prompt[:40]!r} has no choices")
     if not 0 <= question.answer < len(question.choices):
@@ -179,11 +181,13 @@ def _prompt_and_choice_ids(model, question: Question) -> tuple[list[int], list[l
 
 def choice_tokens(model, question: Question) -> list[tuple[torch.Tensor, int]]:
     """``[1, pos]`` token rows BOS + prompt + " " + choice, one per choice, and the choice lengths."""
-    prompt, ids = _prompt_and_choice_ids(model, question)
+    prompt, ids = prompt_and_choice_ids(model, question)
     return [(torch.tensor([prompt + c]), len(c)) for c in ids]
 
 
-def _positions_from(start: int):
+def positions_from(start: int):
+    """A hook keeping positions ``start`` … of its activation (before the unembedding: fewer logits)."""
+
     def hook(x, hook=None):
         return x[:, start:].contiguous()
 
@@ -202,13 +206,13 @@ def choice_logliks(model, question: Question, *, fwd_hooks=()) -> tuple[list[flo
     from geolens.adapter import unembed_input_hook
     from geolens.interventions.base import applied
 
-    prompt, ids = _prompt_and_choice_ids(model, question)
+    prompt, ids = prompt_and_choice_ids(model, question)
     P, n_max = len(prompt), max(len(c) for c in ids)
     if n_max == 1:
         rows = torch.tensor([prompt])
     else:
         rows = torch.tensor([prompt + (c + [c[-1]] * (n_max - len(c)))[: n_max - 1] for c in ids])
-    hooks = list(fwd_hooks) + [(unembed_input_hook(model), _positions_from(P - 1))]
+    hooks = list(fwd_hooks) + [(unembed_input_hook(model), positions_from(P - 1))]
     with torch.no_grad(), applied(model, hooks):
         logits = model(rows.to(next(model.parameters()).device), return_type="logits")
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [rows, n_max, vocab]

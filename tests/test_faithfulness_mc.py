@@ -204,8 +204,9 @@ def _argmax_questions(model, questions):
 
 @pytest.mark.parametrize("kind", ["gqa", "mha"])
 def test_masked_margin_equals_hand_built_full_forward(kind):
-    """Every (metric, layer, k, choice) score of masked_scores equals a full forward with α = 0 at
-    the naive mask's terms of that layer only (float64 log-softmax, mean over the choice tokens)."""
+    """Every (metric, layer, k, choice) score of masked_scores (choices sharing a masked row, forwards
+    started at the layer) equals a full forward of BOS + prompt + choice with α = 0 at the naive
+    mask's terms of that layer only (float64 log-softmax, mean over the choice tokens)."""
     from conftest import make_tiny
 
     from geolens.adapter import get_attention_layer, names_filter
@@ -214,13 +215,13 @@ def test_masked_margin_equals_hand_built_full_forward(kind):
     from geolens.interventions.base import active_hook_count
 
     model = make_tiny(kind, n_layers=3)
-    q = Question("the cat sat on", ("mat", "a dog"), 1, task="t")
+    q = Question("the cat sat on", ("mat", "ab", "ac"), 1, task="t")  # " ab" and " ac" share the masked row " a"
     layers, fractions = [0, 2], (0.2, 0.5)
     with torch.no_grad():
         model.run_with_cache(choice_tokens(model, q)[0][0])  # TransformerLens 4 keeps its cache hooks registered
     hooks = active_hook_count(model)
     got, same = masked_scores(model, q, layers, SIX, fractions)
-    assert got.shape == (6, 2, 2, 2) and active_hook_count(model) == hooks  # the masks' hooks are gone
+    assert got.shape == (6, 2, 2, 3) and active_hook_count(model) == hooks  # the masks' hooks are gone
     for c, (tokens, n) in enumerate(choice_tokens(model, q)):
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))

@@ -121,7 +121,7 @@ def test_single_token_choices_use_one_prompt_forward(tiny_gqa, monkeypatch):
     model, _, _ = tiny_gqa
     prompt = model.to_tokens("the cat sat on the", prepend_bos=True)[0].tolist()
     choice_ids = [[17], [5], [30], [9]]
-    monkeypatch.setattr(mc, "_prompt_and_choice_ids", lambda m, q: (prompt, choice_ids))
+    monkeypatch.setattr(mc, "prompt_and_choice_ids", lambda m, q: (prompt, choice_ids))
     calls = []
     orig = model.forward
 

@@ -16,8 +16,7 @@
   query, the top ⌈k·n⌉ of its n terms (h, j) with α_ij^h ≠ 0, pooled over heads
   (:func:`~geolens.faithfulness.layer_masking.query_masks`, ties by source then head), are removed
   by setting α_ij^h = 0 in that layer's ``hook_pattern``, not renormalised, on prompt and choice
-  tokens alike (:func:`geolens.interventions.masking.masked_token_nll`: the layers before the
-  masked one run once for all masks).
+  tokens alike; the masked forwards start at that layer from the clean residual stream.
 - **Outcome** per question and metric: the mean over layers and k of the margin's drop,
   margin(clean) − margin(masked); larger means the metric found terms the answer depends on.
 - **Pairs** (:func:`pair_tests`), pairs 1–5 of §4 (:data:`DEFAULT_PAIRS`): Δ = mean drop(b) −
@@ -51,9 +50,11 @@ from tqdm.auto import tqdm
 
 from geolens.faithfulness.layer_masking import MASKING_METRICS, masking_scores, query_masks
 from geolens.faithfulness.preregistered import Preregistered, load_protocol, run_label
-from geolens.interventions.masking import masked_token_nll
+from geolens.interventions.masking import pattern_mask_hooks
 from geolens.metrics import find_metric
-from geolens.multiple_choice import Question, choice_logliks, choice_scores, choice_tokens, mc_summary, question_row
+from geolens.multiple_choice import (
+    Question, choice_logliks, choice_scores, mc_summary, positions_from, prompt_and_choice_ids, question_row,
+)  # fmt: skip
 from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
 
 DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
@@ -217,31 +218,53 @@ def masked_scores(
 
     Returns ``scores`` ``[metric, layer, k, choice]`` (float64; :func:`~geolens.multiple_choice.choice_scores`
     of the masked log-likelihoods) and ``same`` ``[metric, metric]``: True where two metrics' masks
-    were identical for every choice, layer and k. Identical masks run once.
+    were identical for every choice, layer and k.
+
+    The sequence of choice c is BOS + prompt + c without its last token (predicted, never read:
+    causal attention keeps it from acting on any scored position), so choices whose sequences
+    coincide (every single-token choice: the prompt alone) share one clean run and one masked run.
+    Each masked forward starts at the masked layer from the clean residual stream
+    (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`), identical masks run once,
+    ``chunk_size`` masks per forward, and only the positions predicting choice tokens are unembedded.
     """
-    from geolens.adapter import get_attention_layer, names_filter
+    from geolens.adapter import adapter_for, get_attention_layer, names_filter, unembed_input_hook
+    from geolens.interventions.base import applied
 
     layers = [int(l) for l in layers]
     fractions = [float(k) for k in fractions]
-    n_m, n_l, n_k = len(metrics), len(layers), len(fractions)
-    rows = choice_tokens(model, question)
-    scores = np.zeros((n_m, n_l, n_k, len(rows)))
+    n_m, n_k = len(metrics), len(fractions)
+    prompt, choices = prompt_and_choice_ids(model, question)
+    scores = np.zeros((n_m, len(layers), n_k, len(choices)))
     same = np.ones((n_m, n_m), dtype=bool)
+    adapter = adapter_for(model)
     device = next(model.parameters()).device
-    for c, (tokens, n) in enumerate(rows):
-        tokens = tokens.to(device)
+    wanted, resid_names = names_filter(model, layers), {adapter.resid_pre_hook(l) for l in layers}
+    rows: dict[tuple[int, ...], list[int]] = {}
+    for c, ids in enumerate(choices):
+        rows.setdefault(tuple(prompt + ids[:-1]), []).append(c)
+    for row, members in rows.items():
+        tokens = torch.tensor([row], device=device)
+        n = len(choices[members[0]])  # the row predicts its choices' n tokens from its last n positions
         with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))
+            _, cache = model.run_with_cache(tokens, names_filter=lambda name: wanted(name) or name in resid_names)
         for li, layer in enumerate(layers):
             view = get_attention_layer(model, cache, layer)
-            terms = view.pattern[0] != 0
             by_metric = masking_scores(view, metrics)
-            masks = torch.stack([mask for m in metrics for mask in query_masks(by_metric[m], terms, fractions)])  # [metric·k, head, query, key]
-            unique, which = _distinct(masks)
-            nll = masked_token_nll(model, tokens, unique[None], [layer], chunk_size=chunk_size, n_scored=n)
-            loglik = (-nll.to(torch.float64).sum(-1)).tolist()
-            s = np.asarray(choice_scores(loglik, [n] * len(loglik), normalize))
-            scores[:, li, :, c] = s[which].reshape(n_m, n_k)
+            masks = torch.stack([mask for m in metrics for mask in query_masks(by_metric[m], view.pattern[0] != 0, fractions)])
+            unique, which = _distinct(masks)  # [distinct, head, query, key]; which: [metric·k]
+            resid = cache[adapter.resid_pre_hook(layer)]
+            logp = []
+            for start in range(0, len(unique), chunk_size):
+                chunk = unique[start : start + chunk_size]
+                hooks = list(pattern_mask_hooks(model, chunk[None], [layer])) + [(unembed_input_hook(model), positions_from(len(row) - n))]
+                with torch.no_grad(), applied(model, hooks):
+                    logits = adapter.forward_from_layer(resid.expand(len(chunk), -1, -1).contiguous(), layer)
+                logp.append(torch.log_softmax(logits.to(torch.float64), dim=-1).cpu())  # [chunk, n, vocab]
+            logp = torch.cat(logp)
+            for c in members:
+                loglik = logp[:, torch.arange(n), torch.tensor(choices[c])].sum(-1).tolist()
+                s = np.asarray(choice_scores(loglik, [n] * len(loglik), normalize))
+                scores[:, li, :, c] = s[which].reshape(n_m, n_k)
             w = which.reshape(n_m, n_k)
             same &= (w[:, None, :] == w[None, :, :]).all(-1)
         del cache
