@@ -572,3 +572,13 @@ def test_one_smollm2_window_end_to_end(smollm2, smollm2_tokens):
     table = induction_check(model)
     assert len(table) == 4 * 19 and set(table.method) == {"contribution", "alti", "attention_rollout", "value_zeroing_rollout"}
     print(induction_summary(table))
+
+
+@pytest.mark.bridge_only
+def test_doctests():
+    import doctest
+
+    import geolens.flow_erasure as module
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
