@@ -326,7 +326,13 @@ def test_docstring_examples_run():
 def test_no_other_module_draws_bootstrap_indices():
     """One place draws resamples: no other bootstrap function and no other index draw in geolens."""
     defs, draws = [], []
-    allowed_draws = {("sinks/controls.py", "positions = rng.integers(1, T, size=W)")}  # a random position, not a resample
+    allowed_draws = {  # random positions or replacement tokens, not resamples
+        ("sinks/controls.py", "positions = rng.integers(1, T, size=W)"),
+        ("faithfulness/ground_truth.py", "layer = int(rng.integers(0, n_layers))"),
+        ("faithfulness/ground_truth.py", "out.append((layer, int(rng.integers(lo, hi + 1))))"),
+        ("flow_erasure.py", "return torch.from_numpy(rng.choice(p.size, size=n_pos, p=p / p.sum())).to(torch.long)"),
+        ("flow_erasure.py", "ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)"),
+    }
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
         if rel == "stats.py":
