@@ -332,6 +332,8 @@ def test_no_other_module_draws_bootstrap_indices():
         ("faithfulness/ground_truth.py", "out.append((layer, int(rng.integers(lo, hi + 1))))"),
         ("flow_erasure.py", "return torch.from_numpy(rng.choice(p.size, size=n_pos, p=p / p.sum())).to(torch.long)"),
         ("flow_erasure.py", "ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)"),
+        ("hf/check.py", "return torch.randint(0, cfg.d_vocab, (batch, n), generator=generator)"),  # check tokens
+        ("hf/streamed.py", ">>> tokens = torch.randint(4, 64, (6, 10), generator=torch.Generator().manual_seed(0))"),
     }
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
