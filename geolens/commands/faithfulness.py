@@ -315,9 +315,9 @@ def run_preregistered(args) -> int:
         for pair in summary["pairs"]:
             pair["verdict"] = None
         summary["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
-    from geolens.faithfulness.preregistered import _write_json
+    from geolens.faithfulness.preregistered import write_json
 
-    _write_json(summary, out / "summary.json")
+    write_json(summary, out / "summary.json")
     from geolens.checkpoint import atomic_write_bytes
 
     atomic_write_bytes(out / "README.md", protocol_markdown(summary).encode("utf-8"))

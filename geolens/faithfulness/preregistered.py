@@ -110,7 +110,8 @@ def _write_table(frame, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def _write_json(data: dict, path: Path) -> None:
+def write_json(data: dict, path: Path) -> None:
+    """``data`` as indented JSON at ``path``, written atomically (numpy scalars as Python numbers)."""
     from geolens.checkpoint import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(data, indent=1, ensure_ascii=False, default=_plain) + "\n").encode("utf-8"))
@@ -161,7 +162,7 @@ def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: in
         for name, frame in merged.items():
             _write_table(frame, out / f"{stage}_{name}.csv.gz")
         seconds += time.perf_counter() - start
-        _write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged),
+        write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged),
                          seconds=round(seconds, 1)), progress_path)  # fmt: skip
         progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
     return {name: parts[0] for name, parts in tables.items()}
