@@ -20,7 +20,7 @@ through geolens' public functions and compare with references computed here inde
 A cell is ``pass``, ``fail`` (with a one-line reason) or ``unsupported`` (geolens refuses the
 computation with a clear error, quoted). Usage::
 
-    python scripts/support_matrix.py            # writes docs/support-matrix.md and docs/support-matrix.json
+    python scripts/support_matrix.py            # writes docs/support.md and docs/support.json
     python scripts/support_matrix.py --out DIR  # elsewhere
 
 ``tests/test_support_matrix.py`` regenerates the matrix and fails when a cell changed or the
@@ -332,7 +332,7 @@ MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "not hosted": "n/h"}
 
 
 def markdown(matrix: dict) -> str:
-    """docs/support-matrix.md from the matrix (see :func:`support_matrix`)."""
+    """docs/support.md from the matrix (see :func:`support_matrix`)."""
     checks, backends = list(matrix["checks"]), list(matrix["backends"])
     lines = [
         "# Support matrix",
@@ -406,7 +406,7 @@ USAGE = [
 
 def write(matrix: dict, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    md_path, json_path = out / "support-matrix.md", out / "support-matrix.json"
+    md_path, json_path = out / "support.md", out / "support.json"
     md_path.write_text(markdown(matrix), encoding="utf-8")
     json_path.write_text(json.dumps(matrix, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return md_path, json_path
@@ -414,7 +414,7 @@ def write(matrix: dict, out: Path) -> tuple[Path, Path]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for support-matrix.md and support-matrix.json (default: docs/)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for support.md and support.json (default: docs/)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
