@@ -131,7 +131,8 @@ def test_adapter_cache_holds_models_weakly():
     import weakref
     from types import SimpleNamespace
 
-    from geolens.adapter import _ADAPTERS, HookedAdapter, adapter_for
+    from geolens.adapter import HookedAdapter, adapter_for
+    from geolens.adapter.registry import _ADAPTERS
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -252,13 +253,13 @@ def test_hook_names_exist_and_hold_what_they_say(tiny):
 _FAMILY_NAMES = frozenset({
     "is_bridge", "original_model", "HookedTransformer", "HookedTransformerConfig", "TransformerBridge",
     "enable_compatibility_mode", "use_normalization_before_and_after", "attn_types", "layer_types",
-    "original_architecture", "n_key_value_heads", "_looks_like_bridge",
+    "original_architecture", "n_key_value_heads", "looks_like_bridge",
 })  # fmt: skip
 _FAMILY_STRINGS = _FAMILY_NAMES - {"n_key_value_heads"}  # recorded as a config field by checkpoint/report
 _RAW_HOOKS = ("hook_resid", "hook_attn_out", "ln_final", "unembed.hook", "attn.hook_out")
 _FAMILY_WORDS = ("gemma", "llama", "gpt2", "gpt-2", "mistral", "qwen", "bridge", "hooked")
 _WEIGHTS = frozenset({"W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"})
-_ALLOWED = {"adapter.py", "models.py"}  # geolens/adapter.py and geolens/models.py
+_ALLOWED = ("adapter/", "models.py")  # the geolens/adapter package and geolens/models.py, under geolens/
 _TINY_KINDS_ALLOWED = {"testing.py"}  # chooses which tiny HF model to build by kind ("gemma")
 
 
@@ -326,14 +327,33 @@ def f(model, cache, l):
 
 
 def test_no_family_branching_outside_the_adapter():
-    """Only geolens/adapter.py (reading models) and geolens/models.py (loading them) may know
-    model families and TransformerLens versions."""
+    """Only the geolens/adapter package (reading models) and geolens/models.py (loading them) may
+    know model families and TransformerLens versions."""
     from pathlib import Path
 
     root = Path(geolens.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path.parent == root and path.name in _ALLOWED:
+        if path.relative_to(root).as_posix().startswith(_ALLOWED):
             continue
         found += family_branching(path.read_text(encoding="utf-8"), str(path.relative_to(root.parent)))
-    assert not found, "family branching outside geolens/adapter.py and geolens/models.py:\n" + "\n".join(found)
+    assert not found, "family branching outside geolens/adapter/ and geolens/models.py:\n" + "\n".join(found)
+
+
+@pytest.mark.bridge_only
+def test_the_adapter_modules_examples_run():
+    """The ``>>>`` examples of every module of the geolens/adapter package (hook names, the family
+    registry, the layer view) run as doctests."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import geolens.adapter
+
+    attempted = {}
+    for info in pkgutil.iter_modules(geolens.adapter.__path__):
+        module = importlib.import_module(f"geolens.adapter.{info.name}")
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, f"geolens.adapter.{info.name}: {result.failed} of {result.attempted} examples failed"
+        attempted[info.name] = result.attempted
+    assert all(attempted[name] > 0 for name in ("hooks", "registry", "layer")), attempted

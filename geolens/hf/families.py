@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import BridgeAdapter, ModelAdapter
+from geolens.adapter import BridgeAdapter, ModelAdapter, register_family
 
 
 class HFAdapter(ModelAdapter):
@@ -420,3 +420,5 @@ class GPTNeoXHF(HFAdapter):
 HF_FAMILIES: list[type[ModelAdapter]] = [LlamaHF, MistralHF, Qwen2HF, Qwen3HF, Gemma2HF, Gemma3HF, Phi3HF, Olmo2HF, GPT2HF, GPTNeoXHF, HFAdapter]
 """The HF-native families, tried in order by :func:`geolens.adapter.adapter_for` (the generic
 :class:`HFAdapter` last)."""
+
+register_family(*HF_FAMILIES)
