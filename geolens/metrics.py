@@ -6,10 +6,12 @@ whether default runs include it (``geolens faithfulness`` without ``--metrics`` 
 and whether its ranking equals another metric's by construction. The registry's order, the
 registration order, is the order of the tables, legends and the report.
 
-Built-in metrics (docs/method.md §2 and §3.1; formulas in the :mod:`geolens.faithfulness`
+Built-in metrics (docs/method.md §2 and §3.1; formulas in the :mod:`geolens.faithfulness.protocol`
 docstring): ``raw_attention`` α_ij, ``value_weighted`` α_ij‖ṽ_j‖, ``output_normalized``
 α_ij‖ṽ_j‖/‖o_i‖, ``contribution`` c_ij (ranked by signed value), ``contribution_abs`` |c_ij|,
-``value_zeroing`` (Mohebbi et al. 2023) and ``random`` (uniform scores: the floor).
+``value_zeroing`` (Mohebbi et al. 2023; registered by :mod:`geolens.faithfulness.value_zeroing`,
+where it is computed) and ``random`` (uniform scores: the floor). The built-ins keep the order of
+:data:`MetricName` whichever registers first; other metrics follow in registration order.
 
 A metric is either
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, get_args
 
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -45,6 +47,7 @@ from geolens.interventions.masking import random_scores
 MetricName = Literal[
     "raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "value_zeroing", "random"
 ]
+BUILT_IN: tuple[str, ...] = get_args(MetricName)  # their order is the registry's, before any other metric
 # Names that result tables already use for rows that are no metric.
 RESERVED_NAMES = ("clean", "sink_only")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -155,6 +158,10 @@ def register_metric(name: str, *, label: str, fn: Callable[..., Tensor], **optio
         raise ValueError(f"metric {name!r}: fn must be callable, got {type(fn).__name__}")
     metric = Metric(name=name, label=label, fn=fn, **options)
     _REGISTRY[name] = metric
+    if name in BUILT_IN:  # built-ins keep MetricName's order, wherever each is registered
+        ordered = sorted(_REGISTRY.items(), key=lambda item: BUILT_IN.index(item[0]) if item[0] in BUILT_IN else len(BUILT_IN))
+        _REGISTRY.clear()
+        _REGISTRY.update(ordered)
     return metric
 
 
@@ -190,12 +197,6 @@ def check_metric_names(metrics) -> None:
         raise ValueError("no metric given")
 
 
-def _value_zeroing(x: SequenceInputs) -> Tensor:
-    from geolens.faithfulness import value_zeroing
-
-    return value_zeroing(x.model, x.tokens, x.layers, chunk_size=x.value_zeroing_chunk)[:, :, None]
-
-
 def _random(x: SequenceInputs) -> Tensor:
     n = x.tokens.shape[1]
     return random_scores((len(x.layers), 1, x.heads, n, n), seed=x.seed)
@@ -215,7 +216,5 @@ register_metric("contribution", label="contribution weights c", colour="#d62728"
                 fn=lambda x: x.contribution, description="c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j), ranked by signed value")  # fmt: skip
 register_metric("contribution_abs", label="|contribution weights| |c|", colour="#ff7f0e", marker="P", linestyle=":",
                 fn=lambda x: x.contribution, absolute=True, description="|c_ij| (source ranking: |Σ_h c_ij^h|)")  # fmt: skip
-register_metric("value_zeroing", label="Value Zeroing", colour="#9467bd", marker="v", linestyle=":", fn=_value_zeroing,
-                per_layer=False, default=False, description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row")  # fmt: skip
 register_metric("random", label="random", colour="#000000", marker="x", linestyle=(0, (6, 2)), fn=_random,
                 per_layer=False, description="uniform scores: the floor")  # fmt: skip

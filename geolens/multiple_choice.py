@@ -49,7 +49,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from geolens.faithfulness import DIRECTIONS, PAIRS, Protocol, curve_masks, faithfulness_sign, metric_scores, verdict
+from geolens.faithfulness.masks import curve_masks, metric_scores
+from geolens.faithfulness.protocol import DIRECTIONS, PAIRS, Protocol, faithfulness_sign, same_ranking_by_construction, verdict
 from geolens.interventions.masking import masked_token_nll, tail_nll
 from geolens.stats import bootstrap_indices, mean_ci, paired_bootstrap
 from geolens.stats import verdict as ci_verdict
@@ -433,8 +434,6 @@ def mc_pairs(
     and every verdict is ``no range``. With the masks' ``protocol``, a pair that masks identically
     by construction (:func:`~geolens.faithfulness.same_ranking_by_construction`) is ``not testable``.
     """
-    from geolens.faithfulness import same_ranking_by_construction
-
     identical = {frozenset(("value_weighted", "output_normalized"))} if protocol and same_ranking_by_construction(protocol) else set()
     key = ["task", "qid"]
     clean = per_question[per_question.metric == "clean"].set_index(key)

@@ -574,7 +574,7 @@ def _mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | No
     """``mc.csv`` (accuracy and log p(correct) per condition), ``mc_pairs.csv`` (paired verdicts),
     ``mc_protocol.json`` and ``mc.png`` from the per-question rows (``mc_questions.csv``) and the
     run's ``mc_progress.json``; printed too. A partial run counts the questions answered so far."""
-    from geolens.faithfulness import _span
+    from geolens.faithfulness.protocol import layer_span
     from geolens.multiple_choice import mc_conditions, mc_pairs
     from geolens.viz.faithfulness import mc_accuracy_plot
 
@@ -600,7 +600,7 @@ def _mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | No
         print(pairs[["a", "b", "direction", "fraction", "diff", "ci_low", "ci_high", "verdict"]].to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
     print(mc.pivot_table(index="metric", columns=["direction", "fraction"], values="accuracy", sort=False).to_string(float_format=lambda v: f"{v:.3f}"))
     p = info["protocol"]
-    view = mc_accuracy_plot(mc, subtitle=f"{info['task']}, {n_done} questions; layers masked {_span(p['layers']) if p.get('layers') else 'all'}, "
+    view = mc_accuracy_plot(mc, subtitle=f"{info['task']}, {n_done} questions; layers masked {layer_span(p['layers']) if p.get('layers') else 'all'}, "
                             f"ranking {p.get('ranking')}, sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
     view.save(out / "mc.png", dpi=80)
     view.close()

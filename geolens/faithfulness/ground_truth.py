@@ -194,7 +194,7 @@ def ground_truth_document(
     One clean ``run_with_cache`` and one KV cache of the window serve every position; a
     (layer, query) drawn twice is measured once.
     """
-    from geolens.faithfulness import value_zeroing
+    from geolens.faithfulness.value_zeroing import value_zeroing
 
     if tokens.ndim != 2 or tokens.shape[0] != 1:
         raise ValueError(f"tokens must be one window [1, pos], got shape {tuple(tokens.shape)}")

@@ -517,7 +517,7 @@ def layer_masking_document(
     >>> sorted(set(rows.layer)), len(rows)  # 3 layers × (8 metrics × 2 directions × 5 k + 1)
     ([0, 1, 2], 243)
     """
-    from geolens.faithfulness import value_zeroing
+    from geolens.faithfulness.value_zeroing import value_zeroing
 
     second = _check_protocol(protocol)
     tokens = _check_tokens(model, tokens)
