@@ -47,7 +47,7 @@ def build(shape: dict, dtype: torch.dtype, device: str):
     """A random Llama model of ``shape`` as a TransformerBridge on ``device`` (weights N(0, 0.02))."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from geolens.models import _boot
+    from geolens.adapter.bridge import transformer_bridge
     from geolens.testing import tiny_tokenizer
 
     cfg = LlamaConfig(**shape, attn_implementation="eager", tie_word_embeddings=False)
@@ -65,7 +65,7 @@ def build(shape: dict, dtype: torch.dtype, device: str):
             shape["rope_theta"] ** (torch.arange(0, shape["head_dim"], 2, device=device, dtype=torch.float32) / shape["head_dim"])
         )
     hf.eval()
-    return _boot("llama3-8b-shaped-random", hf, tiny_tokenizer(), compatibility_mode=False, device=device)
+    return transformer_bridge("llama3-8b-shaped-random", hf, tiny_tokenizer(), compatibility_mode=False, device=device)
 
 
 def timed(fn, repeats: int, device: str) -> tuple[float, float]:

@@ -9,7 +9,7 @@
   half-written, damaged or stale conversion is never used) and wraps it. Later loads read the
   saved folder (seconds).
 - :func:`hooked_llama_from_checkpoint`: a local Llama-architecture folder as a TransformerLens
-  2.x/3.x ``HookedTransformer`` (:func:`hooked_transformer` builds one from config fields).
+  2.x/3.x ``HookedTransformer`` (:func:`geolens.adapter.hooked.hooked_transformer` builds one from config fields).
 - :func:`load_any_model`: ``tiny-gqa`` / ``tiny-mha`` / ``tiny-gemma`` (the random models of
   :mod:`geolens.testing`, as a bridge or a HookedTransformer, whichever TransformerLens has) or
   a :func:`load_model` name; used by the launcher of :mod:`geolens.distributed` and the commands.
@@ -31,7 +31,10 @@ from typing import Callable
 
 import torch
 
+from geolens.adapter.bridge import transformer_bridge
+from geolens.adapter.hooked import hooked_transformer
 from geolens.model_cache import ensure
+from geolens.testing import tiny_bridge, tiny_hf_model, tiny_hooked, tiny_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -142,20 +145,6 @@ def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
     return ensure(name, spec.source(), convert, root=root and root / "models", why_unbuildable=lambda: _unbuildable(spec))
 
 
-def _boot(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool, device, **boot_kwargs):
-    """``TransformerBridge.boot_transformers`` (given ``hf_model``, or loading it itself when None),
-    then compatibility mode if asked, in eval mode."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    bridge = TransformerBridge.boot_transformers(
-        path_or_name, hf_model=hf_model, tokenizer=tokenizer, device=device, **boot_kwargs
-    )
-    if compatibility_mode:
-        bridge.enable_compatibility_mode(disable_warnings=True)
-    bridge.eval()
-    return bridge
-
-
 def load_model(
     name: str = "smollm2-135m",
     *,
@@ -209,23 +198,19 @@ def load_model(
     if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
         kind = name[len("tiny-") :]
         try:
-            from geolens.testing import tiny_bridge
-
             tiny = tiny_bridge(kind)  # built on the CPU
         except ImportError:  # TransformerLens 2.x/3.x (no transformer_lens.model_bridge): HookedTransformer
-            from geolens.testing import tiny_hooked
-
             tiny = tiny_hooked(kind)
         return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
     path = _checkpoint_path(name)
     tok = AutoTokenizer.from_pretrained(path)
     if device_map is not None or (n_devices or 1) > 1 or max_memory is not None:
-        return _boot(
+        return transformer_bridge(
             path, None, tok, compatibility_mode=compatibility_mode, device=None,
             dtype=dtype, device_map=device_map, n_devices=n_devices, max_memory=max_memory,
         )  # fmt: skip
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
-    return _boot(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
+    return transformer_bridge(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
 
 
 def _checkpoint_path(name: str) -> str:
@@ -248,8 +233,6 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
     if compatibility_mode:
         raise ValueError("compatibility_mode is TransformerLens' weight processing; the HF-native backend reads the raw weights")
     if name.startswith("tiny-"):
-        from geolens.testing import tiny_hf_model, tiny_tokenizer
-
         hf, tok = tiny_hf_model(name[len("tiny-") :]), tiny_tokenizer()
         hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
         return prepare(hf, tokenizer=tok)
@@ -282,22 +265,6 @@ def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = t
 # included) plus TransformerLens' own ``convert_llama_weights``; weights are then processed as
 # ``HookedTransformer.from_pretrained`` does by default (folded norms, centred writing weights).
 # Only usable where ``transformer_lens.HookedTransformer`` exists (TL 2.x/3.x).
-
-
-def hooked_transformer(fields: dict, tokenizer, *, weights: Callable | None = None, **process):
-    """A ``HookedTransformer`` built from ``HookedTransformerConfig(**fields)``.
-
-    Randomly initialised, or, with ``weights`` (``cfg -> state dict``, e.g. TransformerLens'
-    ``convert_llama_weights``), loaded with ``load_and_process_state_dict(state, **process)``.
-    """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(**fields)
-    state = None if weights is None else weights(cfg)
-    model = HookedTransformer(cfg, tokenizer=tokenizer)
-    if state is not None:
-        model.load_and_process_state_dict(state, **process)
-    return model
 
 
 def _rope_theta(hf_cfg) -> float:

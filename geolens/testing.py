@@ -7,8 +7,10 @@
   ``HookedTransformer`` (only where that class exists).
 
 All use a character-level tokenizer (``<bos>`` = id 0) so that nothing is downloaded. This module
-only writes their configurations; building the TransformerLens model is
-:mod:`geolens.models`' job (``_boot``, :func:`geolens.models.hooked_transformer`).
+only writes their configurations; the TransformerLens models are built by the adapter of their
+family (:func:`geolens.adapter.bridge.transformer_bridge`,
+:func:`geolens.adapter.hooked.hooked_transformer`), and :func:`geolens.models.load_model` loads
+them by name (``"tiny-gqa"``, ...), so this module imports nothing from :mod:`geolens.models`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 import string
 
 import torch
+
+from geolens.adapter.bridge import transformer_bridge
+from geolens.adapter.hooked import hooked_transformer
 
 TINY_KINDS = ("gqa", "mha", "gemma")  # the kinds of tiny_hf_model and tiny_bridge
 HOOKED_TINY_KINDS = ("gqa", "mha")  # the kinds of tiny_hooked
@@ -99,16 +104,12 @@ def tiny_hf_model(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2, n_ctx:
 
 def tiny_bridge(kind: str = "gqa", *, seed: int = 0, compatibility_mode: bool = False, n_layers: int = 2):
     """A tiny random ``TransformerBridge`` (TransformerLens 4.x), built offline."""
-    from geolens.models import _boot
-
     hf = tiny_hf_model(kind, seed=seed, n_layers=n_layers)
-    return _boot(f"geolens-tiny-{kind}", hf, tiny_tokenizer(), compatibility_mode=compatibility_mode, device="cpu")
+    return transformer_bridge(f"geolens-tiny-{kind}", hf, tiny_tokenizer(), compatibility_mode=compatibility_mode, device="cpu")
 
 
 def tiny_hooked(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2):
     """A tiny random ``HookedTransformer`` (TransformerLens 2.x/3.x) with non-zero biases."""
-    from geolens.models import hooked_transformer
-
     common = dict(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=VOCAB_SIZE, n_ctx=128, seed=seed)
     if kind == "gqa":
         fields = dict(

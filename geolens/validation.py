@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from geolens.layout import hook_layer
+
 
 def check_layer(layer, n_layers: int, *, name: str = "layer", allow_negative: bool = True) -> int:
     """An integer layer index in ``[-n_layers, n_layers)``, returned in ``[0, n_layers)``.
@@ -223,8 +225,6 @@ _DEEPEST: dict[int, tuple[weakref.ref, int, int]] = {}
 def _deepest_block(cache: Mapping) -> int:
     """The largest ``blocks.{l}.`` index among the cache's names (-1 without any), remembered per
     cache object while its number of entries is unchanged."""
-    from geolens.adapter import hook_layer  # the adapter imports this module
-
     n_keys = len(cache)
     entry = _DEEPEST.get(id(cache))
     if entry is not None and entry[0]() is cache and entry[1] == n_keys:

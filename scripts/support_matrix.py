@@ -250,10 +250,10 @@ def build(family: str, backend: str):
 
         return prepare(tiny_family(family), tokenizer=tiny_tokenizer())
     if backend == "tl4-bridge":
-        from geolens.models import _boot
+        from geolens.adapter.bridge import transformer_bridge
         from geolens.testing import tiny_tokenizer
 
-        return _boot(f"geolens-tiny-{family}", tiny_family(family), tiny_tokenizer(), compatibility_mode=False, device="cpu")
+        return transformer_bridge(f"geolens-tiny-{family}", tiny_family(family), tiny_tokenizer(), compatibility_mode=False, device="cpu")
     raise ValueError(f"unknown backend {backend!r}")
 
 

@@ -342,8 +342,8 @@ def test_no_family_branching_outside_the_adapter():
 
 @pytest.mark.bridge_only
 def test_the_adapter_modules_examples_run():
-    """The ``>>>`` examples of every module of the geolens/adapter package (hook names, the family
-    registry, the layer view) run as doctests."""
+    """The ``>>>`` examples of every module of the geolens/adapter package (the family registry, the
+    layer view) and of geolens.layout (hook names, the grouped-query rule) run as doctests."""
     import doctest
     import importlib
     import pkgutil
@@ -351,9 +351,10 @@ def test_the_adapter_modules_examples_run():
     import geolens.adapter
 
     attempted = {}
-    for info in pkgutil.iter_modules(geolens.adapter.__path__):
-        module = importlib.import_module(f"geolens.adapter.{info.name}")
+    names = [f"geolens.adapter.{info.name}" for info in pkgutil.iter_modules(geolens.adapter.__path__)] + ["geolens.layout"]
+    for name in names:
+        module = importlib.import_module(name)
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0, f"geolens.adapter.{info.name}: {result.failed} of {result.attempted} examples failed"
-        attempted[info.name] = result.attempted
-    assert all(attempted[name] > 0 for name in ("hooks", "registry", "layer")), attempted
+        assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
+        attempted[name] = result.attempted
+    assert all(attempted[f"geolens.{name}"] > 0 for name in ("layout", "adapter.registry", "adapter.layer")), attempted

@@ -22,11 +22,11 @@ LONG = 4096
 def long_model():
     """A one-layer tiny GQA model whose context holds 4096 tokens (bridge or HookedTransformer)."""
     try:
-        from geolens.models import _boot
+        from geolens.adapter.bridge import transformer_bridge
         from geolens.testing import tiny_hf_model, tiny_tokenizer
 
         hf = tiny_hf_model("gqa", n_ctx=LONG, n_layers=1)
-        return _boot("geolens-tiny-long", hf, tiny_tokenizer(), compatibility_mode=False, device="cpu")
+        return transformer_bridge("geolens-tiny-long", hf, tiny_tokenizer(), compatibility_mode=False, device="cpu")
     except ImportError:
         from transformer_lens import HookedTransformer, HookedTransformerConfig
 

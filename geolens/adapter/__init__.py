@@ -14,7 +14,8 @@ attention output.
 
 One idea per module:
 
-- :mod:`~geolens.adapter.hooks`: hook names and the grouped-query rule (imports nothing from geolens);
+- hook names and the grouped-query rule come from :mod:`geolens.layout`, which imports nothing from
+  geolens (so that :mod:`geolens.validation`, which this package uses, can use them too);
 - :mod:`~geolens.adapter.base`: :class:`ModelAdapter`, the base of every family;
 - one module per family, as TransformerLens' ``supported_architectures``:
   :mod:`~geolens.adapter.hooked` (:class:`HookedAdapter`, TransformerLens 2.x/3.x
@@ -37,7 +38,7 @@ from geolens.adapter.bridge import BridgeAdapter
 from geolens.adapter.cache import _cache_lookup
 from geolens.adapter.gemma import GemmaBridgeAdapter, GemmaHookedAdapter
 from geolens.adapter.hooked import HookedAdapter
-from geolens.adapter.hooks import PATTERN, VALUE, Z, expand_kv_heads, hook_layer, hook_name, kv_group_size, kv_head_of
+from geolens.layout import PATTERN, VALUE, Z, expand_kv_heads, hook_layer, hook_name, kv_group_size, kv_head_of
 from geolens.adapter.layer import CAUSAL_BLOCK_ROWS, AttentionLayer, get_attention_layer
 from geolens.adapter.registry import (
     adapter_for,

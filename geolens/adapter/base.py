@@ -15,7 +15,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from geolens.adapter.hooks import ATTN_OUT, PATTERN, RESID_POST, RESID_PRE, VALUE, Z, expand_kv_heads, hook_name, kv_group_size, kv_head_of
+from geolens.layout import PATTERN, VALUE, Z, expand_kv_heads, hook_name, kv_group_size, kv_head_of
+
+RESID_PRE = "hook_resid_pre"
+RESID_POST = "hook_resid_post"
+ATTN_OUT = "hook_attn_out"  # what a block adds to the residual stream (after any post-attention norm)
 
 
 class TLModel(Protocol):

@@ -1,4 +1,5 @@
-"""TransformerLens 4.x ``TransformerBridge`` over a Hugging Face model.
+"""TransformerLens 4.x ``TransformerBridge`` over a Hugging Face model: building one
+(:func:`transformer_bridge`) and reading it (:class:`BridgeAdapter`).
 
 Its pre-norm attention output is ``blocks.{l}.attn.hook_out``; the logits are cached at
 ``unembed.hook_out``; sliding windows are read from the HF config, because TransformerLens' cfg
@@ -13,7 +14,20 @@ from torch import Tensor
 
 from geolens.adapter.base import ModelAdapter, TLModel
 from geolens.adapter.cache import _cache_get
-from geolens.adapter.hooks import hook_name
+from geolens.layout import hook_name
+
+
+def transformer_bridge(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool = False, device="cpu", **boot_kwargs):
+    """``TransformerBridge.boot_transformers`` over ``hf_model`` (or, when it is None, over the model
+    it loads itself from ``path_or_name``), then compatibility mode if asked, in eval mode.
+    ``boot_kwargs`` go to ``boot_transformers`` (``dtype``, ``device_map``, ``n_devices``, ...)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers(path_or_name, hf_model=hf_model, tokenizer=tokenizer, device=device, **boot_kwargs)
+    if compatibility_mode:
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    bridge.eval()
+    return bridge
 
 
 def looks_like_bridge(model: TLModel) -> bool:

@@ -1,4 +1,5 @@
-"""TransformerLens 2.x/3.x ``HookedTransformer`` (and minimal stand-ins with ``cfg`` and ``blocks``).
+"""TransformerLens 2.x/3.x ``HookedTransformer`` (and minimal stand-ins with ``cfg`` and ``blocks``):
+building one (:func:`hooked_transformer`) and reading it (:class:`HookedAdapter`).
 
 Its ``W_V`` is already repeated to n_heads while ``hook_v`` keeps n_kv_heads; its attention
 module has no ``hook_out``, and ``blocks.{l}.hook_attn_out`` is the pre-norm attention output
@@ -7,12 +8,30 @@ module has no ``hook_out``, and ``blocks.{l}.hook_attn_out`` is the pre-norm att
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter.base import ModelAdapter
 from geolens.adapter.cache import _cache_get
+
+
+def hooked_transformer(fields: dict, tokenizer, *, weights: Callable | None = None, **process):
+    """A ``HookedTransformer`` built from ``HookedTransformerConfig(**fields)``.
+
+    Randomly initialised, or, with ``weights`` (``cfg -> state dict``, e.g. TransformerLens'
+    ``convert_llama_weights``), loaded with ``load_and_process_state_dict(state, **process)``.
+    """
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(**fields)
+    state = None if weights is None else weights(cfg)
+    model = HookedTransformer(cfg, tokenizer=tokenizer)
+    if state is not None:
+        model.load_and_process_state_dict(state, **process)
+    return model
 
 
 class HookedAdapter(ModelAdapter):

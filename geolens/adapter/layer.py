@@ -21,7 +21,7 @@ from torch import Tensor
 
 from geolens.adapter.base import TLModel
 from geolens.adapter.cache import _cache_get, _cache_lookup
-from geolens.adapter.hooks import expand_kv_heads
+from geolens.layout import expand_kv_heads
 from geolens.adapter.registry import adapter_for
 from geolens.validation import check_attention_mask, check_cache_layers, check_dtype, check_layer
 

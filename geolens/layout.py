@@ -1,9 +1,11 @@
-"""Hook names and the grouped-query rule: the names and the pairing every family shares.
+"""Where geolens finds its tensors in a forward pass: hook names, and the grouped-query rule (which
+kv head each query head reads), shared by every model family (:mod:`geolens.adapter`).
 
 Block hooks are spelled as ``transformer_lens.utils.get_act_name`` spells them
 (``blocks.{layer}.attn.hook_pattern``); query head h reads kv head ``h // (n_heads // n_kv_heads)``
 (``repeat_interleave``, as TransformerLens and Hugging Face pair them). This module imports nothing
-from geolens, so that any module can use it.
+from geolens, so that any module can use it (:func:`geolens.validation.check_cache_layers` reads
+layer indices with :func:`hook_layer`).
 
 >>> hook_name(3, PATTERN), hook_layer("blocks.3.attn.hook_pattern"), hook_layer("unembed.hook_out")
 ('blocks.3.attn.hook_pattern', 3, None)
@@ -21,9 +23,6 @@ from torch import Tensor
 PATTERN = "attn.hook_pattern"
 VALUE = "attn.hook_v"
 Z = "attn.hook_z"
-RESID_PRE = "hook_resid_pre"
-RESID_POST = "hook_resid_post"
-ATTN_OUT = "hook_attn_out"  # what a block adds to the residual stream (after any post-attention norm)
 
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 
