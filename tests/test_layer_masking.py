@@ -33,12 +33,12 @@ from geolens.faithfulness.layer_masking import (
     masking_layers,
     masking_random_seed,
     masking_scores,
-    masking_summary,
     protocol_metrics,
     query_masks,
     scored_positions,
     unigram_logprobs,
 )
+from geolens.faithfulness.masking_summary import masking_summary
 from geolens.interventions.base import active_hook_count
 from geolens.interventions.masking import random_scores
 from geolens.stats import cluster_bootstrap_indices, holm, percentile_ci, resample_means

@@ -342,7 +342,8 @@ def _previous_summary(out: Path, sha256: str, model_name: str) -> dict:
 
 def _masking_stage(model, windows, protocol, out: Path, args, model_name: str) -> dict:
     from geolens.data import load_corpus
-    from geolens.faithfulness.layer_masking import layer_masking_document, masking_summary, unigram_logprobs
+    from geolens.faithfulness.layer_masking import layer_masking_document, unigram_logprobs
+    from geolens.faithfulness.masking_summary import masking_summary
     from geolens.faithfulness.preregistered import run_document_stage
 
     unigram = unigram_logprobs(model, load_corpus(args.corpus))
