@@ -176,6 +176,30 @@ def test_unknown_model_lists_the_choices_without_loading(command, name, capsys, 
         assert "tiny-gqa" in line
 
 
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_unknown_backend_and_compat_with_hf(command, capsys, out):
+    argv = [command, "text"] if command == "analyze" else [command, "--out", out]
+    usage_error([*argv, "--backend", "hff"], capsys, "--backend", "'tl'", "'hf'", "did you mean 'hf'?")
+    usage_error([*argv, "--backend", "hf", "--compat"], capsys, "--compat", "--backend hf")
+
+
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_the_backend_reaches_load_model(command, monkeypatch, tmp_path, docs):
+    """--backend tl (the default) and hf are load_model's backends "transformer_lens" and "hf"."""
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(kwargs.get("backend"))
+        raise ModelLoaded
+
+    monkeypatch.setattr(geolens.models, "load_model", record)
+    for extra in ([], ["--backend", "tl"], ["--backend", "hf"]):
+        argv = [command, "text"] if command == "analyze" else [command, "--corpus", docs, "--out", str(tmp_path / f"out{len(seen)}")]
+        with pytest.raises(ModelLoaded):
+            main([*argv, *extra])
+    assert seen == ["transformer_lens", "transformer_lens", "hf"]
+
+
 def test_cached_hub_name_loads_from_its_snapshot_folder(monkeypatch, tmp_path):
     """A hub name in the local HF cache is accepted, and loaded from disk (never the network)."""
     import huggingface_hub

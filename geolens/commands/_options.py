@@ -250,6 +250,24 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
     raise UsageError(f"--model {name}: unknown model ({suggestion}{hint})")
 
 
+BACKENDS = {"tl": "transformer_lens", "hf": "hf"}
+"""``--backend`` values → :func:`geolens.models.load_model`'s ``backend``."""
+
+
+def check_backend(backend: str, *, compat: bool = False) -> str:
+    """The :func:`geolens.models.load_model` backend of a ``--backend`` value, or UsageError
+    (an unknown value, or ``--compat``, TransformerLens' weight processing, with ``hf``).
+
+    >>> check_backend("hf"), check_backend("tl", compat=True)
+    ('hf', 'transformer_lens')
+    """
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend!r}: choose tl or hf{did_you_mean(str(backend), BACKENDS)}")
+    if compat and backend == "hf":
+        raise UsageError("--compat is TransformerLens' weight processing; --backend hf reads the raw transformers weights (drop one of them)")
+    return BACKENDS[backend]
+
+
 # --- corpora and files -----------------------------------------------------------------------------
 
 
@@ -341,6 +359,12 @@ def corpus_windows(model, corpus: str, seq_len: int, n_sequences: int | None, op
 # and on whether the command takes the tiny random models (``{tiny}``).
 RUN_OPTIONS: dict[str, dict] = {
     "model": dict(help="smollm2-135m (default), gemma3-270m{tiny}, a local folder or a cached HF name"),
+    "backend": dict(
+        choices=("tl", "hf"),
+        help="how the model is read: tl (TransformerLens: a TransformerBridge, or a HookedTransformer on TransformerLens 2.x) "
+        "or hf (the transformers model itself, without TransformerLens; its attention reading is checked against its "
+        "own forward when it loads); default {default}",
+    ),
     "corpus": dict(help="default {default}; lee (news) or enwiki, the offline corpora of the gensim wheel; a local .txt/.jsonl file; or hf:<dataset>[:<config>] (needs the network)"),
     "corpora": dict(nargs="+", help="one or more corpora: lee, enwiki (offline, gensim wheel), local .txt/.jsonl files or hf:<dataset>"),
     "n_sequences": dict(type=positive_int, help="corpus windows"),

@@ -48,12 +48,13 @@ def top_sources(model, tokens, layer_view, k: int = 5) -> list[tuple[str, list[t
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_index, check_model_name
+    from geolens.commands._options import UsageError, check_backend, check_index, check_model_name
     from geolens.models import load_model
 
     if not args.text.strip():
         raise UsageError("the text is empty")
-    model = load_model(check_model_name(args.model), compatibility_mode=args.compat)
+    name, backend = check_model_name(args.model), check_backend(args.backend, compat=args.compat)
+    model = load_model(name, backend=backend, compatibility_mode=args.compat)
     layer = check_index(args.layer, model.cfg.n_layers, "layers", "--layer")
     tokens = model.to_tokens(args.text, prepend_bos=True)
     if tokens.shape[1] < 2:
@@ -79,7 +80,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("analyze", help="per-layer sinks and the last token's top sources for one text")
     p.add_argument("text", help="the text to analyse (BOS is prepended)")
-    add_run_options(p, model="smollm2-135m")
+    add_run_options(p, model="smollm2-135m", backend="tl")
     p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default -1: the last)")
     p.add_argument("--top", type=positive_int, default=5, help="how many sources to list")
     p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")

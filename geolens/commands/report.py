@@ -39,7 +39,7 @@ def _compare(paths, out) -> int:
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_out_dir, did_you_mean, out_folder
+    from geolens.commands._options import UsageError, check_backend, check_corpus, check_model_name, check_out_dir, did_you_mean, out_folder
     from geolens.run_folder import IncompleteResults, require_complete
     from geolens.report import SECTIONS, available_sections
 
@@ -74,17 +74,18 @@ def run(args) -> int:
         if not sections:
             raise UsageError(f"--sections is empty (available: {', '.join(available)})")
     names = [check_model_name(name, tiny=True) for name in models]
+    backend = check_backend(args.backend, compat=args.compat)
     out = out_folder(args, "report")  # a later usage error removes it again
     check_corpus(args.corpus)
     outs = [out] if len(names) == 1 else [check_out_dir(out / _safe(name)) for name in models]
     for name, folder in zip(names, outs):
-        _run_one(args, name, folder, sections)
+        _run_one(args, name, folder, sections, backend)
     if len(names) == 1:
         return 0
     return _compare([folder / "report.json" for folder in outs], out)
 
 
-def _run_one(args, model_name: str, out: Path, sections) -> int:
+def _run_one(args, model_name: str, out: Path, sections, backend: str = "transformer_lens") -> int:
     import torch
 
     from geolens.commands._options import check_index, corpus_windows
@@ -103,7 +104,7 @@ def _run_one(args, model_name: str, out: Path, sections) -> int:
     else:
         config = ReportConfig(**{k: v for k, v in options.items() if v is not None})
     start = time.perf_counter()
-    model = load_model(model_name, compatibility_mode=args.compat)  # tiny-* models ignore --compat
+    model = load_model(model_name, backend=backend, compatibility_mode=args.compat)  # tiny-* models ignore --compat
     if config.example_layer is not None:
         config.example_layer = check_index(config.example_layer, model.cfg.n_layers, "layers", "--example-layer")
     loaded = time.perf_counter() - start
@@ -127,7 +128,7 @@ def register(subparsers) -> None:
     from geolens.commands._options import add_out, add_run_options, positive_int
 
     p = subparsers.add_parser("report", help="the full HTML + JSON report (offline, SmolLM2 by default)")
-    add_run_options(p, model=None, corpus="lee", n_sequences=None, seq_len=None, batch_size=None, own={
+    add_run_options(p, model=None, backend="tl", corpus="lee", n_sequences=None, seq_len=None, batch_size=None, own={
         "model": {"action": "append", "help": "smollm2-135m (default), gemma3-270m, a local folder or a cached HF name; repeat for a cross-model report"},
         "n_sequences": {"help": "corpus windows (default 64; 8 with --quick)"},
         "seq_len": {"help": "tokens per window incl. BOS (default 128; 64 with --quick)"},
