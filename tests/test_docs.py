@@ -35,6 +35,64 @@ def _version() -> str:
     return re.search(r'^__version__ = "([^"]+)"', text, flags=re.M).group(1)
 
 
+# --- docs/commands.md against the command-line parsers ------------------------------------------
+
+SHARED_OPTIONS = {"--out", "--name", "--overwrite"}  # every writing command's; commands.md describes them once
+CODE_BLOCK_COMMANDS = {"cache"}  # documented by a code block of its actions, not by an option table
+
+
+def _parser_options() -> dict[str, dict[str, object]]:
+    """Command → {option (first flag, or a positional's name): its argparse action}, shared options aside."""
+    import argparse
+
+    from geolens.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        name: {(a.option_strings[0] if a.option_strings else a.dest): a for a in parser._actions
+               if not isinstance(a, argparse._HelpAction) and not SHARED_OPTIONS & set(a.option_strings)}
+        for name, parser in sub.choices.items()
+    }  # fmt: skip
+
+
+def _documented_options() -> dict[str, dict[str, str]]:
+    """Command → {option: its default cell} from the option tables of docs/commands.md (one ``## name`` section each)."""
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    out = {}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        rows = re.findall(r"^\| `([^`]+)` \| ([^|]*) \|", section, re.M)
+        out[section.split()[0]] = {cell.split()[0]: default.strip().strip("`") for cell, default in rows}
+    return out
+
+
+def _default_text(default) -> str:
+    return ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+
+
+def test_commands_page_lists_every_option_of_every_command():
+    """Each command's option table in docs/commands.md names exactly the options its parser has (the
+    shared --out, --name, --overwrite aside), and a default written in the table is the parser's."""
+    parsers, documented = _parser_options(), _documented_options()
+    assert set(parsers) <= set(documented), sorted(set(parsers) - set(documented))
+    for name, options in parsers.items():
+        if name in CODE_BLOCK_COMMANDS:
+            continue
+        table = documented[name]
+        assert set(table) == set(options), (name, "undocumented", sorted(set(options) - set(table)), "not an option", sorted(set(table) - set(options)))
+        wrong = {opt: (cell, _default_text(options[opt].default)) for opt, cell in table.items() if cell and cell != _default_text(options[opt].default)}
+        assert not wrong, (name, wrong)
+
+
+def test_commands_page_names_the_pre_registered_runs():
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    for line in ("geolens flow --erasure --protocol docs/flow/protocol.json", "geolens mc --protocol docs/faithfulness/protocol.json",
+                 "geolens sinks --controls-protocol docs/faithfulness/protocol.json",
+                 "geolens faithfulness --protocol docs/faithfulness/protocol.json --stage per_term"):  # fmt: skip
+        assert line in text, line
+    for path in ("docs/flow/protocol.json", "docs/faithfulness/protocol.json"):
+        assert (ROOT / path).is_file(), path
+
+
 # --- (a) CITATION.cff ---------------------------------------------------------------------------
 
 
@@ -83,6 +141,40 @@ def test_readme_relative_links_point_at_files():
     # docs/reliability.md is written separately (see the module docstring).
     missing = [t for t in targets if not (ROOT / t.split("#")[0]).exists() and t != "docs/reliability.md"]
     assert not missing, missing
+
+
+def _hf_quickstart() -> str:
+    """The README's quickstart on the HF-native backend: the Python block with ``backend="hf"``."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if 'backend="hf"' in b]
+    assert len(blocks) == 1, f"expected one Python block with backend=\"hf\" in README.md, found {len(blocks)}"
+    return blocks[0]
+
+
+def test_readme_has_a_short_hf_quickstart_and_links_the_support_matrix():
+    code = _hf_quickstart()
+    assert len(code.strip().splitlines()) <= 10, code
+    assert "geolens.load_model(" in code and "geolens.run_with_cache(" in code
+    assert "](docs/support.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_readme_hf_quickstart_runs():
+    """The quickstart as printed, on the shipped SmolLM2: a transformers model, contribution rows
+    summing to 1, and the pattern it read equal to transformers' own attention weights."""
+    import torch
+    from transformers import PreTrainedModel
+
+    scope: dict = {}
+    exec(compile(_hf_quickstart(), "README.md (HF quickstart)", "exec"), scope)
+    model, tokens, cache, c = scope["model"], scope["tokens"], scope["cache"], scope["c"]
+    assert isinstance(model, PreTrainedModel)
+    n = tokens.shape[1]
+    assert tuple(c.shape) == (1, model.cfg.n_heads, n, n)
+    torch.testing.assert_close(c.sum(-1), torch.ones(1, model.cfg.n_heads, n), rtol=0, atol=1e-4)
+    with torch.no_grad():
+        attentions = model(input_ids=tokens, output_attentions=True).attentions  # the HF forward, not geolens'
+    torch.testing.assert_close(cache["blocks.10.attn.hook_pattern"], attentions[10], rtol=0, atol=1e-6)
 
 
 def test_license_and_changelog():
