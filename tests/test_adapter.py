@@ -358,3 +358,104 @@ def test_the_adapter_modules_examples_run():
         assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
         attempted[name] = result.attempted
     assert all(attempted[f"geolens.{name}"] > 0 for name in ("layout", "adapter.registry", "adapter.layer")), attempted
+
+
+# ---------------------------------------------------------------------------------------------
+# Adding a family from one file: register_family
+
+
+def test_a_family_added_in_one_file_serves_contribution_weights():
+    """A family written in one place (here: a subclass of the closest family whose cache names the
+    pattern, the values and z its own way), registered with register_family, is the one adapter_for
+    picks, and geolens.contribution_weights through it equals the naive float64 reference."""
+    import weakref
+
+    import reference
+    from conftest import HAS_BRIDGE, make_tiny
+
+    from geolens.adapter import BridgeAdapter, HookedAdapter, adapter_for, register_family, unregister_family
+    from geolens.adapter.registry import FAMILIES
+    from geolens.testing import tiny_tokens
+
+    ours = weakref.WeakSet()
+    parent = BridgeAdapter if HAS_BRIDGE else HookedAdapter
+
+    class RenamedHooks(parent):
+        family = "renamed-hooks"
+
+        @classmethod
+        def matches(cls, model):
+            return model in ours
+
+        def pattern_hook(self, layer):
+            return f"layer{layer}.alpha"
+
+        def value_hook(self, layer):
+            return f"layer{layer}.values"
+
+        def z_hook(self, layer):
+            return f"layer{layer}.z"
+
+    model, other = make_tiny("gqa"), make_tiny("gqa")
+    ours.add(model)
+    register_family(RenamedHooks)
+    try:
+        assert FAMILIES.index(RenamedHooks) == FAMILIES.index(parent) - 1  # tried just before its parent
+        assert type(adapter_for(model)) is RenamedHooks and type(adapter_for(other)) is parent
+        tokens = tiny_tokens(model)
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens)  # TransformerLens' names
+        renamed = {}
+        for l in range(model.cfg.n_layers):
+            renamed[f"layer{l}.alpha"] = cache[hook_name(l, "attn.hook_pattern")]
+            renamed[f"layer{l}.values"] = cache[hook_name(l, "attn.hook_v")]
+            renamed[f"layer{l}.z"] = cache[hook_name(l, "attn.hook_z")]
+        assert geolens.names_filter(model)("layer1.alpha") and not geolens.names_filter(model)(hook_name(1, "attn.hook_pattern"))
+        for mode in ("intra", "inter"):
+            got = geolens.contribution_weights(model, renamed, 1, mode=mode, dtype=torch.float64)
+            torch.testing.assert_close(got, reference.contributions(model, cache, 1, mode), rtol=1e-9, atol=1e-9)
+        with pytest.raises(KeyError, match="layer1.alpha"):  # the family's names are the ones read
+            geolens.contribution_weights(model, cache, 1)
+    finally:
+        unregister_family(RenamedHooks)
+    assert RenamedHooks not in FAMILIES
+
+
+def test_register_family_places_and_refuses():
+    from geolens.adapter import BridgeAdapter, HookedAdapter, ModelAdapter, register_family, unregister_family
+    from geolens.adapter.registry import FAMILIES
+
+    class Other(ModelAdapter):  # subclasses no registered family: tried first
+        @classmethod
+        def matches(cls, model):
+            return False
+
+    class Sub(HookedAdapter):
+        pass
+
+    class SubSub(Sub):
+        pass
+
+    before = list(FAMILIES)
+    try:
+        register_family(Other)
+        register_family(Sub)
+        assert FAMILIES[0] is Other and FAMILIES.index(Sub) == FAMILIES.index(HookedAdapter) - 1
+        register_family(SubSub)  # tried before its parent Sub, which is tried before HookedAdapter
+        assert FAMILIES.index(SubSub) + 1 == FAMILIES.index(Sub) == FAMILIES.index(HookedAdapter) - 1
+        unregister_family(SubSub)
+        register_family(SubSub, before=BridgeAdapter)
+        assert FAMILIES.index(SubSub) == FAMILIES.index(BridgeAdapter) - 1
+        with pytest.raises(ValueError, match="already registered"):
+            register_family(Sub)
+        with pytest.raises(TypeError, match="subclass of geolens.adapter.ModelAdapter"):
+            register_family(object)
+        with pytest.raises(ValueError, match="not a registered family"):
+            register_family(type("Loose", (HookedAdapter,), {}), before=type("Unknown", (ModelAdapter,), {}))
+    finally:
+        for family in (Other, Sub, SubSub):
+            if family in FAMILIES:
+                unregister_family(family)
+    assert FAMILIES == before
+    with pytest.raises(ValueError, match="not a registered family"):
+        unregister_family(Sub)
