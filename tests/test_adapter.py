@@ -459,3 +459,137 @@ def test_register_family_places_and_refuses():
     assert FAMILIES == before
     with pytest.raises(ValueError, match="not a registered family"):
         unregister_family(Sub)
+
+
+# ---------------------------------------------------------------------------------------------
+# TransformerLens 4.x bridges over tiny random models of other families (geolens.hf.tiny)
+
+N_POS = 12  # longer than the tiny models' sliding window (8)
+
+
+@pytest.fixture(scope="module")
+def family_bridge():
+    """family → a TransformerBridge over that family's tiny random HF model (built once)."""
+    pytest.importorskip("transformer_lens.model_bridge")
+    from geolens.adapter.bridge import transformer_bridge
+    from geolens.hf.tiny import tiny_family
+    from geolens.testing import tiny_tokenizer
+
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            built[family] = transformer_bridge(f"geolens-tiny-{family}", tiny_family(family), tiny_tokenizer())
+        return built[family]
+
+    return get
+
+
+def _family_tokens(n_rows: int = 2) -> torch.Tensor:
+    tokens = torch.randint(4, 64, (n_rows, N_POS), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = 0
+    return tokens
+
+
+@pytest.mark.bridge_only
+@pytest.mark.parametrize(
+    "family, expected, post_norm, pre_mlp_norm",
+    [("llama", "BridgeAdapter", False, True), ("gemma2", "GemmaBridgeAdapter", True, True),
+     ("gemma3", "GemmaBridgeAdapter", True, True), ("olmo2", "Olmo2BridgeAdapter", True, False),
+     ("gpt_neox", "BridgeAdapter", False, True)],
+)  # fmt: skip
+def test_bridge_family_and_the_block_rebuilt_from_its_attention_output(family_bridge, family, expected, post_norm, pre_mlp_norm):
+    """adapter_for picks the family (OLMo 2's post-norm-only blocks are not Gemma's), and
+    block_after_attention rebuilds each block's output from its input and its attention sum
+    (an identity of the forward pass: post-norms, OLMo 2's MLP without a pre-norm, GPT-NeoX's
+    parallel attention and MLP)."""
+    from geolens.adapter import adapter_for
+
+    model = family_bridge(family)
+    adapter = adapter_for(model)
+    assert (type(adapter).__name__, adapter.post_attention_norm, adapter.pre_mlp_norm) == (expected, post_norm, pre_mlp_norm)
+    names = [n for l in range(model.cfg.n_layers) for n in (adapter.resid_pre_hook(l), adapter.attn_out_hook(l), adapter.resid_post_hook(l))]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_family_tokens(), names_filter=lambda n: n in names)
+        for l in range(model.cfg.n_layers):
+            rebuilt = adapter.block_after_attention(l, cache[adapter.resid_pre_hook(l)], cache[adapter.attn_out_hook(l)])
+            torch.testing.assert_close(rebuilt, cache[adapter.resid_post_hook(l)], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.bridge_only
+@pytest.mark.parametrize("family", ["olmo2", "gpt_neox"])
+def test_value_zeroing_on_post_norm_and_parallel_blocks_equals_reruns(family_bridge, family):
+    """Value Zeroing on OLMo 2 (norms after attention and MLP only) and GPT-NeoX (attention and MLP
+    in parallel) equals a full rerun of the model with v_j zeroed in hook_v, source by source."""
+    from geolens.adapter import adapter_for
+
+    model = family_bridge(family)
+    adapter, tokens = adapter_for(model), _family_tokens(1)
+    for layer in range(model.cfg.n_layers):
+        scores = geolens.value_zeroing(model, tokens, layers=[layer])[0, 0].double()
+        post = adapter.resid_post_hook(layer)
+        with torch.no_grad():
+            _, clean = model.run_with_cache(tokens, names_filter=[post])
+        for j in range(N_POS):
+
+            def zero(v, hook, j=j):
+                v = v.clone()
+                v[:, j] = 0
+                return v
+
+            with torch.no_grad(), model.hooks(fwd_hooks=[(adapter.value_hook(layer), zero)]):
+                _, edited = model.run_with_cache(tokens, names_filter=[post])
+            for i in range(N_POS):
+                a, b = edited[post][0, i].double(), clean[post][0, i].double()
+                expected = 1 - float(a @ b / (a.norm() * b.norm())) if i >= j else 0.0
+                assert abs(float(scores[i, j]) - expected) <= 2e-5, (layer, i, j)
+
+
+@pytest.mark.bridge_only
+@pytest.mark.parametrize("family, windows", [("mistral", [8, 8]), ("phi3", [8, 8]), ("qwen2", [None, 8]), ("gemma2", [8, None]), ("llama", [None, None])])
+def test_bridge_sliding_windows_are_the_ones_the_model_applies(family_bridge, family, windows):
+    """The window geolens reads for each layer is the one the forward applies: the final query's
+    last W keys get attention in some head, every earlier key exactly none (Mistral and Phi-3 set
+    config.sliding_window without layer_types; Qwen2 and Gemma 2 list layer_types)."""
+    from geolens.adapter import adapter_for, sliding_window
+
+    model = family_bridge(family)
+    adapter = adapter_for(model)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_family_tokens(), names_filter=geolens.names_filter(model))
+    for l in range(model.cfg.n_layers):
+        last = cache[adapter.pattern_hook(l)][:, :, -1, :]  # [batch, head, key]
+        seen = [j for j in range(N_POS) if bool((last[:, :, j] != 0).any())]
+        observed = None if len(seen) == N_POS else len(seen)
+        assert seen == list(range(N_POS - len(seen), N_POS))  # a contiguous window ending at the query
+        assert adapter.sliding_window(l) == sliding_window(model, l) == observed == windows[l]
+        c = geolens.contribution_weights(model, cache, l)  # not refused as a padded batch
+        torch.testing.assert_close(c.sum(-1), torch.ones_like(c.sum(-1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.bridge_only
+def test_per_term_effects_on_a_uniform_sliding_window_equal_reruns(family_bridge):
+    """Mistral's window (config.sliding_window, every layer) in the single-position forwards of
+    per_term_effects: each term's KL equals a full rerun with that α_ij^h set to 0."""
+    from geolens.adapter import adapter_for
+    from geolens.per_term import per_term_effects
+
+    model = family_bridge("mistral")
+    adapter, text, layer, query = adapter_for(model), _family_tokens(1), 0, N_POS - 2
+    fast = per_term_effects(model, text, layer=layer, query=query)
+    terms = [(h, j) for h in range(model.cfg.n_heads) for j in range(query + 1)]
+
+    def zero(pattern, hook):
+        pattern = pattern.clone()
+        for row, (h, j) in enumerate(terms):
+            pattern[row, h, query, j] = 0
+        return pattern
+
+    with torch.no_grad():
+        clean = model(text, return_type="logits")[0, query].double()
+        rows = model.run_with_hooks(text.expand(len(terms), -1), fwd_hooks=[(adapter.pattern_hook(layer), zero)], return_type="logits")
+    p = torch.softmax(clean, -1)
+    for row, (h, j) in enumerate(terms):
+        q = torch.softmax(rows[row, query].double(), -1)
+        kl = float((p * (p.log() - q.log())).sum())
+        assert abs(float(fast.kl[h, j]) - kl) <= 1e-4 * kl + 1e-7, (h, j)

@@ -21,8 +21,9 @@ One idea per module:
   :mod:`~geolens.adapter.hooked` (:class:`HookedAdapter`, TransformerLens 2.x/3.x
   ``HookedTransformer``), :mod:`~geolens.adapter.bridge` (:class:`BridgeAdapter`, TransformerLens
   4.x ``TransformerBridge``), :mod:`~geolens.adapter.gemma` (:class:`GemmaBridgeAdapter`,
-  :class:`GemmaHookedAdapter`: a norm after attention); the HF-native families live in
-  :mod:`geolens.hf.families`;
+  :class:`GemmaHookedAdapter`: a norm after attention), :mod:`~geolens.adapter.olmo2`
+  (:class:`Olmo2BridgeAdapter`: norms after attention and MLP only); the HF-native families live
+  in :mod:`geolens.hf.families`;
 - :mod:`~geolens.adapter.registry`: :func:`adapter_for`, :func:`register_family` and the free
   functions that delegate to the adapter (:func:`model_mode`, :func:`n_kv_heads`,
   :func:`attn_out_hook`, :func:`output_weights`, :func:`sliding_window`, ...);
@@ -38,8 +39,8 @@ from geolens.adapter.bridge import BridgeAdapter
 from geolens.adapter.cache import _cache_lookup
 from geolens.adapter.gemma import GemmaBridgeAdapter, GemmaHookedAdapter
 from geolens.adapter.hooked import HookedAdapter
-from geolens.layout import PATTERN, VALUE, Z, expand_kv_heads, hook_layer, hook_name, kv_group_size, kv_head_of
 from geolens.adapter.layer import CAUSAL_BLOCK_ROWS, AttentionLayer, get_attention_layer
+from geolens.adapter.olmo2 import Olmo2BridgeAdapter
 from geolens.adapter.registry import (
     adapter_for,
     attn_out_hook,
@@ -58,6 +59,7 @@ from geolens.adapter.registry import (
     unregister_family,
     value_weights,
 )
+from geolens.layout import PATTERN, VALUE, Z, expand_kv_heads, hook_layer, hook_name, kv_group_size, kv_head_of
 
 __all__ = [
     # families
@@ -67,6 +69,7 @@ __all__ = [
     "BridgeAdapter",
     "GemmaBridgeAdapter",
     "GemmaHookedAdapter",
+    "Olmo2BridgeAdapter",
     "adapter_for",
     "register_family",
     "unregister_family",

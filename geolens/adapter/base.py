@@ -68,6 +68,7 @@ class ModelAdapter:
     family: ClassVar[str] = "model"
     is_bridge: ClassVar[bool] = False
     post_attention_norm: ClassVar[bool] = False  # blocks.L.hook_attn_out comes after a norm
+    pre_mlp_norm: ClassVar[bool] = True  # the MLP reads ln2 of the residual stream (OLMo 2: no ln2)
 
     def __init__(self, model: TLModel):
         try:
@@ -263,20 +264,21 @@ class ModelAdapter:
     ) -> Float[Tensor, "... d_model"]:
         """``blocks.{layer}.hook_resid_post`` from the block's input and its pre-norm attention
         output Σ_h z^h W_O^h + b_O, without running attention: the post-attention norm where the
-        family has one (``ln1_post``), the residual add, then ``ln2``, the MLP and, after a
-        post-attention norm, ``ln2_post``. Rows are independent, so any leading shape works.
+        family has one (``ln1_post``), the residual add, then ``ln2`` (where the family has a norm
+        before the MLP), the MLP and, after a post-attention norm, ``ln2_post``. Rows are
+        independent, so any leading shape works.
 
+        A block that runs attention and MLP in parallel on its input (GPT-NeoX, GPT-J:
+        ``cfg.parallel_attn_mlp``) feeds the MLP ``resid_pre`` instead of the sum, as
+        TransformerLens and Hugging Face do: resid_post = resid_pre + attn_out + MLP(ln2(resid_pre)).
         The model's own modules do the work (both TransformerLens families name them alike).
-        Blocks that run attention and MLP in parallel are refused.
         """
-        cfg = self.model.cfg
-        if getattr(cfg, "parallel_attn_mlp", False):
-            raise NotImplementedError(f"layer {layer}: blocks with parallel attention and MLP are not supported here")
         block = self.model.blocks[layer]
         if self.post_attention_norm:
             attn_out = block.ln1_post(attn_out)
         resid_mid = resid_pre + attn_out
-        mlp_out = block.mlp(block.ln2(resid_mid))
+        mlp_in = resid_pre if getattr(self.model.cfg, "parallel_attn_mlp", False) else resid_mid
+        mlp_out = block.mlp(block.ln2(mlp_in) if self.pre_mlp_norm else mlp_in)
         if self.post_attention_norm:
             mlp_out = block.ln2_post(mlp_out)
         return resid_mid + mlp_out

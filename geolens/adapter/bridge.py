@@ -66,15 +66,27 @@ class BridgeAdapter(ModelAdapter):
     def logits_from_cache(self, cache) -> Float[Tensor, "batch pos d_vocab"]:
         return _cache_get(cache, self.logits_hook)
 
+    @property
+    def hf_config(self):
+        """The configuration of the Hugging Face model under the bridge (its text part for a
+        multimodal one)."""
+        config = getattr(self.model.original_model, "config", None)
+        return getattr(config, "text_config", None) or config
+
     def sliding_window(self, layer: int) -> int | None:
-        """TL's cfg reports ``window_size=None`` for Gemma 3 although its local layers use a
-        512-token window (docs/tl-notes.md), so the HF config's ``layer_types`` is read."""
-        hf_cfg = getattr(self.model.original_model, "config", None)
-        hf_cfg = getattr(hf_cfg, "text_config", None) or hf_cfg
-        types = getattr(hf_cfg, "layer_types", None)
-        if types is not None and types[layer] == "sliding_attention":
-            return getattr(hf_cfg, "sliding_window", None)
-        return None
+        """The HF config's ``sliding_window``, where transformers applies it: on the layers whose
+        ``layer_types`` entry is ``"sliding_attention"`` when the config lists layer types (Gemma
+        2/3, Qwen2/3), else on every layer (Mistral, Phi-3, whose attention modules all pass
+        ``config.sliding_window`` on). TransformerLens' cfg does not report these windows
+        (``window_size=None``; docs/tl-notes.md)."""
+        config = self.hf_config
+        window = getattr(config, "sliding_window", None)
+        if not window or getattr(config, "use_sliding_window", True) is False:
+            return None
+        types = getattr(config, "layer_types", None)
+        if types is not None:
+            return int(window) if types[layer] == "sliding_attention" else None
+        return int(window)
 
     def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
         """``model(x, past_key_values=kv_cache, **kwargs)`` (a Hugging Face ``DynamicCache``).
@@ -148,16 +160,15 @@ class BridgeAdapter(ModelAdapter):
         if kv_cache is not None:  # a shallow copy: the forward appends the rows' keys to the copy only
             kv_cache = copy.copy(kv_cache)
             kv_cache.layers = [copy.copy(entry) for entry in kv_cache.layers]
-        hf_config = self.model.original_model.config
-        hf_config = getattr(hf_config, "text_config", None) or hf_config
+        types = getattr(self.hf_config, "layer_types", None)
+        windows = {name: self.sliding_window(l) for l, name in enumerate(types)} if types else {"full_attention": self.sliding_window(0)}
         masks = {}
-        for name in set(getattr(hf_config, "layer_types", None) or ["full_attention"]):
-            window = getattr(hf_config, "sliding_window", None) if name == "sliding_attention" else None
+        for name, window in windows.items():
             seen = torch.ones(rows, query, dtype=torch.bool, device=resid.device)
             if window is not None:
                 seen[:, : max(0, query - window + 1)] = False
             own = torch.eye(rows, dtype=torch.bool, device=resid.device)
             masks[name] = torch.cat([seen, own], dim=1)[None, None]
-        mask = masks if len(masks) > 1 or getattr(hf_config, "layer_types", None) else masks["full_attention"]
+        mask = masks if types else masks["full_attention"]  # one mask per layer type, as the model's forward takes them
         positions = torch.full((1, rows), query, dtype=torch.long, device=resid.device)
         return self.forward_from_layer(resid[None], layer, past_key_values=kv_cache, attention_mask=mask, position_ids=positions)[0]

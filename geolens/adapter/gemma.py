@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from geolens.adapter.bridge import BridgeAdapter, looks_like_bridge
 from geolens.adapter.hooked import HookedAdapter
+from geolens.adapter.olmo2 import post_norms_only
 
 
 class GemmaHookedAdapter(HookedAdapter):
@@ -23,7 +24,8 @@ class GemmaHookedAdapter(HookedAdapter):
 
 class GemmaBridgeAdapter(BridgeAdapter):
     """A bridge whose blocks apply a norm after attention (Gemma 2/3): ``blocks.L.hook_attn_out``
-    is then not the attention sum, ``attn.hook_out`` still is."""
+    is then not the attention sum, ``attn.hook_out`` still is. Blocks with the norms after
+    attention and MLP but none before the MLP are OLMo 2's (:mod:`geolens.adapter.olmo2`)."""
 
     family = "bridge-gemma"
     post_attention_norm = True
@@ -35,4 +37,4 @@ class GemmaBridgeAdapter(BridgeAdapter):
         if getattr(model.cfg, "use_normalization_before_and_after", False):
             return True
         block = model.blocks[0]
-        return any(n in getattr(block, "_modules", {}) for n in ("ln1_post", "post_attention_layernorm"))
+        return any(n in getattr(block, "_modules", {}) for n in ("ln1_post", "post_attention_layernorm")) and not post_norms_only(model)

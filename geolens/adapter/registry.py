@@ -18,8 +18,9 @@ from geolens.adapter.base import ModelAdapter, TLModel
 from geolens.adapter.bridge import BridgeAdapter
 from geolens.adapter.gemma import GemmaBridgeAdapter, GemmaHookedAdapter
 from geolens.adapter.hooked import HookedAdapter
+from geolens.adapter.olmo2 import Olmo2BridgeAdapter
 
-FAMILIES: list[type[ModelAdapter]] = [GemmaBridgeAdapter, BridgeAdapter, GemmaHookedAdapter, HookedAdapter]
+FAMILIES: list[type[ModelAdapter]] = [Olmo2BridgeAdapter, GemmaBridgeAdapter, BridgeAdapter, GemmaHookedAdapter, HookedAdapter]
 """Tried in order by :func:`adapter_for`; a specialised family comes before its parent. Add to it
 with :func:`register_family` (the HF-native backend registers its families when it is imported)."""
 
