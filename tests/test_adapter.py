@@ -468,18 +468,29 @@ N_POS = 12  # longer than the tiny models' sliding window (8)
 
 
 @pytest.fixture(scope="module")
-def family_bridge():
+def support_matrix():
+    """scripts/support_matrix.py: tiny models of each family on each backend, and its checks of
+    geolens against naive references and full reruns of the model (each raises on a mismatch)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "support_matrix.py"
+    spec = importlib.util.spec_from_file_location("support_matrix", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.N_POS == N_POS
+    return module
+
+
+@pytest.fixture(scope="module")
+def family_bridge(support_matrix):
     """family → a TransformerBridge over that family's tiny random HF model (built once)."""
     pytest.importorskip("transformer_lens.model_bridge")
-    from geolens.adapter.bridge import transformer_bridge
-    from geolens.hf.tiny import tiny_family
-    from geolens.testing import tiny_tokenizer
-
     built = {}
 
     def get(family: str):
         if family not in built:
-            built[family] = transformer_bridge(f"geolens-tiny-{family}", tiny_family(family), tiny_tokenizer())
+            built[family] = support_matrix.build(family, "tl4-bridge")
         return built[family]
 
     return get
@@ -518,31 +529,11 @@ def test_bridge_family_and_the_block_rebuilt_from_its_attention_output(family_br
 
 @pytest.mark.bridge_only
 @pytest.mark.parametrize("family", ["olmo2", "gpt_neox"])
-def test_value_zeroing_on_post_norm_and_parallel_blocks_equals_reruns(family_bridge, family):
+def test_value_zeroing_on_post_norm_and_parallel_blocks_equals_reruns(support_matrix, family_bridge, family):
     """Value Zeroing on OLMo 2 (norms after attention and MLP only) and GPT-NeoX (attention and MLP
-    in parallel) equals a full rerun of the model with v_j zeroed in hook_v, source by source."""
-    from geolens.adapter import adapter_for
-
-    model = family_bridge(family)
-    adapter, tokens = adapter_for(model), _family_tokens(1)
-    for layer in range(model.cfg.n_layers):
-        scores = geolens.value_zeroing(model, tokens, layers=[layer])[0, 0].double()
-        post = adapter.resid_post_hook(layer)
-        with torch.no_grad():
-            _, clean = model.run_with_cache(tokens, names_filter=[post])
-        for j in range(N_POS):
-
-            def zero(v, hook, j=j):
-                v = v.clone()
-                v[:, j] = 0
-                return v
-
-            with torch.no_grad(), model.hooks(fwd_hooks=[(adapter.value_hook(layer), zero)]):
-                _, edited = model.run_with_cache(tokens, names_filter=[post])
-            for i in range(N_POS):
-                a, b = edited[post][0, i].double(), clean[post][0, i].double()
-                expected = 1 - float(a @ b / (a.norm() * b.norm())) if i >= j else 0.0
-                assert abs(float(scores[i, j]) - expected) <= 2e-5, (layer, i, j)
+    in parallel) equals a full rerun of the model with v_j zeroed in hook_v, source by source
+    (the support matrix's check)."""
+    support_matrix.check_value_zeroing(family_bridge(family))
 
 
 @pytest.mark.bridge_only
@@ -568,28 +559,9 @@ def test_bridge_sliding_windows_are_the_ones_the_model_applies(family_bridge, fa
 
 
 @pytest.mark.bridge_only
-def test_per_term_effects_on_a_uniform_sliding_window_equal_reruns(family_bridge):
-    """Mistral's window (config.sliding_window, every layer) in the single-position forwards of
-    per_term_effects: each term's KL equals a full rerun with that α_ij^h set to 0."""
-    from geolens.adapter import adapter_for
-    from geolens.per_term import per_term_effects
-
-    model = family_bridge("mistral")
-    adapter, text, layer, query = adapter_for(model), _family_tokens(1), 0, N_POS - 2
-    fast = per_term_effects(model, text, layer=layer, query=query)
-    terms = [(h, j) for h in range(model.cfg.n_heads) for j in range(query + 1)]
-
-    def zero(pattern, hook):
-        pattern = pattern.clone()
-        for row, (h, j) in enumerate(terms):
-            pattern[row, h, query, j] = 0
-        return pattern
-
-    with torch.no_grad():
-        clean = model(text, return_type="logits")[0, query].double()
-        rows = model.run_with_hooks(text.expand(len(terms), -1), fwd_hooks=[(adapter.pattern_hook(layer), zero)], return_type="logits")
-    p = torch.softmax(clean, -1)
-    for row, (h, j) in enumerate(terms):
-        q = torch.softmax(rows[row, query].double(), -1)
-        kl = float((p * (p.log() - q.log())).sum())
-        assert abs(float(fast.kl[h, j]) - kl) <= 1e-4 * kl + 1e-7, (h, j)
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def test_per_term_effects_on_a_uniform_sliding_window_equal_reruns(support_matrix, family_bridge, family):
+    """A window on every layer (config.sliding_window without layer_types) in the single-position
+    forwards of per_term_effects: each term's KL equals a full rerun with that α_ij^h set to 0
+    (the support matrix's check)."""
+    support_matrix.check_per_term(family_bridge(family))
