@@ -13,12 +13,14 @@ module sits below both, so that no pipeline imports the report.
    :data:`PROTOCOL_MIN_DOCUMENTS` documents for the faithfulness claims (the minimum that
    ``docs/faithfulness/protocol.json`` fixes), :data:`MIN_WINDOWS` windows for every other claim
    (below that a percentile interval over windows is too unstable to decide on), and at least two
-   seeds when the claim compares with random orders.
+   seeds when the claim compares with random orders; a run whose settings differ from its
+   pre-registered protocol (exploratory) decides none of that protocol's claims.
 
 Otherwise the claim is ``indicative``, shown with its sample, e.g. ``indicative (n = 8 corpus
 windows)``, whatever its numbers say; ``descriptive`` when the paper gives no criterion, and
 ``undecided`` when the intervals were computed on enough data but could not decide (e.g. a failed
-range check).
+range check). The same rule gives the verdict column of a table of paired comparisons
+(:func:`table_verdict`).
 
 >>> c = Claim("X is small", "paper B", "x = 0.1", holds=True, criterion="x < 0.5", numbers={"sample": sample_size(8)})
 >>> c.verdict, c.decision
@@ -44,18 +46,22 @@ Decision = Literal["holds", "does not hold", "undecided", "indicative", "descrip
 DECISIONS: tuple[str, ...] = ("holds", "does not hold", "undecided", "indicative", "descriptive")
 
 
-def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int | None = None, minimum: int = MIN_WINDOWS) -> dict:
+def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int | None = None, minimum: int = MIN_WINDOWS,
+                exploratory: bool = False) -> dict:  # fmt: skip
     """What a verdict rests on, as a JSON-ready dict.
 
     ``n_windows`` units of kind ``windows`` (e.g. "corpus windows", "documents"), ``n_seeds``
-    (None when no random order is involved) and ``low_power``: fewer than ``minimum`` units, or a
-    single seed, with its reason.
+    (None when no random order is involved) and ``low_power``: fewer than ``minimum`` units, a
+    single seed, or an ``exploratory`` run (its settings differ from its pre-registered protocol,
+    whose claims it may not decide), with its reason.
 
     >>> s = sample_size(8)
     >>> s["low_power"], s["low_power_reason"]
     (True, '8 < 20 corpus windows')
     >>> sample_size(150, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)["low_power"]
     False
+    >>> sample_size(150, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=True)["low_power_reason"]
+    'exploratory run: settings differ from the protocol'
     """
     if int(n_windows) < 0 or (n_seeds is not None and int(n_seeds) < 1) or int(minimum) < 1:
         raise ValueError(f"a sample needs n_windows ≥ 0, n_seeds ≥ 1 (or None) and minimum ≥ 1, got {n_windows}, {n_seeds} and {minimum}")
@@ -64,6 +70,8 @@ def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int
         reasons.append(f"{int(n_windows)} < {int(minimum)} {windows}")
     if n_seeds is not None and int(n_seeds) < 2:
         reasons.append("one seed")
+    if exploratory:
+        reasons.append("exploratory run: settings differ from the protocol")
     return {
         "n_windows": int(n_windows),
         "windows": windows,
@@ -84,6 +92,26 @@ def describe_sample(sample: dict) -> str:
     if sample.get("n_seeds") is not None:
         text += f", {sample['n_seeds']} seed{'s' if sample['n_seeds'] != 1 else ''}"
     return text
+
+
+def table_verdict(verdict: str | None, sample: dict, *, decided: bool = True) -> str:
+    """The verdict cell of a table of paired comparisons, under the same rule as a claim: the
+    interval's verdict (holds / reversed / tie, from :mod:`geolens.stats`) only when the run may
+    decide (``decided``: False for an exploratory run) and ``sample`` reaches its minimum;
+    "not testable" as it is (the pair differs by nothing); otherwise ``indicative (n = …)``.
+
+    >>> table_verdict("holds", sample_size(8))
+    'indicative (n = 8 corpus windows)'
+    >>> table_verdict("reversed", sample_size(150, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS))
+    'reversed'
+    >>> table_verdict("holds", sample_size(150), decided=False), table_verdict("not testable", sample_size(8))
+    ('indicative (n = 150 corpus windows)', 'not testable')
+    """
+    if verdict == "not testable":
+        return verdict
+    if not decided or verdict is None or sample["low_power"]:
+        return f"indicative ({describe_sample(sample)})"
+    return str(verdict)
 
 
 @dataclass
@@ -147,4 +175,4 @@ class Claim:
                    dict(data.get("numbers") or {}), ci=bool(data.get("ci", False)))  # fmt: skip
 
 
-__all__ = ["DECISIONS", "MIN_WINDOWS", "PROTOCOL_MIN_DOCUMENTS", "Claim", "Decision", "describe_sample", "sample_size"]
+__all__ = ["DECISIONS", "MIN_WINDOWS", "PROTOCOL_MIN_DOCUMENTS", "Claim", "Decision", "describe_sample", "sample_size", "table_verdict"]

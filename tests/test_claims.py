@@ -166,3 +166,87 @@ def test_claims_sit_below_the_pipelines_and_the_report():
     assert not any(up.values()), up
     assert all("geolens.claims" in _imports(p) for p in pipelines if p.stem in ("faithfulness", "pruning", "selection", "sinks", "taxonomy"))
     assert not [m for m in _imports(ROOT / "geolens" / "claims.py") if m.startswith("geolens")]  # the bottom of the stack
+
+
+def test_exploratory_runs_are_low_power_whatever_their_size():
+    s = sample_size(150, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=True)
+    assert s["low_power"] and s["low_power_reason"] == "exploratory run: settings differ from the protocol"
+    both = sample_size(7, windows="corpus windows", minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=True)
+    assert both["low_power_reason"] == "7 < 100 corpus windows; exploratory run: settings differ from the protocol"
+    c = Claim("A", "paper A §3.1", "Δ = +0.3 [+0.1, +0.5]", True, "CI above 0", {"sample": s}, ci=True)
+    assert c.verdict == "indicative (n = 150 documents)" and "exploratory run" in c.why
+
+
+def test_table_verdicts_follow_the_claims_rule():
+    from geolens.claims import table_verdict
+
+    enough = sample_size(100, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)
+    few = sample_size(7, windows="corpus windows", minimum=PROTOCOL_MIN_DOCUMENTS)
+    for v in ("holds", "reversed", "tie"):
+        assert table_verdict(v, enough) == v
+        assert table_verdict(v, enough, decided=False) == "indicative (n = 100 documents)"
+        assert table_verdict(v, few) == "indicative (n = 7 corpus windows)"
+        assert table_verdict(v, sample_size(100, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=True)).startswith("indicative")
+    assert table_verdict("not testable", few) == table_verdict("not testable", enough) == "not testable"
+    assert table_verdict(None, enough) == "indicative (n = 100 documents)"  # no interval: no verdict
+    assert not VERDICT_WORDS.search(table_verdict("holds", few))
+
+
+def _per_term_summary(verdicts: dict, n_documents: int) -> dict:
+    """A per-term summary (geolens.faithfulness.ground_truth.ground_truth_summary's layout) with the
+    given verdicts of the term-scope pairs."""
+    from geolens.pipelines.faithfulness import PER_TERM_PAIRS
+
+    bounds = {"holds": (0.05, 0.2), "tie": (-0.05, 0.1), "reversed": (-0.2, -0.05), "not testable": (None, None)}
+    pairs = []
+    for scope in ("term", "source"):
+        for a, b in PER_TERM_PAIRS:
+            if scope == "term" and "value_zeroing" in (a, b):
+                continue  # Value Zeroing has source scope only
+            v = verdicts.get((a, b), "holds") if scope == "term" else "tie"
+            lo, hi = bounds[v]
+            pairs.append(dict(endpoint="per_term", scope=scope, outcome="kl", a=a, b=b, estimate=0.0 if lo is None else (lo + hi) / 2,
+                              ci_low=lo, ci_high=hi, verdict=v))  # fmt: skip
+    metrics = [dict(scope="term", outcome="kl", metric=m, spearman=s, ci_low=s - 0.1, ci_high=s + 0.1, n_positions=20 * n_documents,
+                    n_documents=n_documents) for m, s in (("raw_attention", 0.1), ("contribution", 0.4), ("contribution_abs", 0.5))]  # fmt: skip
+    return {"pairs": pairs, "metrics": metrics}
+
+
+@pytest.mark.parametrize("verdicts, order, gap", [
+    ({}, True, True),
+    ({("value_weighted", "output_normalized_intra"): "tie"}, False, True),
+    ({("output_normalized_inter", "contribution"): "reversed", ("raw_attention", "contribution"): "reversed"}, False, False),
+    ({("raw_attention", "value_weighted"): "not testable"}, True, True),  # left out, as in protocol 1's claims
+    ({("raw_attention", "value_weighted"): "not testable", ("value_weighted", "output_normalized_intra"): "not testable",
+      ("output_normalized_inter", "contribution"): "not testable"}, None, True),
+])  # fmt: skip
+def test_per_term_claims_are_decided_by_the_pre_registered_pairs(verdicts, order, gap):
+    from geolens.pipelines.faithfulness import per_term_claims
+
+    for n, decided in ((PROTOCOL_MIN_DOCUMENTS, True), (7, False)):
+        claims = per_term_claims(_per_term_summary(verdicts, n), windows="documents")
+        steps, versus, best = claims
+        assert steps.ci and versus.ci and not best.ci and best.holds is None
+        assert (steps.holds, versus.holds) == (order, gap)
+        for c in (steps, versus):
+            want = {True: "holds", False: "does not hold", None: "undecided"}[c.holds] if decided else "indicative"
+            assert c.verdict == f"{want} (n = {n} documents)"
+        assert best.decision == "descriptive" and best.numbers["best"] == "contribution_abs"
+        assert f"{20 * n} (layer, query) positions" in steps.measured
+
+
+def test_per_term_pairs_are_the_protocols():
+    from geolens.pipelines.faithfulness import CLAIMED_PER_TERM_STEPS, PER_TERM_PAIRS, PerTermParams
+
+    protocol = json.loads((ROOT / "docs" / "faithfulness" / "protocol.json").read_text(encoding="utf-8"))
+    assert [list(p) for p in PER_TERM_PAIRS] == protocol["pairs"]
+    assert CLAIMED_PER_TERM_STEPS == (("raw_attention", "value_weighted"), ("value_weighted", "output_normalized_intra"),
+                                      ("output_normalized_inter", "contribution"))  # fmt: skip
+    params = PerTermParams.from_protocol(protocol)
+    assert params == PerTermParams(queries=(8, 126))  # the defaults are the protocol's, but for the query range of its 128-token windows
+    assert params.query_range(128) == PerTermParams().query_range(128) == tuple(protocol["data"]["scored_positions"])
+    assert params.n_positions == protocol["primary"]["positions_per_document"] and params.n_boot == protocol["statistics"]["n_boot"]
+    with pytest.raises(ValueError, match="n_positions"):
+        PerTermParams(n_positions=0)
+    with pytest.raises(ValueError, match="no query"):
+        PerTermParams().query_range(2)

@@ -9,6 +9,16 @@ and ``--resume`` passes the documents already done as ``done``). The report's fa
 section runs it on its held-out windows. Multiple choice under masks (``geolens faithfulness
 --mc-task``) is one call of :func:`geolens.multiple_choice.mc_accuracy_under_masks`, made by
 the command.
+
+**Protocol 2's primary endpoint** (docs/faithfulness/PROTOCOL.md §2) is the per-term ground truth:
+:func:`per_term_document` measures, for positions (layer, query) drawn per document, the exact
+effect of removing each attention term alone and scores every metric against it
+(:func:`geolens.faithfulness.ground_truth.ground_truth_document`); :func:`per_term_summary`
+turns the rows of all documents into per-metric mean Spearman correlations with document-cluster
+CIs and the pre-registered pairs as one Holm family
+(:func:`geolens.faithfulness.ground_truth.ground_truth_summary`). :func:`run_per_term` runs both
+over a set of windows and returns a :class:`PerTermRun`; the report's faithfulness section runs it
+on a few positions of the report's windows.
 """
 
 from __future__ import annotations
@@ -163,3 +173,183 @@ def faithfulness_claims(pairs, range_check: dict) -> list:
               holds=alignment, criterion="the output-normalised → contribution step has the largest gain of the three and its paired CI lies above 0",
               numbers={"gains": gains}),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol 2, primary endpoint: metrics against each term's measured effect
+
+PER_TERM_PAIRS: tuple[tuple[str, str], ...] = (
+    ("raw_attention", "value_weighted"),
+    ("value_weighted", "output_normalized_intra"),
+    ("output_normalized_inter", "contribution"),
+    ("raw_attention", "contribution"),
+    ("contribution", "contribution_abs"),
+    ("contribution_abs", "value_zeroing"),
+    ("contribution_abs", "grad_x_act"),
+    ("random", "raw_attention"),
+)
+"""The pre-registered pairs a → b ("b agrees better with the measured effects"), docs/faithfulness/protocol.json ``pairs``."""
+
+CLAIMED_PER_TERM_STEPS: tuple[tuple[str, str], ...] = PER_TERM_PAIRS[:3]
+"""The claimed order raw attention < value-weighted < output-normalised < contribution weights as
+per-term pairs: the output-normalised step in intra mode (per head, where it can differ from
+value-weighted) and the alignment step against the inter-mode output normalisation."""
+
+
+@dataclass
+class PerTermParams:
+    """Parameters of :func:`run_per_term` (defaults: docs/faithfulness/protocol.json)."""
+
+    n_positions: int = 20  # (layer, query) positions drawn per document
+    queries: tuple[int, int] | None = None  # inclusive query range; None: 8 … seq_len − 2 (the protocol's 8 … 126 on 128 tokens)
+    pairs: Sequence[Sequence[str]] = PER_TERM_PAIRS
+    n_boot: int = 2000
+    seed: int = 0
+    alpha: float = 0.05
+    batch_size: int = 128  # single-position forwards per batch
+
+    def __post_init__(self) -> None:
+        if int(self.n_positions) < 1:
+            raise ValueError(f"n_positions must be a positive integer, got {self.n_positions!r}")
+        if int(self.n_boot) < 1 or not 0.0 < float(self.alpha) < 1.0:
+            raise ValueError(f"n_boot must be ≥ 1 and alpha in (0, 1), got {self.n_boot!r} and {self.alpha!r}")
+
+    @classmethod
+    def from_protocol(cls, settings: dict, **overrides) -> "PerTermParams":
+        """The parameters of a protocol's twin (``settings``: the parsed protocol.json)."""
+        stats = settings["statistics"]
+        values = dict(n_positions=int(settings["primary"]["positions_per_document"]), queries=tuple(settings["data"]["scored_positions"]),
+                      pairs=tuple(tuple(p) for p in settings["pairs"]), n_boot=int(stats["n_boot"]), seed=int(stats["seed"]),
+                      alpha=float(stats["alpha"]))  # fmt: skip
+        values.update(overrides)
+        return cls(**values)
+
+    def query_range(self, seq_len: int) -> tuple[int, int]:
+        """The queries drawn from on windows of ``seq_len`` tokens.
+
+        >>> PerTermParams().query_range(128), PerTermParams().query_range(16), PerTermParams(queries=(4, 9)).query_range(16)
+        ((8, 126), (8, 14), (4, 9))
+        """
+        if self.queries is not None:
+            return int(self.queries[0]), int(self.queries[1])
+        if seq_len < 3:
+            raise ValueError(f"windows of {seq_len} tokens leave no query to score (need at least 3)")
+        return min(8, seq_len - 2), seq_len - 2
+
+
+def per_term_document(model, window, document: int, params: PerTermParams = PerTermParams()) -> dict[str, pd.DataFrame]:
+    """The per-term endpoint on one window ``[1, pos]`` (or ``[pos]``) with document index
+    ``document`` (it seeds the position draws): ``{"rows", "positions"}`` of
+    :func:`geolens.faithfulness.ground_truth.ground_truth_document`."""
+    from geolens.faithfulness.ground_truth import ground_truth_document
+
+    window = window if window.ndim == 2 else window[None]
+    rows, positions = ground_truth_document(model, window, int(document), n_positions=int(params.n_positions),
+                                            queries=params.query_range(int(window.shape[1])), batch_size=int(params.batch_size))  # fmt: skip
+    return {"rows": rows, "positions": positions}
+
+
+def per_term_summary(tables: dict[str, pd.DataFrame], params: PerTermParams = PerTermParams()) -> dict:
+    """:func:`geolens.faithfulness.ground_truth.ground_truth_summary` of ``tables["rows"]`` (the
+    pre-registered pairs as one Holm family), with ``single_term_effects``: the size of the
+    single-term effects over ``tables["positions"]`` (medians of the largest term's KL, of all
+    terms' KL summed, and of the clean top-1 probability)."""
+    from geolens.faithfulness.ground_truth import ground_truth_summary
+
+    pairs = [tuple(p) for p in params.pairs]
+    part = ground_truth_summary(tables["rows"], pairs, n_boot=int(params.n_boot), seed=int(params.seed), alpha=float(params.alpha))
+    positions = tables["positions"]
+    part["single_term_effects"] = dict(
+        n_positions=int(len(positions)), median_kl_of_largest_term=float(positions.kl_term_max.median()),
+        median_kl_of_all_terms_summed=float(positions.kl_term_sum.median()),
+        median_clean_top_prob=float(positions.clean_top_prob.median()),
+    )  # fmt: skip
+    return part
+
+
+@dataclass(kw_only=True)
+class PerTermRun(TopicRun):
+    """:func:`run_per_term`'s result. ``tables``: ``rows`` and ``positions`` (per position),
+    ``metrics`` (per scope, outcome and metric: mean Spearman and top-5 overlap with CIs),
+    ``pairs`` (the Holm family, KL outcome) and ``exploratory_pairs`` (Δp, 95% CIs, no family);
+    ``summary``: :func:`per_term_summary`."""
+
+    summary: dict
+    params: PerTermParams = field(default_factory=PerTermParams)
+
+    @classmethod
+    def of(cls, tables: dict[str, pd.DataFrame], params: PerTermParams = PerTermParams(), parameters: dict | None = None) -> "PerTermRun":
+        summary = per_term_summary(tables, params)
+        all_tables = dict(tables)
+        all_tables.update(metrics=pd.DataFrame(summary["metrics"]), pairs=pd.DataFrame(summary["pairs"]),
+                          exploratory_pairs=pd.DataFrame(summary["exploratory_pairs"]))  # fmt: skip
+        return cls(parameters=dict(parameters or {}), tables=all_tables, summary=summary, params=params)
+
+    def claims(self, windows: str = "documents") -> list:
+        """:func:`per_term_claims` of the run; ``windows`` names the documents' kind (e.g. the
+        report's "corpus windows")."""
+        return per_term_claims(self.summary, windows=windows)
+
+
+def run_per_term(model, windows, params: PerTermParams = PerTermParams(), *, progress: bool = True, first_document: int = 0) -> PerTermRun:
+    """The per-term endpoint on ``windows`` ``[document, pos]`` (one window per document, BOS
+    first; row d is document ``first_document + d``): :func:`per_term_document` for each, then
+    :func:`per_term_summary`."""
+    from tqdm.auto import tqdm
+
+    parts = [per_term_document(model, windows[d : d + 1], first_document + d, params)
+             for d in tqdm(range(int(windows.shape[0])), desc="per-term effects", disable=not progress)]  # fmt: skip
+    tables = {name: pd.concat([p[name] for p in parts], ignore_index=True) for name in ("rows", "positions")}
+    parameters = dict(n_documents=int(windows.shape[0]), seq_len=int(windows.shape[1]), n_positions_per_document=int(params.n_positions),
+                      queries=list(params.query_range(int(windows.shape[1]))), pairs=[list(p) for p in params.pairs],
+                      n_boot=int(params.n_boot), seed=int(params.seed), alpha=float(params.alpha))  # fmt: skip
+    return PerTermRun.of(tables, params, parameters)
+
+
+def _pair_text(p: dict) -> str:
+    """``a → b: +0.12 [+0.05, +0.20] holds`` (the interval at the pair's Holm level)."""
+    if p.get("ci_low") is None:
+        return f"{p['a']} → {p['b']}: {p['verdict']}"
+    return f"{p['a']} → {p['b']}: {p['estimate']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] {p['verdict']}"
+
+
+def per_term_claims(summary: dict, *, windows: str = "documents", scope: str = "term") -> list:
+    """Claims on the per-term endpoint (KL outcome, ``scope``), each decided by the pre-registered
+    pairs' intervals within Holm's step-down, on at least the protocol's
+    :data:`~geolens.claims.PROTOCOL_MIN_DOCUMENTS` documents (:mod:`geolens.claims`)."""
+    pairs = {(p["a"], p["b"]): p for p in summary["pairs"] if p["scope"] == scope and p["outcome"] == "kl"}
+    kl = [m for m in summary["metrics"] if m["scope"] == scope and m["outcome"] == "kl"]
+    n_docs = max((m["n_documents"] for m in kl), default=0)
+    n_pos = max((m["n_positions"] for m in kl), default=0)
+    sample = sample_size(n_docs, windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS)
+    where = f"{n_pos} (layer, query) positions, {scope} scope, outcome KL"
+
+    def decide(steps: list[dict | None]) -> bool | None:
+        """All testable steps hold; a step identical by construction ("not testable") is left out, as
+        in protocol 1's claims; None when a step is missing or undecided, or none is testable."""
+        testable = [p for p in steps if p is not None and p["verdict"] != "not testable"]
+        if None in steps or not testable or any(p["verdict"] not in ("holds", "tie", "reversed") for p in testable):
+            return None
+        return all(p["verdict"] == "holds" for p in testable)
+
+    steps = [pairs.get(pair) for pair in CLAIMED_PER_TERM_STEPS]
+    gap = pairs.get(("raw_attention", "contribution"))
+    best = max(kl, key=lambda m: m["spearman"], default=None)
+    ranked = ", ".join(f"{m['metric']} {m['spearman']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}]"
+                       for m in sorted(kl, key=lambda m: -m["spearman"]))  # fmt: skip
+    criterion = ("each testable step's interval at its Holm level (one family: the pre-registered pairs, both scopes) lies above 0; "
+                 "does not hold when any step's interval does not")  # fmt: skip
+    return [
+        Claim(claim="Faithfulness order raw attention < value-weighted < output-normalised < contribution weights, against each term's measured effect",
+              source="paper A §3.1", measured=f"Δ mean Spearman (b − a; + = b agrees better; {where}): "
+              + "; ".join(_pair_text(p) if p else f"{a} → {b}: not run" for p, (a, b) in zip(steps, CLAIMED_PER_TERM_STEPS)),
+              holds=decide(steps), criterion=criterion, numbers={"sample": sample, "steps": [p for p in steps if p]}, ci=True),
+        Claim(claim="Contribution weights rank the attention terms closer to their measured effects than raw attention", source="paper A §3.1",
+              measured=(_pair_text(gap) if gap else "raw_attention → contribution: not run") + f" ({where})",
+              holds=decide([gap]), criterion="the pair's interval at its Holm level lies above 0 (below: does not hold)",
+              numbers={"sample": sample, "pair": gap}, ci=True),
+        Claim(claim="The metric that agrees best with the measured per-term effects", source="paper A §3.1",
+              measured=f"mean Spearman [95% CI] ({where}): {ranked}", holds=None,
+              criterion="descriptive: the metrics ordered by mean Spearman correlation with the measured effects",
+              numbers={"sample": sample, "best": None if best is None else best["metric"]}),
+    ]  # fmt: skip
