@@ -34,7 +34,7 @@ Everything else in geolens goes through the names below; no other module branche
 family or the TransformerLens version (``tests/test_adapter.py`` scans for it).
 """
 
-from geolens.adapter.base import ModelAdapter, TLModel
+from geolens.adapter.base import ModelAdapter
 from geolens.adapter.bridge import BridgeAdapter
 from geolens.adapter.cache import _cache_lookup
 from geolens.adapter.gemma import GemmaBridgeAdapter, GemmaHookedAdapter
@@ -64,7 +64,6 @@ from geolens.layout import PATTERN, VALUE, Z, expand_kv_heads, hook_layer, hook_
 __all__ = [
     # families
     "ModelAdapter",
-    "TLModel",
     "HookedAdapter",
     "BridgeAdapter",
     "GemmaBridgeAdapter",
