@@ -17,15 +17,20 @@ Slow tier: the shipped SmolLM2 and Gemma 3 on both backends (HF-native and Trans
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
+import re
 
 import pytest
 import torch
+from conftest import HAS_BRIDGE
 
 import geolens
 from geolens.adapter import adapter_for, get_attention_layer
 from geolens.hf import AttentionCheckError, check_attention, prepare
 from geolens.hf.tiny import FAMILIES, WINDOW, tiny_family
 from geolens.interventions.base import active_hook_count
+from geolens.testing import TINY_KINDS
 
 N_POS = 12  # longer than the tiny sliding windows (8)
 
@@ -409,6 +414,133 @@ def test_tiny_models_agree_with_the_bridge(kind):
     import pandas as pd
 
     pd.testing.assert_frame_equal(a["sinks"], b["sinks"], check_exact=False, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands on the HF-native backend (geolens report / analyze --backend hf)
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
+_RUN_DEPENDENT = {"created", "seconds", "corpus_pass_seconds", "model_mode"}  # the clock, the backend
+# Numbers agree within 1e-5 relative, or 5e-5 absolute: ΔPPL (and its AUCs) is a difference of two
+# perplexities near 64 and carries their float32 rounding (ulp 7.6e-6; GPT-2's logits differ by a
+# few ulps between the backends), whatever its own size
+_REL, _ABS = 1e-5, 5e-5
+
+
+def _report(tmp_path, kind: str, backend: str) -> dict:
+    """report.json of ``geolens report --quick --backend BACKEND`` on ``tiny-KIND`` (3 windows of 24 tokens)."""
+    from geolens.cli import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"The cat number {i} sat on the mat and looked at the dog far away." * 3 for i in range(6)), encoding="utf-8")
+    out = tmp_path / backend
+    argv = ["report", "--quick", "--backend", backend, "--model", f"tiny-{kind}", "--corpus", str(corpus),
+            "--n-sequences", "3", "--seq-len", "24", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads((out / "report.json").read_text(encoding="utf-8"))
+
+
+def _report_differences(a, b, path: str = "") -> list[str]:
+    """Where two report.json trees differ: numbers beyond the tolerance above, any other value,
+    keys or lengths (numbers inside text are not compared there: each is a field of its own)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(set(a) ^ set(b))[:4]}"]
+        return [d for k in a if k not in _RUN_DEPENDENT for d in _report_differences(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} against {len(b)} items"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _report_differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) or isinstance(b, float):
+        same = isinstance(a, (int, float)) and isinstance(b, (int, float)) and (
+            (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=_REL, abs_tol=_ABS)
+        )
+        return [] if same else [f"{path}: {a!r} against {b!r}"]
+    if isinstance(a, str) and isinstance(b, str):
+        return [] if _NUMBER.sub("#", a) == _NUMBER.sub("#", b) else [f"{path}: {a[:80]!r} against {b[:80]!r}"]
+    return [] if a == b else [f"{path}: {a!r} against {b!r}"]
+
+
+@pytest.mark.parametrize("kind", [k if k == "gqa" else pytest.param(k, marks=pytest.mark.slow) for k in TINY_KINDS])
+def test_report_command_on_the_hf_backend(kind, tmp_path):
+    """``geolens report --quick --backend hf`` end to end on a tiny model: every section of this
+    install, recorded as the HF-native backend; with TransformerLens 4.x, the report of
+    ``--backend tl`` on the same weights equals it number for number (tolerance above)."""
+    from geolens.report import available_sections
+
+    hf = _report(tmp_path, kind, "hf")
+    assert hf["versions"]["model_mode"] == "hf"
+    assert list(hf["sections"]) == available_sections()
+    assert len(hf["claims"]) >= 10
+    if HAS_BRIDGE:
+        tl = _report(tmp_path, kind, "tl")
+        assert tl["versions"]["model_mode"] == "bridge"
+        for config in (hf["params"]["model_config"], tl["params"]["model_config"]):  # TransformerLens: None = one per head
+            config["n_key_value_heads"] = config["n_key_value_heads"] or config["n_heads"]
+        differences = _report_differences(hf, tl)
+        assert not differences, differences[:10]
+
+
+def test_report_differences_finds_a_changed_number():
+    """The comparison above has teeth: a number, a verdict or a missing key differs."""
+    a = {"x": [1.0, 2.0], "claim": "holds: 0.51 [0.40, 0.62]", "seconds": 3.0}
+    assert _report_differences(a, {**a, "seconds": 9.0, "claim": "holds: 0.52 [0.40, 0.62]"}) == []
+    assert _report_differences(a, {**a, "x": [1.0, 2.001]}) == ["/x[1]: 2.0 against 2.001"]
+    assert _report_differences({"d": 0.01}, {"d": 0.01004}) == [] and _report_differences({"d": 0.01}, {"d": 0.0101})
+    assert _report_differences(a, {**a, "claim": "does not hold: 0.51 [0.40, 0.62]"})
+    assert _report_differences(a, {"x": [1.0, 2.0], "seconds": 3.0})
+
+
+def test_analyze_command_on_the_hf_backend(tmp_path, capsys):
+    """``geolens analyze --backend hf`` on a local checkpoint folder: the per-layer sink rates it
+    prints are transformers' own attention weights (output_attentions=True), averaged."""
+    from geolens.cli import main
+    from geolens.testing import tiny_hf_model, tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_hf_model("gqa").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    text = "the cat sat on the mat."
+    assert main(["analyze", text, "--model", str(folder), "--backend", "hf"]) == 0
+    printed = capsys.readouterr().out
+    assert "(hf)" in printed.splitlines()[0]
+    model = tiny_hf_model("gqa")
+    tokens = torch.tensor([[0] + tiny_tokenizer()(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        attentions = model(input_ids=tokens, output_attentions=True).attentions
+    rows = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s+[-\d.]+\s", line)][: len(attentions)]
+    assert [int(r[0]) for r in rows] == list(range(len(attentions)))
+    for row, attention in zip(rows, attentions):
+        assert float(row[1]) == pytest.approx(attention[0, :, 1:, 0].double().mean().item(), abs=6e-4)  # printed to 3 decimals
+
+
+@pytest.mark.slow
+def test_report_command_on_smollm2_with_the_hf_backend(tmp_path, monkeypatch):
+    """``geolens report --quick --backend hf`` on the shipped SmolLM2 (2 windows of 32 tokens, 1
+    held out): every section, and the per-head sink attention of its contributions section equal
+    to transformers' own attention weights (``output_attentions=True``) on the same windows."""
+    import geolens.models
+    from geolens.cli import main
+    from geolens.data import corpus_windows
+    from geolens.report import available_sections
+    from transformers import PreTrainedModel
+
+    loaded, load = [], geolens.models.load_model
+    monkeypatch.setattr(geolens.models, "load_model", lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    out = tmp_path / "report"
+    assert main(["report", "--quick", "--backend", "hf", "--n-sequences", "2", "--seq-len", "32", "--no-progress", "--out", str(out)]) == 0
+    data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    (model,) = loaded
+    assert isinstance(model, PreTrainedModel) and data["versions"]["model_mode"] == "hf"
+    assert list(data["sections"]) == available_sections()
+    tokens = corpus_windows(model, "lee", 32, 3)[:2]  # the corpus pass's windows (the last is held out)
+    with torch.no_grad():
+        attentions = model(input_ids=tokens, output_attentions=True).attentions  # the HF forward, not geolens'
+    rows = data["sections"]["contributions"]["numbers"]["per_head"]["rows"]
+    assert len(rows) == model.cfg.n_layers * model.cfg.n_heads
+    for row in rows:
+        expected = attentions[row["layer"]][:, row["head"], 1:, 0].double().mean().item()
+        assert row["sink_attention"] == pytest.approx(expected, abs=1e-5), (row["layer"], row["head"])
 
 
 # ---------------------------------------------------------------------------------------------
