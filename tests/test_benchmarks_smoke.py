@@ -36,9 +36,9 @@ OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
 pytestmark = pytest.mark.bridge_only
 
 
-def _run(script: str, out: Path, extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(script: str, out: Path, extra_env: dict | None = None, timeout: float = 300, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {**os.environ, "GEOLENS_SMOKE_OUT": str(out), "PYTHONWARNINGS": "ignore", **(extra_env or {})}
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -56,6 +56,26 @@ def test_benchmark_smoke_run(script, tmp_path):
         if name.endswith(".json"):
             assert json.loads(path.read_text())  # complete, readable JSON
     assert f"figures: {tmp_path}" in run.stdout
+
+
+def test_contributions_backends_side_by_side_smoke_run(tmp_path):
+    """``contributions.py --backend hf --smoke``: both backends timed in the same rounds, each
+    ratio and their ratio recorded per length, and the verdict line printed."""
+    run = _run("contributions.py", tmp_path, args=("--backend", "hf"))
+    assert run.returncode == 0, f"contributions.py --backend hf --smoke failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    record = json.loads((tmp_path / "backends.json").read_text())
+    (row,) = record["lengths"]
+    assert row["seq_len"] == 32 and set(row["rounds"]) == {"a_tl", "b_tl", "a_hf", "b_hf"}
+    assert all(len(times) == record["repeats"] == 2 and min(times) > 0 for times in row["rounds"].values())
+    for backend in ("tl", "hf"):
+        ratios = [b / a for b, a in zip(row["rounds"][f"b_{backend}"], row["rounds"][f"a_{backend}"])]
+        assert abs(row[f"ratio_{backend}"]["geometric_mean"] - (ratios[0] * ratios[1]) ** 0.5) < 1e-9
+    assert "HF-native ratio / TransformerLens ratio" in run.stdout and f"figures: {tmp_path}" in run.stdout
+
+
+def test_contributions_backend_hf_refuses_the_tl_only_parts(tmp_path):
+    run = _run("contributions.py", tmp_path, args=("--backend", "hf", "--scaling", "16", "32"), timeout=120)
+    assert run.returncode == 2 and "--backend hf times the two backends side by side only" in run.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("script", ["contributions.py", "value_zeroing.py"])
