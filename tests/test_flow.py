@@ -265,3 +265,68 @@ def test_bad_input_is_one_line(tiny_gqa):
     torch.testing.assert_close(
         contribution_flow(model, cache, "attention_rollout", target_layer=-1), contribution_flow(model, cache, "attention_rollout")
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# the one-prompt look shared by ``geolens flow "prompt"`` and the report (geolens.pipelines.flow.prompt_flow)
+
+
+def test_prompt_flow_is_each_methods_last_row_and_its_routes(tiny):
+    from geolens.flow_routes import flow_routes
+    from geolens.pipelines.flow import LISTED, prompt_flow
+
+    model, tokens, _ = tiny
+    prompt = tokens[:1]
+    found = prompt_flow(model, prompt, LISTED + ("value_zeroing_rollout",), threshold=0.1, route_method="alti")
+    _, cache = model.run_with_cache(prompt, names_filter=flow_names_filter(model))
+    last = prompt.shape[1] - 1
+    assert found.position == last and len(found.words) == prompt.shape[1]
+    for m in LISTED + ("value_zeroing_rollout",):
+        row = contribution_flow(model, cache, m, tokens=prompt)[0, last]
+        torch.testing.assert_close(found.rows[m], row, atol=1e-6, rtol=1e-5)
+        # top-k against a naive sort: largest share first, ties by position
+        naive = sorted(range(last + 1), key=lambda j: (-float(row[j]), j))[:4]
+        assert [t["position"] for t in found.top(4)[m]] == naive
+        assert [t["share"] for t in found.top(4)[m]] == pytest.approx([float(row[j]) for j in naive], abs=1e-6)
+        assert [t["token"] for t in found.top(4)[m]] == [found.words[j] for j in naive]
+    assert found.routes.to_dict() == flow_routes(model, cache, last, 0.1, method="alti", tokens=prompt).to_dict()
+    table = found.table(2)
+    assert list(table.columns) == ["method", "rank", "position", "token", "share"] and len(table) == 2 * 4
+    assert table[table["method"] == "alti"]["position"].tolist() == [t["position"] for t in found.top(2)["alti"]]
+    assert prompt_flow(model, prompt, ("attention_rollout",), routes=False).routes is None
+    with pytest.raises(ValueError, match=r"one prompt \[1, pos ≥ 2\]"):
+        prompt_flow(model, tokens)
+
+
+def test_flow_command_prints_what_prompt_flow_returns(capsys):
+    """``geolens flow "prompt"`` lists the pipeline's top tokens, method by method."""
+    import re
+
+    from geolens.cli import main
+    from geolens.pipelines.flow import LISTED, prompt_flow
+
+    text = "the cat sat on the mat"
+    assert main(["flow", text, "--model", "tiny-gqa", "--top-k", "3"]) == 0
+    out = capsys.readouterr().out
+    model = geolens.load_model("tiny-gqa")
+    found = prompt_flow(model, model.to_tokens(text, prepend_bos=True), LISTED, routes=False)
+    for m in LISTED:
+        block = out.split(f"  by {m}:\n", 1)[1]
+        printed = re.findall(r"^    pos\s+(\d+) .+?\s+([0-9.]+)$", block, re.M)[:3]
+        top = found.top(3)[m]
+        assert [int(p) for p, _ in printed] == [t["position"] for t in top]
+        assert [float(s) for _, s in printed] == pytest.approx([t["share"] for t in top], abs=1e-4)
+
+
+@pytest.mark.bridge_only  # the examples build TransformerLens 4.x bridges
+def test_doctests_of_the_flow_pipeline():
+    import doctest
+
+    import geolens.pipelines.flow
+
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    tests = [t for t in doctest.DocTestFinder().find(geolens.pipelines.flow) if t.examples]
+    assert {t.name.rsplit(".", 1)[-1] for t in tests} >= {"prompt_flow", "top_tokens"}
+    for t in tests:
+        runner.run(t)
+    assert runner.summarize(verbose=False).failed == 0

@@ -29,14 +29,6 @@ import torch
 
 from geolens.flow import FLOW_METHODS
 
-LISTED = ("contribution", "alti", "attention_rollout")
-
-
-def top_tokens(row: torch.Tensor, words: list[str], k: int) -> list[dict]:
-    """The k largest entries of one attribution row, as (position, token, share) records."""
-    idx = torch.argsort(row, descending=True, stable=True)[:k].tolist()
-    return [{"position": j, "token": words[j], "share": float(row[j])} for j in idx]
-
 
 def run(args) -> int:
     from geolens.commands._options import UsageError, check_model_name, out_folder
@@ -57,19 +49,14 @@ def run(args) -> int:
     if tokens.shape[1] < 2:
         raise UsageError("the text gives no token after BOS")
     from geolens.adapter import model_mode
-    from geolens.flow import contribution_flow, flow_names_filter
-    from geolens.flow_routes import flow_routes, token_strings
+    from geolens.pipelines.flow import LISTED, prompt_flow
 
-    words = token_strings(model, tokens, 0, tokens.shape[1])
     methods = list(LISTED) + (["value_zeroing_rollout"] if args.value_zeroing else [])
-    last = tokens.shape[1] - 1
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=flow_names_filter(model))
-        rows = {m: contribution_flow(model, cache, m, tokens=tokens)[0, last] for m in methods}
-        graph = flow_routes(model, cache, last, args.threshold, method=args.method, tokens=tokens) if folder is not None else None
+    found = prompt_flow(model, tokens, methods, threshold=args.threshold, route_method=args.method, routes=folder is not None)
+    words, last, rows, graph = found.words, found.position, found.rows, found.routes
     print(f"model {args.model} ({model_mode(model)}), {tokens.shape[1]} tokens incl. BOS, {model.cfg.n_layers} layers")
     print(f"last prediction: position {last} {words[last]!r}; top {args.top_k} input tokens of its residual stream after the last layer")
-    top = {m: top_tokens(rows[m], words, args.top_k) for m in methods}
+    top = found.top(args.top_k)
     for m in methods:
         print(f"  by {m}:")
         for r in top[m]:

@@ -8,6 +8,11 @@ for each, then :func:`geolens.flow_erasure.erasure_summary`) and returns a :clas
 saving each document as it finishes, and builds its :class:`FlowRun` from the saved tables with
 :meth:`FlowRun.of`. :meth:`FlowRun.load` reads a finished run folder (e.g.
 ``docs/flow/<model>/``) back, so that a report can show a published run without recomputing it.
+
+:func:`prompt_flow` is the one-prompt look of ``geolens flow "prompt"`` and of the report's flow
+section: every listed method's attribution row of the last prediction
+(:func:`geolens.contribution_flow`) and its information-flow routes
+(:func:`geolens.flow_routes.flow_routes`), from one cached forward.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+import torch
 
+from geolens.flow import FLOW_METHODS
 from geolens.flow_erasure import DIRECTIONS, ErasureSettings, curves_table, erasure_summary, induction_check, induction_summary, measure_document
 from geolens.pipelines import TopicRun
 
@@ -39,9 +46,70 @@ CITED = {
     "grad_x_input": "gradient × input",
     "integrated_gradients": "integrated gradients (Sundararajan, Taly & Yan 2017)",
 }
-SOURCE = "geolens contribution flow (docs/method.md §10; docs/flow/PROTOCOL.md)"
+SOURCE = "geolens contribution flow; erasure test after DeYoung et al. 2020 (docs/method.md §10.1; docs/flow/PROTOCOL.md)"
 PROTOCOL_MIN_DOCUMENTS = 100  # docs/flow/protocol.json, data.min_documents
 
+
+LISTED = ("contribution", "alti", "attention_rollout")  # listed by default; value_zeroing_rollout reruns the model
+
+
+@dataclass
+class PromptFlow:
+    """:func:`prompt_flow`'s result: the attribution row ``rows[method]`` ``[pos]`` of the
+    prediction at ``position`` (its residual stream after the last layer) by each method, the
+    token strings, and the routes (None when not asked for)."""
+
+    words: list[str]
+    position: int
+    rows: dict[str, torch.Tensor]
+    routes: object | None = None  # geolens.flow_routes.FlowGraph
+
+    def top(self, k: int) -> dict[str, list[dict]]:
+        """Per method, the ``k`` largest shares as (position, token, share) records, largest first
+        (ties by position)."""
+        return {m: top_tokens(row, self.words, k) for m, row in self.rows.items()}
+
+    def table(self, k: int) -> pd.DataFrame:
+        """:meth:`top` as one table: method, rank (1 = largest), position, token, share."""
+        rows = [dict(method=m, rank=r + 1, **entry) for m, entries in self.top(k).items() for r, entry in enumerate(entries)]
+        return pd.DataFrame(rows, columns=["method", "rank", "position", "token", "share"])
+
+
+def top_tokens(row: torch.Tensor, words: list[str], k: int) -> list[dict]:
+    """The ``k`` largest entries of one attribution row, as (position, token, share) records.
+
+    >>> top_tokens(torch.tensor([0.25, 0.5, 0.25]), ["<s>", "a", "b"], 2)
+    [{'position': 1, 'token': 'a', 'share': 0.5}, {'position': 0, 'token': '<s>', 'share': 0.25}]
+    """
+    idx = torch.argsort(row, descending=True, stable=True)[:k].tolist()
+    return [{"position": j, "token": words[j], "share": float(row[j])} for j in idx]
+
+
+def prompt_flow(model, tokens: torch.Tensor, methods=LISTED, *, threshold: float = 0.05, route_method: str = "contribution",
+                routes: bool = True) -> PromptFlow:  # fmt: skip
+    """The last prediction of ``tokens`` ``[1, pos]`` (BOS first): each of ``methods``' row of
+    :func:`geolens.contribution_flow` at the last position, and, with ``routes``, the
+    information-flow routes of that prediction (:func:`geolens.flow_routes.flow_routes`, edges
+    whose ``route_method`` share exceeds ``threshold``), all from one cached forward.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> pf = prompt_flow(model, tiny_tokens(model)[:1], threshold=0.1)
+    >>> sorted(pf.rows), round(float(pf.rows["contribution"].sum()), 4), pf.routes.position == pf.position
+    (['alti', 'attention_rollout', 'contribution'], 1.0, True)
+    """
+    from geolens.flow import contribution_flow, flow_names_filter
+    from geolens.flow_routes import flow_routes, token_strings
+
+    if tokens.ndim != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be one prompt [1, pos ≥ 2] (BOS first), got shape {tuple(tokens.shape)}")
+    words = token_strings(model, tokens, 0, tokens.shape[1])
+    last = int(tokens.shape[1]) - 1
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=flow_names_filter(model))
+        rows = {m: contribution_flow(model, cache, m, tokens=tokens)[0, last].detach().cpu() for m in methods}
+        graph = flow_routes(model, cache, last, threshold, method=route_method, tokens=tokens) if routes else None
+    return PromptFlow(words=words, position=last, rows=rows, routes=graph)
 
 @dataclass
 class FlowParams:
@@ -64,7 +132,7 @@ class FlowRun(TopicRun):
     """:func:`run_flow`'s result. ``tables``: ``conditions``, ``predictions``, ``rankings`` (per
     document), ``naopc`` (per method, family and direction), ``pairs`` (every pair of both
     families, and the exploratory Δp pairs), ``curves`` (mean outcome per fraction) and
-    ``induction``; ``summary``: :func:`geolens.flow_erasure.erasure_summary` plus the known-answer
+    ``induction``; ``summary``: :func:`geolens.flow_erasure_summary.erasure_summary` plus the known-answer
     check; ``status``: ``"pre-registered"`` or ``"exploratory"`` (only the former decides claims)."""
 
     summary: dict
@@ -112,14 +180,17 @@ class FlowRun(TopicRun):
         subtitle = f"{self.summary['n_documents']} documents, {self.summary['n_predictions']} predictions ({self.status})"
         return {"naopc": partial(erasure_naopc_plot, self.tables["naopc"], labels=LABELS, subtitle=subtitle)}
 
-    def claims(self) -> list:
-        return flow_claims(self.summary, self.settings, status=self.status)
+    def claims(self, windows: str = "documents") -> list:
+        """:func:`flow_claims` of the run; ``windows`` names the units of its sample (e.g. the
+        report's "corpus windows")."""
+        return flow_claims(self.summary, self.settings, status=self.status, windows=windows)
 
 
 def run_flow(model, windows, params: FlowParams = FlowParams(), *, progress: bool = True, texts=None) -> FlowRun:
     """The erasure test on ``windows`` ``[document, pos]`` (one window per document, BOS first;
-    row d is document d) and the known-answer check. ``texts``: the documents whose unigram
-    counts give the ``unigram`` replacement (default: the Lee corpus)."""
+    row d is document d) and the known-answer check of the flow methods among the settings'
+    methods. ``texts``: the documents whose unigram counts give the ``unigram`` replacement
+    (default: the Lee corpus)."""
     from tqdm.auto import tqdm
 
     from geolens.data import load_corpus
@@ -132,7 +203,10 @@ def run_flow(model, windows, params: FlowParams = FlowParams(), *, progress: boo
     for d in tqdm(range(int(windows.shape[0])), desc="erasure", disable=not progress):
         parts.append(measure_document(model, windows[d], d, s, space_id=space_id, counts=counts))
     tables = {name: pd.concat([p[name] for p in parts], ignore_index=True) for name in ("conditions", "predictions", "rankings")}
-    induction, skipped = checked_induction(model, n_tokens=params.induction_tokens, seed=params.induction_seed) if params.induction else (None, None)
+    flows = [m for m in s.methods if m in FLOW_METHODS]  # the known-answer check of the flows under test
+    induction, skipped = None, None
+    if params.induction and flows:
+        induction, skipped = checked_induction(model, n_tokens=params.induction_tokens, seed=params.induction_seed, methods=flows)
     parameters = {"n_documents": int(windows.shape[0]), "seq_len": int(windows.shape[1])}
     return FlowRun.of(tables, s, induction=induction, induction_skipped=skipped, parameters=parameters)
 
@@ -189,15 +263,18 @@ def _said(p: dict | None, method: str) -> str:
     return f"{sign * p['delta']:+.3g} [{lo:+.3g}, {hi:+.3g}] {p['verdict']}"
 
 
-def flow_claims(summary: dict, settings: ErasureSettings, *, status: str) -> list:
+def flow_claims(summary: dict, settings: ErasureSettings, *, status: str, windows: str = "documents") -> list:
     """The claims of the erasure test (primary family: KL, primary replacement), each decided by
-    its pairs' intervals within Holm's step-down; claims of an exploratory run are indicative."""
+    its pairs' intervals within Holm's step-down; claims of an exploratory run are indicative
+    (its sample is marked low-power: :func:`geolens.claims.sample_size`'s ``exploratory``).
+    Each claim's sample (:func:`geolens.claims.sample_size`) counts the primary family's
+    ``windows`` (the documents with a prediction in range) against the protocol's minimum."""
     from geolens.claims import Claim, sample_size
 
     primary = summary["families"]["primary"]
     pairs, methods = primary["pairs"], settings.methods
-    sample = sample_size(primary["n_documents"], windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)
     decided = status == "pre-registered"
+    sample = sample_size(primary["n_documents"], windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=not decided)
     rc = summary["range_check"][primary["replacement"]]
     tail = f"; {rc['excluded_kl']} of {rc['n_predictions']} predictions out of range" + ("" if decided else f"; {status} run")
     claims = []
@@ -217,7 +294,7 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str) -> lis
             claims.append(Claim(
                 claim=f"Contribution flow attributes next-token predictions to input tokens more faithfully than {CITED.get(other, LABELS[other])}",
                 source=SOURCE, measured="paired nAOPC difference in contribution flow's favour (KL, " + primary["replacement"] + " replacement) "
-                + "; ".join(said) + tail, holds=decide(found), ci=decided,
+                + "; ".join(said) + tail, holds=decide(found), ci=True,
                 criterion="in both directions the pair's interval at its Holm level (primary family) lies on contribution flow's side; "
                 "false when either lies on the other side", numbers={"sample": sample, "pairs": [_pair(pairs, d, "contribution", other) for d in DIRECTIONS]},
             ))  # fmt: skip
@@ -230,7 +307,7 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str) -> lis
                 said.append(f"{LABELS[m]} {d[:4]}. {_said(p, m)}")
         claims.append(Claim(
             claim="Every attribution method erases more faithfully than a random ranking", source=SOURCE,
-            measured="; ".join(said) + tail, holds=decide(found), ci=decided,
+            measured="; ".join(said) + tail, holds=decide(found), ci=True,
             criterion="every method's pair with random, in both directions, is decided in the method's favour (primary family)",
             numbers={"sample": sample},
         ))  # fmt: skip
@@ -250,7 +327,7 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str) -> lis
             claim="The verdicts do not depend on the replacement token", source=SOURCE,
             measured=f"{len(changes)} of {len(pairs)} verdicts differ between the {settings.replacements[0]} and {settings.replacements[1]} replacements"
             + (": " + ", ".join(f"{c['a']} → {c['b']} ({c['direction'][:4]}.) {c['primary']} / {c['robustness']}" for c in changes[:6]) if changes else "") + tail,
-            holds=not changes, ci=decided, criterion="every pair has the same verdict in the primary and the robustness family (each Holm-corrected)",
+            holds=not changes, ci=True, criterion="every pair has the same verdict in the primary and the robustness family (each Holm-corrected)",
             numbers={"sample": sample, "verdict_changes": changes},
         ))  # fmt: skip
     if "induction_check" in summary and "skipped" not in summary["induction_check"]:
@@ -267,4 +344,4 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str) -> lis
     return claims
 
 
-__all__ = ["FlowParams", "FlowRun", "flow_claims", "run_flow"]
+__all__ = ["LISTED", "FlowParams", "FlowRun", "PromptFlow", "flow_claims", "prompt_flow", "run_flow", "top_tokens"]
