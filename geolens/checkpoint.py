@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tempfile
 import zipfile
@@ -92,6 +93,24 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def json_default(value):
+    """``json.dumps(..., default=json_default)``: what JSON cannot write by itself, a numpy or torch
+    number as the Python number it holds (``.item()``), anything else as its ``str``.
+
+    >>> import numpy as np
+    >>> json.dumps({"n": np.int64(3), "x": np.float32(0.5), "ok": np.bool_(True)}, default=json_default)
+    '{"n": 3, "x": 0.5, "ok": true}'
+    """
+    item = getattr(value, "item", None)
+    return item() if callable(item) else str(value)
+
+
+def plain_json(value):
+    """``value`` as it reads back from JSON (tuples as lists, numbers through :func:`json_default`):
+    what a record saved as JSON is compared with."""
+    return json.loads(json.dumps(value, default=json_default))
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:

@@ -306,21 +306,17 @@ from pathlib import Path  # noqa: E402
 from conftest import TINY_KINDS  # noqa: E402
 
 from geolens.interventions.sink_values import sink_edit_query_heads  # noqa: E402
-from geolens.sinks.controls import (  # noqa: E402
+from geolens.sinks.controls_dose import (  # noqa: E402
     CheckpointMismatch,
-    DoseProtocol,
     controls_sample,
     dose_controls,
-    dose_summary,
     dose_window,
-    edit_dose,
     gu_sink_heads,
-    protocol_deviations,
-    read_protocol,
     read_windows,
-    two_stage_means,
     write_windows,
 )
+from geolens.sinks.controls_protocol import DoseProtocol, edit_dose, protocol_deviations, read_protocol  # noqa: E402
+from geolens.sinks.controls_summary import dose_summary, two_stage_means  # noqa: E402
 from geolens.stats import holm  # noqa: E402
 
 PROTOCOL_DIR = Path(__file__).resolve().parents[1] / "docs" / "faithfulness"
@@ -761,7 +757,10 @@ def test_module_examples_run():
 
     import geolens.interventions.sink_values as sink_values
     import geolens.sinks.controls as controls
+    import geolens.sinks.controls_dose as controls_dose
+    import geolens.sinks.controls_protocol as controls_protocol
+    import geolens.sinks.controls_summary as controls_summary
 
-    for module in (controls, sink_values):
+    for module in (controls, controls_dose, controls_protocol, controls_summary, sink_values):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0 and result.failed == 0, module.__name__

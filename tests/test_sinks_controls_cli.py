@@ -95,7 +95,9 @@ def protocol_run(tmp_path, monkeypatch):
 
 
 def test_controls_protocol_writes_a_summary_that_recomputes_from_its_windows(tmp_path, protocol_run):
-    from geolens.sinks.controls import DoseProtocol, dose_summary, read_windows
+    from geolens.sinks.controls_dose import read_windows
+    from geolens.sinks.controls_protocol import DoseProtocol
+    from geolens.sinks.controls_summary import dose_summary
 
     model, base, _ = protocol_run
     out = tmp_path / "run"
@@ -124,7 +126,7 @@ def test_controls_protocol_writes_a_summary_that_recomputes_from_its_windows(tmp
 
 def _interrupted(argv, monkeypatch) -> None:
     """Run ``argv`` with an interrupt (as Ctrl-C) when the second window starts; the patch is undone after."""
-    import geolens.sinks.controls as controls
+    import geolens.sinks.controls_dose as controls
 
     real, calls = controls.clean_log_probs, []
 
@@ -140,7 +142,7 @@ def _interrupted(argv, monkeypatch) -> None:
 
 
 def test_controls_protocol_resumes_an_interrupted_run(tmp_path, protocol_run, monkeypatch):
-    import geolens.sinks.controls as controls
+    import geolens.sinks.controls_dose as controls
 
     model, base, _ = protocol_run
     assert main(base + ["--out", str(tmp_path / "whole")]) == 0

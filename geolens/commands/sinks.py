@@ -12,7 +12,7 @@ on the first N windows: ``controls_conditions.csv``, ``controls_pairs.csv``,
 
 ``--controls-protocol PATH`` runs instead, and alone, the dose-matched sink controls of a
 pre-registered protocol (the ``"sink_controls"`` block of ``docs/faithfulness/protocol.json``,
-:func:`geolens.sinks.controls.dose_controls`) on the protocol's own sample: the corpus' documents
+:func:`geolens.sinks.controls_dose.dose_controls`) on the protocol's own sample: the corpus' documents
 cut into the protocol's windows (``--seq-len`` and ``--n-sequences`` belong to the corpus pass).
 It writes ``controls_summary.json`` (with ``protocol_sha256``, the SHA-256 of the protocol's
 text, and ``label``: ``pre-registered``, or ``exploratory`` with its ``differences`` when anything
@@ -65,6 +65,7 @@ def _control_layers(text: str, n_layers: int) -> list[int]:
 
 def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
     """The sink-intervention controls on ``tokens``; writes the controls_* files, returns the summary."""
+    from geolens.checkpoint import json_default
     from geolens.sinks.controls import default_conditions, sink_controls
     from geolens.viz.sinks import controls_plot
 
@@ -85,7 +86,7 @@ def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
         "seconds": round(time.time() - t0, 1),
         **res.summary(),
     }
-    (out / "controls_summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
+    (out / "controls_summary.json").write_text(json.dumps(summary, indent=1, default=json_default), encoding="utf-8")
     a = res.conditions[res.conditions.scope == "all"]
     print(f"sink controls: {res.n_windows} windows × {res.seq_len} tokens, clean PPL {res.clean_ppl:.3f}")
     if len(a):
@@ -100,7 +101,7 @@ def _protocol_options(args):
 
     from geolens.commands._options import UsageError
     from geolens.faithfulness.preregistered import load_protocol
-    from geolens.sinks.controls import read_protocol
+    from geolens.sinks.controls_protocol import read_protocol
 
     if args.controls_only or args.controls_sequences:
         raise UsageError("--controls-protocol runs the protocol's own sample; leave out --controls-only and --controls-sequences")
@@ -125,7 +126,8 @@ def run_dose_protocol(args) -> int:
     from geolens.commands._options import UsageError, check_corpus, check_model_name, out_folder
     from geolens.faithfulness.preregistered import run_label
     from geolens.models import load_model
-    from geolens.sinks.controls import CheckpointMismatch, controls_sample, dose_controls, protocol_deviations, write_windows
+    from geolens.sinks.controls_dose import CheckpointMismatch, controls_sample, dose_controls, write_windows
+    from geolens.sinks.controls_protocol import protocol_deviations
 
     protocol, registered, info, twin = _protocol_options(args)
     model_name = check_model_name(args.model)
@@ -212,6 +214,7 @@ def run(args) -> int:
     import torch
 
     from geolens.adapter import n_kv_heads
+    from geolens.checkpoint import json_default
     from geolens.commands._options import UsageError, check_corpus, check_indices, check_model_name, out_folder
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
@@ -261,7 +264,7 @@ def run(args) -> int:
     }
     if controls is not None:
         summary["controls"] = {k: controls[k] for k in ("n_windows", "seq_len", "claim_by_scope", "all_layers_pairs")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)), encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default), encoding="utf-8")
     hl = summary
     print(f"wrote {out}/ in {hl['seconds']} s")
     print(f"Gu et al. sink rate (ε={args.eps}): {hl['gu_sink_rate']:.3f}; mean α_i0 {hl['mean_sink_rate']:.3f}")
