@@ -85,7 +85,8 @@ def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
 def test_results_readme_and_resume(tmp_path):
     from test_faithfulness_scopes import synthetic_result
 
-    from geolens.commands.faithfulness import _resume_state, results_markdown
+    from geolens.commands.faithfulness import results_markdown
+    from geolens.faithfulness.result import ResumeError, resume_state
 
     gaps = dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
     res = synthetic_result(gaps)
@@ -96,10 +97,12 @@ def test_results_readme_and_resume(tmp_path):
     step = pairs[(pairs.a == "output_normalized") & (pairs.direction == "comprehensiveness") & (pairs.quantity == "delta_logprob")].iloc[0]
     assert f"{step.auc_diff:+.3g} [{step.ci_low:+.3g}, {step.ci_high:+.3g}] **holds**" in text
     res.save(tmp_path)
-    per, clean = _resume_state(tmp_path, dict(res.protocol), 100)
+    per, clean = resume_state(tmp_path, dict(res.protocol))
     assert len(clean) == 40 and len(per) == len(res.per_sequence)
-    with pytest.raises(ValueError, match="another protocol"):
-        _resume_state(tmp_path, dict(res.protocol, ranking="row"), 100)
+    pd.testing.assert_frame_equal(clean, res.clean)
+    with pytest.raises(ResumeError, match="another protocol"):
+        resume_state(tmp_path, dict(res.protocol, ranking="row"))
+    assert resume_state(tmp_path / "nothing here", dict(res.protocol)) == (None, None)
 
 
 def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys):
@@ -123,8 +126,8 @@ def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys)
 def test_per_sequence_saved_gzipped_deterministic_and_old_csv_still_read(tmp_path):
     from test_faithfulness_scopes import synthetic_result
 
-    from geolens.commands.faithfulness import _resume_state
     from geolens.faithfulness import FaithfulnessResult
+    from geolens.faithfulness.result import resume_state
 
     res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
     res.save(tmp_path / "a")
@@ -138,7 +141,30 @@ def test_per_sequence_saved_gzipped_deterministic_and_old_csv_still_read(tmp_pat
     (old / "per_sequence.csv.gz").unlink()
     back = FaithfulnessResult.load(old)
     assert len(back.per_sequence) == len(res.per_sequence)
-    per, _ = _resume_state(old, dict(res.protocol), 100)
+    per, _ = resume_state(old, dict(res.protocol))
     assert len(per) == len(res.per_sequence)
     res.save(old)  # rewriting converts it
     assert (old / "per_sequence.csv.gz").exists() and not (old / "per_sequence.csv").exists()
+
+
+def test_write_json_and_fingerprints_share_one_converter(tmp_path):
+    """numpy and torch numbers as Python numbers, anything else JSON cannot write as its str."""
+    import doctest
+    import json
+    from pathlib import Path
+
+    import torch
+
+    import geolens.checkpoint as checkpoint
+    from geolens.faithfulness.preregistered import write_json
+
+    data = {"n": np.int64(3), "x": np.float32(0.25), "ok": np.bool_(True), "t": torch.tensor(1.5), "where": Path("a/b"), "k": (1, 2)}
+    write_json(data, tmp_path / "s.json")
+    back = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
+    assert back == {"n": 3, "x": 0.25, "ok": True, "t": 1.5, "where": "a/b", "k": [1, 2]}
+    assert type(back["n"]) is int and type(back["ok"]) is bool
+    assert checkpoint.plain_json(data) == back
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    for test in finder.find(checkpoint.json_default, globs=dict(vars(checkpoint))):
+        runner.run(test)
+    assert runner.summarize(verbose=False).attempted > 0 and runner.summarize(verbose=False).failed == 0

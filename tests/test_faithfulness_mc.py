@@ -123,8 +123,7 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
 
     import pandas as pd
 
-    from geolens.commands._options import UsageError
-    from geolens.commands.faithfulness import _mc_blocks
+    from geolens.faithfulness.result import ResumeError, questions_in_blocks
     from geolens.multiple_choice import mc_under_masks_per_question
 
     model, _, _ = tiny_gqa
@@ -141,16 +140,20 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
             raise KeyboardInterrupt  # interrupted after two saved blocks
         return mc_under_masks_per_question(*a, progress=False, **kw)
 
+    def blocks(metrics):
+        return questions_in_blocks(run_block, model, qs, protocol, metrics, tmp_path, task=args.mc_task, seed=args.seed,
+                                   chunk_size=args.mc_chunk_size, block=args.block, resume=args.resume, progress=lambda text: None)
+
     with pytest.raises(KeyboardInterrupt):
-        _mc_blocks(model, qs, protocol, metrics, args, tmp_path, run_block)
+        blocks(metrics)
     assert pd.read_csv(tmp_path / "mc_questions.csv").query("metric == 'clean'").shape[0] == 4
     args.resume = True
-    got = _mc_blocks(model, qs, protocol, metrics, args, tmp_path, run_block)
+    got = blocks(metrics)
     assert calls == [0, 2, 4, 4]
     cols = ["task", "qid", "metric", "direction", "fraction", "logprob_correct", "correct"]
     pd.testing.assert_frame_equal(got[cols].reset_index(drop=True), whole[cols].reset_index(drop=True), check_dtype=False, rtol=1e-6)
-    with pytest.raises(UsageError, match="other tasks, metrics or protocol"):
-        _mc_blocks(model, qs, protocol, ["raw_attention"], args, tmp_path, run_block)
+    with pytest.raises(ResumeError, match="other tasks, metrics or protocol"):
+        blocks(["raw_attention"])
 
 
 def test_replot_multiple_choice_from_a_partial_run(tmp_path, capsys):

@@ -22,6 +22,7 @@ from geolens.faithfulness.ground_truth import (
     draw_positions,
     ground_truth_document,
     ground_truth_summary,
+    single_term_effects,
     spearman,
     top_overlap,
 )
@@ -146,6 +147,23 @@ def test_summary_resamples_whole_documents_and_forms_one_holm_family():
     same = pairs[("random", "raw_attention")]  # identical rankings at every position: out of the family
     assert same["verdict"] == "not testable" and same["p_adj"] is None
     assert summary["multiple_comparison"] == "holm"
+
+
+def test_single_term_effects_are_medians_by_hand():
+    def naive_median(values):
+        s = sorted(values)
+        n = len(s)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+    g = np.random.default_rng(3)
+    positions = pd.DataFrame(dict(kl_term_max=g.exponential(size=7), kl_term_sum=g.exponential(size=7), clean_top_prob=g.uniform(size=7)))
+    got = single_term_effects(positions)
+    assert got["n_positions"] == 7
+    assert got["median_kl_of_largest_term"] == naive_median(positions.kl_term_max.tolist())
+    assert got["median_kl_of_all_terms_summed"] == naive_median(positions.kl_term_sum.tolist())
+    assert got["median_clean_top_prob"] == naive_median(positions.clean_top_prob.tolist())
+    even = single_term_effects(positions.iloc[:4])
+    assert even["median_clean_top_prob"] == pytest.approx(naive_median(positions.clean_top_prob.iloc[:4].tolist()), rel=1e-15)
 
 
 def test_cluster_draws_take_every_position_of_a_drawn_document():

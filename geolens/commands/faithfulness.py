@@ -133,6 +133,7 @@ def _layers_text(layers) -> str:
 
 def _save_all(result, out: Path) -> list[dict]:
     """Tables, summary, the claimed-order verdicts and both curve figures."""
+    from geolens.checkpoint import atomic_write_bytes
     from geolens.faithfulness import claimed_order_holds
     from geolens.pipelines import save_figures
     from geolens.pipelines.faithfulness import FaithfulnessRun
@@ -140,8 +141,8 @@ def _save_all(result, out: Path) -> list[dict]:
     result.save(out)
     pairs = result.pairs()
     text = result.protocol_text() + "\n\n" + range_text(result.range_check()) + "\n\n"
-    (out / "pairs.md").write_text(text + pairs_markdown(pairs) + "\n" + auc_markdown(result.auc()), encoding="utf-8")
-    (out / "README.md").write_text(results_markdown(result), encoding="utf-8")
+    atomic_write_bytes(out / "pairs.md", (text + pairs_markdown(pairs) + "\n" + auc_markdown(result.auc())).encode("utf-8"))
+    atomic_write_bytes(out / "README.md", results_markdown(result).encode("utf-8"))
     checks = [claimed_order_holds(pairs, d, q) for d in ("comprehensiveness", "sufficiency") for q in ("delta_ppl", "delta_logprob")]
     if (out / "mc.csv").exists():
         from geolens.viz.faithfulness import mc_accuracy_plot
@@ -157,36 +158,19 @@ def _save_all(result, out: Path) -> list[dict]:
     return checks
 
 
-def _resume_state(out: Path, protocol_dict: dict, n_total: int):
-    """(per_sequence, clean) already in ``out`` for the same protocol, or (None, None)."""
-    from geolens.faithfulness import per_sequence_path
-
-    if not per_sequence_path(out).exists() or not (out / "summary.json").exists():
-        return None, None
-    p = json.loads((out / "summary.json").read_text())["protocol"]
-    same = (p["layers"] == protocol_dict["layers"] and p["ranking_scope"] == protocol_dict["ranking"]
-            and p["allow_sink"] == protocol_dict["allow_sink"] and p["allow_current"] == protocol_dict["allow_current"]
-            and p["mode"] == protocol_dict["mode"] and list(p["fractions"]) == list(protocol_dict["fractions"])
-            and p["skip_prefix"] == protocol_dict["skip_prefix"])  # fmt: skip
-    if not same:
-        from geolens.commands._options import UsageError
-
-        raise UsageError(f"--resume: {out}/summary.json was made with another protocol; use a new --out")
-    per, clean = pd.read_csv(per_sequence_path(out), keep_default_na=False), pd.read_csv(out / "clean.csv")
-    per["fraction"] = per["fraction"].astype(float)
-    return per, clean
-
-
 def _language_modelling(model, args, protocol, metrics, out: Path):
-    from geolens.commands._options import corpus_windows
-    from geolens.faithfulness import FaithfulnessResult
+    from geolens.commands._options import UsageError, corpus_windows
+    from geolens.faithfulness.result import FaithfulnessResult, ResumeError, resume_state
     from geolens.pipelines.faithfulness import FaithfulnessParams, run_faithfulness
 
     tokens = corpus_windows(model, args.corpus, args.seq_len, args.n_sequences)  # UsageError if too few
     t0 = time.time()
     done, spent = None, 0.0
     if args.resume:
-        per, clean = _resume_state(out, protocol.to_dict(model), tokens.shape[0])
+        try:
+            per, clean = resume_state(out, protocol.to_dict(model))
+        except ResumeError as err:
+            raise UsageError(str(err)) from None
         if per is not None:
             done = (per, clean)
             spent = float(json.loads((out / "summary.json").read_text()).get("meta", {}).get("seconds", 0.0))
@@ -258,7 +242,8 @@ def run_preregistered(args) -> int:
 
     from geolens.adapter import model_mode
     from geolens.data import load_corpus
-    from geolens.faithfulness.preregistered import protocol_windows
+    from geolens.checkpoint import atomic_write_bytes
+    from geolens.faithfulness.preregistered import protocol_windows, run_stages, write_json
     from geolens.models import load_model
 
     torch.set_grad_enabled(False)
@@ -289,37 +274,15 @@ def run_preregistered(args) -> int:
         ),
         multiple_comparison=protocol["statistics"]["multiple_comparison"],
     )  # fmt: skip
-    previous = _previous_summary(out, protocol.sha256, model_name) if args.resume else {}
-    summary["stages"] = dict(per_term="not run", masking="not run")
-    for key in ("per_term_effects", "masking", "ceiling_check"):  # a stage run before into this folder
-        if key in previous:
-            summary[key] = previous[key]
-    summary["stages"].update({k: v for k, v in previous.get("stages", {}).items() if v == "complete"})
-    if args.stage in ("all", "per_term"):
-        summary["per_term_effects"] = _per_term_stage(model, windows, protocol, out, args, model_name, label)
-        summary["stages"]["per_term"] = "complete"
-    if args.stage in ("all", "masking"):
-        summary["masking"] = _masking_stage(model, windows, protocol, out, args, model_name)
-        summary["ceiling_check"] = summary["masking"]["ceiling_check"]
-        summary["stages"]["masking"] = "complete"
-    summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
-    summary["stage_seconds"] = {}
-    for stage in ("per_term", "masking"):
-        progress = out / f"{stage}_progress.json"
-        if summary["stages"].get(stage) == "complete" and progress.is_file():
-            saved = json.loads(progress.read_text(encoding="utf-8"))
-            # a run before the progress file kept time: its summary's wall-clock seconds
-            summary["stage_seconds"][stage] = saved.get("seconds", previous.get("seconds"))
+    stages = ("per_term", "masking") if args.stage == "all" else (args.stage,)
+    summary.update(run_stages(model, windows, protocol, out, stages, corpus=args.corpus, model_name=model_name, resume=args.resume,
+                              progress=lambda text: print(text, flush=True)))  # fmt: skip
     summary["seconds"] = round(time.time() - start, 1)
     if label != "pre-registered":  # an exploratory run gets no verdicts (PROTOCOL.md, preamble)
         for pair in summary["pairs"]:
             pair["verdict"] = None
         summary["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
-    from geolens.faithfulness.preregistered import write_json
-
     write_json(summary, out / "summary.json")
-    from geolens.checkpoint import atomic_write_bytes
-
     atomic_write_bytes(out / "README.md", protocol_markdown(summary).encode("utf-8"))
     if "per_term_effects" in summary:
         print(per_term_text(summary))
@@ -327,62 +290,6 @@ def run_preregistered(args) -> int:
         print(masking_markdown(summary["masking"]))
     print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s; stages {summary['stage_seconds']})")
     return 0
-
-
-def _previous_summary(out: Path, sha256: str, model_name: str) -> dict:
-    """The summary of an earlier stage run into ``out`` under the same protocol and model ({} if none)."""
-    path = out / "summary.json"
-    if not path.is_file():
-        return {}
-    previous = json.loads(path.read_text(encoding="utf-8"))
-    if previous.get("protocol_sha256") != sha256 or previous.get("model") != model_name:
-        return {}
-    return previous
-
-
-def _masking_stage(model, windows, protocol, out: Path, args, model_name: str) -> dict:
-    from geolens.data import load_corpus
-    from geolens.faithfulness.layer_masking import layer_masking_document, unigram_logprobs
-    from geolens.faithfulness.masking_summary import masking_summary
-    from geolens.faithfulness.preregistered import run_document_stage
-
-    unigram = unigram_logprobs(model, load_corpus(args.corpus))
-    fingerprint = dict(stage="masking", protocol_sha256=protocol.sha256, model=model_name, corpus=args.corpus,
-                       n_documents=int(windows.shape[0]))  # fmt: skip
-
-    def measure(d: int) -> dict:
-        return {"rows": layer_masking_document(model, windows[d : d + 1], d, protocol=protocol.settings, unigram_logprobs=unigram)}
-
-    tables = run_document_stage("masking", out, fingerprint, int(windows.shape[0]), measure, resume=args.resume,
-                                progress=lambda text: print(text, flush=True))  # fmt: skip
-    return masking_summary(tables["rows"], protocol.settings)
-
-
-def _per_term_stage(model, windows, protocol, out: Path, args, model_name: str, label: str) -> dict:
-    from geolens.faithfulness.ground_truth import ground_truth_document, ground_truth_summary
-    from geolens.faithfulness.preregistered import run_document_stage
-
-    primary, stats = protocol["primary"], protocol["statistics"]
-    queries = tuple(protocol["data"]["scored_positions"])
-    n_positions = int(primary["positions_per_document"])
-    fingerprint = dict(stage="per_term", protocol_sha256=protocol.sha256, model=model_name, corpus=args.corpus,
-                       n_documents=int(windows.shape[0]), positions_per_document=n_positions, queries=list(queries))  # fmt: skip
-
-    def measure(d: int) -> dict:
-        rows, positions = ground_truth_document(model, windows[d : d + 1], d, n_positions=n_positions, queries=queries)
-        return {"rows": rows, "positions": positions}
-
-    tables = run_document_stage("per_term", out, fingerprint, int(windows.shape[0]), measure, resume=args.resume,
-                                progress=lambda text: print(text, flush=True))  # fmt: skip
-    pairs = [tuple(pair) for pair in protocol["pairs"]]
-    part = ground_truth_summary(tables["rows"], pairs, n_boot=int(stats["n_boot"]), seed=int(stats["seed"]), alpha=float(stats["alpha"]))
-    positions = tables["positions"]
-    part["single_term_effects"] = dict(
-        n_positions=int(len(positions)), median_kl_of_largest_term=float(positions.kl_term_max.median()),
-        median_kl_of_all_terms_summed=float(positions.kl_term_sum.median()),
-        median_clean_top_prob=float(positions.clean_top_prob.median()),
-    )  # fmt: skip
-    return part
 
 
 def per_term_text(summary: dict) -> str:
@@ -557,6 +464,7 @@ def run(args) -> int:
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
     if questions:
+        from geolens.faithfulness.result import ResumeError, questions_in_blocks
         from geolens.multiple_choice import mc_under_masks_per_question
 
         mc_protocol = Protocol(
@@ -565,7 +473,12 @@ def run(args) -> int:
         )  # fmt: skip
         print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
         t1 = time.time()
-        per_q = _mc_blocks(model, questions, mc_protocol, metrics, args, out, mc_under_masks_per_question)
+        try:
+            per_q = questions_in_blocks(mc_under_masks_per_question, model, questions, mc_protocol, metrics, out, task=args.mc_task,
+                                        seed=args.seed, chunk_size=args.mc_chunk_size, block=args.block, resume=args.resume,
+                                        progress=lambda text: print(text, flush=True))  # fmt: skip
+        except ResumeError as err:
+            raise UsageError(str(err)) from None
         _mc_outputs(per_q, out, n_boot=args.n_boot, seed=args.seed, seconds=round(time.time() - t1, 1))
     print(f"results in {out}/")
     return 0
@@ -605,40 +518,6 @@ def _mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | No
                             f"ranking {p.get('ranking')}, sink removable {p.get('allow_sink')}, current removable {p.get('allow_current')}")  # fmt: skip
     view.save(out / "mc.png", dpi=80)
     view.close()
-
-
-def _mc_blocks(model, questions, protocol, metrics, args, out: Path, run_block):
-    """Multiple choice under masks in blocks of ``--block`` questions, each block appended to
-    ``mc_questions.csv`` as it lands; ``--resume`` keeps the questions already there (same
-    protocol, tasks and metrics, from ``mc_progress.json``) and runs the rest."""
-    from geolens.commands._options import UsageError
-
-    seen: dict[str, int] = {}
-    qids = []
-    for q in questions:
-        qids.append(seen.get(q.task, 0))
-        seen[q.task] = qids[-1] + 1
-    path, info_path = out / "mc_questions.csv", out / "mc_progress.json"
-    info = dict(task=args.mc_task, n_questions=len(questions), protocol=protocol.to_dict(model), metrics=list(metrics), seed=args.seed)
-    done = pd.DataFrame()
-    if args.resume and path.exists() and info_path.exists():
-        if json.loads(info_path.read_text()) != json.loads(json.dumps(info)):
-            raise UsageError(f"--resume: {out}/mc_questions.csv was made with other tasks, metrics or protocol; use a new --out")
-        done = pd.read_csv(path)
-    info_path.write_text(json.dumps(info, indent=2))
-    n_done = done[done.metric == "clean"].shape[0] if len(done) else 0
-    if n_done:
-        print(f"multiple choice: resuming after {n_done} questions already in {path}", flush=True)
-    block = max(1, int(args.block))
-    parts = [done] if len(done) else []
-    for start in range(n_done, len(questions), block):
-        stop = min(start + block, len(questions))
-        part = run_block(model, questions[start:stop], protocol, metrics, seed=args.seed, chunk_size=args.mc_chunk_size,
-                         first_question=start, qids=qids[start:stop])  # fmt: skip
-        parts.append(part)
-        pd.concat(parts, ignore_index=True).to_csv(path, index=False)
-        print(f"  {stop} / {len(questions)} questions (saved)", flush=True)
-    return pd.concat(parts, ignore_index=True)
 
 
 def register(subparsers) -> None:

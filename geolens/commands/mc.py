@@ -116,9 +116,10 @@ def run(args) -> int:
     import torch
 
     from geolens.adapter import model_mode
-    from geolens.checkpoint import model_fingerprint
+    from geolens.checkpoint import json_default, model_fingerprint
     from geolens.commands._options import UsageError, check_model_name, out_folder
-    from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, ResumeError, differences, labelled, run_multiple_choice
+    from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, differences, labelled, run_multiple_choice
+    from geolens.faithfulness.result import ResumeError
     from geolens.models import load_model
 
     protocol, tasks, max_questions, settings = _settings(args)
@@ -152,7 +153,7 @@ def run(args) -> int:
     info.update(model=args.model, model_mode=model_mode(model), masks=masks, commands=checkpoint.commands, seconds=round(time.time() - t0, 1))
     _write(out / "mc_questions.csv", result.questions.to_csv(index=False, float_format="%.6g"))
     _write(out / "mc_summary.csv", result.tasks.to_csv(index=False, float_format="%.6g"))
-    _write(out / "summary.json", json.dumps(info, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+    _write(out / "summary.json", json.dumps(info, indent=1, default=json_default))
     view = _plot(result.tasks)
     view.save(out / "mc_clean.png", dpi=args.dpi)
     view.close()

@@ -28,7 +28,8 @@ fewer than 5 terms, or whose effects are all equal, is excluded and counted.
 
 :func:`ground_truth_document` measures one document's positions; :func:`ground_truth_summary`
 turns the rows of all documents into per-metric means with document-cluster bootstrap CIs and the
-pre-registered pairs, one Holm family (:func:`geolens.stats.holm_family`).
+pre-registered pairs, one Holm family (:func:`geolens.stats.holm_family`), and
+:func:`single_term_effects` says how large the measured effects are.
 """
 
 from __future__ import annotations
@@ -322,3 +323,14 @@ def ground_truth_summary(rows: pd.DataFrame, pairs: Sequence[Sequence[str]], *, 
         n_boot=int(n_boot),
         seed=int(seed),
     )
+
+
+def single_term_effects(positions: pd.DataFrame) -> dict:
+    """How large the single-term effects are over the ``positions`` rows of
+    :func:`ground_truth_document`: their count and the medians of the largest term's KL, of all
+    terms' KLs summed and of the clean top-1 probability."""
+    return dict(
+        n_positions=int(len(positions)), median_kl_of_largest_term=float(positions.kl_term_max.median()),
+        median_kl_of_all_terms_summed=float(positions.kl_term_sum.median()),
+        median_clean_top_prob=float(positions.clean_top_prob.median()),
+    )  # fmt: skip

@@ -45,11 +45,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens.faithfulness.layer_masking import MASKING_METRICS, masking_scores, query_masks
+from geolens.faithfulness.layer_masking import MASKING_METRICS, Condition, distinct_masks, masking_scores, query_masks
 from geolens.faithfulness.preregistered import Preregistered, load_protocol, run_label
+from geolens.faithfulness.result import ResumeError
 from geolens.interventions.masking import pattern_mask_hooks
 from geolens.metrics import find_metric
 from geolens.multiple_choice import (
@@ -250,8 +250,12 @@ def masked_scores(
         for li, layer in enumerate(layers):
             view = get_attention_layer(model, cache, layer)
             by_metric = masking_scores(view, metrics)
-            masks = torch.stack([mask for m in metrics for mask in query_masks(by_metric[m], view.pattern[0] != 0, fractions)])
-            unique, which = _distinct(masks)  # [distinct, head, query, key]; which: [metric·k]
+            terms = view.pattern[0] != 0
+            conditions = [
+                Condition(m, "comprehensiveness", k, mask) for m in metrics for k, mask in zip(fractions, query_masks(by_metric[m], terms, fractions))
+            ]  # fmt: skip
+            _, unique, which = distinct_masks(conditions)  # [distinct, head, query, key]; which: [metric·k]
+            which = np.asarray(which)
             resid = cache[adapter.resid_pre_hook(layer)]
             logp = []
             for start in range(0, len(unique), chunk_size):
@@ -269,21 +273,6 @@ def masked_scores(
             same &= (w[:, None, :] == w[None, :, :]).all(-1)
         del cache
     return scores, same
-
-
-def _distinct(masks: Tensor) -> tuple[Tensor, np.ndarray]:
-    """(the distinct masks, in order of first appearance; for each input mask, its index there)."""
-    kept: list[Tensor] = []
-    which = []
-    for m in masks:
-        for u, other in enumerate(kept):
-            if torch.equal(m, other):
-                which.append(u)
-                break
-        else:
-            which.append(len(kept))
-            kept.append(m)
-    return torch.stack(kept), np.asarray(which)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,11 +362,6 @@ def question_key(question: Question, qid: int) -> str:
 def question_sha(question: Question) -> str:
     """SHA-256 (16 hex digits) of the prompt, choices and answer: a resumed record must match it."""
     return hashlib.sha256(json.dumps([question.prompt, list(question.choices), question.answer]).encode()).hexdigest()[:16]
-
-
-class ResumeError(ValueError):
-    """A checkpoint that cannot be resumed: unreadable, or made with other settings, another model
-    or other questions (one line)."""
 
 
 @dataclass
@@ -569,7 +553,7 @@ def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[s
 
 
 __all__ = [
-    "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "ResumeError", "SCORING", "differences",
+    "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "SCORING", "differences",
     "eligibility", "labelled", "masked_scores", "mc_protocol", "pair_tests", "question_key", "question_sha",
     "run_multiple_choice", "stratified_indices",
 ]  # fmt: skip

@@ -10,6 +10,10 @@ BOS followed by the document's first ``seq_len − 1`` tokens, for the first ``n
 documents of the corpus that have at least ``min_document_tokens`` tokens, in corpus order. The
 document index of a window counts the eligible documents from 0: it seeds the position draws of
 the per-term endpoint and names the cluster of the bootstrap.
+
+:func:`run_stages` runs the endpoints into a run folder (:func:`per_term_stage`, :func:`masking_stage`),
+each one document at a time through :func:`run_document_stage`, which saves every table atomically
+after each document and resumes after the last one saved.
 """
 
 from __future__ import annotations
@@ -100,7 +104,8 @@ def protocol_windows(model, protocol: Preregistered, texts: list[str], *, n_docu
 # Stages of a run: resumable per document, tables rewritten atomically after each one
 
 
-def _write_table(frame, path: Path) -> None:
+def write_table(frame, path: Path) -> None:
+    """``frame`` as CSV at ``path`` (gzipped without a timestamp when it ends in ``.gz``), written atomically."""
     import io
 
     from geolens.checkpoint import atomic_write_bytes
@@ -111,22 +116,11 @@ def _write_table(frame, path: Path) -> None:
 
 
 def write_json(data: dict, path: Path) -> None:
-    """``data`` as indented JSON at ``path``, written atomically (numpy scalars as Python numbers)."""
-    from geolens.checkpoint import atomic_write_bytes
+    """``data`` as indented JSON at ``path``, written atomically (numpy scalars as Python numbers:
+    :func:`geolens.checkpoint.json_default`)."""
+    from geolens.checkpoint import atomic_write_bytes, json_default
 
-    atomic_write_bytes(path, (json.dumps(data, indent=1, ensure_ascii=False, default=_plain) + "\n").encode("utf-8"))
-
-
-def _plain(value):
-    import numpy as np
-
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+    atomic_write_bytes(path, (json.dumps(data, indent=1, ensure_ascii=False, default=json_default) + "\n").encode("utf-8"))
 
 
 def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: int, measure, *, resume: bool, progress=print):
@@ -141,12 +135,14 @@ def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: in
 
     import pandas as pd
 
+    from geolens.checkpoint import plain_json
+
     progress_path = out / f"{stage}_progress.json"
     tables: dict[str, list] = {}
     done, seconds = 0, 0.0
     if resume and progress_path.is_file():
         saved = json.loads(progress_path.read_text(encoding="utf-8"))
-        if saved.get("fingerprint") != json.loads(json.dumps(fingerprint, default=_plain)):
+        if saved.get("fingerprint") != plain_json(fingerprint):
             raise ValueError(f"--resume: {progress_path} was written by a run with other settings; use a new --out")
         done = int(saved["documents_done"])
         seconds = float(saved.get("seconds", 0.0))
@@ -160,9 +156,101 @@ def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: in
         merged = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
         tables = {name: [frame] for name, frame in merged.items()}
         for name, frame in merged.items():
-            _write_table(frame, out / f"{stage}_{name}.csv.gz")
+            write_table(frame, out / f"{stage}_{name}.csv.gz")
         seconds += time.perf_counter() - start
         write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged),
                          seconds=round(seconds, 1)), progress_path)  # fmt: skip
         progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
     return {name: parts[0] for name, parts in tables.items()}
+
+
+def previous_summary(out: Path, sha256: str, model_name: str) -> dict:
+    """The ``summary.json`` of an earlier stage run into ``out`` under the same protocol (``sha256``
+    of its text) and model, so that a run of one stage keeps the other's results ({} if none)."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return {}
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    if previous.get("protocol_sha256") != sha256 or previous.get("model") != model_name:
+        return {}
+    return previous
+
+
+def masking_stage(model, windows: torch.Tensor, protocol: Preregistered, out: Path, *, corpus: str, model_name: str, resume: bool,
+                  progress=print) -> dict:  # fmt: skip
+    """The per-layer masking endpoint (PROTOCOL.md §3-4) on ``windows``, one document at a time
+    (:func:`~geolens.faithfulness.layer_masking.layer_masking_document`, the unigram distribution of
+    ``corpus`` for the ceiling check) through :func:`run_document_stage`, then its
+    :func:`~geolens.faithfulness.masking_summary.masking_summary`."""
+    from geolens.data import load_corpus
+    from geolens.faithfulness.layer_masking import layer_masking_document, unigram_logprobs
+    from geolens.faithfulness.masking_summary import masking_summary
+
+    unigram = unigram_logprobs(model, load_corpus(corpus))
+    fingerprint = dict(stage="masking", protocol_sha256=protocol.sha256, model=model_name, corpus=corpus, n_documents=int(windows.shape[0]))
+
+    def measure(d: int) -> dict:
+        return {"rows": layer_masking_document(model, windows[d : d + 1], d, protocol=protocol.settings, unigram_logprobs=unigram)}
+
+    tables = run_document_stage("masking", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress)
+    return masking_summary(tables["rows"], protocol.settings)
+
+
+def per_term_stage(model, windows: torch.Tensor, protocol: Preregistered, out: Path, *, corpus: str, model_name: str, resume: bool,
+                   progress=print) -> dict:  # fmt: skip
+    """The per-term endpoint (PROTOCOL.md §2) on ``windows``, one document at a time
+    (:func:`~geolens.faithfulness.ground_truth.ground_truth_document`) through
+    :func:`run_document_stage`, then its :func:`~geolens.faithfulness.ground_truth.ground_truth_summary`
+    with the size of the single-term effects (:func:`~geolens.faithfulness.ground_truth.single_term_effects`)."""
+    from geolens.faithfulness.ground_truth import ground_truth_document, ground_truth_summary, single_term_effects
+
+    primary, stats = protocol["primary"], protocol["statistics"]
+    queries = tuple(protocol["data"]["scored_positions"])
+    n_positions = int(primary["positions_per_document"])
+    fingerprint = dict(stage="per_term", protocol_sha256=protocol.sha256, model=model_name, corpus=corpus,
+                       n_documents=int(windows.shape[0]), positions_per_document=n_positions, queries=list(queries))  # fmt: skip
+
+    def measure(d: int) -> dict:
+        rows, positions = ground_truth_document(model, windows[d : d + 1], d, n_positions=n_positions, queries=queries)
+        return {"rows": rows, "positions": positions}
+
+    tables = run_document_stage("per_term", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress)
+    pairs = [tuple(pair) for pair in protocol["pairs"]]
+    part = ground_truth_summary(tables["rows"], pairs, n_boot=int(stats["n_boot"]), seed=int(stats["seed"]), alpha=float(stats["alpha"]))
+    part["single_term_effects"] = single_term_effects(tables["positions"])
+    return part
+
+
+def run_stages(model, windows: torch.Tensor, protocol: Preregistered, out: Path, stages, *, corpus: str, model_name: str,
+               resume: bool, progress=print) -> dict:  # fmt: skip
+    """Run the endpoints named in ``stages`` (``per_term``: :func:`per_term_stage`; ``masking``:
+    :func:`masking_stage`) into ``out``; returns the summary entries of the run folder.
+
+    ``stages`` (each endpoint ``complete`` or ``not run``), ``per_term_effects``, ``masking`` and
+    ``ceiling_check`` (with ``resume``, an endpoint that an earlier run under the same protocol and
+    model completed into ``out`` is kept: :func:`previous_summary`), ``pairs`` (every endpoint's
+    family) and ``stage_seconds`` (each complete endpoint's compute time, from its progress file).
+    """
+    previous = previous_summary(out, protocol.sha256, model_name) if resume else {}
+    options = dict(corpus=corpus, model_name=model_name, resume=resume, progress=progress)
+    summary: dict = {"stages": dict(per_term="not run", masking="not run")}
+    for key in ("per_term_effects", "masking", "ceiling_check"):  # a stage run before into this folder
+        if key in previous:
+            summary[key] = previous[key]
+    summary["stages"].update({k: v for k, v in previous.get("stages", {}).items() if v == "complete"})
+    if "per_term" in stages:
+        summary["per_term_effects"] = per_term_stage(model, windows, protocol, out, **options)
+        summary["stages"]["per_term"] = "complete"
+    if "masking" in stages:
+        summary["masking"] = masking_stage(model, windows, protocol, out, **options)
+        summary["ceiling_check"] = summary["masking"]["ceiling_check"]
+        summary["stages"]["masking"] = "complete"
+    summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
+    summary["stage_seconds"] = {}
+    for stage in ("per_term", "masking"):
+        path = out / f"{stage}_progress.json"
+        if summary["stages"].get(stage) == "complete" and path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            # a run before the progress file kept time: its summary's wall-clock seconds
+            summary["stage_seconds"][stage] = saved.get("seconds", previous.get("seconds"))
+    return summary

@@ -4,8 +4,9 @@
 statistic from them with one set of bootstrap resamples of documents (corpus-level curves, AUCs,
 paired differences with their verdicts, the range check); :meth:`~FaithfulnessResult.save` and
 :meth:`~FaithfulnessResult.load` write and read a run's folder, each file written atomically
-(:func:`geolens.checkpoint.atomic_write_bytes`), and :func:`resume_state` gives the documents an
-interrupted run already saved.
+(:func:`geolens.checkpoint.atomic_write_bytes`); :func:`resume_state` gives the documents an
+interrupted run already saved, and :func:`questions_in_blocks` runs multiple choice under masks
+block by block, resumable in the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from geolens.checkpoint import atomic_write_bytes, plain_json
+from geolens.faithfulness.preregistered import write_table
 from geolens.faithfulness.protocol import (
     CLAIMED_STEPS,
     DIRECTIONS,
@@ -242,16 +245,17 @@ class FaithfulnessResult:
         return "\n".join(lines)
 
     def save(self, out_dir) -> None:
+        """Write the folder that :meth:`load` and :func:`resume_state` read, each file atomically
+        (``per_sequence.csv.gz`` gzipped without a timestamp: the same results give the same bytes)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        # gzip without a timestamp: the same results give the same bytes (and stay small in git)
-        self.per_sequence.to_csv(out / PER_SEQUENCE, index=False, compression=dict(method="gzip", mtime=0))
+        write_table(self.per_sequence, out / PER_SEQUENCE)
         (out / "per_sequence.csv").unlink(missing_ok=True)  # the uncompressed file of older versions
-        self.clean.to_csv(out / "clean.csv", index=False)
-        self.curves.to_csv(out / "curves.csv", index=False)
-        self.auc().to_csv(out / "auc.csv", index=False)
-        self.pairs().to_csv(out / "pairs.csv", index=False)
-        (out / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=float))
+        write_table(self.clean, out / "clean.csv")
+        write_table(self.curves, out / "curves.csv")
+        write_table(self.auc(), out / "auc.csv")
+        write_table(self.pairs(), out / "pairs.csv")
+        atomic_write_bytes(out / "summary.json", json.dumps(self.summary(), indent=2, default=float).encode())
 
     @classmethod
     def load(cls, out_dir, n_boot: int | None = None) -> "FaithfulnessResult":
@@ -271,6 +275,11 @@ class FaithfulnessResult:
 PER_SEQUENCE = "per_sequence.csv.gz"  # each document's mean NLL under each mask
 
 
+class ResumeError(ValueError):
+    """Saved results that cannot be resumed: unreadable, or made with other settings, another model
+    or other questions (one line)."""
+
+
 def per_sequence_path(out_dir) -> Path:
     """The per-document results in a folder: ``per_sequence.csv.gz``, or the uncompressed
     ``per_sequence.csv`` written by older versions (the path of the first when neither exists)."""
@@ -278,6 +287,62 @@ def per_sequence_path(out_dir) -> Path:
     old = out / "per_sequence.csv"
     return old if old.exists() and not (out / PER_SEQUENCE).exists() else out / PER_SEQUENCE
 
+
+def resume_state(out_dir, protocol: dict) -> tuple[pd.DataFrame, pd.DataFrame] | tuple[None, None]:
+    """``(per_sequence, clean)`` that a run saved in ``out_dir`` (:meth:`FaithfulnessResult.save`)
+    under the same ``protocol`` (:meth:`~geolens.faithfulness.protocol.Protocol.to_dict` of the
+    model), to continue after its documents; ``(None, None)`` when the folder holds no saved run.
+    :class:`ResumeError` when the saved run used another protocol."""
+    out = Path(out_dir)
+    if not per_sequence_path(out).exists() or not (out / "summary.json").exists():
+        return None, None
+    p = json.loads((out / "summary.json").read_text())["protocol"]
+    same = (p["layers"] == protocol["layers"] and p["ranking_scope"] == protocol["ranking"]
+            and p["allow_sink"] == protocol["allow_sink"] and p["allow_current"] == protocol["allow_current"]
+            and p["mode"] == protocol["mode"] and list(p["fractions"]) == list(protocol["fractions"])
+            and p["skip_prefix"] == protocol["skip_prefix"])  # fmt: skip
+    if not same:
+        raise ResumeError(f"--resume: {out}/summary.json was made with another protocol; use a new --out")
+    per, clean = pd.read_csv(per_sequence_path(out), keep_default_na=False), pd.read_csv(out / "clean.csv")
+    per["fraction"] = per["fraction"].astype(float)
+    return per, clean
+
+
+def questions_in_blocks(run_block, model, questions, protocol, metrics, out_dir, *, task: str, seed: int, chunk_size: int,
+                        block: int, resume: bool, progress=print) -> pd.DataFrame:  # fmt: skip
+    """Multiple choice under masks in blocks of ``block`` questions: ``run_block(model, questions,
+    protocol, metrics, seed=, chunk_size=, first_question=, qids=)`` (as
+    :func:`geolens.multiple_choice.mc_under_masks_per_question`) for each block, whose rows are
+    appended to ``mc_questions.csv`` in ``out_dir`` as they land; ``mc_progress.json`` records the
+    task, the question count, the protocol, the metrics and the seed. With ``resume`` the questions
+    already saved under the same record are kept and the rest run (:class:`ResumeError` when the
+    record differs). Each file is written atomically. Returns the rows of every question."""
+    out = Path(out_dir)
+    seen: dict[str, int] = {}
+    qids = []
+    for q in questions:
+        qids.append(seen.get(q.task, 0))
+        seen[q.task] = qids[-1] + 1
+    path, info_path = out / "mc_questions.csv", out / "mc_progress.json"
+    info = dict(task=task, n_questions=len(questions), protocol=protocol.to_dict(model), metrics=list(metrics), seed=seed)
+    done = pd.DataFrame()
+    if resume and path.exists() and info_path.exists():
+        if json.loads(info_path.read_text()) != plain_json(info):
+            raise ResumeError(f"--resume: {out}/mc_questions.csv was made with other tasks, metrics or protocol; use a new --out")
+        done = pd.read_csv(path)
+    atomic_write_bytes(info_path, json.dumps(info, indent=2).encode())
+    n_done = done[done.metric == "clean"].shape[0] if len(done) else 0
+    if n_done:
+        progress(f"multiple choice: resuming after {n_done} questions already in {path}")
+    parts = [done] if len(done) else []
+    for start in range(n_done, len(questions), max(1, int(block))):
+        stop = min(start + max(1, int(block)), len(questions))
+        part = run_block(model, questions[start:stop], protocol, metrics, seed=seed, chunk_size=chunk_size,
+                         first_question=start, qids=qids[start:stop])  # fmt: skip
+        parts.append(part)
+        write_table(pd.concat(parts, ignore_index=True), path)
+        progress(f"  {stop} / {len(questions)} questions (saved)")
+    return pd.concat(parts, ignore_index=True)
 
 
 def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness", quantity: str = "delta_ppl") -> dict:
