@@ -25,8 +25,6 @@ from geolens.flow_erasure import (
     erase,
     erasure_outcomes,
     erasure_sets,
-    erasure_summary,
-    family_tables,
     gradient_x_input,
     induction_check,
     induction_summary,
@@ -35,14 +33,13 @@ from geolens.flow_erasure import (
     integrated_gradients,
     measure_document,
     method_pairs,
-    most_faithful,
     n_erased,
-    naopc_table,
     ranking,
     replacement_ids,
     space_token,
     unigram_counts,
 )
+from geolens.flow_erasure_summary import erasure_summary, family_tables, most_faithful, naopc_table
 from geolens.interventions.base import active_hook_count
 from geolens.stats import cluster_bootstrap_indices, holm, percentile_ci
 
@@ -579,6 +576,8 @@ def test_doctests():
     import doctest
 
     import geolens.flow_erasure as module
+    import geolens.flow_erasure_summary as summary
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+    assert doctest.testmod(summary, optionflags=doctest.ELLIPSIS).failed == 0

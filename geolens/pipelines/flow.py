@@ -3,7 +3,7 @@ methods against gradient baselines and random (docs/flow/PROTOCOL.md), and the i
 known-answer check.
 
 :func:`run_flow` runs both on one window per document (:func:`geolens.flow_erasure.measure_document`
-for each, then :func:`geolens.flow_erasure.erasure_summary`) and returns a :class:`FlowRun`.
+for each, then :func:`geolens.flow_erasure_summary.erasure_summary`) and returns a :class:`FlowRun`.
 ``geolens flow --erasure`` runs the same per-document function under the pre-registered protocol,
 saving each document as it finishes, and builds its :class:`FlowRun` from the saved tables with
 :meth:`FlowRun.of`. :meth:`FlowRun.load` reads a finished run folder (e.g.
@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 
 from geolens.flow import FLOW_METHODS
-from geolens.flow_erasure import DIRECTIONS, ErasureSettings, curves_table, erasure_summary, induction_check, induction_summary, measure_document
+from geolens.flow_erasure import DIRECTIONS, ErasureSettings, induction_check, induction_summary, measure_document
+from geolens.flow_erasure_summary import curves_table, erasure_summary
 from geolens.pipelines import TopicRun
 
 LABELS = {
