@@ -86,13 +86,30 @@ def test_contrast_samples_rejects_bad_shapes():
         contrast_samples(torch.ones(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
 
 
+TEXTS = ("the cat sat on the mat.", "a dog ran far away!!", "one two three")
+
+
+def _tiny_inputs(model):
+    """The tiny report's windows and configuration (2 corpus windows, 1 held out, 16 tokens)."""
+    tokens = tiny_tokens(model, TEXTS, length=16)
+    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
+    return tokens, config
+
+
+def _context(model):
+    """The context every section of the tiny report was built with."""
+    from geolens.report import ReportContext
+
+    tokens, config = _tiny_inputs(model)
+    return ReportContext(model=model, tokens=tokens[:-1], heldout=tokens[-1:], config=config, progress=False)
+
+
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     from conftest import make_tiny
 
     model = make_tiny("gqa")
-    tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!", "one two three"), length=16)
-    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
+    tokens, config = _tiny_inputs(model)
     report = build_report(model, tokens, config, progress=False)
     out = tmp_path_factory.mktemp("report")
     paths = write_report(report, out)
@@ -255,17 +272,25 @@ def test_every_verdict_shows_its_sample_size(tiny_report):
     data = json.loads(paths["json"].read_text())
     for c in data["claims"]:
         sample = c["numbers"]["sample"]
-        assert sample["n_windows"] >= 1 and sample["low_power"] == (sample["n_windows"] < sample["minimum"] or sample["n_seeds"] == 1)
+        assert sample["n_windows"] >= 1 and sample["low_power"] == (sample["n_windows"] < sample["minimum"] or sample["n_seeds"] == 1
+                                                                     or "exploratory run" in sample["low_power_reason"])  # fmt: skip
         assert "[n = " not in c["measured"]  # the sample goes with the verdict, not into the measurement
         if c["decision"] != "descriptive":
             assert c["verdict"] == f"{c['decision']} (n = {sample['n_windows']} {sample['windows']}" + (
                 f", {sample['n_seeds']} seed{'s' if sample['n_seeds'] != 1 else ''})" if sample["n_seeds"] is not None else ")")
-        if c["section"] in ("faithfulness", "pruning"):
+        superseded = "protocol 1" in c["claim"]  # the all-layer curves, on the held-out windows
+        if c["section"] == "pruning" or superseded:
             assert sample["windows"] == "held-out windows" and sample["n_windows"] == 1
+        elif c["section"] == "faithfulness":  # the per-term endpoint, on the corpus windows
+            assert sample == {"n_windows": 2, "windows": "corpus windows", "n_seeds": None, "minimum": 100, "low_power": True,
+                              "low_power_reason": "2 < 100 corpus windows"}  # fmt: skip
+        elif c["section"] == "flow":  # windows with a prediction in range; an exploratory run of the erasure protocol
+            assert sample["windows"] == "corpus windows" and sample["minimum"] == 100 and sample["n_windows"] <= 2
+            assert sample["low_power"] and sample["low_power_reason"].endswith("exploratory run: settings differ from the protocol")
         elif "semantic cone" not in c["claim"]:
             assert sample == {"n_windows": 2, "windows": "corpus windows", "n_seeds": None, "minimum": 20, "low_power": True,
                               "low_power_reason": "2 < 20 corpus windows"}  # fmt: skip
-        if c["section"] == "faithfulness":  # the faithfulness protocol's minimum (docs/faithfulness/protocol.json)
+        if superseded:  # the faithfulness protocol's minimum (docs/faithfulness/protocol.json)
             assert sample["minimum"] == 100 and sample["low_power_reason"] == "1 < 100 held-out windows"
         if c["section"] == "pruning":
             assert sample["n_seeds"] == 1 and "one seed" in sample["low_power_reason"]
@@ -335,3 +360,138 @@ def test_quick_report_command_prints_no_verdict_without_a_ci(tmp_path, capsys):
     assert "[indicative (n = 3 corpus windows)]" in verdicts and "[indicative (n = 1 held-out windows)]" in verdicts
     cells = _verdict_cells((out / "report.html").read_text(encoding="utf-8"))
     assert [f"[{c}]" for c in cells] == verdicts
+
+
+# --- contribution flow and the per-term endpoint: the sections show what their pipelines return ------------
+
+
+def _section(report, key: str):
+    return next(s for s in report.sections if s.key == key)
+
+
+def test_flow_section_shows_the_pipelines_own_numbers(tiny_report):
+    """Same windows and settings through the pipeline ``geolens flow`` runs: the same tables, claims
+    and prompt attribution; the prompt's rows equal geolens.contribution_flow on a fresh cache."""
+    import pandas as pd
+
+    import geolens
+    from geolens.flow import flow_names_filter
+    from geolens.pipelines.flow import LISTED, run_flow
+    from geolens.report.sections import flow as section_module
+
+    model, report, paths = tiny_report
+    sec = _section(report, "flow")
+    ctx = _context(model)
+    params = section_module.params(ctx)
+    assert params.erasure.positions == (15,) and params.erasure.replacements == ("space",)  # the quick size on 16-token windows
+    assert not set(section_module.QUICK_LEFT_OUT) & set(params.erasure.methods)
+    run = run_flow(model, ctx.tokens[: section_module.n_windows(ctx)], params, progress=False)
+    assert sec.params["n_windows"] == ctx.tokens.shape[0] == run.summary["n_documents"] == 2
+    for name in ("naopc", "pairs", "curves"):
+        pd.testing.assert_frame_equal(sec.numbers[name], run.tables[name])
+    assert [(c.claim, c.measured, c.verdict) for c in sec.claims] == [(c.claim, c.measured, c.verdict) for c in run.claims(windows="corpus windows")]
+    # the prompt's last prediction, by each listed method
+    prompt = model.to_tokens(ctx.config.prompt, prepend_bos=True)
+    _, cache = model.run_with_cache(prompt, names_filter=flow_names_filter(model))
+    data = json.loads(paths["json"].read_text())["sections"]["flow"]
+    assert data["numbers"]["prompt"]["position"] == prompt.shape[1] - 1
+    for m in LISTED:
+        row = geolens.contribution_flow(model, cache, m)[0, -1]
+        assert data["numbers"]["prompt"]["flow"][m] == pytest.approx(row.tolist(), abs=1e-6)
+        top = data["numbers"]["prompt"]["top"][m]
+        assert [t["position"] for t in top] == torch.argsort(row, descending=True, stable=True)[:5].tolist()
+    assert data["numbers"]["prompt"]["routes"]["position"] == prompt.shape[1] - 1
+
+
+def test_flow_section_in_report_json_and_page(tiny_report):
+    _, report, paths = tiny_report
+    data = json.loads(paths["json"].read_text())
+    flow = data["sections"]["flow"]
+    assert {"prompt", "erasure", "naopc", "pairs", "curves", "sample"} <= set(flow["numbers"])
+    assert {"families", "range_check", "n_documents", "n_predictions", "most_faithful"} <= set(flow["numbers"]["erasure"])
+    assert flow["params"]["status"] == "exploratory" and flow["params"]["erasure"]["positions"] == [15]
+    assert any(f["kind"] == "HTMLView" and f["data"]["position"] == flow["numbers"]["prompt"]["position"] for f in flow["figures"])
+    page = paths["html"].read_text(encoding="utf-8")
+    assert '<section id="flow">' in page and page.count('class="gl-flow-node') >= 1  # the routes view, embedded
+    # the sample is stated, and no table verdict is shown without the protocol's sample
+    sample = flow["numbers"]["sample"]
+    assert f"n = {sample['n_windows']} corpus windows" in flow["claims"][0]["verdict"]
+    [pairs] = [rows for caption, rows in flow["tables"].items() if caption.startswith("paired differences")]
+    assert pairs["rows"] and all(r["verdict"] == f"indicative (n = {sample['n_windows']} corpus windows)" or r["verdict"] == "not testable"
+                                 for r in pairs["rows"])  # fmt: skip
+
+
+def test_faithfulness_section_per_term_numbers_are_the_pipelines_own(tiny_report):
+    """The per-term endpoint of the section: run_per_term on the same corpus windows gives the
+    same summary, which is ground_truth_summary of ground_truth_document per window (document
+    index = window index), with the single-term medians over the positions."""
+    import numpy as np
+    import pandas as pd
+
+    from geolens.faithfulness.ground_truth import ground_truth_document, ground_truth_summary
+    from geolens.pipelines.faithfulness import PER_TERM_PAIRS, run_per_term
+    from geolens.report.sections import faithfulness as section_module
+
+    model, report, paths = tiny_report
+    sec = _section(report, "faithfulness")
+    ctx = _context(model)
+    params = section_module.per_term_params(ctx)
+    assert params.n_positions == 1 and params.query_range(16) == (8, 14)
+    run = run_per_term(model, section_module.per_term_windows(ctx), params, progress=False)
+    summary = sec.numbers["per_term"]
+    assert json.dumps(summary, sort_keys=True, default=str) == json.dumps(run.summary, sort_keys=True, default=str)
+    parts = [ground_truth_document(model, ctx.tokens[d : d + 1], d, n_positions=1, queries=(8, 14)) for d in range(ctx.tokens.shape[0])]
+    rows = pd.concat([r for r, _ in parts], ignore_index=True)
+    positions = pd.concat([p for _, p in parts], ignore_index=True)
+    expected = ground_truth_summary(rows, PER_TERM_PAIRS, n_boot=params.n_boot, seed=params.seed, alpha=params.alpha)
+    for key in ("metrics", "pairs", "n_positions", "n_documents"):
+        assert json.dumps(summary[key], default=str) == json.dumps(expected[key], default=str), key
+    effects = summary["single_term_effects"]
+    assert effects["n_positions"] == len(positions) == 2
+    assert effects["median_kl_of_largest_term"] == pytest.approx(float(np.median(positions.kl_term_max.to_numpy())))
+    assert effects["median_kl_of_all_terms_summed"] == pytest.approx(float(np.median(positions.kl_term_sum.to_numpy())))
+    # report.json: the endpoint's numbers, and its tables with verdicts under the claims rule
+    data = json.loads(paths["json"].read_text())["sections"]["faithfulness"]
+    assert {"per_term", "per_term_sample", "curves", "auc", "pairs", "range_check"} <= set(data["numbers"])
+    assert data["numbers"]["per_term_sample"]["minimum"] == 100 and data["params"]["per_term"]["n_positions_per_document"] == 1
+    [table] = [rows for caption, rows in data["tables"].items() if caption.startswith("per-term endpoint: pre-registered pairs")]
+    assert table["rows"] and all(r["verdict"] in ("indicative (n = 2 corpus windows)", "not testable") for r in table["rows"])
+    [means] = [rows for caption, rows in data["tables"].items() if caption.startswith("per-term endpoint: mean Spearman")]
+    kl = [m for m in summary["metrics"] if m["outcome"] == "kl"]
+    assert [(r["scope"], r["metric"], r["spearman"]) for r in means["rows"]] == [(m["scope"], m["metric"], pytest.approx(m["spearman"])) for m in kl]
+    # protocol 1's curves stay, labelled as the superseded secondary protocol
+    assert all("superseded" in caption for caption in data["tables"] if "AUC" in caption or "area under" in caption)
+    assert "superseded" in data["figures"][0]["title"]
+
+
+def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
+    """The sizes the quick report uses on SmolLM2's 64-token windows (the report's quick defaults),
+    without loading a model: the prediction at 15, one per-term position per window."""
+    from types import SimpleNamespace
+
+    from geolens.report.sections import faithfulness as faith
+    from geolens.report.sections import flow
+
+    config = ReportConfig.quick_defaults()
+    ctx = SimpleNamespace(tokens=torch.zeros(config.n_sequences - config.n_heldout, config.seq_len, dtype=torch.long), config=config)
+    p = flow.params(ctx)
+    assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 7
+    full = flow.params(SimpleNamespace(tokens=ctx.tokens, config=ReportConfig()))
+    assert full.erasure.positions == (15, 31, 63) and set(full.erasure.methods) >= {"integrated_gradients", "value_zeroing_rollout"}
+    assert faith.per_term_params(ctx).n_positions == 1 and faith.per_term_windows(ctx).shape[0] == 7
+    assert faith.per_term_params(ctx).query_range(config.seq_len) == (8, 62)
+
+
+def test_doctests_of_the_flow_section_and_the_faithfulness_pipeline():
+    import doctest
+
+    import geolens.pipelines.faithfulness
+    import geolens.report.sections.flow
+
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for module in (geolens.report.sections.flow, geolens.pipelines.faithfulness):
+        tests = [t for t in doctest.DocTestFinder().find(module) if t.examples]
+        assert tests, module.__name__
+        for t in tests:
+            runner.run(t)
+    assert runner.summarize(verbose=False).failed == 0

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from geolens.report import ReportConfig, build_report, write_report
-from geolens.report.citations import PAPER_A, PAPER_B, REFERENCES, cite_text, references_of
+from geolens.report.citations import DEYOUNG, PAPER_A, PAPER_B, REFERENCES, cite_text, references_of
 from geolens.report.columns import COLUMNS, header, is_identifier
 from geolens.testing import tiny_tokens
 
@@ -123,8 +123,13 @@ def test_no_nickname_remains_and_both_papers_are_cited_in_full(report_files):
     # the claim table cites each claim's paper in full, in the claim's own row
     rows = re.findall(r"<tr><td>.*?</tr>", page.split('<section id="claims">', 1)[1].split("</section>", 1)[0], re.S)
     assert rows
+    flow_rows = [row for row in rows if 'href="#flow"' in row]
+    assert flow_rows and len(flow_rows) < len(rows)
     for row in rows:
-        assert PAPER_A.title in row or PAPER_B.title in row, row[:300]
+        if row in flow_rows:  # geolens' own pre-registered erasure test, after DeYoung et al. 2020
+            assert DEYOUNG.title in row and "docs/flow/PROTOCOL.md" in row, row[:300]
+        else:
+            assert PAPER_A.title in row or PAPER_B.title in row, row[:300]
 
 
 def test_json_keeps_the_machine_source_and_carries_the_citation(report_files):
@@ -132,7 +137,10 @@ def test_json_keeps_the_machine_source_and_carries_the_citation(report_files):
     assert [r["key"] for r in data["references"]] == [r.key for r in REFERENCES]
     assert all({"authors", "title", "year", "full", "citation"} <= set(r) for r in data["references"])
     for c in data["claims"]:
-        assert NICKNAME.search(c["source"])  # the machine key other code reads ("paper A §3.2")
+        if c["section"] == "flow":  # geolens' own hypotheses, tested after DeYoung et al. 2020
+            assert "docs/flow/PROTOCOL.md" in c["source"] and c["references"] == [DEYOUNG.full], c["source"]
+        else:
+            assert NICKNAME.search(c["source"])  # the machine key other code reads ("paper A §3.2")
         assert not NICKNAME.search(c["citation"]) and c["references"], c["source"]
         for field in ("claim", "measured", "criterion"):
             assert not NICKNAME.search(c[field]), (field, c[field])
@@ -148,6 +156,9 @@ def test_cite_text_replaces_every_nickname_form():
     assert cite_text("none given by the paper") == "none given by the paper"
     assert [r.key for r in references_of("papers A §3.2 and B")] == [PAPER_A.key, PAPER_B.key]
     assert references_of("none") == []
+    # the works the faithfulness and flow sections cite, by their author-year citation in the text
+    text = "ALTI (Ferrando, Gállego & Costa-jussà 2022), routes (Ferrando & Voita 2024), ERASER (DeYoung et al. 2020), Holm 1979"
+    assert [r.key for r in references_of(text)] == ["ferrando2022", "ferrando2024", "deyoung2020", "holm1979"]
 
 
 def test_contribution_heatmap_caption_matches_its_colour_scale(report_files):

@@ -72,7 +72,64 @@ GU = Reference(
     year=2024,
 )
 
-REFERENCES: tuple[Reference, ...] = (PAPER_A, PAPER_B, KOBAYASHI, MOHEBBI, GU)
+SYED = Reference(
+    key="syed2023",
+    short="Syed et al. 2023",
+    authors="Aaquib Syed, Can Rager, Arthur Conmy",
+    title="Attribution Patching Outperforms Automated Circuit Discovery",
+    venue="arXiv:2310.10348",
+    year=2023,
+)
+ABNAR = Reference(
+    key="abnar2020",
+    short="Abnar & Zuidema 2020",
+    authors="Samira Abnar, Willem Zuidema",
+    title="Quantifying Attention Flow in Transformers",
+    venue="Proceedings of ACL (attention rollout)",
+    year=2020,
+)
+FERRANDO = Reference(
+    key="ferrando2022",
+    short="Ferrando, Gállego & Costa-jussà 2022",
+    authors="Javier Ferrando, Gerard I. Gállego, Marta R. Costa-jussà",
+    title="Measuring the Mixing of Contextual Information in the Transformer",
+    venue="Proceedings of EMNLP (ALTI)",
+    year=2022,
+)
+FERRANDO_VOITA = Reference(
+    key="ferrando2024",
+    short="Ferrando & Voita 2024",
+    authors="Javier Ferrando, Elena Voita",
+    title="Information Flow Routes: Automatically Interpreting Language Models at Scale",
+    venue="Proceedings of EMNLP, arXiv:2403.00824",
+    year=2024,
+)
+DEYOUNG = Reference(
+    key="deyoung2020",
+    short="DeYoung et al. 2020",
+    authors="Jay DeYoung, Sarthak Jain, Nazneen Fatema Rajani, Eric Lehman, Caiming Xiong, Richard Socher, Byron C. Wallace",
+    title="ERASER: A Benchmark to Evaluate Rationalized NLP Models",
+    venue="Proceedings of ACL (comprehensiveness, sufficiency, AOPC)",
+    year=2020,
+)
+SUNDARARAJAN = Reference(
+    key="sundararajan2017",
+    short="Sundararajan, Taly & Yan 2017",
+    authors="Mukund Sundararajan, Ankur Taly, Qiqi Yan",
+    title="Axiomatic Attribution for Deep Networks",
+    venue="Proceedings of ICML (integrated gradients)",
+    year=2017,
+)
+HOLM = Reference(
+    key="holm1979",
+    short="Holm 1979",
+    authors="Sture Holm",
+    title="A Simple Sequentially Rejective Multiple Test Procedure",
+    venue="Scandinavian Journal of Statistics 6(2), 65–70",
+    year=1979,
+)
+
+REFERENCES: tuple[Reference, ...] = (PAPER_A, PAPER_B, KOBAYASHI, MOHEBBI, GU, SYED, ABNAR, FERRANDO, FERRANDO_VOITA, DEYOUNG, SUNDARARAJAN, HOLM)
 NICKNAMES = {"A": PAPER_A, "B": PAPER_B}
 
 # "papers A §3.2 and B", "paper A §2.2–3.1", "Paper B's", "paper B"

@@ -142,7 +142,8 @@ def _table_html(df: pd.DataFrame) -> str:
 
 
 CLAIMS_LEGEND = (
-    "paper claim: what the cited paper states; source: the paper and its section, with the full citation; "
+    "paper claim: what the cited paper states (for contribution flow: the hypothesis of geolens' pre-registered erasure "
+    "test); source: the paper and its section, with the full citation; "
     "measured: the numbers behind the verdict in this run; verdict: holds / does not hold when the criterion was "
     "decided by confidence intervals on at least the claim's minimum sample (for faithfulness the 100 documents "
     "its protocol fixes, otherwise 20 windows and two seeds), indicative with its sample when not, undecided when "

@@ -1,0 +1,191 @@
+"""Report section: contribution flow through the whole model (docs/method.md §10).
+
+Two parts, both from the flow pipeline (:mod:`geolens.pipelines.flow`) that ``geolens flow`` runs:
+
+- the report's prompt (:func:`~geolens.pipelines.flow.prompt_flow`, as ``geolens flow "prompt"``):
+  the top input tokens of its last prediction by contribution flow, ALTI and attention rollout,
+  and the interactive information-flow routes of that prediction (contribution shares above 0.05);
+- the input-token erasure test and the induction known-answer check
+  (:func:`~geolens.pipelines.flow.run_flow`, the functions ``geolens flow --erasure`` runs per
+  document under docs/flow/PROTOCOL.md), on the report's corpus windows, one window per cluster
+  of the bootstrap. The report's windows and settings are not the protocol's, so the run is
+  exploratory: its claims read indicative, with their sample.
+
+Quick mode: the prediction at position 15 of each window (the protocol's first), the space
+replacement only, the methods without Value Zeroing rollout (it reruns the model once per layer
+and source) and integrated gradients (8 forward and backward passes per prediction at least):
+the three flows, gradient × input and random, with 1000 bootstrap resamples; about 2 CPU-seconds
+per window on SmolLM2, 15 on the 7 corpus windows of ``geolens report --quick``. The full report:
+the protocol's positions that fit the windows (15, 31, 63), both replacements (the unigram one
+from the Lee corpus), every method, integrated gradients with 32 steps, 2000 resamples, on up to
+32 windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from geolens.claims import describe_sample, sample_size, table_verdict
+from geolens.flow_erasure import ERASURE_METHODS, ErasureSettings
+from geolens.pipelines.flow import LABELS, LISTED, PROTOCOL_MIN_DOCUMENTS, FlowParams, prompt_flow, run_flow
+from geolens.report.document import Section
+from geolens.viz.common import HTMLView
+
+PROTOCOL_POSITIONS = (15, 31, 63)  # docs/flow/protocol.json, predictions.positions
+THRESHOLD = 0.05  # least share of a route's edge (geolens flow's default)
+TOP_K = 5
+WINDOWS = "corpus windows"
+# per window on SmolLM2 (64-token windows, the prediction at 15; CPU seconds, one thread): the flows, random and gradient ×
+# input 2.1 s, integrated gradients 8 steps +1.7 s, Value Zeroing rollout +2.8 s: quick mode leaves out the last two
+QUICK_LEFT_OUT = ("value_zeroing_rollout", "integrated_gradients")
+
+
+def positions(seq_len: int, quick: bool) -> tuple[int, ...]:
+    """The protocol's prediction positions that fit windows of ``seq_len`` tokens (the first one in
+    quick mode), or the last position when none fits.
+
+    >>> positions(40, quick=False), positions(64, quick=True), positions(12, quick=True)
+    ((15, 31), (15,), (11,))
+    """
+    fit = tuple(p for p in PROTOCOL_POSITIONS if p < seq_len) or (seq_len - 1,)
+    return fit[:1] if quick else fit
+
+
+def params(ctx) -> FlowParams:
+    seq_len = int(ctx.tokens.shape[1])
+    if seq_len < 3:
+        raise ValueError(f"the flow section needs windows of at least 3 tokens, got {seq_len}")
+    if ctx.config.quick:
+        methods = tuple(m for m in ERASURE_METHODS if m not in QUICK_LEFT_OUT)
+        s = ErasureSettings(positions=positions(seq_len, True), methods=methods, replacements=("space",), n_boot=1000)
+    else:
+        s = ErasureSettings(positions=positions(seq_len, False), ig_steps=32, n_boot=2000)
+    return FlowParams(erasure=s)
+
+
+def n_windows(ctx) -> int:
+    return int(ctx.tokens.shape[0]) if ctx.config.quick else min(32, int(ctx.tokens.shape[0]))
+
+
+@dataclass
+class _RoutesComponent:
+    """The routes' own HTML (:func:`geolens.viz.flow.flow_routes_html`) as a component of an
+    :class:`~geolens.viz.common.HTMLView`, so that the report embeds it like its other views.
+    The fragment is made once (its element id is random), so the page renders the same each time."""
+
+    graph: object
+    name: str = "FlowRoutes"
+    props: dict = field(default_factory=dict)
+    html: str = ""
+
+    def __post_init__(self) -> None:
+        from geolens.viz.flow import flow_routes_html
+
+        self.html = flow_routes_html(self.graph)
+
+    def markup(self) -> str:
+        return self.html
+
+
+def routes_view(graph) -> HTMLView:
+    """The interactive routes of one prediction (hover a node: its sources and shares)."""
+    words = graph.tokens
+    title = f"Information-flow routes of the prompt's last prediction (position {graph.position}, {words[graph.position]!r})"
+    return HTMLView([_RoutesComponent(graph)], title=title, data=graph.to_dict())
+
+
+def _labelled(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """``df`` with the method-name columns ``columns`` (old → new name) read as labels."""
+    out = df.rename(columns=columns).copy()
+    for col in columns.values():
+        out[col] = out[col].map(lambda m: LABELS.get(m, m))
+    return out
+
+
+def tables(run, sample: dict) -> dict[str, pd.DataFrame]:
+    """The run's primary-family tables as the report shows them: nAOPC per method and direction,
+    the pairs with their verdict under the claims rule (:func:`geolens.claims.table_verdict`; ``sample``
+    is the claims' sample, low-power for an exploratory run),
+    and the induction check per method."""
+    naopc, pairs = run.tables["naopc"], run.tables["pairs"]
+    primary = naopc[naopc.family == "primary"][["direction", "method", "naopc", "ci_low", "ci_high"]]
+    shown = pairs[pairs.family == "primary"]
+    shown = shown.assign(verdict=[table_verdict(v, sample) for v in shown.verdict])
+    keep = [c for c in ("direction", "a", "b", "delta", "ci_low", "ci_high", "level", "p_adj", "verdict") if c in shown.columns]
+    out = {"naopc": _labelled(primary, {"direction": "erasure", "method": "method"}),
+           "pairs": _labelled(shown[keep], {"direction": "erasure", "a": "method_a", "b": "method_b"})}  # fmt: skip
+    ic = run.summary.get("induction_check", {})
+    if ic and "skipped" not in ic:
+        rows = [dict(method=m, queries_checked=r["n"], passed=r["passed"], passed_no_bos=r["passed_no_bos"], median_rank_target=r["median_rank_target"],
+                     median_gap_when_failing=r["median_gap_when_failing"]) for m, r in ic.items()]  # fmt: skip
+        out["induction"] = _labelled(pd.DataFrame(rows), {"method": "method"})
+    return out
+
+
+def build(ctx, analyses: dict) -> Section:
+    model = ctx.model
+    p = params(ctx)
+    s = p.erasure
+    found = prompt_flow(model, ctx.prompt_tokens, LISTED, threshold=THRESHOLD, route_method="contribution")
+    windows = ctx.tokens[: n_windows(ctx)]
+    run = run_flow(model, windows, p, progress=ctx.progress)
+    primary = run.summary["families"]["primary"]
+    sample = sample_size(primary["n_documents"], windows=WINDOWS, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=run.status != "pre-registered")
+    shown = tables(run, sample)
+    rc = run.summary["range_check"][s.primary]
+    n_pred = int(run.summary["n_predictions"])
+    size = (
+        f"{windows.shape[0]} {WINDOWS} × {len(s.positions)} prediction{'s' if len(s.positions) > 1 else ''} (position{'s' if len(s.positions) > 1 else ''} "
+        f"{', '.join(map(str, s.positions))}) = {n_pred} predictions, {rc['excluded_kl']} out of range under the {s.primary} replacement; "
+        f"{describe_sample(sample)} in range, below the protocol's {PROTOCOL_MIN_DOCUMENTS} documents"
+    )  # fmt: skip
+    methods = ", ".join(LABELS[m] for m in s.methods)
+    intro = (
+        "Which input tokens a prediction is made of, through every layer: each attention layer's mixing of positions, with the "
+        "residual stream, is read from the exact decomposition of the residual after attention into per-source terms, and composed "
+        "across layers (contribution flow; ALTI, Ferrando, Gállego & Costa-jussà 2022; attention rollout, Abnar & Zuidema 2020; "
+        "Value Zeroing rollout, Mohebbi et al. 2023). The routes view shows, for the prompt's last prediction, every edge whose "
+        f"contribution share exceeds {THRESHOLD:g} (Ferrando & Voita 2024's routes, with contribution shares); hover a node for its sources. "
+        "The erasure test (DeYoung et al. 2020's comprehensiveness and sufficiency, docs/flow/PROTOCOL.md) replaces the input tokens "
+        "a method ranks highest, or all but those, and measures KL(clean ‖ erased) of the next-token distribution; normalised AOPC "
+        f"averages it over the fractions, divided by the KL of erasing every erasable token. Methods in this run: {methods}"
+        + (" (integrated gradients: Sundararajan, Taly & Yan 2017)" if "integrated_gradients" in s.methods else "")
+        + f". Pairs are compared on document-cluster bootstrap resamples, one Holm family (Holm 1979) per replacement. Sample: {size}. "
+        "Each window counts as one cluster here, although several windows can come from one article; the settings are not the "
+        "protocol's, so every claim is indicative."
+    )
+    figures = [routes_view(found.routes)]
+    if "naopc" in run.figures:
+        figures.append(run.figures["naopc"]())
+    table_list = [
+        (f"top {TOP_K} input tokens of the prompt's last prediction, by method", _labelled(found.table(TOP_K), {"method": "method"}),
+         "Share of the prediction's residual stream after the last layer that comes from each input position."),
+        (f"normalised AOPC per method ({s.primary} replacement, KL; 95% CI over {WINDOWS})", shown["naopc"],
+         "Comprehensiveness: larger is more faithful; sufficiency: smaller is more faithful."),
+        (f"paired differences (b − a, + = b more faithful; Holm family of the {s.primary} replacement, KL)", shown["pairs"],
+         "The interval is at the pair's Holm level; the verdict follows the claims rule (indicative below the protocol's sample)."),
+    ]  # fmt: skip
+    if "induction" in shown:
+        table_list.append(("known-answer check: induction on a repeated random sequence", shown["induction"],
+                           "A query passes when its largest share outside itself is on the token that followed the first occurrence."))  # fmt: skip
+    return Section(
+        key="flow",
+        title="Contribution flow",
+        intro=intro,
+        figures=figures,
+        tables=table_list,
+        numbers={
+            "prompt": {"tokens": found.words, "position": found.position, "flow": {m: [float(v) for v in row.tolist()] for m, row in found.rows.items()},
+                       "top": found.top(TOP_K), "routes": found.routes.to_dict()},
+            "erasure": {k: v for k, v in run.summary.items() if k != "curves"},
+            "naopc": run.tables["naopc"],
+            "pairs": run.tables["pairs"],
+            "curves": run.tables["curves"],
+            "sample": sample,
+        },
+        claims=run.claims(windows=WINDOWS),
+        params={"erasure": s.to_dict(), "n_windows": int(windows.shape[0]), "status": run.status, "threshold": THRESHOLD,
+                "route_method": "contribution", "induction": {"n_tokens": p.induction_tokens, "seed": p.induction_seed}},  # fmt: skip
+    )
