@@ -233,6 +233,7 @@ def test_per_term_claims_are_decided_by_the_pre_registered_pairs(verdicts, order
             assert c.verdict == f"{want} (n = {n} documents)"
         assert best.decision == "descriptive" and best.numbers["best"] == "contribution_abs"
         assert f"{20 * n} (layer, query) positions" in steps.measured
+        assert not VERDICT_WORDS.search(steps.measured + versus.measured)  # intervals, no pair verdicts: the claim's own verdict rules
 
 
 def test_per_term_pairs_are_the_protocols():
@@ -250,3 +251,22 @@ def test_per_term_pairs_are_the_protocols():
         PerTermParams(n_positions=0)
     with pytest.raises(ValueError, match="no query"):
         PerTermParams().query_range(2)
+
+
+@pytest.mark.parametrize("status, n, want", [("pre-registered", 100, "holds"), ("pre-registered", 8, "indicative"), ("exploratory", 100, "indicative")])
+def test_flow_claims_read_a_verdict_only_pre_registered_on_the_protocols_minimum(status, n, want):
+    from geolens.flow_erasure import DIRECTIONS, ErasureSettings
+    from geolens.pipelines.flow import flow_claims
+
+    settings = ErasureSettings(methods=("random", "alti", "contribution"), replacements=("space",))
+    pairs = [dict(direction=d, a=a, b=b, delta=0.1, ci_low=0.05, ci_high=0.2, verdict="holds")
+             for d in DIRECTIONS for a, b in (("random", "alti"), ("random", "contribution"), ("alti", "contribution"))]  # fmt: skip
+    summary = dict(families={"primary": dict(replacement="space", n_documents=n, pairs=pairs)},
+                   range_check={"space": dict(excluded_kl=0, n_predictions=3 * n)}, most_faithful={d: None for d in DIRECTIONS})  # fmt: skip
+    versus_alti, versus_random, best = flow_claims(summary, settings, status=status, windows="documents")
+    assert versus_alti.holds is True and versus_random.holds is True and versus_alti.ci and versus_random.ci
+    for c in (versus_alti, versus_random):
+        assert c.verdict == f"{want} (n = {n} documents)"
+        assert not VERDICT_WORDS.search(c.measured), c.measured  # intervals, no pair verdicts
+        assert ("exploratory run" in c.why) == (status == "exploratory")
+    assert best.decision == "descriptive"

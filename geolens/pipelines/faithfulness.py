@@ -307,10 +307,13 @@ def run_per_term(model, windows, params: PerTermParams = PerTermParams(), *, pro
 
 
 def _pair_text(p: dict) -> str:
-    """``a → b: +0.12 [+0.05, +0.20] holds`` (the interval at the pair's Holm level)."""
+    """``a → b: +0.12 [+0.05, +0.20]`` (the interval at the pair's Holm level; the pair's verdict word
+    stays in the numbers: the claim's own verdict follows :mod:`geolens.claims`)."""
+    if p["verdict"] == "not testable":
+        return f"{p['a']} → {p['b']}: identical rankings by construction"
     if p.get("ci_low") is None:
-        return f"{p['a']} → {p['b']}: {p['verdict']}"
-    return f"{p['a']} → {p['b']}: {p['estimate']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] {p['verdict']}"
+        return f"{p['a']} → {p['b']}: {p['estimate']:+.3f} (no interval)"
+    return f"{p['a']} → {p['b']}: {p['estimate']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
 
 
 def per_term_claims(summary: dict, *, windows: str = "documents", scope: str = "term") -> list:

@@ -256,12 +256,15 @@ def _pair(pairs: list[dict], direction: str, x: str, y: str) -> dict | None:
 
 
 def _said(p: dict | None, method: str) -> str:
-    """Δ in ``method``'s favour with its interval at the Holm level, and the verdict."""
+    """Δ in ``method``'s favour with its interval at the Holm level (the pair's verdict word stays in
+    the numbers: the claim's own verdict follows :mod:`geolens.claims`)."""
     if p is None:
         return "no prediction in range"
+    if p["verdict"] == "not testable":
+        return "identical rankings by construction"
     sign = 1.0 if p["b"] == method else -1.0
     lo, hi = sorted((sign * p["ci_low"], sign * p["ci_high"]))
-    return f"{sign * p['delta']:+.3g} [{lo:+.3g}, {hi:+.3g}] {p['verdict']}"
+    return f"{sign * p['delta']:+.3g} [{lo:+.3g}, {hi:+.3g}]"
 
 
 def flow_claims(summary: dict, settings: ErasureSettings, *, status: str, windows: str = "documents") -> list:
