@@ -358,6 +358,10 @@ def test_quick_report_command_prints_no_verdict_without_a_ci(tmp_path, capsys):
     assert not [v for v in verdicts if VERDICT.search(v)], verdicts
     assert all(v == "[descriptive]" or v.startswith("[indicative (n = ") for v in verdicts), verdicts
     assert "[indicative (n = 3 corpus windows)]" in verdicts and "[indicative (n = 1 held-out windows)]" in verdicts
+    # the contribution-flow claims and the per-term endpoint's claims, decided by intervals, read indicative with their n
+    flow = [line for line in lines if "Contribution flow attributes" in line]
+    per_term = [line for line in lines if "measured effect" in line]
+    assert flow and len(per_term) == 2 and all(line.startswith("[indicative (n = ") for line in flow + per_term), flow + per_term
     cells = _verdict_cells((out / "report.html").read_text(encoding="utf-8"))
     assert [f"[{c}]" for c in cells] == verdicts
 
@@ -473,12 +477,12 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
     from geolens.report.sections import flow
 
     config = ReportConfig.quick_defaults()
-    ctx = SimpleNamespace(tokens=torch.zeros(config.n_sequences - config.n_heldout, config.seq_len, dtype=torch.long), config=config)
+    ctx = SimpleNamespace(tokens=torch.zeros(config.n_sequences, config.seq_len, dtype=torch.long), config=config)  # the corpus windows
     p = flow.params(ctx)
-    assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 7
+    assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 8
     full = flow.params(SimpleNamespace(tokens=ctx.tokens, config=ReportConfig()))
     assert full.erasure.positions == (15, 31, 63) and set(full.erasure.methods) >= {"integrated_gradients", "value_zeroing_rollout"}
-    assert faith.per_term_params(ctx).n_positions == 1 and faith.per_term_windows(ctx).shape[0] == 7
+    assert faith.per_term_params(ctx).n_positions == 1 and faith.per_term_windows(ctx).shape[0] == 8
     assert faith.per_term_params(ctx).query_range(config.seq_len) == (8, 62)
 
 

@@ -84,8 +84,10 @@ def test_no_table_header_is_a_raw_identifier(report_files):
     assert not raw, f"raw column names shown as headers: {raw}"
     # metric and quantity names in the cells read as labels too
     cells = re.findall(r"<td>([^<]*)</td>", page.split("</head>", 1)[1])
-    assert "raw attention α" in cells and "Δ log-prob" in cells
-    assert not {"raw_attention", "delta_logprob", "delta_ppl", "random_0"} & set(cells)
+    assert "raw attention α" in cells and "Δ log-prob" in cells and "gradient × activation" in cells  # a per-term metric
+    assert not {"raw_attention", "delta_logprob", "delta_ppl", "random_0", "output_normalized_intra", "grad_x_act"} & set(cells)
+    assert "contribution flow" in cells and "attention rollout" in cells  # the flow methods by name
+    assert not {c for c in cells if IDENTIFIER.match(c.strip())}, sorted({c for c in cells if IDENTIFIER.match(c.strip())})
 
 
 def test_every_table_has_a_legend_line(report_files):

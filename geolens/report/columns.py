@@ -136,6 +136,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 # cell values that are identifiers too: column -> {value -> label}
 QUANTITY_VALUES = {"delta_ppl": "ΔPPL", "delta_logprob": "Δ log-prob"}
+# metrics of the per-term endpoint (geolens.faithfulness.ground_truth) that are not registered metrics
+PER_TERM_METRICS = {
+    "output_normalized_intra": "output-normalised α‖ṽ‖/‖o^h‖ (per head)",
+    "output_normalized_inter": "output-normalised α‖ṽ‖/‖o‖ (per layer)",
+    "grad_x_act": "gradient × activation",
+}
 _METRIC_COLUMNS = ("a", "b", "metric")
 
 _IDENTIFIER = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)+$")
@@ -173,10 +179,16 @@ def legend(columns) -> str:
     return "; ".join(parts) + "." if parts else ""
 
 
-def humanise_values(df):
-    """A copy of ``df`` whose metric and quantity cells read as labels (raw_attention → raw attention α)."""
+def _metric_label(name: str) -> str:
+    """A metric's label: the registry's (geolens.metrics), the per-term endpoint's, or the name."""
     from geolens.metrics import find_metric
 
+    found = find_metric(name)
+    return found.label if found is not None else PER_TERM_METRICS.get(name, name)
+
+
+def humanise_values(df):
+    """A copy of ``df`` whose metric and quantity cells read as labels (raw_attention → raw attention α)."""
     out = df.copy()
     for col in out.columns:
         key = str(col)
@@ -185,7 +197,7 @@ def humanise_values(df):
         elif key == "order":
             out[col] = out[col].map(lambda v: re.sub(r"^random_(\d+)$", r"random (seed \1)", v) if isinstance(v, str) else v)
         elif key in _METRIC_COLUMNS:
-            out[col] = out[col].map(lambda v: find_metric(v).label if isinstance(v, str) and find_metric(v) is not None else v)
+            out[col] = out[col].map(lambda v: _metric_label(v) if isinstance(v, str) else v)
         elif key == "claimed":
             out[col] = out[col].map(lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, (bool, np.bool_)) else v)
     return out

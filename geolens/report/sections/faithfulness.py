@@ -6,9 +6,9 @@
 removing each attention term alone (KL of the next-token distribution), and per metric the mean
 Spearman correlation of its scores with those effects, with a document-cluster bootstrap CI, plus
 the pre-registered pairs as one Holm family. It runs on the report's corpus windows, each window a
-cluster: in quick mode 1 position per window (7 positions on the 7 corpus windows of
+cluster: in quick mode 1 position per window (8 positions on the 8 corpus windows of
 ``geolens report --quick``; measured on SmolLM2 with 64-token windows, 1.2–2.0 CPU-seconds per
-window on one thread, the clean forwards and Value Zeroing included, about 11 for the 7),
+window on one thread, the clean forwards and Value Zeroing included, about 12 for the 8),
 otherwise 2 positions on each of up to 32 windows; 1000 bootstrap resamples in quick mode, the
 protocol's 2000 otherwise.
 

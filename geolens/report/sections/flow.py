@@ -15,7 +15,8 @@ Quick mode: the prediction at position 15 of each window (the protocol's first),
 replacement only, the methods without Value Zeroing rollout (it reruns the model once per layer
 and source) and integrated gradients (8 forward and backward passes per prediction at least):
 the three flows, gradient × input and random, with 1000 bootstrap resamples; about 2 CPU-seconds
-per window on SmolLM2, 15 on the 7 corpus windows of ``geolens report --quick``. The full report:
+per window on SmolLM2 (one thread), 22 for the whole section on the 8 corpus windows of
+``geolens report --quick`` (measured). The full report:
 the protocol's positions that fit the windows (15, 31, 63), both replacements (the unigram one
 from the Lee corpus), every method, integrated gradients with 32 steps, 2000 resamples, on up to
 32 windows.
@@ -106,9 +107,9 @@ def _labelled(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
 
 def tables(run, sample: dict) -> dict[str, pd.DataFrame]:
     """The run's primary-family tables as the report shows them: nAOPC per method and direction,
-    the pairs with their verdict under the claims rule (:func:`geolens.claims.table_verdict`; ``sample``
-    is the claims' sample, low-power for an exploratory run),
-    and the induction check per method."""
+    the pairs with their verdict under the claims rule (:func:`geolens.claims.table_verdict`;
+    ``sample`` is the claims' sample, low-power for an exploratory run), and the induction check
+    per method."""
     naopc, pairs = run.tables["naopc"], run.tables["pairs"]
     primary = naopc[naopc.family == "primary"][["direction", "method", "naopc", "ci_low", "ci_high"]]
     shown = pairs[pairs.family == "primary"]
@@ -139,7 +140,7 @@ def build(ctx, analyses: dict) -> Section:
     size = (
         f"{windows.shape[0]} {WINDOWS} × {len(s.positions)} prediction{'s' if len(s.positions) > 1 else ''} (position{'s' if len(s.positions) > 1 else ''} "
         f"{', '.join(map(str, s.positions))}) = {n_pred} predictions, {rc['excluded_kl']} out of range under the {s.primary} replacement; "
-        f"{describe_sample(sample)} in range, below the protocol's {PROTOCOL_MIN_DOCUMENTS} documents"
+        f"{describe_sample(sample)} in range (the protocol asks for {PROTOCOL_MIN_DOCUMENTS} documents)"
     )  # fmt: skip
     methods = ", ".join(LABELS[m] for m in s.methods)
     intro = (
