@@ -252,18 +252,13 @@ def per_term_document(model, window, document: int, params: PerTermParams = PerT
 def per_term_summary(tables: dict[str, pd.DataFrame], params: PerTermParams = PerTermParams()) -> dict:
     """:func:`geolens.faithfulness.ground_truth.ground_truth_summary` of ``tables["rows"]`` (the
     pre-registered pairs as one Holm family), with ``single_term_effects``: the size of the
-    single-term effects over ``tables["positions"]`` (medians of the largest term's KL, of all
-    terms' KL summed, and of the clean top-1 probability)."""
-    from geolens.faithfulness.ground_truth import ground_truth_summary
+    single-term effects over ``tables["positions"]``
+    (:func:`geolens.faithfulness.ground_truth.single_term_effects`), as the command's summary has it."""
+    from geolens.faithfulness.ground_truth import ground_truth_summary, single_term_effects
 
     pairs = [tuple(p) for p in params.pairs]
     part = ground_truth_summary(tables["rows"], pairs, n_boot=int(params.n_boot), seed=int(params.seed), alpha=float(params.alpha))
-    positions = tables["positions"]
-    part["single_term_effects"] = dict(
-        n_positions=int(len(positions)), median_kl_of_largest_term=float(positions.kl_term_max.median()),
-        median_kl_of_all_terms_summed=float(positions.kl_term_sum.median()),
-        median_clean_top_prob=float(positions.clean_top_prob.median()),
-    )  # fmt: skip
+    part["single_term_effects"] = single_term_effects(tables["positions"])
     return part
 
 
