@@ -8,7 +8,10 @@ their own parameters; neither computes anything else of the topic.
 - selection: :func:`geolens.pipelines.selection.run_selection` (:class:`~geolens.pipelines.selection.SelectionParams`);
 - taxonomy: :func:`geolens.pipelines.taxonomy.run_taxonomy` (:class:`~geolens.pipelines.taxonomy.TaxonomyParams`);
 - faithfulness: :func:`geolens.pipelines.faithfulness.run_faithfulness`
-  (:class:`~geolens.pipelines.faithfulness.FaithfulnessParams`);
+  (:class:`~geolens.pipelines.faithfulness.FaithfulnessParams`), and protocol 2's per-term endpoint
+  :func:`geolens.pipelines.faithfulness.run_per_term` (:class:`~geolens.pipelines.faithfulness.PerTermParams`);
+- contribution flow: :func:`geolens.pipelines.flow.run_flow` (:class:`~geolens.pipelines.flow.FlowParams`)
+  and the one-prompt look :func:`geolens.pipelines.flow.prompt_flow`;
 - pruning: :func:`geolens.pipelines.pruning.run_pruning` (:class:`~geolens.pipelines.pruning.PruningParams`).
 
 Every pipeline returns a :class:`TopicRun` (a dataclass per topic, with the topic's own result
