@@ -482,6 +482,8 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
     assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 8
     full = flow.params(SimpleNamespace(tokens=ctx.tokens, config=ReportConfig()))
     assert full.erasure.positions == (15, 31, 63) and set(full.erasure.methods) >= {"integrated_gradients", "value_zeroing_rollout"}
+    many = SimpleNamespace(tokens=torch.zeros(63, 128, dtype=torch.long), config=ReportConfig())
+    assert flow.n_windows(many) == 16 and flow.params(many).erasure.positions == (15, 31, 63) and faith.per_term_windows(many).shape[0] == 32
     assert faith.per_term_params(ctx).n_positions == 1 and faith.per_term_windows(ctx).shape[0] == 8
     assert faith.per_term_params(ctx).query_range(config.seq_len) == (8, 62)
 
