@@ -156,7 +156,7 @@ def test_custom_metric_in_cli_and_report(tiny_gqa, custom, capsys, tmp_path):
     err = capsys.readouterr().err
     assert f"unknown metric 'nope' (choose from raw_attention" in err and CUSTOM in err and err.count("\n") == 1
     model, tokens, _ = tiny_gqa
-    ctx = SimpleNamespace(model=model, heldout=tokens[:1], config=SimpleNamespace(quick=True, seed=0), progress=False)
+    ctx = SimpleNamespace(model=model, heldout=tokens[:1], tokens=tokens[:1], config=SimpleNamespace(quick=True, seed=0), progress=False)
     assert CUSTOM in section.settings(ctx)["metrics"]
     sec = section.build(ctx, {})
     assert CUSTOM in set(sec.numbers["auc"].metric)
