@@ -15,7 +15,10 @@ through geolens' public functions and compare with references computed here inde
   float64 computation (sliding windows respected);
 - ``value_zeroing``: Value Zeroing equals a full rerun with v_j zeroed in ``hook_v``;
 - ``per_term``: per-term effects (single-position forwards over a KV cache) equal full reruns
-  with α_ij^h = 0 in ``hook_pattern``.
+  with α_ij^h = 0 in ``hook_pattern``;
+- ``report``: the report of ``geolens report --quick`` (its quick configuration, on 3 + 1 random
+  windows of 24 tokens) builds every section of this install, and its per-head sink attention
+  equals a naive float64 mean of α_i0 over the cached pattern (queries that see the sink).
 
 A cell is ``pass``, ``fail`` (with a one-line reason) or ``unsupported`` (geolens refuses the
 computation with a clear error, quoted). Usage::
@@ -56,6 +59,7 @@ CHECKS = {
     "sinks": "sink rate and projected sink norm ratio equal a naive float64 computation",
     "value_zeroing": "Value Zeroing equals a full rerun with v_j zeroed",
     "per_term": "per-term effects over a KV cache equal full reruns with α_ij^h = 0",
+    "report": "geolens report --quick builds every section; its per-head sink attention equals a naive float64 mean",
 }
 
 BACKENDS = {
@@ -228,6 +232,29 @@ def check_per_term(model) -> None:
             raise Failed(f"head {h}, source {j}: the per-term KL differs from the full rerun's")
 
 
+def check_report(model) -> None:
+    from geolens.report import ReportConfig, available_sections, build_report
+
+    tokens = _tokens(4, 24, seed=3)
+    config = ReportConfig.quick_defaults(model="tiny", corpus="random tokens", n_sequences=3, seq_len=24, prompt="the cat sat on the mat")
+    report = build_report(model, tokens, config, progress=False)
+    missing = sorted(set(available_sections()) - {s.key for s in report.sections})
+    if missing:
+        raise Failed(f"the report left out {', '.join(missing)}")
+    (contrast,) = [s for s in report.sections if s.key == "contributions"]
+    rows = contrast.numbers["per_head"].set_index(["layer", "head"])
+    corpus = tokens[:3]  # the last window is held out of the corpus pass
+    _, cache = _cache(model, corpus, names_filter=geolens.names_filter(model))
+    for l in range(model.cfg.n_layers):
+        view = get_attention_layer(model, cache, l, dtype=torch.float64)
+        window = adapter_for(model).sliding_window(l)
+        last = 24 if window is None else min(24, window)  # queries 1 … last − 1 see the sink
+        for h in range(view.n_heads):
+            alphas = [float(view.pattern[b, h, i, 0]) for b in range(corpus.shape[0]) for i in range(1, last)]
+            got = torch.tensor(float(rows.loc[(l, h), "sink_attention"]))
+            _close(got, torch.tensor(sum(alphas) / len(alphas)), 1e-6, f"layer {l} head {h}: the report's sink attention")
+
+
 CHECK_FUNCTIONS: dict[str, Callable] = {
     "attention_rebuild": check_attention_rebuild,
     "contributions": check_contributions,
@@ -235,6 +262,7 @@ CHECK_FUNCTIONS: dict[str, Callable] = {
     "sinks": check_sinks,
     "value_zeroing": check_value_zeroing,
     "per_term": check_per_term,
+    "report": check_report,
 }
 
 
@@ -344,7 +372,7 @@ def markdown(matrix: dict) -> str:
         "config by `geolens.hf.tiny`) through geolens' public functions and compares the result with a",
         "reference computed independently: explicit float64 loops over the cached pattern and values, or",
         "full reruns of the model. `tests/test_support_matrix.py` regenerates this page and fails when",
-        "a cell changes.",
+        "a cell changes; CI runs it (`scripts/test.sh`), so a family that regresses fails there.",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in matrix["versions"].items()) + ".",
         "",

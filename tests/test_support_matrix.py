@@ -2,8 +2,10 @@
 
 - the committed matrix lists at least ten families, every one passing every check on the
   HF-native backend, and each cell that does not pass has its reason on the page;
-- the HF-native column regenerates unchanged (fast tier); the whole matrix, both backends,
-  regenerates to the committed files byte for byte (slow tier, TransformerLens 4.x);
+- the HF-native column regenerates unchanged (fast tier, every check but the report's); the
+  whole matrix, both backends and every check, regenerates to the committed files byte for byte
+  (slow tier, TransformerLens 4.x): scripts/test.sh runs it in CI, so a family that regresses
+  fails there;
 - a family whose attention is edited, or a quantity that drifts from its naive reference, turns
   its cells into failures with a one-line reason.
 """
@@ -35,7 +37,7 @@ def committed():
 
 def test_the_committed_matrix_covers_ten_families_all_passing_on_the_hf_backend(committed):
     assert len(committed["families"]) >= 10
-    assert set(committed["checks"]) == {"attention_rebuild", "contributions", "padding", "sinks", "value_zeroing", "per_term"}
+    assert set(committed["checks"]) == {"attention_rebuild", "contributions", "padding", "sinks", "value_zeroing", "per_term", "report"}
     page = (DOCS / "support.md").read_text(encoding="utf-8")
     for family, per_backend in committed["results"].items():
         assert {c: r["status"] for c, r in per_backend["hf"].items()} == dict.fromkeys(committed["checks"], "pass"), family
@@ -47,8 +49,10 @@ def test_the_committed_matrix_covers_ten_families_all_passing_on_the_hf_backend(
 
 
 def test_the_hf_column_regenerates_unchanged(sm, committed):
+    checks = [c for c in committed["checks"] if c != "report"]  # the report's: slow tier, below
     for family in committed["families"]:
-        assert sm.run_cell(family, "hf") == committed["results"][family]["hf"], family
+        expected = {c: committed["results"][family]["hf"][c] for c in checks}
+        assert sm.run_cell(family, "hf", checks=checks) == expected, family
 
 
 def test_the_markdown_is_rendered_from_the_json(sm, committed):
@@ -80,6 +84,21 @@ def test_an_edited_attention_module_fails_every_cell_with_its_reason(sm, monkeyp
     cells = sm.run_cell("llama", "hf")
     assert {r["status"] for r in cells.values()} == {"fail"}
     assert all("hf-llama: layer 1: the attention output rebuilt" in r["reason"] for r in cells.values())
+
+
+def test_a_report_whose_numbers_drift_fails_its_check(sm, monkeypatch):
+    import geolens.report.contrast as contrast
+
+    exact = contrast.contrast_samples
+
+    def drifted(*args, **kwargs):
+        out = exact(*args, **kwargs)
+        return {**out, "sink_attention": out["sink_attention"] * (1 + 1e-4)}
+
+    assert sm.run_cell("llama", "hf", checks=["report"])["report"]["status"] == "pass"
+    monkeypatch.setattr(contrast, "contrast_samples", drifted)
+    cell = sm.run_cell("llama", "hf", checks=["report"])["report"]
+    assert cell["status"] == "fail" and "the report's sink attention differ from the reference" in cell["reason"]
 
 
 def test_a_quantity_that_drifts_from_its_reference_fails_its_check(sm, monkeypatch):
