@@ -251,6 +251,8 @@ def run_stages(model, windows: torch.Tensor, protocol: Preregistered, out: Path,
         path = out / f"{stage}_progress.json"
         if summary["stages"].get(stage) == "complete" and path.is_file():
             saved = json.loads(path.read_text(encoding="utf-8"))
-            # a run before the progress file kept time: its summary's wall-clock seconds
-            summary["stage_seconds"][stage] = saved.get("seconds", previous.get("seconds"))
+            # a progress file from before it kept time: the earlier summary's time for this stage
+            # (its stage_seconds, else its wall-clock seconds when that summary ran only this stage)
+            earlier = previous.get("stage_seconds", {}).get(stage, previous.get("seconds"))
+            summary["stage_seconds"][stage] = saved.get("seconds", earlier)
     return summary
