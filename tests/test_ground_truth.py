@@ -247,3 +247,38 @@ def test_stages_run_separately_merge_into_one_summary(tmp_path, corpus):
     assert both["stages"] == {"per_term": "complete", "masking": "complete"}
     assert both["ceiling_check"] == first["ceiling_check"] and both["pairs"] == both["per_term_effects"]["pairs"]
     assert "Per-layer masking endpoint" in (out / "README.md").read_text()
+
+
+def test_merged_summary_keeps_each_stage_time_and_lists_the_untestable_pairs(tmp_path, corpus):
+    """stage_seconds comes from each stage's progress file; a progress file written before timing
+    was kept gives way to the earlier summary's time for that stage, never to the wall-clock time of
+    the invocation that merged it (the bug that showed SmolLM2's per-term stage as 101 s, not
+    5596 s). The pairs that cannot differ by construction are listed as "not testable"."""
+    from geolens.cli import main
+
+    out = tmp_path / "run"
+    base = ["faithfulness", "--protocol", str(PROTOCOL), "--model", "tiny-gqa", "--corpus", corpus, "--max-documents", "1", "--out", str(out)]
+    assert main(base + ["--stage", "masking"]) == 0
+    assert main(base + ["--stage", "per_term", "--resume"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for stage in ("per_term", "masking"):
+        saved = json.loads((out / f"{stage}_progress.json").read_text())
+        assert summary["stage_seconds"][stage] == saved["seconds"]
+    # the masking progress file as an older version wrote it (no time), its summary holding the time
+    progress = json.loads((out / "masking_progress.json").read_text())
+    del progress["seconds"]
+    (out / "masking_progress.json").write_text(json.dumps(progress))
+    summary["stage_seconds"]["masking"] = 1234.5
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert main(base + ["--stage", "per_term", "--resume"]) == 0
+    merged = json.loads((out / "summary.json").read_text())
+    assert merged["stage_seconds"]["masking"] == 1234.5 and merged["seconds"] != 1234.5
+    protocol = json.loads(PROTOCOL.read_text())
+    assert [(p["a"], p["b"]) for p in merged["not_testable"]] == [tuple(e["pair"]) for e in protocol["not_testable_by_construction"]]
+    assert all(p["verdict"] == "not testable" and p["why"] for p in merged["not_testable"])
+    # a pair untestable under every ranking scope is in no family (value-weighted → output-normalised
+    # intra is untestable only when a whole row is ranked; the protocol ranks per query, where it differs)
+    anywhere = [{p["a"], p["b"]} for p in merged["not_testable"] if p["ranking_scope"] == "any"]
+    assert anywhere and not any({q["a"], q["b"]} in anywhere for q in merged["pairs"])
+    readme = (out / "README.md").read_text()
+    assert "Not testable by construction" in readme and "value_weighted → output_normalized_inter" in readme

@@ -325,6 +325,10 @@ def protocol_markdown(summary: dict) -> str:
         lines.append(per_term_markdown(summary))
     if "masking" in summary:
         lines.append(masking_markdown(summary["masking"]))
+    if summary.get("not_testable"):
+        lines += ["", "## Not testable by construction", "",
+                  "These pairs cannot differ under the protocol, so they get no interval and stay out of every Holm family:", ""]  # fmt: skip
+        lines += [f"- {p['a']} → {p['b']} (ranking scope {p['ranking_scope']}): {p['why']}" for p in summary["not_testable"]]
     return "\n".join(lines)
 
 

@@ -221,6 +221,23 @@ def per_term_stage(model, windows: torch.Tensor, protocol: Preregistered, out: P
     return part
 
 
+def not_testable_pairs(protocol: Preregistered) -> list[dict]:
+    """The comparisons the protocol lists as unable to differ by construction, each with its
+    verdict ``"not testable"`` and the reason (PROTOCOL.md: two metrics whose masks or rankings are
+    identical under a scope give a zero difference with a zero-width interval, which is no tie).
+
+    >>> from pathlib import Path
+    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
+    >>> [(q["a"], q["b"], q["verdict"]) for q in not_testable_pairs(p)][0]
+    ('value_weighted', 'output_normalized_inter', 'not testable')
+    """
+    pairs = []
+    for entry in protocol.settings.get("not_testable_by_construction", []):
+        a, b = entry["pair"]
+        pairs.append(dict(a=a, b=b, ranking_scope=entry.get("ranking_scope", "any"), verdict="not testable", why=entry["why"]))
+    return pairs
+
+
 def run_stages(model, windows: torch.Tensor, protocol: Preregistered, out: Path, stages, *, corpus: str, model_name: str,
                resume: bool, progress=print) -> dict:  # fmt: skip
     """Run the endpoints named in ``stages`` (``per_term``: :func:`per_term_stage`; ``masking``:
@@ -229,7 +246,8 @@ def run_stages(model, windows: torch.Tensor, protocol: Preregistered, out: Path,
     ``stages`` (each endpoint ``complete`` or ``not run``), ``per_term_effects``, ``masking`` and
     ``ceiling_check`` (with ``resume``, an endpoint that an earlier run under the same protocol and
     model completed into ``out`` is kept: :func:`previous_summary`), ``pairs`` (every endpoint's
-    family) and ``stage_seconds`` (each complete endpoint's compute time, from its progress file).
+    family), ``not_testable`` (the pairs that cannot differ by construction: :func:`not_testable_pairs`)
+    and ``stage_seconds`` (each complete endpoint's compute time, from its progress file).
     """
     previous = previous_summary(out, protocol.sha256, model_name) if resume else {}
     options = dict(corpus=corpus, model_name=model_name, resume=resume, progress=progress)
@@ -246,6 +264,7 @@ def run_stages(model, windows: torch.Tensor, protocol: Preregistered, out: Path,
         summary["ceiling_check"] = summary["masking"]["ceiling_check"]
         summary["stages"]["masking"] = "complete"
     summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
+    summary["not_testable"] = not_testable_pairs(protocol)
     summary["stage_seconds"] = {}
     for stage in ("per_term", "masking"):
         path = out / f"{stage}_progress.json"
