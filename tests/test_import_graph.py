@@ -34,8 +34,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
 # Edges that close a cycle or point up the layers, each in code another change owns; remove an
 # entry when its edge goes (the test fails on an entry whose edge no longer exists).
 ALLOWED_EDGES: dict[tuple[str, str], str] = {
-    ("geolens.hf.families", "geolens.hf.backend"): "an HF family attaches the backend's entry points to its model (HFAdapter.__init__)",
-    ("geolens.hf.check", "geolens.hf.backend"): "the load-time check runs the backend's cached forward",
     ("geolens.model_cache", "geolens"): "the cache manifest records geolens.__version__, read from the package root at call time",
     ("geolens.run_folder", "geolens.commands._options"): "run folders raise the command line's UsageError",
 }

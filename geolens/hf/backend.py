@@ -1,7 +1,7 @@
 """The HF-native backend: a plain ``transformers`` model that every geolens function accepts.
 
 :func:`attach` (called by the model's :class:`~geolens.hf.families.HFAdapter`, i.e. by
-``geolens.adapter.adapter_for(model)``) gives a ``PreTrainedModel`` *instance* the few
+``geolens.adapter.adapter_for(model)``, with the load-time check) gives a ``PreTrainedModel`` *instance* the few
 TransformerLens-style entry points geolens calls, without changing its class or its Hugging Face
 forward:
 
@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import Tensor
 
+from geolens.adapter import adapter_for
 from geolens.hf.capture import Run, Sites, StopForward
 
 _STATE: "weakref.WeakKeyDictionary[Any, Sites]" = weakref.WeakKeyDictionary()
@@ -71,9 +72,11 @@ def is_prepared(model) -> bool:
         return False
 
 
-def attach(model, adapter) -> None:
+def attach(model, adapter, check: Callable[[Any], object]) -> None:
     """Give ``model`` (a ``PreTrainedModel``) the TransformerLens-style entry points (module
-    docstring). Idempotent; the class and the Hugging Face forward are left as they are."""
+    docstring); ``check(model)`` runs before the first forward through them (it raises when the
+    attention reading is wrong). Idempotent; the class and the Hugging Face forward are left as
+    they are."""
     if is_prepared(model):
         return
     hf = adapter.config
@@ -85,7 +88,7 @@ def attach(model, adapter) -> None:
         model_name=str(getattr(model, "name_or_path", "") or getattr(hf, "_name_or_path", "") or type(model).__name__),
         architecture=type(model).__name__, attention_dir="causal", _model=weakref.ref(model),
     )  # fmt: skip
-    state = Sites(model, adapter)
+    state = Sites(model, adapter, check)
     _STATE[model] = state
     if "forward" in vars(model):  # an instance forward of someone else's (accelerate's device hooks): kept
         object.__setattr__(model, "_hf_forward", vars(model)["forward"])
@@ -241,10 +244,8 @@ def prepare(model, tokenizer=None, *, check: bool = True):
     >>> model.cfg.n_layers, model.cfg.d_head, type(model).__name__
     (2, 8, 'Qwen3ForCausalLM')
     """
-    from geolens.adapter import adapter_for
-    from geolens.hf.families import HFAdapter
-
-    if not isinstance(adapter_for(model), HFAdapter):
+    adapter_for(model)  # a transformers model's family adapter attaches the entry points
+    if not is_prepared(model):
         raise TypeError(f"geolens.hf.prepare takes a transformers PreTrainedModel, got {type(model).__name__}")
     if tokenizer is not None:
         set_tokenizer(model, tokenizer)
@@ -277,10 +278,8 @@ def run_with_cache(
     >>> tuple(logits.shape), tuple(c.shape), bool(torch.allclose(c.sum(-1), torch.ones(1, 4, 6), atol=1e-5))
     ((1, 6, 64), (1, 4, 6, 6), True)
     """
-    from geolens.adapter import adapter_for
-    from geolens.hf.families import HFAdapter
-
-    if not isinstance(adapter_for(model), HFAdapter):
+    adapter_for(model)  # a transformers model's family adapter attaches the entry points
+    if not is_prepared(model):
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
         return model.run_with_cache(tokens, names_filter=names_filter, **kwargs)
     return cached_forward(model, tokens, attention_mask, names_filter)

@@ -71,14 +71,15 @@ class Run:
 class Sites:
     """The hook points of one model and the runs active on it (one per prepared model)."""
 
-    def __init__(self, model, adapter):
+    def __init__(self, model, adapter, check: Callable[[object], object]):
         self._model = weakref.ref(model)
         self.adapter = adapter
+        self._check = check  # the load-time check, run on the model (geolens.hf.check.check_attention)
         self.runs: list[Run] = []
         self._handles: list = []
         self._saved_impl = None
         self.names = frozenset(self._all_names())
-        self.checked = False  # geolens.hf.check.check_attention has passed
+        self.checked = False  # the load-time check has passed
 
     # --- names
 
@@ -137,12 +138,10 @@ class Sites:
                 self._uninstall()
 
     def check(self) -> None:
-        """Run :func:`geolens.hf.check.check_attention` once (again after a failure)."""
-        from geolens.hf.check import check_attention
-
+        """Run the load-time check once (again after a failure)."""
         self.checked = True
         try:
-            check_attention(self._model())
+            self._check(self._model())
         except BaseException:
             self.checked = False
             raise

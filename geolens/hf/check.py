@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from geolens.adapter import adapter_for, expand_kv_heads
+from geolens.hf.backend import cached_forward
 
 
 class AttentionCheckError(RuntimeError):
@@ -36,8 +37,6 @@ def check_tokens(model, *, n_pos: int = 24, batch: int = 2, seed: int = 0) -> to
 def check_attention(model, tokens: torch.Tensor | None = None) -> float:
     """Verify every layer's attention reading (module docstring); returns the largest error
     relative to its tolerance (≤ 1). Raises :class:`AttentionCheckError` otherwise."""
-    from geolens.hf.backend import cached_forward
-
     adapter = adapter_for(model)
     tokens = check_tokens(model) if tokens is None else tokens
     names = set()

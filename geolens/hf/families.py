@@ -34,6 +34,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter import BridgeAdapter, ModelAdapter, register_family
+from geolens.hf.backend import attach, forward_logits
+from geolens.hf.check import check_attention
 
 
 class HFAdapter(ModelAdapter):
@@ -60,10 +62,8 @@ class HFAdapter(ModelAdapter):
 
     def __init__(self, model):
         super().__init__(model)
-        from geolens.hf.backend import attach
-
         self._check_layout()
-        attach(model, self)
+        attach(model, self, check_attention)
 
     def _check_layout(self) -> None:
         """One clear error when the model does not have this family's modules."""
@@ -253,8 +253,6 @@ class HFAdapter(ModelAdapter):
 
     def hf_logits(self, **kwargs) -> Tensor:
         """The model's logits, run with the family's eager attention and every active hook."""
-        from geolens.hf.backend import forward_logits
-
         return forward_logits(self.model, **kwargs)
 
     def run_with_kv_cache(self, x: Tensor, kv_cache, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
