@@ -13,6 +13,7 @@ Core entry points::
 # model in its docstring (run as doctests by tests/test_public_api.py). Everything else is imported
 # from its module (``geolens.sinks``, ``geolens.selection``, ``geolens.interventions``, ...).
 from geolens import checkpoint, faithfulness, multiple_choice, pruning, runner, selection, streaming, taxonomy
+from geolens._version import __version__
 from geolens.adapter import (
     AttentionLayer,
     adapter_for,
@@ -42,8 +43,6 @@ from geolens.models import load_model
 from geolens.runner import run_analysis, run_corpus
 from geolens.sinks import sink_geometry
 from geolens.taxonomy import head_taxonomy
-
-__version__ = "0.2.0"
 
 __all__ = [
     # models and activations

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from geolens._version import __version__
 from geolens.files import apply_umask_tree
 
 logger = logging.getLogger(__name__)
@@ -121,8 +122,6 @@ def _workers() -> int:
 
 def write_manifest(folder: Path, source: dict) -> dict:
     """Digest every file of ``folder`` and write the manifest (atomically, last)."""
-    from geolens import __version__
-
     with ThreadPoolExecutor(_workers()) as pool:
         files = {rel: {"bytes": (folder / rel).stat().st_size, "sha256_blocks": file_digest(folder / rel, pool)} for rel in _files(folder)}
     manifest = {"format": FORMAT, "source": source, "geolens": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}

@@ -31,7 +31,7 @@ NEEDS_MKDOCS = pytest.mark.skipif(not HAS_MKDOCS, reason="mkdocs is not installe
 
 
 def _version() -> str:
-    text = (ROOT / "geolens" / "__init__.py").read_text()
+    text = (ROOT / "geolens" / "_version.py").read_text()
     return re.search(r'^__version__ = "([^"]+)"', text, flags=re.M).group(1)
 
 

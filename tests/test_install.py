@@ -25,7 +25,7 @@ def test_version_flag_prints_the_package_version(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"geolens {geolens.__version__}"
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "geolens.__version__"}
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "geolens._version.__version__"}
     assert geolens.__version__.count(".") == 2 and all(p.isdigit() for p in geolens.__version__.split("."))
 
 
