@@ -3,7 +3,7 @@
 Each module ``geolens/commands/<name>.py`` defines ``register(subparsers)`` (adds its parser
 and sets ``func``), so capabilities add commands without touching this file.
 
-User errors (:class:`geolens.commands._options.UsageError`, argparse errors included) are printed
+User errors (:class:`geolens.errors.UsageError`, argparse errors included) are printed
 as one line ``geolens <command>: error: <message>`` on stderr, with exit code 2 and no traceback.
 
 Output folders (:mod:`geolens.run_folder`) are completed here when the command returns. An
@@ -26,7 +26,8 @@ from contextlib import contextmanager
 
 import geolens
 import geolens.commands
-from geolens.commands._options import ArgumentParser, UsageError
+from geolens.commands._options import ArgumentParser
+from geolens.errors import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from geolens._version import __version__
+from geolens.errors import UsageError
+
 MANIFEST = "manifest.json"
 INCOMPLETE = "INCOMPLETE"
 DEFAULT_ROOT = Path("geolens-runs")
@@ -233,8 +236,6 @@ class RunFolder:
         if not self.was_complete:  # a replot of an incomplete run: still incomplete
             self.state = "left"
             return self.path
-        from geolens import __version__
-
         files = {str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in self._results()}
         manifest = {"command": f"geolens {self.command}", "geolens": __version__, "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
         from geolens.checkpoint import atomic_write_bytes
@@ -367,12 +368,10 @@ def open_run_folder(
 ) -> RunFolder:
     """Validate and open a command's output folder (marked incomplete until the command ends).
 
-    Raises :class:`geolens.commands._options.UsageError` (one line, exit 2) for a file in the
+    Raises :class:`geolens.errors.UsageError` (one line, exit 2) for a file in the
     way, a folder holding results without ``--overwrite``/``--resume``, or a folder that cannot be
     written; in those cases nothing is created.
     """
-    from geolens.commands._options import UsageError
-
     if out is not None and name is not None:
         raise UsageError("give --out or --name, not both (--name picks a folder under geolens-runs/<command>/)")
     if name is not None and (not name.strip() or Path(name).name != name or name in (".", "..")):

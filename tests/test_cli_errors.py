@@ -296,8 +296,8 @@ def test_too_few_windows_is_a_usage_error(monkeypatch, capsys, tmp_path):
 
 
 def test_parse_layers_refuses_instead_of_wrapping():
-    from geolens.commands._options import UsageError
     from geolens.commands.faithfulness import parse_layers
+    from geolens.errors import UsageError
 
     assert parse_layers("-1", 10) == (9,)
     with pytest.raises(UsageError, match="99 is out of range"):

@@ -109,7 +109,8 @@ def test_mc_pairs_no_range_when_random_masks_do_not_move_the_answer():
 
 
 def test_mc_task_option_takes_several_tasks():
-    from geolens.commands._options import UsageError, check_multiple_choice
+    from geolens.commands._options import check_multiple_choice
+    from geolens.errors import UsageError
 
     both = check_multiple_choice("bigbench:general_knowledge,bigbench:disambiguation_qa")
     assert len(both) == 69 + 258 and {q.task for q in both} == {"general_knowledge", "disambiguation_qa"}

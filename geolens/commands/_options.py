@@ -1,11 +1,11 @@
-"""Shared options and validators of the ``geolens`` commands, and :class:`UsageError`.
+"""Shared options and validators of the ``geolens`` commands.
 
-Every user error of a command is a :class:`UsageError`: :func:`geolens.cli.main` prints it as one
-line ``geolens <command>: error: <message>`` on stderr and returns 2, without a traceback.
-Commands validate everything that does not need the model *before* loading it (numbers through
-the argparse ``type=`` functions below, model names, corpora, output folders, sections), and
-everything that does (layer indices, the corpus's window count) right after loading it, before
-any corpus work. Layer indices are checked, never wrapped: ``-1`` is the last layer, ``99`` of a
+Every user error of a command is a :class:`geolens.errors.UsageError`: :func:`geolens.cli.main`
+prints it as one line ``geolens <command>: error: <message>`` on stderr and returns 2, without a
+traceback. Commands validate everything that does not need the model *before* loading it
+(numbers through the argparse ``type=`` functions below, model names, corpora, output folders,
+sections), and everything that does (layer indices, the corpus's window count) right after
+loading it, before any corpus work. Layer indices are checked, never wrapped: ``-1`` is the last layer, ``99`` of a
 ten-layer model is an error.
 """
 
@@ -19,18 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from geolens.errors import UsageError
 from geolens.testing import TINY_MODELS
-
-
-class UsageError(ValueError):
-    """A user error of a command: bad argument, missing file, unwritable output, ... (a ValueError).
-
-    Raised by the validators of this module (and by commands), caught by :func:`geolens.cli.main`.
-    """
-
-    def __init__(self, message: str, *, prog: str | None = None):
-        super().__init__(" ".join(str(message).split()))  # always one line
-        self.prog = prog
 
 
 def did_you_mean(word: str, choices) -> str:

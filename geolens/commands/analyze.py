@@ -48,7 +48,8 @@ def top_sources(model, tokens, layer_view, k: int = 5) -> list[tuple[str, list[t
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_backend, check_index, check_model_name
+    from geolens.commands._options import check_backend, check_index, check_model_name
+    from geolens.errors import UsageError
     from geolens.models import load_model
 
     if not args.text.strip():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 def run(args) -> int:
     from geolens import model_cache
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
     from geolens.models import MODELS
 
     root = model_cache.models_dir()

@@ -40,7 +40,7 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, ...] | None:
 
 def parse_fractions(text: str, option: str = "--fractions") -> tuple[float, ...]:
     """Comma-separated fractions, each in the open interval (0, 1), sorted; else UsageError."""
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
 
     try:
         fr = tuple(float(k) for k in text.split(","))
@@ -159,7 +159,8 @@ def _save_all(result, out: Path) -> list[dict]:
 
 
 def _language_modelling(model, args, protocol, metrics, out: Path):
-    from geolens.commands._options import UsageError, corpus_windows
+    from geolens.commands._options import corpus_windows
+    from geolens.errors import UsageError
     from geolens.faithfulness.result import FaithfulnessResult, ResumeError, resume_state
     from geolens.pipelines.faithfulness import FaithfulnessParams, run_faithfulness
 
@@ -213,7 +214,8 @@ V1_OPTIONS = (
 def run_preregistered(args) -> int:
     """``geolens faithfulness --protocol PATH``: the pre-registered protocol's endpoints, resumable
     per document, into ``--out`` (docs/faithfulness/PROTOCOL.md). Stage ``per_term``: §2."""
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, out_folder
+    from geolens.commands._options import check_corpus, check_model_name, out_folder
+    from geolens.errors import UsageError
     from geolens.faithfulness.preregistered import load_protocol, run_label
 
     try:
@@ -400,7 +402,8 @@ def per_term_markdown(summary: dict) -> str:
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, check_multiple_choice, out_folder
+    from geolens.commands._options import check_corpus, check_model_name, check_multiple_choice, out_folder
+    from geolens.errors import UsageError
     from geolens.faithfulness import Protocol
     from geolens.metrics import metric_names
 

@@ -31,7 +31,8 @@ from geolens.flow import FLOW_METHODS
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_model_name, out_folder
+    from geolens.commands._options import check_model_name, out_folder
+    from geolens.errors import UsageError
     from geolens.models import load_model
 
     if args.erasure:
@@ -87,7 +88,7 @@ def run(args) -> int:
 
 def _erasure_protocol(args):
     """The protocol of ``--protocol`` (one-line UsageError when it cannot be read)."""
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
     from geolens.faithfulness.preregistered import load_protocol
 
     if args.protocol is None:
@@ -131,8 +132,9 @@ def run_erasure(args) -> int:
     import geolens
     from geolens.adapter import model_mode
     from geolens.checkpoint import atomic_write_bytes, tokens_fingerprint
-    from geolens.commands._options import UsageError, check_model_name, out_folder
+    from geolens.commands._options import check_model_name, out_folder
     from geolens.data import load_corpus
+    from geolens.errors import UsageError
     from geolens.faithfulness.preregistered import protocol_windows, run_document_stage, run_label
     from geolens.flow_erasure import ErasureSettings, measure_document, space_token, unigram_counts
     from geolens.models import load_model

@@ -63,7 +63,7 @@ def _plot(summary):
 
 def _settings(args):
     """(protocol or None, tasks, max_questions, MCSettings) from the options; UsageError on conflicts."""
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
     from geolens.faithfulness.multiple_choice import DEFAULT_PAIRS, MCSettings, mc_protocol
     from geolens.multiple_choice import DEFAULT_TASKS
 
@@ -93,7 +93,7 @@ def _settings(args):
 
 
 def _questions(tasks, max_questions):
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
     from geolens.multiple_choice import load_questions
 
     questions = []
@@ -117,7 +117,8 @@ def run(args) -> int:
 
     from geolens.adapter import model_mode
     from geolens.checkpoint import json_default, model_fingerprint
-    from geolens.commands._options import UsageError, check_model_name, out_folder
+    from geolens.commands._options import check_model_name, out_folder
+    from geolens.errors import UsageError
     from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, differences, labelled, run_multiple_choice
     from geolens.faithfulness.result import ResumeError
     from geolens.models import load_model

@@ -39,9 +39,10 @@ def _compare(paths, out) -> int:
 
 
 def run(args) -> int:
-    from geolens.commands._options import UsageError, check_backend, check_corpus, check_model_name, check_out_dir, did_you_mean, out_folder
-    from geolens.run_folder import IncompleteResults, require_complete
+    from geolens.commands._options import check_backend, check_corpus, check_model_name, check_out_dir, did_you_mean, out_folder
+    from geolens.errors import UsageError
     from geolens.report import SECTIONS, available_sections
+    from geolens.run_folder import IncompleteResults, require_complete
 
     if args.list_sections:
         print("\n".join(available_sections()))

@@ -41,7 +41,7 @@ CORPUS_SEQ_LEN = 128  # --seq-len's default: the corpus pass's window length
 
 def _control_layers(text: str, n_layers: int) -> list[int]:
     """``all``, ``none``, ``every:K`` (0, K, 2K, …) or a comma list, checked against the model."""
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
 
     text = (text or "").strip()
     try:
@@ -99,7 +99,7 @@ def _protocol_options(args):
     """(protocol run, registered protocol, provenance, twin) of ``--controls-protocol``, checked before the model loads."""
     from dataclasses import replace
 
-    from geolens.commands._options import UsageError
+    from geolens.errors import UsageError
     from geolens.faithfulness.preregistered import load_protocol
     from geolens.sinks.controls_protocol import read_protocol
 
@@ -123,7 +123,8 @@ def run_dose_protocol(args) -> int:
     import torch
 
     from geolens.adapter import model_mode
-    from geolens.commands._options import UsageError, check_corpus, check_model_name, out_folder
+    from geolens.commands._options import check_corpus, check_model_name, out_folder
+    from geolens.errors import UsageError
     from geolens.faithfulness.preregistered import run_label
     from geolens.models import load_model
     from geolens.sinks.controls_dose import CheckpointMismatch, controls_sample, dose_controls, write_windows
@@ -215,7 +216,8 @@ def run(args) -> int:
 
     from geolens.adapter import n_kv_heads
     from geolens.checkpoint import json_default
-    from geolens.commands._options import UsageError, check_corpus, check_indices, check_model_name, out_folder
+    from geolens.commands._options import check_corpus, check_indices, check_model_name, out_folder
+    from geolens.errors import UsageError
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.sinks import SinksParams, run_sinks
