@@ -388,22 +388,6 @@ def mc_under_masks_per_question(
     return pd.DataFrame(out)
 
 
-def mc_accuracy_under_masks(
-    model, questions: Sequence[Question], protocol: Protocol, metrics: Sequence[str], *, n_boot: int = 2000, seed: int = 0, **options
-) -> pd.DataFrame:
-    """Accuracy per (metric, direction, fraction) under the protocol's masks, plus the clean row.
-
-    Returns rows ``metric, direction, fraction, accuracy, n_questions`` (``metric="clean"`` for
-    the unmasked model), with ``accuracy_lo/hi``, mean ``logprob_correct`` [lo, hi] (bootstrap
-    over questions, all tasks together, ``n_boot`` resamples). The rows come from
-    :func:`mc_under_masks_per_question`, which takes ``seed`` and the other keyword arguments
-    (``normalize``, ``chunk_size``, ``progress``) and gives the per-question rows for paired
-    comparisons (:func:`paired_difference`).
-    """
-    per_q = mc_under_masks_per_question(model, questions, protocol, metrics, seed=seed, **options)
-    return mc_conditions(per_q, n_boot=n_boot, seed=seed)
-
-
 def mc_conditions(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Accuracy and mean log p(correct) [95% CI over questions] per (metric, direction, fraction)
     of :func:`mc_under_masks_per_question` rows (all tasks together)."""

@@ -13,7 +13,8 @@ from geolens.multiple_choice import (
     choice_loglik,
     choice_tokens,
     load_questions,
-    mc_accuracy_under_masks,
+    mc_conditions,
+    mc_under_masks_per_question,
     score_questions,
 )
 
@@ -39,7 +40,8 @@ def test_mc_under_no_removal_equals_clean(tiny_gqa):
     model, _, _ = tiny_gqa
     clean = float(score_questions(model, QUESTIONS).correct.mean())
     protocol = Protocol(layers=(0, 1), fractions=(0.0, 0.5))
-    df = mc_accuracy_under_masks(model, QUESTIONS, protocol, ["raw_attention", "value_zeroing", "random"], progress=False)
+    per_q = mc_under_masks_per_question(model, QUESTIONS, protocol, ["raw_attention", "value_zeroing", "random"], progress=False)
+    df = mc_conditions(per_q)
     assert df[df.metric == "clean"].accuracy.item() == pytest.approx(clean)
     zero = df[df.fraction == 0.0]
     assert (zero[zero.metric != "clean"].accuracy == clean).all()

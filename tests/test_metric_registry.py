@@ -99,7 +99,7 @@ def test_custom_metric_scores_under_source_ranking(tiny_gqa, custom):
 
 def test_custom_metric_is_drawn_with_its_label_and_colour(tiny_gqa, custom):
     from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot
-    from geolens.multiple_choice import Question, mc_accuracy_under_masks
+    from geolens.multiple_choice import Question, mc_conditions, mc_under_masks_per_question
 
     model, tokens, _ = tiny_gqa
     protocol = Protocol(layers=(1,), ranking="row", fractions=(0.3, 0.6), skip_prefix=2)
@@ -111,7 +111,7 @@ def test_custom_metric_is_drawn_with_its_label_and_colour(tiny_gqa, custom):
     assert "value norm ‖ṽ‖ alone" in [t.get_text() for t in view.figure.axes[0].get_legend().get_texts()]
     view.close()
     questions = [Question("the cat sat on the", ("mat", "dog"), 0), Question("one two three", ("four", "ten"), 1)]
-    mc = mc_accuracy_under_masks(model, questions, Protocol(layers=(1,), fractions=(0.5,)), [CUSTOM], progress=False)
+    mc = mc_conditions(mc_under_masks_per_question(model, questions, Protocol(layers=(1,), fractions=(0.5,)), [CUSTOM], progress=False))
     assert set(mc.metric) == {"clean", CUSTOM}
     view = mc_accuracy_plot(mc)
     assert "value norm ‖ṽ‖ alone" in [line.get_label() for line in view.figure.axes[0].get_lines()]
