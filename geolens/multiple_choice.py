@@ -9,7 +9,7 @@ Data, offline first:
 
 - ``"bigbench:<task>"``: a BIG-bench ``task.json``. Four tasks ship with geolens
   (``geolens/mc_data/bigbench``, Apache-2.0, see its README), chosen as the closest to the
-  paper's MMLU, Winogrande and BoolQ (:data:`MC_TASKS`): ``general_knowledge`` and
+  MMLU, Winogrande and BoolQ of Cunningham & Muça Cirone 2026 (:data:`MC_TASKS`): ``general_knowledge`` and
   ``hindu_knowledge`` (knowledge QA), ``disambiguation_qa`` (pronoun resolution),
   ``causal_judgment`` (a story and a yes/no question); 691 questions. Other tasks are read from
   an installed ``bigbench`` sdist (``pip install --no-deps bigbench``, ~360 MB; never imported,

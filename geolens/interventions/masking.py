@@ -1,4 +1,5 @@
-"""Causal masking of attention terms through ``hook_pattern`` (docs/method.md §3, paper A §2.3).
+"""Causal masking of attention terms through ``hook_pattern`` (docs/method.md §3;
+Cunningham & Muça Cirone 2026 §2.3).
 
 For layer l, head h and query i, removing source j deletes the term α_ij^h ṽ_j^h from the head
 output o_i^h = Σ_j α_ij^h ṽ_j^h. It is done by setting α_ij^h to 0 in ``hook_pattern``

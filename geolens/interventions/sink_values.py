@@ -1,4 +1,4 @@
-"""Interventions on the sink value v_0 (docs/method.md §4, paper A §3.3).
+"""Interventions on the sink value v_0 (docs/method.md §4, Cunningham & Muça Cirone 2026 §3.3).
 
 The sink is position 0. Its value v_0 (``blocks.{l}.attn.hook_v[:, 0]``, which already includes
 b_V) enters every head output as the term α_i0 ṽ_0 = α_i0 v_0 W_O. Three edits of v_0, for chosen

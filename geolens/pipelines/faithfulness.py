@@ -1,5 +1,6 @@
-"""The faithfulness pipeline (docs/method.md §3, paper A §2.3, §3.1): comprehensiveness and
-sufficiency curves of attribution metrics by causal masking, their AUCs and paired differences.
+"""The faithfulness pipeline (docs/method.md §3, Cunningham & Muça Cirone 2026 §2.3, §3.1):
+comprehensiveness and sufficiency curves of attribution metrics by causal masking, their AUCs and
+paired differences.
 
 :func:`geolens.faithfulness.faithfulness_curves` runs over the documents in blocks of ``block``
 documents (all at once by default); after each block the results so far are one
@@ -70,8 +71,8 @@ class FaithfulnessRun(TopicRun):
         return {f"curves_{q}": partial(faithfulness_curves_plot, self.result.curves, q, subtitle=text) for q in ("delta_ppl", "delta_logprob")}
 
     def claims(self, windows: str = "documents") -> list:
-        """Paper A's faithfulness claims; each carries its sample (the documents, named ``windows``),
-        decided only on the protocol's minimum of :data:`~geolens.claims.PROTOCOL_MIN_DOCUMENTS` documents."""
+        """The faithfulness claims of Cunningham & Muça Cirone 2026; each carries its sample (the
+        documents, named ``windows``), decided only on the protocol's minimum of :data:`~geolens.claims.PROTOCOL_MIN_DOCUMENTS` documents."""
         sample = sample_size(len(self.result.clean), windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS)
         claims = faithfulness_claims(self.tables["pairs"], self.result.range_check())
         for c in claims:
@@ -142,7 +143,8 @@ def _steps_text(steps: dict) -> str:
 
 
 def faithfulness_claims(pairs, range_check: dict) -> list:
-    """Paper A's claimed faithfulness order, decided from the paired differences ``pairs``."""
+    """The faithfulness order claimed by Cunningham & Muça Cirone 2026, decided from the paired
+    differences ``pairs``."""
     comp = claimed_order_holds(pairs, "comprehensiveness", QUANTITY)
     suff = claimed_order_holds(pairs, "sufficiency", QUANTITY)
     steps = comp["steps"]

@@ -1,5 +1,5 @@
-"""The pruning pipeline (docs/method.md §6, paper B): head-pruning curves by order, and the
-single-head sensitivity scan.
+"""The pruning pipeline (docs/method.md §6, Mudarisov et al. 2026): head-pruning curves by order,
+and the single-head sensitivity scan.
 
 References (head taxonomy, attention entropy, mean ``hook_z`` for mean-ablation) are streamed in
 one pass over the reference windows; ΔPPL is measured on other (evaluation) windows for each
@@ -99,7 +99,8 @@ def run_pruning(model, reference, evaluation, params: PruningParams = PruningPar
 
 
 def pruning_claims(df, sample: dict | None = None) -> list:
-    """Paper B's pruning claim, decided from the curves ``df`` (mean ΔPPL over retention levels)."""
+    """The pruning claim of Mudarisov et al. 2026, decided from the curves ``df`` (mean ΔPPL over
+    retention levels)."""
     mean = df.groupby("order", sort=False).delta_ppl.mean()
     rand = mean[[o for o in mean.index if o.startswith("random")]]
     regime, random_mean = float(mean["regime"]), float(rand.mean())

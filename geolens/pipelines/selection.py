@@ -100,7 +100,8 @@ def run_selection(model, tokens, params: SelectionParams = SelectionParams(), *,
 
 
 def selection_claims(res: dict) -> list:
-    """The claims of paper B on token selection, decided from :meth:`SelectionAnalysis.result`'s numbers."""
+    """The claims of Mudarisov et al. 2026 on token selection, decided from the numbers of
+    :meth:`SelectionAnalysis.result`."""
     comp = res["comparison"]
     main = comp[comp.condition == MAIN].sort_values("N")
     few = main[main.N <= 4]

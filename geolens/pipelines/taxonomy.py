@@ -1,4 +1,5 @@
-"""The head-taxonomy pipeline (docs/method.md §6, paper B): Retriever / Mixer / Reset regimes.
+"""The head-taxonomy pipeline (docs/method.md §6, Mudarisov et al. 2026): Retriever / Mixer /
+Reset regimes.
 
 :class:`~geolens.taxonomy.TaxonomyAnalysis` counts, per head, the winners w_i =
 argmax_j α_ij‖v_j‖ over the keys each query sees (sink / current / other); the regime is the
@@ -19,14 +20,14 @@ from geolens.claims import Claim
 from geolens.pipelines import TopicRun, streamed
 from geolens.taxonomy import DEFAULT_PREFIX_LENGTHS, TaxonomyAnalysis
 
-RETRIEVER_RANGE = (0.058, 0.172)  # paper B as summarised in docs/method.md §6 (unconfirmed)
+RETRIEVER_RANGE = (0.058, 0.172)  # Mudarisov et al. 2026 as summarised in docs/method.md §6 (unconfirmed)
 
 
 @dataclass
 class TaxonomyParams:
     """Parameters of :func:`run_taxonomy` (the defaults are the analysis' own)."""
 
-    space: str = "value"  # ‖v‖ (paper B) or ‖v W_O‖ ("projected")
+    space: str = "value"  # ‖v‖ (Mudarisov et al. 2026) or ‖v W_O‖ ("projected")
     queries: str = "all"  # every query ≥ 1, or the final query of each window
     prefix_lengths: Sequence[int] = DEFAULT_PREFIX_LENGTHS
     batch_size: int = 8
@@ -69,7 +70,8 @@ def run_taxonomy(model, tokens, params: TaxonomyParams = TaxonomyParams(), *, an
 
 
 def taxonomy_claims(tax) -> list:
-    """Paper B's claims on the regime shares, decided from a :class:`~geolens.taxonomy.TaxonomyResult`."""
+    """The claims of Mudarisov et al. 2026 on the regime shares, decided from a
+    :class:`~geolens.taxonomy.TaxonomyResult`."""
     dist = tax.distribution
     retr = float(dist["Retriever"])
     lo, hi = RETRIEVER_RANGE

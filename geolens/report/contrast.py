@@ -11,8 +11,9 @@ attention pattern and c the intra-head contribution weights of docs/method.md §
 
 Each is accumulated as streaming :class:`~geolens.streaming.Moments` over the samples
 (sequence, query) for each (layer, head), so memory does not grow with the corpus and shards merge
-exactly (:class:`~geolens.streaming.CorpusAnalysis` protocol). Paper A §3.2 argues that attention
-to the sink overstates its contribution; these numbers test that on the model at hand.
+exactly (:class:`~geolens.streaming.CorpusAnalysis` protocol). Cunningham & Muça Cirone 2026
+(§3.2) argue that attention to the sink overstates its contribution; these numbers test that on
+the model at hand.
 In a sliding-window layer the visible sources are the last W keys, and a query that cannot see
 the sink is left out of the two sink measures (:mod:`geolens.visibility`).
 """

@@ -1,4 +1,5 @@
-"""Report section: contribution weights vs attention (docs/method.md §2, paper A §2.2, §3.2).
+"""Report section: contribution weights vs attention (docs/method.md §2;
+Cunningham & Muça Cirone 2026 §2.2, §3.2).
 
 Corpus statistics from :class:`~geolens.report.contrast.ContributionContrast` (sink attention vs
 sink contribution, top-1 agreement, share of negative contributions, per layer and head), the

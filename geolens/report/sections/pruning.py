@@ -1,4 +1,4 @@
-"""Report section: head pruning by regime vs baselines (docs/method.md §6, paper B).
+"""Report section: head pruning by regime vs baselines (docs/method.md §6, Mudarisov et al. 2026).
 
 The pruning pipeline (:func:`geolens.pipelines.pruning.run_pruning`, mean-ablation): its
 references (head taxonomy, attention entropy, mean ``hook_z``) are streamed in the report's shared

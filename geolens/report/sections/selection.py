@@ -1,4 +1,4 @@
-"""Report section: token-selection geometry, top-N vs random (docs/method.md §5, paper B).
+"""Report section: token-selection geometry, top-N vs random (docs/method.md §5, Mudarisov et al. 2026).
 
 The selection pipeline (:func:`geolens.pipelines.selection.run_selection`) without the regime
 fit: :class:`geolens.selection.analysis.SelectionAnalysis` (the authors' protocol: final query of

@@ -1,4 +1,4 @@
-"""Report section: the Retriever / Mixer / Reset head taxonomy (docs/method.md §6, paper B).
+"""Report section: the Retriever / Mixer / Reset head taxonomy (docs/method.md §6, Mudarisov et al. 2026).
 
 The taxonomy pipeline (:func:`geolens.pipelines.taxonomy.run_taxonomy`) with the analysis'
 default settings: :class:`~geolens.taxonomy.TaxonomyAnalysis` (winner w_i = argmax_j α_ij‖v_j‖
