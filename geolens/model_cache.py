@@ -97,7 +97,7 @@ def file_digest(path: str | os.PathLike, pool: ThreadPoolExecutor | None = None)
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "x"; _ = p.write_bytes(b"abc")
     >>> file_digest(p)[:12]
-    'f0c4a9ab3d9a'
+    '4f8b42c22dd3'
     """
     path = Path(path)
     size = path.stat().st_size
