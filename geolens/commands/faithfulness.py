@@ -328,10 +328,10 @@ def protocol_markdown(summary: dict) -> str:
     if "masking" in summary:
         lines.append(masking_markdown(summary["masking"]))
     if summary.get("not_testable"):
-        lines += ["", "## Not testable by construction", "",
+        lines += ["## Not testable by construction", "",
                   "These pairs cannot differ under the protocol, so they get no interval and stay out of every Holm family:", ""]  # fmt: skip
         lines += [f"- {p['a']} → {p['b']} (ranking scope {p['ranking_scope']}): {p['why']}" for p in summary["not_testable"]]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def masking_markdown(part: dict) -> str:
