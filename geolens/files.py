@@ -1,4 +1,4 @@
-"""Files created with the user's umask.
+"""Files created with the user's umask, and JSON files read with a one-line error.
 
 ``tempfile.mkstemp``/``mkdtemp`` create files and folders with mode 0600/0700 whatever the umask,
 so a model cache or a checkpoint written through them would be unreadable to the other users of
@@ -7,6 +7,7 @@ a shared machine; the helpers here give such paths the mode a plain ``open``/``m
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -42,3 +43,22 @@ def apply_umask_tree(root: str | os.PathLike) -> None:
             apply_umask(os.path.join(parent, name), folder=True)
         for name in files:
             apply_umask(os.path.join(parent, name), folder=False)
+
+
+def read_json(path: str | os.PathLike, what: str):
+    """The JSON value in the UTF-8 file ``path``; ValueError (one line: ``what``, the parser's
+    message and its line) when the text is not JSON.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / "ok.json").write_text('{"a": [1, 2]}'); _ = (folder / "bad.json").write_text('{"a": }')
+    >>> read_json(folder / "ok.json", "settings")
+    {'a': [1, 2]}
+    >>> read_json(folder / "bad.json", "settings")
+    Traceback (most recent call last):
+    ValueError: settings: not valid JSON (Expecting value, line 1)
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}: not valid JSON ({err.msg}, line {err.lineno})") from None

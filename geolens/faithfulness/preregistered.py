@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from geolens.files import read_json
+
 DEFAULT_PROTOCOL = Path("docs") / "faithfulness" / "protocol.json"
 
 
@@ -60,10 +62,7 @@ def load_protocol(path: str | Path = DEFAULT_PROTOCOL) -> Preregistered:
         raise ValueError(f"protocol {path}: no such file")
     if not text.is_file():
         raise ValueError(f"protocol {path}: its text {text} is missing (a protocol is the text and its twin)")
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"protocol {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    settings = read_json(path, f"protocol {path}")
     return Preregistered(settings, path, hashlib.sha256(text.read_bytes()).hexdigest())
 
 

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from geolens.claims import Claim
+from geolens.files import read_json
 from geolens.report.citations import cite_text, references_html, references_of, source_html
 from geolens.report.columns import header
 from geolens.report.pages import render_page
@@ -42,10 +43,7 @@ def load_report(path: str | Path) -> dict:
         path = path / "report.json"
     if not path.is_file():
         raise FileNotFoundError(f"no report.json at {path}: run `geolens report --out <folder>` first")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    data = read_json(path, str(path))
     if not isinstance(data, dict) or "geolens_report" not in data or "sections" not in data:
         raise ValueError(f"{path} is not a geolens report.json (no 'geolens_report' / 'sections' keys)")
     data["_path"] = str(path)
