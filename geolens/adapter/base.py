@@ -53,6 +53,16 @@ def _zeros_if_missing(get: Callable[[], Tensor | None], shape: tuple[int, ...], 
     return value
 
 
+def _block_hook(suffix: str, doc: str) -> Callable[[Any, int], str]:
+    """An adapter method ``(layer) -> "blocks.{layer}.<suffix>"``, the name of one hook of every block."""
+
+    def block_hook(self, layer: int) -> str:
+        return hook_name(layer, suffix)
+
+    block_hook.__doc__ = doc
+    return block_hook
+
+
 class ModelAdapter:
     """Everything geolens needs to know about one model's family, behind one object.
 
@@ -136,26 +146,12 @@ class ModelAdapter:
         """Whether every layer's query i attends to keys j ≤ i only (TransformerLens' ``attention_dir``)."""
         return getattr(self.model.cfg, "attention_dir", "causal") == "causal"
 
-    def pattern_hook(self, layer: int) -> str:
-        return hook_name(layer, PATTERN)
-
-    def value_hook(self, layer: int) -> str:
-        return hook_name(layer, VALUE)
-
-    def z_hook(self, layer: int) -> str:
-        return hook_name(layer, Z)
-
-    def resid_pre_hook(self, layer: int) -> str:
-        """The residual stream entering block ``layer``."""
-        return hook_name(layer, RESID_PRE)
-
-    def resid_post_hook(self, layer: int) -> str:
-        """The residual stream leaving block ``layer``."""
-        return hook_name(layer, RESID_POST)
-
-    def block_attn_out_hook(self, layer: int) -> str:
-        """What block ``layer`` adds to the residual stream from attention (after any post-attention norm)."""
-        return hook_name(layer, ATTN_OUT)
+    pattern_hook = _block_hook(PATTERN, "The attention pattern of block ``layer``, ``[batch, head, query, key]``.")
+    value_hook = _block_hook(VALUE, "The values of block ``layer``, ``[batch, pos, kv_head, d_head]``.")
+    z_hook = _block_hook(Z, "The attention-weighted values of block ``layer``, ``[batch, pos, head, d_head]``.")
+    resid_pre_hook = _block_hook(RESID_PRE, "The residual stream entering block ``layer``.")
+    resid_post_hook = _block_hook(RESID_POST, "The residual stream leaving block ``layer``.")
+    block_attn_out_hook = _block_hook(ATTN_OUT, "What block ``layer`` adds to the residual stream from attention (after any post-attention norm).")
 
     def attn_out_hook(self, layer: int) -> str:
         """The hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O."""
