@@ -151,12 +151,14 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     index = conditions.set_index(["document", "layer"]).index
     kept = conditions[index.isin(used)]
     all_documents = sorted(set(rows.document))
+    design = dict(
+        endpoint="normalized_aopc", outcome="kl", masking_scope="layer", ranking_scope="query", fractions=fractions, directions=directions,
+        n_document_layers=int(len(table)), range_check=range_check, ceiling_check=ceiling, multiple_comparison="holm", alpha=alpha,
+        n_boot=n_boot, seed=seed,
+    )  # fmt: skip
     if kept.empty:  # nothing to compare: the checks are the result, and no pair is formed
         return dict(
-            endpoint="normalized_aopc", outcome="kl", masking_scope="layer", ranking_scope="query", fractions=fractions,
-            directions=directions, n_documents=0, n_documents_without_layers=len(all_documents),
-            n_document_layers=int(len(table)), n_document_layers_used=0, range_check=range_check, ceiling_check=ceiling,
-            metrics=[], pairs=[], multiple_comparison="holm", alpha=alpha, n_boot=n_boot, seed=seed,
+            design, n_documents=0, n_documents_without_layers=len(all_documents), n_document_layers_used=0, metrics=[], pairs=[],
             note=f"no (document, layer) is left after the range check ({range_check['n_document_layers_excluded']} excluded) "
             f"and the ceiling check ({ceiling['n_document_layers_excluded']} excluded): nothing to compare",
         )  # fmt: skip
@@ -201,27 +203,15 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
         per_layer=_per_layer(naopc, n_boot, seed),
     )
     return dict(
-        endpoint="normalized_aopc",
-        outcome="kl",
+        design,
         secondary_outcome="delta_p",
-        masking_scope="layer",
-        ranking_scope="query",
-        fractions=fractions,
-        directions=directions,
         n_documents=int(len(per_doc)),
         n_documents_without_layers=int(len(all_documents) - len(per_doc)),
-        n_document_layers=int(len(table)),
         n_document_layers_used=int(len(used)),
-        range_check=range_check,
-        ceiling_check=ceiling,
         metrics=metrics_out,
         pairs=pairs,
         pairs_not_formed=not_formed,
         exploratory=exploratory,
-        multiple_comparison="holm",
-        alpha=alpha,
-        n_boot=n_boot,
-        seed=seed,
     )
 
 
