@@ -3,8 +3,9 @@
 From the per-prediction tables that :func:`geolens.flow_erasure.measure_document` writes:
 :func:`naopc_table` (each method's normalised AOPC per prediction, with the range check),
 :func:`family_tables` (per-method means and Holm-corrected paired verdicts on one set of
-document-cluster resamples), :func:`curves_table` (the mean outcome at each fraction) and
-:func:`erasure_summary`, which gathers them for a run.
+document-cluster resamples), :func:`replacement_differences` (each method's nAOPC under the
+robustness replacement minus the primary one, with intervals), :func:`curves_table` (the mean
+outcome at each fraction) and :func:`erasure_summary`, which gathers them for a run.
 """
 
 from __future__ import annotations
@@ -160,6 +161,50 @@ def curves_table(conditions, settings: ErasureSettings):
     return pd.DataFrame(rows)
 
 
+def replacement_differences(naopc, settings: ErasureSettings, outcome: str = "kl") -> dict:
+    """How much each method's nAOPC moves between the two replacements: the paired difference
+    robustness − primary (e.g. unigram − space) of its mean nAOPC, per direction and method, over the
+    predictions in range under both replacements (the range check of either excludes it).
+
+    One set of document-cluster resamples (:func:`geolens.stats.cluster_bootstrap_indices`) serves
+    every test; the tests of both directions form one Holm family (:func:`geolens.stats.holm_family`),
+    each with its interval at its Holm level and ``excludes_zero`` when the step-down decided it.
+    The protocol pre-registers no decision rule for this comparison (no margin; PROTOCOL.md §5 only
+    lists the pairs whose verdict differs), so these intervals decide nothing: the claim about
+    robustness to the replacement that reads them is indicative. Returns ``{"primary",
+    "robustness", "outcome", "n_predictions", "n_documents", "tests": [...]}`` (no tests when no
+    prediction is in range under both, or with one replacement).
+    """
+    import pandas as pd
+
+    from geolens.stats import cluster_bootstrap_indices, holm_family, resample_means
+
+    key = "kl" if outcome == "kl" else "dp"
+    second = settings.replacements[1] if len(settings.replacements) > 1 else None
+    out = {"primary": settings.replacements[0], "robustness": second, "outcome": outcome, "n_predictions": 0, "n_documents": 0, "tests": []}
+    if second is None:
+        return out
+    first = settings.primary
+    t = naopc[naopc.replacement.isin([first, second]) & naopc[f"in_range_{key}"]]
+    wide = t.pivot_table(index=["document", "position"], columns=["replacement", "direction", "method"], values=f"naopc_{key}", aggfunc="first")
+    cols = [(r, d, m) for r in (first, second) for d in DIRECTIONS for m in settings.methods]
+    wide = wide.reindex(columns=pd.MultiIndex.from_tuples(cols)).dropna().sort_index()  # in range under both replacements
+    docs = wide.index.get_level_values("document").to_numpy()
+    out.update(n_predictions=int(len(wide)), n_documents=int(len(set(docs.tolist()))))
+    if len(wide) == 0:
+        return out
+    keys = [(d, m) for d in DIRECTIONS for m in settings.methods]
+    base = np.stack([wide[(first, d, m)].to_numpy() for d, m in keys], axis=1)
+    other = np.stack([wide[(second, d, m)].to_numpy() for d, m in keys], axis=1)
+    diffs = other - base
+    samples = resample_means(diffs, cluster_bootstrap_indices(docs, settings.n_boot, settings.boot_seed))  # [n_boot, test]
+    results = holm_family(diffs.mean(0), samples.T, alpha=settings.alpha)
+    for (d, m), b, o, r in zip(keys, base.mean(0), other.mean(0), results):
+        out["tests"].append(dict(direction=d, method=m, naopc_primary=float(b), naopc_robustness=float(o), delta=r.estimate, ci_low=r.ci_low,
+                                 ci_high=r.ci_high, level=r.level, p=r.p, p_adj=r.p_adj, rank=r.rank, excludes_zero=r.verdict in ("holds", "reversed")))  # fmt: skip
+    return out
+
+
 def verdict_changes(primary: Sequence[dict], robustness: Sequence[dict]) -> list[dict]:
     """Pairs whose verdict differs between the two families (same direction and pair)."""
     other = {(p["direction"], p["a"], p["b"]): p["verdict"] for p in robustness}
@@ -170,7 +215,8 @@ def verdict_changes(primary: Sequence[dict], robustness: Sequence[dict]) -> list
 def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
     """The statistics of a run (PROTOCOL.md §4–5) from its ``conditions``, ``predictions`` and
     ``rankings`` tables: range check, per-method nAOPC, the primary and robustness families
-    (KL), the exploratory Δp comparisons, verdict changes between replacements, the most faithful
+    (KL), the exploratory Δp comparisons, verdict changes between replacements and each method's
+    nAOPC difference between them (:func:`replacement_differences`), the most faithful
     method per direction and integrated gradients' completeness gaps."""
     conditions, predictions, rankings = tables["conditions"], tables["predictions"], tables["rankings"]
     naopc = naopc_table(conditions, settings)
@@ -195,6 +241,7 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
     )
     if "robustness" in families:
         out["verdict_changes"] = verdict_changes(families["primary"]["pairs"], families["robustness"]["pairs"])
+        out["replacement_differences"] = replacement_differences(naopc, settings, "kl")
     if "integrated_gradients" in settings.methods and len(predictions):
         delta = predictions["ig_f_input"] - predictions["ig_f_baseline"]
         gap = (predictions["ig_sum"] - delta).abs()
@@ -204,4 +251,4 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
     return out
 
 
-__all__ = ["curves_table", "erasure_summary", "family_tables", "naopc_table"]
+__all__ = ["curves_table", "erasure_summary", "family_tables", "naopc_table", "replacement_differences"]

@@ -39,7 +39,7 @@ from geolens.flow_erasure import (
     space_token,
     unigram_counts,
 )
-from geolens.flow_erasure_summary import erasure_summary, family_tables, most_faithful, naopc_table
+from geolens.flow_erasure_summary import erasure_summary, family_tables, most_faithful, naopc_table, replacement_differences
 from geolens.interventions.base import active_hook_count
 from geolens.stats import cluster_bootstrap_indices, holm, percentile_ci
 
@@ -414,6 +414,88 @@ def test_one_holm_family_over_both_directions_with_not_testable_pairs():
     assert all("verdict" not in p and p["level"] == 0.95 for p in explo["pairs"])
 
 
+def _naive_replacement_differences(naopc, settings):
+    """robustness − primary nAOPC (KL) per (direction, method), explicit loops in float64: the
+    predictions in range under both replacements, their mean difference, and its mean on each
+    document-cluster resample (indices from geolens.stats)."""
+    first, second = settings.replacements
+    value = {}
+    for r in naopc.itertuples():
+        if r.in_range_kl:
+            value[(r.document, r.position, r.replacement, r.direction, r.method)] = float(r.naopc_kl)
+    keys = [(d, m) for d in ("comprehensiveness", "sufficiency") for m in settings.methods]
+    predictions = sorted({(d, p) for d, p, *_ in value})
+    both = [(d, p) for d, p in predictions if all((d, p, rep, di, m) in value for rep in (first, second) for di, m in keys)]
+    diffs = {k: [value[(d, p, second, *k)] - value[(d, p, first, *k)] for d, p in both] for k in keys}
+    if not both:
+        return both, {}, {}
+    docs = np.array([d for d, _ in both])
+    boot = {k: [] for k in keys}
+    for resample in cluster_bootstrap_indices(docs, settings.n_boot, settings.boot_seed):
+        for k in keys:
+            boot[k].append(sum(diffs[k][j] for j in resample) / len(resample))
+    return both, {k: sum(v) / len(v) for k, v in diffs.items()}, {k: np.array(v) for k, v in boot.items()}
+
+
+def test_replacement_differences_by_hand():
+    """Two replacements on a made-up run: one method moves by +0.2 under the second one, the others
+    by noise only; a prediction out of range under one replacement leaves both."""
+    rng = np.random.default_rng(1)
+    methods = ("random", "alti", "contribution")
+    s = ErasureSettings(positions=(5, 6), fractions=(0.1, 0.5), methods=methods, n_boot=500)
+    rows = []
+    for d in range(10):
+        for pos in (5, 6):
+            for rep in s.replacements:
+                in_range = not (d == 3 and pos == 6 and rep == "unigram")
+                for m in methods:
+                    for direction in ("comprehensiveness", "sufficiency"):
+                        v = rng.normal(0.5, 0.05) + (0.2 if (m == "contribution" and rep == "unigram") else 0.0)
+                        rows.append(dict(document=d, position=pos, replacement=rep, method=m, direction=direction, naopc_kl=v if in_range else np.nan,
+                                         in_range_kl=in_range, naopc_dp=np.nan, in_range_dp=False))  # fmt: skip
+    naopc = pd.DataFrame(rows)
+    got = replacement_differences(naopc, s)
+    both, mean, boot = _naive_replacement_differences(naopc, s)
+    assert got["primary"] == "space" and got["robustness"] == "unigram" and got["outcome"] == "kl"
+    assert got["n_predictions"] == len(both) == 19 and got["n_documents"] == 10 and len(got["tests"]) == 2 * 3
+    for t in got["tests"]:
+        k = (t["direction"], t["method"])
+        lo, hi = percentile_ci(boot[k], t["level"])
+        assert t["delta"] == pytest.approx(mean[k], abs=1e-12) and (t["ci_low"], t["ci_high"]) == pytest.approx((lo, hi), abs=1e-12)
+        assert t["naopc_robustness"] - t["naopc_primary"] == pytest.approx(mean[k], abs=1e-12)
+    assert [t["p_adj"] for t in got["tests"]] == pytest.approx(holm([t["p"] for t in got["tests"]]).tolist())
+    assert sorted(t["level"] for t in got["tests"]) == pytest.approx([1 - 0.05 / (6 - r + 1) for r in range(6, 0, -1)])
+    moved = {(t["direction"], t["method"]) for t in got["tests"] if t["excludes_zero"]}
+    assert moved == {("comprehensiveness", "contribution"), ("sufficiency", "contribution")}
+    # one replacement: nothing to compare
+    assert replacement_differences(naopc[naopc.replacement == "space"], ErasureSettings(methods=methods, replacements=("space",)))["tests"] == []
+
+
+def test_the_replacement_claim_is_indicative_with_its_numbers():
+    """No rule is pre-registered for robustness to the replacement: the claim never reads holds or
+    does not hold, even on the protocol's 100 documents of a pre-registered run, and it shows the
+    intervals; it no longer compares verdicts."""
+    from geolens.pipelines.flow import flow_claims, replacement_claim
+
+    settings = ErasureSettings(methods=("random", "contribution"))
+    tests = [dict(direction=d, method=m, naopc_primary=0.5, naopc_robustness=0.5 + delta, delta=delta, ci_low=delta - 0.01, ci_high=delta + 0.01,
+                  level=0.99, p=0.01, p_adj=0.04, rank=1, excludes_zero=abs(delta) > 0.01)
+             for d in ("comprehensiveness", "sufficiency") for m, delta in (("random", 0.0), ("contribution", 0.2))]  # fmt: skip
+    moved = dict(primary="space", robustness="unigram", outcome="kl", n_predictions=300, n_documents=100, tests=tests)
+    c = replacement_claim(moved, status="pre-registered")
+    assert c.decision == "indicative" and c.holds is None and c.ci
+    assert c.verdict.startswith("indicative (n = 100 documents)") and "no decision rule" in c.why
+    assert "2 of 4 intervals" in c.measured and "contribution flow comp. +0.2 [+0.19, +0.21]" in c.measured
+    quiet = replacement_claim(dict(moved, tests=[dict(t, excludes_zero=False) for t in tests]), status="exploratory")
+    assert "0 of 4 intervals" in quiet.measured and "the largest difference" in quiet.measured and "exploratory run" in quiet.measured
+    pairs = [dict(direction=d, a="random", b="contribution", delta=0.1, ci_low=0.05, ci_high=0.2, verdict="holds") for d in ("comprehensiveness", "sufficiency")]
+    summary = dict(families={"primary": dict(replacement="space", n_documents=100, pairs=pairs)}, range_check={"space": dict(excluded_kl=0, n_predictions=300)},
+                   most_faithful={}, verdict_changes=[], replacement_differences=moved)  # fmt: skip
+    claims = flow_claims(summary, settings, status="pre-registered")
+    robust = [x for x in claims if "replacement" in x.claim]
+    assert len(robust) == 1 and robust[0].decision == "indicative" and not any("verdicts" in x.claim for x in claims)
+
+
 def test_summary_of_a_tiny_run_and_its_claims(model):
     from geolens.pipelines.flow import FlowRun
 
@@ -425,10 +507,30 @@ def test_summary_of_a_tiny_run_and_its_claims(model):
     assert summary["n_documents"] == 3 and summary["n_predictions"] == 6 and summary["multiple_comparison"] == "holm"
     assert set(summary["families"]) == {"primary", "robustness"}
     assert summary["families"]["primary"]["replacement"] == "space" and summary["families"]["robustness"]["replacement"] == "unigram"
+    moved = summary["replacement_differences"]  # unigram − space nAOPC, against explicit float64 loops
+    both, mean, _ = _naive_replacement_differences(naopc_table(tables["conditions"], settings), settings)
+    assert moved["n_predictions"] == len(both) and len(moved["tests"]) == (2 * 3 if both else 0)
+    for t in moved["tests"]:
+        assert t["delta"] == pytest.approx(mean[(t["direction"], t["method"])], abs=1e-12)
     run = FlowRun.of(tables, settings, status="pre-registered")
     assert {"naopc", "pairs", "curves", "conditions"} <= set(run.tables)
     claims = run.claims()
     assert claims and all(c.decision in ("indicative", "descriptive") for c in claims)  # 3 documents: below the minimum
+    robust = next(c for c in claims if "replacement token" in c.claim)
+    assert robust.holds is None and robust.numbers["replacement_differences"] == moved
+    # the report's table of the differences: the summary's numbers, under headers that read as words
+    from geolens.claims import sample_size
+    from geolens.report.columns import header, is_identifier
+    from geolens.report.sections.flow import tables as section_tables
+
+    shown = section_tables(run, sample_size(3, windows="corpus windows"))
+    if moved["tests"]:
+        table = shown["replacements"]
+        assert not any(is_identifier(header(c)) for c in table.columns)
+        assert table["Δ unigram − space"].tolist() == pytest.approx([t["delta"] for t in moved["tests"]])
+        assert table["nAOPC (space)"].tolist() == pytest.approx([t["naopc_primary"] for t in moved["tests"]])
+    else:
+        assert "replacements" not in shown and "replacements" not in run.tables
     assert f"n = {summary['families']['primary']['n_documents']} documents" in claims[0].verdict  # documents in range
     if summary["families"]["primary"]["n_predictions"]:
         view = run.figures["naopc"]()
