@@ -168,6 +168,10 @@ def test_a_run_writes_a_complete_folder_under_its_protocol(capsys, tmp_path, pro
     assert s["protocol_sha256"] == (protocol.parent / "PROTOCOL.sha256").read_text().strip()
     assert s["status"] == ("pre-registered" if mode == "bridge" else "exploratory") and "input-token erasure" in text
     assert s["n_documents"] == 2 and s["n_predictions"] == 4 and s["multiple_comparison"] == "holm"
+    moved = s["replacement_differences"]  # each method's nAOPC difference between the replacements, no verdict
+    assert (moved["primary"], moved["robustness"]) == ("space", "unigram") and all("verdict" not in t for t in moved["tests"])
+    assert (out / "replacements.csv").is_file() == bool(moved["tests"])
+    assert s["erasure_seconds"] == json.loads((out / "erasure_progress.json").read_text())["seconds"]
     assert s["settings"]["positions"] == [6, 11] and s["settings"]["n_boot"] == 200
     for family in ("primary", "robustness"):
         assert {m["method"] for m in s["families"][family]["methods"]} == {"random", "attention_rollout", "contribution", "grad_x_input"}
@@ -217,11 +221,13 @@ def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protoc
     rc, _, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out], capsys)
     assert rc == 130 and (out / "INCOMPLETE").exists() and not (out / "summary.json").exists()
     assert json.loads((out / "erasure_progress.json").read_text())["documents_done"] == 1
+    first_seconds = json.loads((out / "erasure_progress.json").read_text())["seconds"]
     calls.clear()
     monkeypatch.setattr(fe, "measure_document", lambda *a, **k: (calls.append(a[2]), real(*a, **k))[1])
     rc, text, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out, "--resume"], capsys)
     assert rc == 0, err
     assert calls == [1] and "resuming after 1 documents" in text
+    assert json.loads((out / "summary.json").read_text())["erasure_seconds"] >= first_seconds  # both invocations' compute time
     assert require_complete(out) == out
     pd.testing.assert_frame_equal(pd.read_csv(out / "erasure_conditions.csv.gz"), pd.read_csv(straight / "erasure_conditions.csv.gz"))
     a, b = (json.loads((f / "summary.json").read_text()) for f in (out, straight))

@@ -16,7 +16,8 @@ input-token erasure test of docs/flow/PROTOCOL.md (:mod:`geolens.flow_erasure`, 
 saved as it finishes (``erasure_<table>.csv.gz``, ``erasure_progress.json``, written atomically),
 ``--resume`` continues after the last saved document, and at the end it writes ``summary.json``
 (the protocol's SHA-256 and status, per-method nAOPC with intervals, both families' pairs with
-Holm-adjusted verdicts, the known-answer check), ``naopc.csv``, ``pairs.csv``, ``curves.csv``,
+Holm-adjusted verdicts, each method's nAOPC difference between the two replacements, the
+known-answer check), ``naopc.csv``, ``pairs.csv``, ``curves.csv``, ``replacements.csv``,
 ``induction.csv`` and ``naopc.png``. A run whose settings differ from the protocol's (another
 model, ``--n-documents``) is labelled exploratory.
 """
@@ -188,10 +189,11 @@ def run_erasure(args) -> int:
         protocol=dict(endpoint=protocol["endpoint"], fractions=list(settings.fractions), positions=list(settings.positions),
                       replacements=list(settings.replacements), outcome=protocol["outcomes"]["primary"], masking_scope="input tokens"),
         settings=settings.to_dict(), corpus_indices=sources, seconds=round(time.time() - started, 1),
+        erasure_seconds=json.loads((folder / "erasure_progress.json").read_text(encoding="utf-8")).get("seconds"),
         versions={"geolens": geolens.__version__, "torch": torch.__version__}, **run.summary,
     )  # fmt: skip
     atomic_write_bytes(folder / "summary.json", (json.dumps(to_jsonable(summary), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
-    write_tables(folder, run.tables, ["naopc", "pairs", "curves", "induction"])
+    write_tables(folder, run.tables, ["naopc", "pairs", "curves", "replacements", "induction"])
     save_figures(folder, run.figures, dpi=100)
     for d in ("comprehensiveness", "sufficiency"):
         best = summary["most_faithful"][d]
