@@ -713,7 +713,7 @@ def test_read_protocol_reads_the_registered_block(tmp_path):
         "windows.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "n_windows": 99}}),
         "lambdas.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "lambdas": [0.5, 1.5]}}),
     }
-    messages = {"missing.json": "no such file", "nojson.json": "not JSON", "noblock.json": "no \"sink_controls\" block",
+    messages = {"missing.json": "no such file", "nojson.json": "not valid JSON", "noblock.json": "no \"sink_controls\" block",
                 "nolayers.json": "has no 'layers'", "layers.json": "every <ordinal> layer", "windows.json": "whole number of windows",
                 "lambdas.json": "norm edit and a rotation of dose 1"}  # fmt: skip
     for name, text in bad.items():

@@ -184,7 +184,7 @@ def test_bad_protocol_files_and_options_without_a_protocol(tmp_path, protocol_ru
     _, base, loads = protocol_run
     bad = tmp_path / "protocol.json"
     (tmp_path / "PROTOCOL.md").write_text("a protocol text")
-    for text, message in (("{", "not JSON"), ('{"version": 2}', 'no "sink_controls" block')):
+    for text, message in (("{", "not valid JSON"), ('{"version": 2}', 'no "sink_controls" block')):
         bad.write_text(text)
         assert main(["sinks", "--controls-protocol", str(bad)]) == 2
         err = capsys.readouterr().err.strip()
