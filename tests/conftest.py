@@ -35,6 +35,19 @@ except ImportError:
 
 TINY_KINDS = list(TINY_KINDS if HAS_BRIDGE else HOOKED_TINY_KINDS)
 
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` imported as a module (a fresh one per call), for tests of the scripts
+    and of what they share with the package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:  # the tier of each test, in --junitxml reports (scripts/test.sh counts per tier)

@@ -471,13 +471,9 @@ N_POS = 12  # longer than the tiny models' sliding window (8)
 def support_matrix():
     """scripts/support_matrix.py: tiny models of each family on each backend, and its checks of
     geolens against naive references and full reruns of the model (each raises on a mismatch)."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "support_matrix.py"
-    spec = importlib.util.spec_from_file_location("support_matrix", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("support_matrix")
     assert module.N_POS == N_POS
     return module
 

@@ -12,27 +12,21 @@ a left-padded row's positions are counted from the first column instead of its f
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import HAS_BRIDGE, HAS_HOOKED
+from conftest import HAS_BRIDGE, HAS_HOOKED, load_script
 
 import geolens
 from geolens.hf.tiny import tiny_family
 from geolens.testing import tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["hf", "tl4-bridge", "tl2-hooked"]
 
 
 @pytest.fixture(scope="module")
 def sm():
-    spec = importlib.util.spec_from_file_location("support_matrix", ROOT / "scripts" / "support_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("support_matrix")
 
 
 def hooked_gpt2(hf):

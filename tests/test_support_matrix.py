@@ -12,11 +12,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -24,10 +24,7 @@ DOCS = ROOT / "docs"
 
 @pytest.fixture(scope="module")
 def sm():
-    spec = importlib.util.spec_from_file_location("support_matrix", ROOT / "scripts" / "support_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("support_matrix")
 
 
 @pytest.fixture(scope="module")

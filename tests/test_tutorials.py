@@ -19,13 +19,9 @@ TUTORIALS = sorted((Path(__file__).parent.parent / "tutorials").glob("[0-9][0-9]
 
 def _kernel_name() -> str:
     """The kernel ``scripts/run_tutorials.py`` uses (one definition for the script and the test)."""
-    import importlib.util
+    from conftest import load_script
 
-    path = Path(__file__).parent.parent / "scripts" / "run_tutorials.py"
-    spec = importlib.util.spec_from_file_location("run_tutorials", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.kernel_name()
+    return load_script("run_tutorials").kernel_name()
 
 
 def test_there_are_tutorials():
@@ -65,14 +61,12 @@ def test_tutorial_runs(path, tmp_path):
 
 
 def test_run_tutorials_cleans_stored_outputs():
-    import importlib.util
-
     nbformat = pytest.importorskip("nbformat")
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    spec = importlib.util.spec_from_file_location("run_tutorials", Path(__file__).parent.parent / "scripts" / "run_tutorials.py")
-    run_tutorials = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_tutorials)
+    from conftest import load_script
+
+    run_tutorials = load_script("run_tutorials")
     bundle = "x" * 200_000
     cell = new_code_cell("view", execution_count=1, metadata={"execution": {"iopub.status.busy": "2026-01-01"}})
     cell.outputs = [
