@@ -88,15 +88,16 @@ def sinks(model: str) -> dict[str, str] | None:
         out["ΔPPL when v_0 is scaled by λ in every layer (λ = 0 / λ = 2)"] = (
             f"{d.loc[0.0, 'delta_ppl']:+.1f} / {d.loc[2.0, 'delta_ppl']:+.1f} (no CI; {nd} windows)"
         )
-    ctl = f / "controls_summary.json"
+    ctl = DOCS / "sinks" / f"controls-{model}" / "controls_summary.json"
     if ctl.exists():
         c = json.loads(ctl.read_text())
-        by = c["claim_by_scope"]
-        layers = [k for k in by if k != "all"]
-        parts = [f"{v} in layer{'s' if len(ls) > 1 else ''} {', '.join(ls)}" for v in ("holds", "fails", "undecided")
-                 if (ls := [k for k in layers if by[k] == v])]
-        out["the sink's norm specifically matters (norm edits of v_0 beat the norm-preserving controls, per-layer edits)"] = (
-            f"all layers at once: {by.get('all', '?')}; " + "; ".join(parts) + f" (paired CIs over {c['n_windows']} windows × {c['seq_len']} tokens)"
+        scopes = {"all_heads": "all heads", "sink_heads": "sink heads"}
+        parts = [f"{scopes.get(p['scope'], p['scope'])}: {p['verdict']} {p['estimate']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
+                 for p in c["pairs"] if p["outcome"] == "kl"]
+        seeds = max(len(v) for v in c["seeds"].values())
+        out["the sink's norm specifically matters: KL(norm edit λ = 0, 2) − KL(60° rotation) at matched dose ‖Δv_0‖ = ‖v_0‖ (PROTOCOL.md §6)"] = (
+            "; ".join(parts) + f" ({c['multiple_comparison'].capitalize()}; {c['n_windows']} windows × {c['settings']['seq_len']} tokens from "
+            f"{c['n_documents']} documents, {seeds} rotation seeds, layers {', '.join(map(str, c['layers']))})"
         )
     return out
 
@@ -170,14 +171,14 @@ def faithfulness(model: str) -> dict[str, str] | None:
     if not f.exists():
         return None
     s = json.loads(f.read_text())
-    pr = s["protocol"]
     out = {}
-    for a, b, what in (("raw_attention", "contribution", "raw attention → contribution"), ("raw_attention", "value_weighted", "raw attention → value-weighted")):
+    steps = (("raw_attention", "value_weighted", "raw attention → value-weighted"), ("raw_attention", "contribution", "raw attention → contribution"))
+    for a, b, what in steps:
         for q in s["pairs"]:
-            if q["a"] == a and q["b"] == b and q["direction"] == "comprehensiveness" and q["quantity"] == "delta_logprob":
-                out[f"faithfulness, {what}: AUC gain in Δ log-prob, comprehensiveness (+ = b more faithful)"] = (
-                    f"{q['auc_diff']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}] {q['verdict']}; n = {pr['n_sequences']} documents, "
-                    f"{len(pr['fractions'])} values of k (AUCs of grids that differ are compared only through their verdicts)"
+            if q["endpoint"] == "per_term" and q["scope"] == "term" and q["a"] == a and q["b"] == b:
+                out[f"faithfulness (primary, PROTOCOL.md): {what}, gain in Spearman ρ with each term's measured KL (+ = b more faithful)"] = (
+                    f"{q['estimate']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}] {q['verdict']} (Holm); "
+                    f"n = {q['n_positions']} positions from {q['n_documents']} documents"
                 )
     return out
 
