@@ -26,8 +26,8 @@ removed when the run completes); ``--resume`` continues an interrupted run in ``
 Example (offline)::
 
     geolens sinks --model smollm2-135m --corpus lee --n-sequences 200 --seq-len 128 --out docs/sinks --overwrite
-    geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out docs/sinks --overwrite
-    geolens sinks --controls-protocol docs/faithfulness/protocol.json --out docs/sinks/smollm2-135m --overwrite
+    geolens sinks --controls-only --controls-sequences 32 --seq-len 64 --out runs/sinks-controls-exploratory
+    geolens sinks --controls-protocol docs/faithfulness/protocol.json --model smollm2-135m --out docs/sinks/controls-smollm2-135m
 """
 
 from __future__ import annotations
