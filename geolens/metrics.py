@@ -183,6 +183,38 @@ def find_metric(name: str) -> Metric | None:
     return _REGISTRY.get(name) if isinstance(name, str) else None
 
 
+MODE_QUALIFIERS = {"intra": "per head", "inter": "per layer"}
+"""How a label names a metric's mode: which output o_i its ‖o_i‖ and c_ij use, the head's or the layer's."""
+
+
+def mode_variant(name: str) -> tuple[Metric, str] | None:
+    """(registered metric, mode) of a mode-qualified name ``"<metric>_intra"`` or
+    ``"<metric>_inter"`` (endpoints that score one metric in both modes, e.g. the per-term
+    endpoint's ``output_normalized_intra``), or None.
+
+    >>> m, mode = mode_variant("output_normalized_intra")
+    >>> m.name, mode, mode_variant("contribution_abs")
+    ('output_normalized', 'intra', None)
+    """
+    base, _, mode = name.rpartition("_") if isinstance(name, str) else ("", "", "")
+    metric = find_metric(base) if mode in MODE_QUALIFIERS else None
+    return None if metric is None else (metric, mode)
+
+
+def metric_label(name: str) -> str | None:
+    """The label of a registered metric, or of a mode-qualified one (:func:`mode_variant`): the
+    metric's label followed by its mode in words (:data:`MODE_QUALIFIERS`); None for any other name.
+
+    >>> metric_label("raw_attention"), metric_label("output_normalized_intra")
+    ('raw attention α', 'output-normalised α‖ṽ‖/‖o‖ (per head)')
+    """
+    metric = find_metric(name)
+    if metric is not None:
+        return metric.label
+    variant = mode_variant(name)
+    return None if variant is None else f"{variant[0].label} ({MODE_QUALIFIERS[variant[1]]})"
+
+
 def metric_names(*, default_only: bool = False) -> tuple[str, ...]:
     """Registered metric names in registration order (``default_only``: those with ``default=True``)."""
     return tuple(n for n, m in _REGISTRY.items() if m.default or not default_only)

@@ -163,6 +163,31 @@ def test_custom_metric_in_cli_and_report(tiny_gqa, custom, capsys, tmp_path):
     assert f"comprehensiveness/{CUSTOM}" in sec.figures[0].data
 
 
+def test_endpoint_labels_come_from_the_registration(custom):
+    """The report names a mode-qualified metric of the per-term and masking endpoints
+    (``<metric>_intra`` / ``<metric>_inter``) by the metric's registered label and its mode, and
+    follows a change of that label."""
+    import pandas as pd
+
+    from geolens.faithfulness.layer_masking import MASKING_METRICS
+    from geolens.metrics import MODE_QUALIFIERS, metric_label, mode_variant
+    from geolens.report.columns import humanise_values
+
+    names = [CUSTOM, f"{CUSTOM}_intra", f"{CUSTOM}_inter", "output_normalized_intra", "grad_x_act", "contribution_abs", "nope_intra"]
+    shown = humanise_values(pd.DataFrame({"metric": names, "a": names})).metric.tolist()
+    assert shown == [
+        "value norm ‖ṽ‖ alone", "value norm ‖ṽ‖ alone (per head)", "value norm ‖ṽ‖ alone (per layer)",
+        "output-normalised α‖ṽ‖/‖o‖ (per head)", "gradient × activation", "|contribution weights| |c|", "nope_intra",
+    ]  # fmt: skip
+    assert mode_variant(f"{CUSTOM}_inter") == (custom, "inter") and mode_variant("contribution_abs") is None
+    assert set(MODE_QUALIFIERS) == {"intra", "inter"} and metric_label("grad_x_act") is None  # not a registered metric
+    relabelled = unregister_metric("output_normalized")
+    register_metric("output_normalized", label="α‖ṽ‖ over ‖o‖", fn=relabelled.fn)
+    assert humanise_values(pd.DataFrame({"b": ["output_normalized_inter"]})).b.item() == "α‖ṽ‖ over ‖o‖ (per layer)"
+    # every metric of the masking endpoint is registered or a mode variant of a registered one
+    assert all(metric_label(m) is not None for m in MASKING_METRICS)
+
+
 def test_register_errors_and_unregister(registry):
     before = metric_names()
     with pytest.raises(ValueError, match="already registered") as err:

@@ -52,6 +52,9 @@ TERM_METRICS = (
     "contribution", "contribution_abs", "grad_x_act", "random",
 )  # fmt: skip
 SOURCE_METRICS = TERM_METRICS[:-1] + ("value_zeroing", "random")
+LABELS = {"grad_x_act": "gradient × activation"}
+"""Labels of the metrics defined here; the others are registered metrics or their mode variants,
+labelled by :func:`geolens.metrics.metric_label`."""
 TOP_K = 5
 MIN_TERMS = 5
 

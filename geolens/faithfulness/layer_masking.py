@@ -59,22 +59,13 @@ from torch import Tensor
 from geolens.adapter import adapter_for, get_attention_layer, names_filter
 from geolens.interventions.base import applied
 from geolens.interventions.masking import pattern_mask_hooks, random_scores, removal_ranks
-from geolens.metrics import LayerInputs, get_metric
+from geolens.metrics import LayerInputs, find_metric, mode_variant
 from geolens.validation import check_context, check_layer
 
 MASKING_METRICS: tuple[str, ...] = (
     "raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter",
     "contribution", "contribution_abs", "value_zeroing", "random",
 )  # fmt: skip
-# the registered metric (geolens.metrics) and the mode of its LayerInputs, for the per-layer ones
-_REGISTERED = {
-    "raw_attention": ("raw_attention", "inter"),
-    "value_weighted": ("value_weighted", "inter"),
-    "output_normalized_intra": ("output_normalized", "intra"),
-    "output_normalized_inter": ("output_normalized", "inter"),
-    "contribution": ("contribution", "inter"),
-    "contribution_abs": ("contribution_abs", "inter"),
-}
 ALL_REMOVED = "all_removed"  # metric and direction of the condition removing every term of the layer
 DIRECTIONS = ("comprehensiveness", "sufficiency")
 SECTION_2_ONLY = ("grad_x_act",)  # metrics of pairs that the masking endpoint does not form
@@ -228,7 +219,8 @@ def masking_scores(
     Value Zeroing ``[1, query, key]`` (``value_zeroing``: its ``[query, key]`` scores of this
     layer); random: :func:`~geolens.interventions.masking.random_scores` of ``random_seed``.
     Per-layer metrics use their registered definitions (:mod:`geolens.metrics`) on
-    ``LayerInputs.from_layer(view, mode)``, mode ``inter`` except ``output_normalized_intra``.
+    ``LayerInputs.from_layer(view, mode)``, mode ``inter`` except for a mode-qualified name
+    (:func:`geolens.metrics.mode_variant`: ``output_normalized_intra``).
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -246,11 +238,11 @@ def masking_scores(
     inputs: dict[str, LayerInputs] = {}
     out = {}
     for m in metrics:
-        if m in _REGISTERED:
-            name, mode = _REGISTERED[m]
+        metric, mode = mode_variant(m) or (find_metric(m), "inter")
+        if metric is not None and metric.per_layer:
             if mode not in inputs:
                 inputs[mode] = LayerInputs.from_layer(view, mode)
-            out[m] = get_metric(name).layer_scores(inputs[mode], False)[0].expand_as(view.pattern[0])
+            out[m] = metric.layer_scores(inputs[mode], False)[0].expand_as(view.pattern[0])
         elif m == "value_zeroing":
             if value_zeroing is None:
                 raise ValueError("value_zeroing scores of the layer are needed for the value_zeroing metric")

@@ -136,12 +136,6 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 # cell values that are identifiers too: column -> {value -> label}
 QUANTITY_VALUES = {"delta_ppl": "ΔPPL", "delta_logprob": "Δ log-prob"}
-# metrics of the per-term endpoint (geolens.faithfulness.ground_truth) that are not registered metrics
-PER_TERM_METRICS = {
-    "output_normalized_intra": "output-normalised α‖ṽ‖/‖o^h‖ (per head)",
-    "output_normalized_inter": "output-normalised α‖ṽ‖/‖o‖ (per layer)",
-    "grad_x_act": "gradient × activation",
-}
 _METRIC_COLUMNS = ("a", "b", "metric")
 
 _IDENTIFIER = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)+$")
@@ -180,11 +174,12 @@ def legend(columns) -> str:
 
 
 def _metric_label(name: str) -> str:
-    """A metric's label: the registry's (geolens.metrics), the per-term endpoint's, or the name."""
-    from geolens.metrics import find_metric
+    """A metric's label: the registry's (:func:`geolens.metrics.metric_label`, mode variants
+    included), the per-term endpoint's for its own metrics, or the name."""
+    from geolens.faithfulness.ground_truth import LABELS
+    from geolens.metrics import metric_label
 
-    found = find_metric(name)
-    return found.label if found is not None else PER_TERM_METRICS.get(name, name)
+    return metric_label(name) or LABELS.get(name, name)
 
 
 def humanise_values(df):
