@@ -11,6 +11,10 @@ states: the final numbers are identical to an uninterrupted run.
 
 Data-parallel runs: :func:`geolens.distributed.run_corpus_distributed` gives each process a
 contiguous shard of whole batches (:func:`shard_bounds`) and merges the states at the end.
+
+On the HF-native backend (a ``transformers`` model) the analyses run inside the forward, layer
+by layer, when each of them can (:func:`geolens.hf.streamed.update_layerwise`): the run then
+never holds every layer's pattern, only the one layer its forward has reached.
 """
 
 from __future__ import annotations
@@ -133,7 +137,8 @@ def run_corpus(
     """Run ``model`` over ``tokens`` ``[n, seq]`` in batches and update every analysis.
 
     Args:
-        model: a TransformerBridge or HookedTransformer.
+        model: a TransformerBridge or HookedTransformer, or a ``transformers`` causal LM (the
+            HF-native backend, prepared here if it is not yet).
         tokens: ``[n_sequences, seq_len]`` token ids (a tensor, or any array that slices, e.g. a
             numpy memmap for corpora larger than memory).
         analyses: :class:`CorpusAnalysis` objects, updated in place and returned.
@@ -154,6 +159,21 @@ def run_corpus(
             alone. Without it, a batch that looks padded (rows starting or ending with different
             numbers of the tokenizer's pad id) is refused.
 
+    Memory: each batch's forward caches only the hooks the analyses read, and the cache is
+    dropped before the next batch. On TransformerLens that cache holds every layer the analyses
+    read. On the HF-native backend a batch is streamed instead when every analysis can be:
+    one forward runs while each analysis's ``update``, in a thread of its own that takes turns
+    with the forward, reads the layers as they are computed
+    (:func:`geolens.hf.streamed.update_layerwise`); a layer's pattern, v and z are dropped before
+    the next layer runs, so the run holds one layer's entries whatever the depth (what an
+    analysis keeps of the previous layer while it asks for the next is its own). An
+    analysis can be streamed when its ``hook_names`` are all block hooks (``blocks.{l}.…``) and it
+    declares ``layerwise`` (:class:`~geolens.streaming.CorpusAnalysis`, True by default: its
+    ``update`` reads the layers in order). One that reads the logits or the unembedding input
+    (only there once the forward has ended), or sets ``layerwise = False`` (it reads several
+    layers at once), puts the whole run on the cached path, one forward serving every analysis as
+    on TransformerLens. Both paths give the same numbers.
+
     >>> from geolens.sinks.norm_curve import NormCurve
     >>> from geolens.testing import tiny_bridge
     >>> model = tiny_bridge("gqa")
@@ -163,7 +183,10 @@ def run_corpus(
     >>> int(curve.per_head.counts[0, 0].sum())  # queries 1… of each prompt: 5 + 11
     16
     """
+    from geolens.hf.streamed import hf_native, layerwise, update_layerwise
+
     _check_inputs(tokens, analyses, batch_size, checkpoint_every)
+    hf = hf_native(model)  # a transformers model, prepared for geolens now
     check_context(model, int(tokens.shape[-1]), name="a token window")
     if attention_mask is not None:
         attention_mask = check_attention_mask(as_token_tensor(attention_mask), *map(int, tokens.shape))
@@ -179,12 +202,16 @@ def run_corpus(
     device = model_device(model)
     stop = stop_layer(model, wanted) if stop_early else None
     extra = {} if stop is None else {"stop_at_layer": stop}
+    streamed = hf and all(layerwise(a, model) for a in analyses)
     bar = tqdm(total=total, initial=start, desc=desc, disable=not progress, miniters=1, mininterval=0)  # redrawn every batch
     for index in range(start, total):
         rows = slice(index * batch_size, (index + 1) * batch_size)
         batch = as_token_tensor(tokens[rows])
         for group in unpadded_groups(model, batch, None if attention_mask is None else attention_mask[rows]):
             group = group.to(device)
+            if streamed:
+                update_layerwise(model, group, analyses, wanted, stop_at_layer=stop)
+                continue
             with torch.no_grad():
                 _, cache = model.run_with_cache(group, names_filter=lambda n: n in wanted, **extra)
             for a in analyses:

@@ -195,7 +195,16 @@ class CorpusAnalysis(Accumulator):
     state under ``_init_config``. ``load_state_dict`` and ``merge`` refuse a state or a shard built
     with other arguments, naming the argument, so loading never replaces an analysis's
     configuration (e.g. its ``layers``); checkpoints record ``config()`` in their fingerprint.
+
+    Streamed mode (the HF-native backend, :func:`geolens.runner.run_corpus`): ``layerwise``
+    (True by default) says that ``update`` reads the cache layer by layer, every entry it reads of
+    a layer before any entry of a later one, and never an earlier layer again, so that it can run
+    inside the forward while each layer's pattern is dropped before the next layer runs (it must
+    then not run the model itself). A subclass that reads several layers at once (or out of
+    order) sets ``layerwise = False`` and is run from a cache of every layer, as on TransformerLens.
     """
+
+    layerwise: bool = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

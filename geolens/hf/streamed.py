@@ -9,6 +9,16 @@ never holds every layer's pattern at once: the peak is one layer's ``[batch, hea
 :func:`stream_corpus` does this batch by batch over a corpus, for functions that accumulate
 (e.g. into :class:`geolens.streaming.Moments`).
 
+:func:`update_layerwise` is what :func:`geolens.runner.run_corpus` does with
+:class:`~geolens.streaming.CorpusAnalysis` objects on this backend: their ``update`` reads a
+cache, all its layers in one call, so each analysis's ``update`` runs in a thread of its own
+while the forward runs in the calling thread, and the two take turns (one thread runs at a time,
+so nothing is computed concurrently and the numbers are those of the cached path). The cache an
+analysis reads (:class:`LayerCache`) has the run's hook names; reading an entry of layer l waits
+until block l has run. Once every analysis has moved on to a later layer (or finished), layer l's
+entries are dropped and the forward goes on: the run holds one layer's entries at a time (the
+analysis itself may still hold what it read of the previous layer while it asks for the next).
+
 >>> import geolens, torch
 >>> from geolens.hf.streamed import stream_layers
 >>> from geolens.hf.tiny import tiny_family
@@ -20,13 +30,17 @@ never holds every layer's pattern at once: the peak is one layer's ``[batch, hea
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import contextlib
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from geolens.adapter import AttentionLayer, adapter_for, get_attention_layer
+from geolens.layout import hook_layer
 from geolens.validation import check_layer
 
 
@@ -114,3 +128,230 @@ def stream_corpus(
         for group in unpadded_groups(model, batch, None):
             stream_layers(model, group, fn, layers=layers, dtype=dtype)
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# CorpusAnalysis objects inside the forward (geolens.runner.run_corpus)
+
+
+def hf_native(model) -> bool:
+    """Whether ``model`` is a ``transformers`` model (the HF-native backend); it is then prepared
+    for geolens (``model.cfg``, the load-time check). False for a TransformerLens model."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    if not isinstance(model, PreTrainedModel):
+        return False
+    from geolens.hf.backend import is_prepared
+
+    adapter_for(model)  # a transformers model's family adapter attaches the entry points
+    return is_prepared(model)
+
+
+def layerwise(analysis, model) -> bool:
+    """Whether :func:`update_layerwise` can run ``analysis``: it declares ``layerwise``
+    (:class:`~geolens.streaming.CorpusAnalysis`) and reads block hooks only (``blocks.{l}.…``;
+    not the logits or the unembedding input, which exist only once the forward has ended)."""
+    return bool(getattr(analysis, "layerwise", False)) and all(hook_layer(name) is not None for name in analysis.hook_names(model))
+
+
+_PRODUCER = -1  # the turn of the thread that runs the forward
+
+
+class _Cancelled(BaseException):
+    """Ends an analysis thread whose forward was abandoned (not an Exception: no ``except
+    Exception`` of the analysis catches it)."""
+
+
+class _Abort(Exception):
+    """Ends a forward after an analysis raised."""
+
+
+class _Feed:
+    """One forward's captured entries, handed layer by layer to analysis threads that take turns
+    with the forward (:func:`update_layerwise`)."""
+
+    def __init__(self, names: frozenset[str], n_consumers: int):
+        self.names = names
+        self.order = sorted(names, key=lambda n: (hook_layer(n), n))
+        self.entries: dict[str, Tensor] = {}  # the run's cache: the capture writes here
+        self.cond = threading.Condition()
+        self.layer = -1  # the last layer whose block has run
+        self.dropped = -1  # entries of layers up to this one are gone
+        self.final = self.cancelled = False
+        self.turn = _PRODUCER
+        self.waiting = [-1] * n_consumers  # the layer each analysis waits for
+        self.done = [False] * n_consumers
+        self.errors: list[BaseException | None] = [None] * n_consumers
+
+    def _hand(self, i: int) -> None:
+        """Give analysis ``i`` the turn and wait until it hands it back (lock held)."""
+        self.turn = i
+        self.cond.notify_all()
+        self.cond.wait_for(lambda: self.turn == _PRODUCER)
+
+    def publish(self, layer: int | None) -> None:
+        """Block ``layer`` has run (None: the forward has ended): each analysis waiting for it
+        runs in turn, then that layer's entries are dropped."""
+        with self.cond:
+            if layer is None:
+                self.final = True
+            else:
+                self.layer = layer
+            for i in range(len(self.done)):
+                if not self.done[i] and (self.final or self.waiting[i] <= self.layer):
+                    self._hand(i)
+                if self.errors[i] is not None:
+                    raise _Abort
+            if layer is not None:
+                for name in [n for n in self.entries if hook_layer(n) == layer]:
+                    del self.entries[name]
+                self.dropped = layer
+
+    def cancel(self) -> None:
+        """End every analysis thread still running (after an error or an abandoned forward)."""
+        with self.cond:
+            self.cancelled = True
+            while not all(self.done):
+                self._hand(self.done.index(False))
+
+    def read(self, i: int, name: str) -> Tensor:
+        """``cache[name]`` for analysis ``i`` (it holds the turn): waits until ``name``'s block has run."""
+        if name not in self.names:
+            raise KeyError(name)
+        layer = hook_layer(name)
+        with self.cond:
+            if self.cancelled:
+                raise _Cancelled
+            if layer > self.layer and not self.final:
+                self.waiting[i] = layer
+                self.turn = _PRODUCER
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: self.turn == i)
+                if self.cancelled:
+                    raise _Cancelled
+            if layer <= self.dropped:
+                raise RuntimeError(
+                    f"streamed corpus run: {name!r} was read after layer {self.dropped}'s entries were dropped; an analysis "
+                    "run inside the forward reads its layers in order (set layerwise = False on its class to run it from a cache)"
+                )
+            found = self.entries.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def consume(self, i: int, analysis, model, tokens: Tensor, modes: Callable[[], contextlib.AbstractContextManager]) -> None:
+        """The body of analysis ``i``'s thread: its ``update`` over a :class:`LayerCache`."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.turn == i)
+        try:
+            if self.cancelled:
+                raise _Cancelled
+            with modes():
+                analysis.update(model, LayerCache(self, i), tokens)
+        except _Cancelled:
+            pass
+        except BaseException as error:  # handed to the calling thread, which raises it
+            self.errors[i] = error
+        finally:
+            with self.cond:
+                self.done[i] = True
+                self.turn = _PRODUCER
+                self.cond.notify_all()
+
+
+class LayerCache(Mapping):
+    """The cache an analysis reads inside a streamed forward: every hook name of the run, in layer
+    order; ``cache[name]`` waits until that layer's block has run, and an entry is readable until
+    every analysis has moved past its layer (reading it later raises a clear error)."""
+
+    def __init__(self, feed: _Feed, index: int):
+        self._feed, self._index = feed, index
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._feed.read(self._index, name)
+
+    def __contains__(self, name) -> bool:
+        return name in self._feed.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._feed.order)
+
+    def __len__(self) -> int:
+        return len(self._feed.names)
+
+
+def _caller_modes() -> Callable[[], contextlib.AbstractContextManager]:
+    """The calling thread's grad, inference and autocast modes and devices (thread-local in
+    PyTorch), as a context manager to enter in an analysis thread: its ``update`` then computes
+    as it would in the calling thread."""
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    autocast = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    cuda = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    default = torch.get_default_device()
+
+    @contextlib.contextmanager
+    def modes():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode(inference))
+            stack.enter_context(torch.set_grad_enabled(grad))
+            for device_type, dtype in autocast:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            if cuda is not None:
+                stack.enter_context(torch.cuda.device(cuda))
+            if default.type != "cpu":
+                stack.enter_context(torch.device(default))
+            yield
+
+    return modes
+
+
+def update_layerwise(model, tokens: Tensor, analyses: Sequence, names: Iterable[str], *, stop_at_layer: int | None = None) -> None:
+    """Run one forward of ``tokens`` (unpadded ``[batch, seq]`` ids) and call every analysis's
+    ``update(model, cache, tokens)`` inside it, layer by layer (module docstring). ``names``:
+    the block hooks the analyses read (the keys of each analysis's :class:`LayerCache`);
+    ``stop_at_layer``: the forward runs blocks ``0 … stop_at_layer − 1`` only. An exception of an
+    analysis ends the forward and is raised here, after every hook of the run is removed and
+    every analysis thread has ended.
+
+    >>> import torch
+    >>> from geolens.pruning import AttentionEntropy
+    >>> from geolens.hf.tiny import tiny_family
+    >>> model = tiny_family("qwen3")
+    >>> entropy = AttentionEntropy(2, 4)
+    >>> update_layerwise(model, torch.tensor([[0, 5, 9, 4, 7, 8]]), [entropy], entropy.hook_names(model))
+    >>> int(entropy.moments.count[0, 0])  # queries 1 … 5 of the one window
+    5
+    """
+    from geolens.hf.backend import sites, tl_forward
+    from geolens.hf.capture import Run
+
+    adapter = adapter_for(model)
+    names = frozenset(names)
+    if any(hook_layer(n) is None for n in names):
+        raise ValueError(f"a streamed forward hands out block hooks only, got {sorted(n for n in names if hook_layer(n) is None)[:4]}")
+    feed = _Feed(names, len(analyses))
+    modes = _caller_modes()
+    last = adapter.n_layers if stop_at_layer is None else int(stop_at_layer) % adapter.n_layers or adapter.n_layers
+    publish = [lambda x, site: feed.publish(site.layer())]
+    run = Run(hooks={adapter.resid_post_hook(l): publish for l in range(last)}, cache=feed.entries, names_filter=names.__contains__)
+    threads = []
+    try:
+        for i, analysis in enumerate(analyses):
+            thread = threading.Thread(target=feed.consume, args=(i, analysis, model, tokens, modes), name=f"geolens-layerwise-{i}", daemon=True)
+            thread.start()
+            threads.append(thread)
+        with torch.no_grad(), sites(model).active(run):
+            tl_forward(model, tokens, return_type=None, stop_at_layer=stop_at_layer)
+        feed.publish(None)
+    except _Abort:
+        pass
+    finally:
+        feed.done[len(threads) :] = [True] * (len(analyses) - len(threads))  # threads that never started
+        feed.cancel()
+        for thread in threads:
+            thread.join()
+    error = next((e for e in feed.errors if e is not None), None)
+    if error is not None:
+        raise error
