@@ -7,7 +7,9 @@ geometry of :mod:`geolens.sinks` on the first 6 layers, so that the forward pass
 layer 5 and the 800-sequence run fits a shared 2-core CPU; ``--memory-layers 0`` analyses all
 30) while a thread samples its RSS every 5 ms. Printed per size:
 RSS before the run, peak RSS during the run, the process's lifetime peak (``ru_maxrss``), and
-the ratios largest / smallest size. Flat memory means ratios ≈ 1.
+the ratios largest / smallest size. Flat memory means ratios ≈ 1. With ``--backend hf`` the model
+is a ``transformers`` model (``load_model(..., backend="hf")``), on which ``run_corpus`` runs the
+analysis inside the forward, layer by layer (one layer's pattern held at a time).
 
 Part 2 — long context: the extra peak RSS of contribution weights and attention metrics on one
 4096-token layer, unchunked vs with ``memory_budget_bytes`` (16 MiB), in a fresh subprocess.
@@ -19,6 +21,7 @@ after an untimed warm-up pass and excluding model loading. Prints the 2-process 
 
     python benchmarks/corpus_scale.py                     # both parts, defaults above
     python benchmarks/corpus_scale.py --sizes 50 200 800 --throughput-sequences 48 --json out.json
+    python benchmarks/corpus_scale.py --backend hf --skip-throughput   # part 1 on the HF-native backend
     python benchmarks/corpus_scale.py --smoke   # checks the script: tiny-gqa, every part, --json into a temporary folder
 
 The machine's load average is printed with the figures: on a shared machine the throughput
@@ -54,12 +57,13 @@ from geolens.runner import run_corpus
 n, seq_len, corpus, spec, batch_size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 n_layers = int(sys.argv[6])
 model_name = sys.argv[7] if len(sys.argv) > 7 else "smollm2-135m"
+backend = sys.argv[8] if len(sys.argv) > 8 else "transformer_lens"
 
 def rss():
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-model = load_model(model_name)
+model = load_model(model_name, backend=backend)
 tokens = corpus_windows(model, corpus, seq_len, n)
 layers = list(range(n_layers)) if n_layers > 0 else None
 analysis = analysis_factory(spec, layers=layers)(model)
@@ -108,7 +112,8 @@ def memory_part(args) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows = []
     for n in args.sizes:
-        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size), str(args.memory_layers), args.model]
+        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size), str(args.memory_layers), args.model,
+               {"tl": "transformer_lens", "hf": "hf"}[args.backend]]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         row = json.loads(out.strip().splitlines()[-1])
         rows.append(row)
@@ -171,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--memory-analysis", default="sink-geometry", help="geolens.distributed.ANALYSES name or module:factory")
     p.add_argument("--memory-layers", type=int, default=6,
                    help="analyse the first N layers (the forward pass stops after them); 0 = all 30")
+    p.add_argument("--backend", choices=("tl", "hf"), default="tl",
+                   help="part 1's model: TransformerLens, or hf (a transformers model: the analysis runs inside the forward, layer by layer)")
     p.add_argument("--throughput-sequences", type=int, default=48)
     p.add_argument("--throughput-analyses", nargs="+", default=["sink-geometry", "taxonomy"])
     p.add_argument("--skip-memory", action="store_true")
