@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from geolens.validation import check_context
+from geolens.validation import check_context, refuse_unmasked_padding
 
 OFFLINE_CORPORA = {
     "lee": "lee_background.cor",
@@ -210,3 +210,34 @@ def batches(tokens: torch.Tensor, batch_size: int):
     """Yield consecutive ``[batch_size, seq_len]`` slices of a token tensor."""
     for start in range(0, tokens.shape[0], batch_size):
         yield tokens[start : start + batch_size]
+
+
+def n_batches(n_sequences: int, batch_size: int) -> int:
+    """⌈n_sequences / batch_size⌉."""
+    return (n_sequences + batch_size - 1) // batch_size
+
+
+def unpadded_groups(model, batch: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """The rows of a batch without their padding, as sub-batches of equal real length.
+
+    Without a mask the batch is returned whole, after refusing one that looks padded
+    (:func:`geolens.validation.refuse_unmasked_padding`). With a mask each row's real tokens
+    must be contiguous (left or right padding); rows of equal length keep their order.
+    """
+    if attention_mask is None:
+        refuse_unmasked_padding(model, batch)
+        return [batch]
+    if bool(attention_mask.all()):
+        return [batch]
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    first = mask.int().argmax(1)
+    stripped = []
+    for row, (start, n) in enumerate(zip(first.tolist(), lengths.tolist())):
+        if not bool(mask[row, start : start + n].all()):
+            raise ValueError(f"attention_mask row {row} has padding between real tokens; only left or right padding is supported")
+        stripped.append(batch[row, start : start + n])
+    groups: dict[int, list[torch.Tensor]] = {}
+    for row in stripped:
+        groups.setdefault(len(row), []).append(row)
+    return [torch.stack(rows) for rows in groups.values()]

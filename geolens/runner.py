@@ -27,14 +27,9 @@ from tqdm.auto import tqdm
 
 from geolens import checkpoint as ckpt_io
 from geolens.adapter import hook_layer
-from geolens.data import as_token_tensor
+from geolens.data import as_token_tensor, n_batches, unpadded_groups
 from geolens.streaming import CorpusAnalysis
-from geolens.validation import check_attention_mask, check_context, refuse_unmasked_padding
-
-
-def n_batches(n_sequences: int, batch_size: int) -> int:
-    """⌈n_sequences / batch_size⌉."""
-    return (n_sequences + batch_size - 1) // batch_size
+from geolens.validation import check_attention_mask, check_context
 
 
 def shard_bounds(n_sequences: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -79,32 +74,6 @@ def model_device(model) -> torch.device:
         return model.embed.W_E.device
     except AttributeError:
         return next(model.parameters()).device
-
-
-def unpadded_groups(model, batch: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
-    """The rows of a batch without their padding, as sub-batches of equal real length.
-
-    Without a mask the batch is returned whole, after refusing one that looks padded
-    (:func:`geolens.validation.refuse_unmasked_padding`). With a mask each row's real tokens
-    must be contiguous (left or right padding); rows of equal length keep their order.
-    """
-    if attention_mask is None:
-        refuse_unmasked_padding(model, batch)
-        return [batch]
-    if bool(attention_mask.all()):
-        return [batch]
-    mask = attention_mask.bool()
-    lengths = mask.sum(1)
-    first = mask.int().argmax(1)
-    stripped = []
-    for row, (start, n) in enumerate(zip(first.tolist(), lengths.tolist())):
-        if not bool(mask[row, start : start + n].all()):
-            raise ValueError(f"attention_mask row {row} has padding between real tokens; only left or right padding is supported")
-        stripped.append(batch[row, start : start + n])
-    groups: dict[int, list[torch.Tensor]] = {}
-    for row in stripped:
-        groups.setdefault(len(row), []).append(row)
-    return [torch.stack(rows) for rows in groups.values()]
 
 
 def _check_inputs(tokens, analyses, batch_size: int, checkpoint_every: int) -> None:

@@ -14,7 +14,8 @@ import torch
 from conftest import make_tiny, random_corpus
 from geolens.checkpoint import load_checkpoint
 from geolens.distributed import analysis_factory, merge_states, rank_checkpoint, run_corpus_distributed
-from geolens.runner import n_batches, run_corpus, shard_bounds
+from geolens.data import n_batches
+from geolens.runner import run_corpus, shard_bounds
 from geolens.sinks.norm_curve import NormCurve
 
 REPO = Path(__file__).resolve().parents[1]

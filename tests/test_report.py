@@ -240,7 +240,8 @@ def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report):
 
 def test_quick_corpus_pass_bar_advances_per_batch(tiny_gqa, capsys):
     """The corpus-pass bar counts batches; --quick's 8 windows must give it several steps."""
-    from geolens.runner import n_batches, run_corpus
+    from geolens.data import n_batches
+    from geolens.runner import run_corpus
     from geolens.sinks.norm_curve import NormCurve
 
     model = tiny_gqa[0]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import make_tiny, random_corpus
-from geolens.runner import n_batches, run_corpus, shard_bounds
+from geolens.data import n_batches
+from geolens.runner import run_corpus, shard_bounds
 from geolens.sinks.norm_curve import NormCurve
 from geolens.streaming import CorpusAnalysis
 

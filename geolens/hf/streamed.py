@@ -113,7 +113,7 @@ def stream_corpus(
     >>> bool(((sink > 0) & (sink <= 6 * 9)).all())
     True
     """
-    from geolens.runner import n_batches, unpadded_groups
+    from geolens.data import n_batches, unpadded_groups
     from geolens.validation import check_context
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
