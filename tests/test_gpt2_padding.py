@@ -3,11 +3,12 @@ that hosts it: the HF-native backend (both environments), TransformerLens 4.x's
 ``TransformerBridge`` (main environment) and TransformerLens 2.x's ``HookedTransformer``
 (``.venvs/tl2``), all on the same tiny random GPT-2 weights.
 
-The comparison is the support matrix's own ``padding`` check (scripts/support_matrix.py: a left-
-and a right-padded batch, logits at the real positions and every layer's contribution weights
-against the prompt run alone). Here it runs in the fast tier on all three backends, the
-``HookedTransformer`` one included (the matrix has no column for it), and it is shown to fail when
-a left-padded row's positions are counted from the first column instead of its first real token.
+The models and the comparison are the support matrix's own (scripts/support_matrix.py: ``build``,
+which converts the HF GPT-2 to a ``HookedTransformer`` with TransformerLens' ``convert_gpt2_weights``,
+and the ``padding`` check: a left- and a right-padded batch, logits at the real positions and every
+layer's contribution weights against the prompt run alone). Here they run in the fast tier on each
+backend of the environment, and the check is shown to fail when a left-padded row's positions are
+counted from the first column instead of its first real token.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from conftest import HAS_BRIDGE, HAS_HOOKED, load_script
 
 import geolens
 from geolens.hf.tiny import tiny_family
-from geolens.testing import tiny_tokenizer
 
 BACKENDS = ["hf", "tl4-bridge", "tl2-hooked"]
 
@@ -29,30 +29,11 @@ def sm():
     return load_script("support_matrix")
 
 
-def hooked_gpt2(hf):
-    """A TransformerLens 2.x ``HookedTransformer`` holding the weights of the HF GPT-2 ``hf``,
-    converted by TransformerLens' own ``convert_gpt2_weights`` and left unprocessed."""
-    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
-
-    from geolens.adapter.hooked import hooked_transformer
-
-    c = hf.config
-    fields = dict(
-        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head,
-        d_mlp=c.n_inner or 4 * c.n_embd, d_vocab=c.vocab_size, n_ctx=c.n_positions, act_fn=c.activation_function,
-        normalization_type="LN", eps=c.layer_norm_epsilon, positional_embedding_type="standard",
-    )  # fmt: skip
-    process = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
-    return hooked_transformer(fields, tiny_tokenizer(), weights=lambda cfg: convert_gpt2_weights(hf, cfg), **process).eval()
-
-
 def build(sm, backend: str):
     if backend == "tl4-bridge" and not HAS_BRIDGE:
         pytest.skip("needs TransformerLens 4.x TransformerBridge")
-    if backend == "tl2-hooked":
-        if not HAS_HOOKED:
-            pytest.skip("needs TransformerLens 2.x HookedTransformer (.venvs/tl2)")
-        return hooked_gpt2(tiny_family("gpt2"))
+    if backend == "tl2-hooked" and not HAS_HOOKED:
+        pytest.skip("needs TransformerLens 2.x HookedTransformer (.venvs/tl2)")
     return sm.build("gpt2", backend)
 
 
