@@ -84,7 +84,9 @@ def test_the_main_environment_computes_the_tl2_column_in_venvs_tl2(sm, committed
         pytest.skip("needs .venvs/tl2 (bash scripts/install.sh --tl2)")
     families = ["gpt2", "olmo2"]
     got = sm.column("tl2-hooked", families=families, checks=["attention_rebuild"])
-    assert got["versions"] == committed["versions"]["tl2-hooked"]
+    in_venvs_tl2 = Path(sys.prefix).resolve() == sm.TL2_PYTHON.parent.parent.resolve()
+    if not hosts_tl2(sm) or in_venvs_tl2:  # another TL 2.x environment (.venvs/min) has other versions
+        assert got["versions"] == committed["versions"]["tl2-hooked"]
     assert got["results"] == {f: {"attention_rebuild": committed["results"][f]["tl2-hooked"]["attention_rebuild"]} for f in families}
     assert got["results"]["gpt2"]["attention_rebuild"]["status"] == "pass"
     assert got["results"]["olmo2"]["attention_rebuild"]["status"] == "not hosted"
