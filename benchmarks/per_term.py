@@ -3,7 +3,7 @@
 For one text, one layer l and one query i, :func:`geolens.per_term.per_term_effects` computes
 the exact KL and Δp of removing each of the n_heads · (i + 1) attention terms α_ij^h ṽ_j^h, as
 batched single-position forwards from layer l over a KV cache of the clean prefix;
-:func:`geolens.per_term.per_term_effects_naive` runs one full forward of the whole text per term
+:func:`geolens.per_term.per_term_effects` with ``method="naive"`` runs one full forward of the whole text per term
 (α_ij^h zeroed in ``hook_pattern``). The fast path is timed on **all** terms of (l, i); the naive
 path on a fixed subset of ``--naive-terms`` terms (evenly spaced over heads and sources), its time
 per term extrapolated to all terms (each naive term costs the same full forward). Rounds are
@@ -66,7 +66,7 @@ def main() -> int:
     import torch
 
     import geolens  # noqa: F401  (the import check: everything below needs it)
-    from geolens.per_term import per_term_effects, per_term_effects_naive
+    from geolens.per_term import per_term_effects
 
     torch.set_num_threads(args.threads)
     if args.smoke:
@@ -88,7 +88,7 @@ def main() -> int:
 
     warm = per_term_effects(model, tokens, layer, query, batch_size=args.batch_size)  # warm-up
     chosen = subset(warm, args.naive_terms)
-    per_term_effects_naive(model, tokens, layer, query, terms=chosen[:1])
+    per_term_effects(model, tokens, layer, query, terms=chosen[:1], method="naive")
     n_terms = int(warm.ran.sum())
     rounds = []
     for r in range(args.rounds):
@@ -96,7 +96,7 @@ def main() -> int:
         fast = per_term_effects(model, tokens, layer, query, batch_size=args.batch_size)
         fast_s = time.perf_counter() - t
         t = time.perf_counter()
-        naive = per_term_effects_naive(model, tokens, layer, query, terms=chosen)
+        naive = per_term_effects(model, tokens, layer, query, terms=chosen, method="naive")
         naive_s = time.perf_counter() - t
         fast_per, naive_per = fast_s / n_terms, naive_s / len(chosen)
         mask = naive.ran

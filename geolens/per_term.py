@@ -34,7 +34,7 @@ enumerating the removed terms (plus one unperturbed row, the in-batch clean refe
    the unembedding.
 
 Per term this costs L − l single-position layers plus one unembedding, against a full forward of
-every position through all L layers for the naive path (:func:`per_term_effects_naive`, one full
+every position through all L layers for the naive path (:func:`per_term_effects` with ``method="naive"``, one full
 forward per term with α_ij^h zeroed in ``hook_pattern``: the oracle of the tests and the baseline
 of ``benchmarks/per_term.py``). The clean row of each batch must reproduce the clean logits at i,
 else the call raises (a wrong position or cache would show there).
@@ -61,6 +61,7 @@ from geolens.interventions.base import applied
 from geolens.validation import check_context, check_layer
 
 Scope = Literal["term", "source"]
+Method = Literal["fast", "naive"]
 OUTCOMES = ("kl", "delta_p")
 
 # ---------------------------------------------------------------------------------------------
@@ -153,14 +154,25 @@ def _clean_state(model, tokens: Tensor, layer: int, query: int) -> _Clean:
     )
 
 
-def _terms(clean: _Clean, scope: str) -> tuple[Tensor, list[tuple[int, int]]]:
+def _terms(clean: _Clean, scope: str, only: Sequence | None = None) -> tuple[Tensor, list[tuple[int, int]]]:
     """(which terms run: α ≠ 0, as a bool tensor of the result's shape; their (head, source)
-    list, head −1 for a whole source), in (head, source) order."""
+    list, head −1 for a whole source), in (head, source) order; ``only`` keeps those of its
+    (head, source) pairs (sources for ``scope="source"``)."""
     nonzero = clean.alpha != 0
     if scope == "source":
         ran = nonzero.any(0)
-        return ran, [(-1, int(j)) for j in ran.nonzero().flatten()]
-    return nonzero, [(int(h), int(j)) for h, j in nonzero.nonzero()]
+        every = [(-1, int(j)) for j in ran.nonzero().flatten()]
+    else:
+        ran = nonzero
+        every = [(int(h), int(j)) for h, j in nonzero.nonzero()]
+    if only is None:
+        return ran, every
+    wanted = {(-1, int(t)) if scope == "source" else (int(t[0]), int(t[1])) for t in only}
+    every = [t for t in every if t in wanted]
+    ran = torch.zeros_like(ran)
+    for h, j in every:
+        ran[j if h < 0 else (h, j)] = True
+    return ran, every
 
 
 def _outcomes(logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "d_vocab"], top: int, outcome) -> dict[str, Tensor]:
@@ -224,11 +236,11 @@ def _z_hook(delta: Tensor) -> Callable:
     return hook
 
 
-def _removal_effects(model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int) -> PerTermEffects:
+def _removal_effects(model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int, only=None) -> PerTermEffects:
     """The fast path's batches for one scope, given the clean state and the clean prefix's KV cache."""
     adapter = adapter_for(model)
     values: dict[str, list[Tensor]] = {name: [] for name in outcome}
-    ran, terms = _terms(clean, scope)
+    ran, terms = _terms(clean, scope, only)
     top = int(clean.logits.argmax())
     for chunk in _chunks(terms, batch_size):
         resid = clean.resid_pre.expand(len(chunk) + 1, -1)
@@ -248,17 +260,26 @@ def per_term_effects(
     *,
     scope: Scope = "term",
     outcome: str | Sequence[str] = OUTCOMES,
-    batch_size: int = 128,
+    method: Method = "fast",
+    batch_size: int | None = None,
+    terms: Sequence | None = None,
 ) -> PerTermEffects:
     """Exact effect on the next-token prediction at ``query`` of removing each single attention
     term α_ij^h ṽ_j^h (``scope="term"``, ``[head, source]``) or each source Σ_h α_ij^h ṽ_j^h
     (``scope="source"``, ``[source]``) from ``layer``'s attention output at ``query``, everything
     else clean. Outcomes: KL(clean ‖ perturbed) and Δp of the clean top-1 token (module docstring).
 
-    Batched single-position forwards from ``layer`` on over a KV cache of the clean prefix
-    (module docstring), ``batch_size`` terms per forward (memory: the cache's keys and values are
-    concatenated per row at each layer). ``layer`` and ``query`` may be negative.
-    :func:`position_effects` gives both scopes and the gradient of one position at once.
+    ``method="fast"``: batched single-position forwards from ``layer`` on over a KV cache of the
+    clean prefix (module docstring), ``batch_size`` terms per forward (default 128; memory: the
+    cache's keys and values are concatenated per row at each layer). ``method="naive"``, the test
+    oracle and the speed baseline: for each term, a full forward of the whole text from layer 0
+    with α_ij^h = 0 in ``layer``'s ``hook_pattern`` at ``query`` (every head for a source; not
+    renormalised, so exactly α_ij^h ṽ_j^h leaves a_i, docs/method.md §3), ``batch_size`` terms per
+    forward, one row each (default 1); its clean reference is a full forward without hooks. Both
+    record their method in the result. ``terms`` restricts the run to some (head, source) pairs
+    (sources for ``scope="source"``); the others are 0 with ``ran`` False (the benchmark times a
+    subset). ``layer`` and ``query`` may be negative. :func:`position_effects` gives both scopes
+    and the gradient of one position at once.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -266,12 +287,21 @@ def per_term_effects(
     >>> effects = per_term_effects(model, tiny_tokens(model, length=12)[:1], layer=1, query=-1)
     >>> tuple(effects.kl.shape), bool((effects.kl >= 0).all())  # 4 heads, sources 0 … 11
     ((4, 12), True)
+    >>> naive = per_term_effects(model, tiny_tokens(model, length=12)[:1], layer=1, query=-1, method="naive")
+    >>> bool(torch.allclose(naive.kl, effects.kl, atol=1e-6))
+    True
     """
+    if method not in ("fast", "naive"):
+        raise ValueError(f"method must be 'fast' or 'naive', got {method!r}")
+    if batch_size is None:
+        batch_size = 128 if method == "fast" else 1
     tokens, layer, query, outcome = _check_args(model, tokens, layer, query, scope, outcome, batch_size)
     with torch.no_grad():
         clean = _clean_state(model, tokens, layer, query)
+        if method == "naive":
+            return _naive_effects(model, tokens, clean, layer, query, scope, outcome, batch_size, terms)
         prefix = adapter_for(model).prefix_kv_cache(tokens[:, :query]) if bool((clean.alpha != 0).any()) else None
-        return _removal_effects(model, clean, prefix, layer, query, scope, outcome, batch_size)
+        return _removal_effects(model, clean, prefix, layer, query, scope, outcome, batch_size, terms)
 
 
 @dataclass
@@ -386,60 +416,25 @@ def _check_reference(row: Tensor, clean: Tensor, layer: int, query: int) -> None
 # The naive path
 
 
-def per_term_effects_naive(
-    model,
-    tokens,
-    layer: int,
-    query: int,
-    *,
-    scope: Scope = "term",
-    outcome: str | Sequence[str] = OUTCOMES,
-    batch_size: int = 1,
-    terms: Sequence | None = None,
-) -> PerTermEffects:
-    """:func:`per_term_effects` the naive way: for each term, a full forward of the whole text
-    from layer 0 with α_ij^h = 0 in ``layer``'s ``hook_pattern`` at ``query`` (every head for a
-    source; not renormalised, so exactly α_ij^h ṽ_j^h leaves a_i, docs/method.md §3). The clean
-    reference is a full forward without hooks. ``batch_size`` terms go in one forward, one row
-    each (default 1: one forward per term). ``terms`` restricts the run to some (head, source)
-    pairs (sources for ``scope="source"``); the others are 0 with ``ran`` False (the benchmark
-    times a subset). The test oracle and the speed baseline.
-
-    >>> import geolens
-    >>> from geolens.testing import tiny_bridge, tiny_tokens
-    >>> model = tiny_bridge("gqa")
-    >>> tokens = tiny_tokens(model, length=12)[:1]
-    >>> naive = per_term_effects_naive(model, tokens, layer=0, query=5)
-    >>> fast = per_term_effects(model, tokens, layer=0, query=5)
-    >>> bool(torch.allclose(naive.kl, fast.kl, atol=1e-6))
-    True
-    """
-    tokens, layer, query, outcome = _check_args(model, tokens, layer, query, scope, outcome, batch_size)
+def _naive_effects(model, tokens, clean: _Clean, layer: int, query: int, scope: str, outcome, batch_size: int, only) -> PerTermEffects:
+    """The naive path of :func:`per_term_effects`: full forwards of the whole text, ``batch_size``
+    terms per forward, each with its α_ij^h zeroed in ``layer``'s pattern at ``query``."""
     adapter = adapter_for(model)
     values: dict[str, list[Tensor]] = {name: [] for name in outcome}
-    with torch.no_grad():
-        clean = _clean_state(model, tokens, layer, query)
-        ran, every = _terms(clean, scope)
-        if terms is not None:
-            wanted = {(-1, int(t)) if scope == "source" else (int(t[0]), int(t[1])) for t in terms}
-            every = [t for t in every if t in wanted]
-            ran = torch.zeros_like(ran)
-            for h, j in every:
-                ran[j if h < 0 else (h, j)] = True
-        terms = every
-        reference = model(tokens, return_type="logits")[0, query]
-        top = int(reference.argmax())
-        for chunk in _chunks(terms, batch_size):
+    ran, terms = _terms(clean, scope, only)
+    reference = model(tokens, return_type="logits")[0, query]
+    top = int(reference.argmax())
+    for chunk in _chunks(terms, batch_size):
 
-            def zero_terms(pattern: Tensor, hook, chunk=chunk) -> Tensor:
-                pattern = pattern.clone()
-                for b, (h, j) in enumerate(chunk):
-                    pattern[b, slice(None) if h < 0 else h, query, j] = 0
-                return pattern
+        def zero_terms(pattern: Tensor, hook, chunk=chunk) -> Tensor:
+            pattern = pattern.clone()
+            for b, (h, j) in enumerate(chunk):
+                pattern[b, slice(None) if h < 0 else h, query, j] = 0
+            return pattern
 
-            with applied(model, [(adapter.pattern_hook(layer), zero_terms)]):
-                logits = model(tokens.expand(len(chunk), -1), return_type="logits")[:, query]
-            for name, value in _outcomes(logits, reference, top, outcome).items():
-                values[name].append(value)
+        with applied(model, [(adapter.pattern_hook(layer), zero_terms)]):
+            logits = model(tokens.expand(len(chunk), -1), return_type="logits")[:, query]
+        for name, value in _outcomes(logits, reference, top, outcome).items():
+            values[name].append(value)
     clean.logits = reference
     return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "naive")

@@ -14,7 +14,7 @@ from conftest import make_tiny
 
 from geolens.adapter import adapter_for, get_attention_layer, output_weights
 from geolens.interventions.base import active_hook_count, applied
-from geolens.per_term import _clean_state, _z_removal, per_term_effects, per_term_effects_naive
+from geolens.per_term import _clean_state, _z_removal, per_term_effects
 from geolens.testing import tiny_tokens
 
 N_POS = 24  # longer than the tiny Gemma's 16-token window: its layer 0 has terms with α = 0
@@ -149,7 +149,7 @@ def test_fast_path_equals_naive_path_for_every_term(text, scope):
     model, tokens = text
     for layer, query in [(0, N_POS - 1), (1, N_POS - 1), (1, 0), (0, 9)]:
         fast = per_term_effects(model, tokens, layer, query, scope=scope, batch_size=16)
-        naive = per_term_effects_naive(model, tokens, layer, query, scope=scope, batch_size=3)
+        naive = per_term_effects(model, tokens, layer, query, scope=scope, batch_size=3, method="naive")
         assert fast.method == "fast" and naive.method == "naive"
         assert torch.equal(fast.ran, naive.ran) and fast.clean_token == naive.clean_token
         torch.testing.assert_close(fast.kl, naive.kl, atol=1e-3 * float(naive.kl.max()) + 1e-10, rtol=0)
@@ -171,7 +171,7 @@ def test_hooks_are_removed(text):
     model, tokens = text
     before = active_hook_count(model)
     per_term_effects(model, tokens, 0, 6)
-    per_term_effects_naive(model, tokens, 0, 3, scope="source")
+    per_term_effects(model, tokens, 0, 3, scope="source", method="naive")
     assert active_hook_count(model) == before
 
 
@@ -184,22 +184,28 @@ def test_bad_arguments_are_one_line_errors(tiny_gqa):
     with pytest.raises(IndexError, match="query=12"):
         per_term_effects(model, tokens[:1], 0, 12)
     with pytest.raises(IndexError, match="layer=2"):
-        per_term_effects_naive(model, tokens[:1], 2, 3)
+        per_term_effects(model, tokens[:1], 2, 3, method="naive")
     with pytest.raises(ValueError, match="scope"):
         per_term_effects(model, tokens[:1], 0, 3, scope="row")
     with pytest.raises(ValueError, match="outcome"):
         per_term_effects(model, tokens[:1], 0, 3, outcome="nll")
     with pytest.raises(ValueError, match="batch_size"):
         per_term_effects(model, tokens[:1], 0, 3, batch_size=0)
+    with pytest.raises(ValueError, match="method must be 'fast' or 'naive'"):
+        per_term_effects(model, tokens[:1], 0, 3, method="exact")
     assert per_term_effects(model, tokens[0], 0, 3).kl.shape == (4, 4)  # [pos] is one text
 
 
-def test_naive_on_a_subset_of_terms(text):
+@pytest.mark.parametrize("method", ["fast", "naive"])
+def test_a_subset_of_terms(text, method):
     model, tokens = text
-    fast = per_term_effects(model, tokens, 1, 9)
-    some = per_term_effects_naive(model, tokens, 1, 9, terms=[(0, 0), (2, 5)])
+    every = per_term_effects(model, tokens, 1, 9)
+    some = per_term_effects(model, tokens, 1, 9, terms=[(0, 0), (2, 5)], method=method)
+    assert some.method == method
     assert some.ran.sum() == 2 and some.ran[0, 0] and some.ran[2, 5] and some.kl[1].abs().sum() == 0
-    torch.testing.assert_close(some.kl[some.ran], fast.kl[some.ran], atol=1e-3 * float(fast.kl.max()) + 1e-10, rtol=0)
+    torch.testing.assert_close(some.kl[some.ran], every.kl[some.ran], atol=1e-3 * float(every.kl.max()) + 1e-10, rtol=0)
+    sources = per_term_effects(model, tokens, 1, 9, scope="source", terms=[4], method=method)
+    assert sources.ran.sum() == 1 and sources.ran[4] and sources.kl[:4].abs().sum() == 0
 
 
 @pytest.mark.parametrize("kind", ["mha", "gqa"])
@@ -211,7 +217,7 @@ def test_a_pad_token_in_the_text_is_an_ordinary_token(kind):
     pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     tokens[0, 9] = pad
     fast = per_term_effects(model, tokens, 0, 10, scope="source")
-    naive = per_term_effects_naive(model, tokens, 0, 10, scope="source")
+    naive = per_term_effects(model, tokens, 0, 10, scope="source", method="naive")
     torch.testing.assert_close(fast.kl, naive.kl, rtol=1e-4, atol=1e-7)
 
 
