@@ -47,7 +47,10 @@ names_filter=geolens.names_filter(model))``) and geolens' all-layer ``mode="both
 from that cache. Prints each backend's contributions / forward ratio (best times, and the
 geometric mean of the per-round ratios with a 95% t-interval) and the ratio of the two ratios, HF
 over TransformerLens, round by round: the HF-native cache costs no more, relative to its own
-forward, than the TransformerLens path when that interval lies at or below 1.
+forward, than the TransformerLens path when that interval lies at or below 1. The ratio of ratios
+is (contributions HF / TL) / (forward HF / TL); both factors are printed with their intervals, so
+that a ratio above 1 says whether the contributions cost more on the HF cache or the HF forward
+is faster.
 
     python benchmarks/contributions.py --backend hf [--lengths 128 512] [--repeats 20] [--out FILE]
     python benchmarks/contributions.py --backend hf --smoke
@@ -265,6 +268,9 @@ def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
             best={name: min(times) for name, times in rounds.items()},
             ratio_tl=ratio_interval(rounds["b_tl"], rounds["a_tl"]), ratio_hf=ratio_interval(rounds["b_hf"], rounds["a_hf"]),
             hf_over_tl=ratio_interval(ratios["hf"], ratios["tl"]),
+            # the ratio of ratios = (b_hf / b_tl) / (a_hf / a_tl): which side moves it
+            contributions_hf_over_tl=ratio_interval(rounds["b_hf"], rounds["b_tl"]),
+            forward_hf_over_tl=ratio_interval(rounds["a_hf"], rounds["a_tl"]),
         ))  # fmt: skip
     return dict(model=model_name, n_layers=n_layers, repeats=repeats, lengths=rows)
 
@@ -285,6 +291,9 @@ def print_side_by_side(record: dict) -> None:
         print(f"{r['seq_len']:>5} tokens: HF-native ratio / TransformerLens ratio, per round, geometric mean {q['geometric_mean']:.3f} "
               f"[{q['low']:.3f}, {q['high']:.3f}] ({q['level']:.0%} t-interval over {q['rounds']} rounds); "
               f"goal <= 1 (no costlier than the TransformerLens path, relative to its own forward): {verdict(q, 1.0)}")  # fmt: skip
+        c, f = r["contributions_hf_over_tl"], r["forward_hf_over_tl"]
+        print(f"{'':>5}         which side: contributions HF / TL {c['geometric_mean']:.3f} [{c['low']:.3f}, {c['high']:.3f}], "
+              f"forward with the cache HF / TL {f['geometric_mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")  # fmt: skip
 
 
 def memory_child(seq_len: int, model_name: str = "smollm2-135m") -> None:
