@@ -448,3 +448,27 @@ def test_the_streamed_cache_has_the_run_names_and_answers_lookups_at_once():
         "missing": None,
         "v": (2, N_POS, 2, 8),
     }
+
+
+@pytest.mark.parametrize("stop, blocks", [(1, 1), (-1, 1), (2, 2), (5, 2)])
+def test_stop_at_layer_runs_the_blocks_before_it_only(stop, blocks, monkeypatch):
+    """``stop_at_layer`` counts like TransformerLens' (negative: from the end; past the last block:
+    every block): on a 2-layer model, 1 and −1 run block 0 only, 2 and 5 both blocks; an analysis
+    of the blocks that ran gets the numbers of the whole forward, and no later hook fires."""
+    model = tiny_family("qwen3")
+    assert model.config.num_hidden_layers == 2
+    tokens = torch.tensor([[0, 5, 9, 4, 7, 8]])
+    whole, stopped = AttentionEntropy(blocks, 4), AttentionEntropy(blocks, 4)
+    streamed.update_layerwise(model, tokens, [whole], whole.hook_names(model))
+    fired = []
+    real = streamed._Feed.publish
+
+    def publish(self, layer):
+        fired.append(layer)
+        return real(self, layer)
+
+    monkeypatch.setattr(streamed._Feed, "publish", publish)
+    streamed.update_layerwise(model, tokens, [stopped], stopped.hook_names(model), stop_at_layer=stop)
+    assert fired == [*range(blocks), None]
+    assert torch.equal(stopped.moments.count, whole.moments.count) and int(stopped.moments.count[0, 0]) == 5
+    torch.testing.assert_close(stopped.moments.mean, whole.moments.mean, rtol=0, atol=0)

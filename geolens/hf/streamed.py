@@ -333,7 +333,8 @@ def update_layerwise(model, tokens: Tensor, analyses: Sequence, names: Iterable[
         raise ValueError(f"a streamed forward hands out block hooks only, got {sorted(n for n in names if hook_layer(n) is None)[:4]}")
     feed = _Feed(names, len(analyses))
     modes = _caller_modes()
-    last = adapter.n_layers if stop_at_layer is None else int(stop_at_layer) % adapter.n_layers or adapter.n_layers
+    n = adapter.n_layers
+    last = n if stop_at_layer is None else min(n, max(0, int(stop_at_layer) + n if int(stop_at_layer) < 0 else int(stop_at_layer)))
     publish = [lambda x, site: feed.publish(site.layer())]
     run = Run(hooks={adapter.resid_post_hook(l): publish for l in range(last)}, cache=feed.entries, names_filter=names.__contains__)
     threads = []
