@@ -13,6 +13,11 @@
   family's eager attention, and module hooks);
 - :mod:`geolens.hf.backend`: the TransformerLens-style entry points given to the model instance;
 - :mod:`geolens.hf.check`: the load-time check of the attention reading;
+- :mod:`geolens.hf.streamed`: streamed mode, what :func:`geolens.run_corpus` uses on an HF-native
+  model: each analysis's ``update`` runs layer by layer inside the forward, and each layer's
+  entries are dropped before the next block runs, so that no more than one layer's pattern is
+  held at a time (analyses that read the logits, or declare ``layerwise = False``, get the
+  whole cache instead);
 - :mod:`geolens.hf.tiny`: tiny random models of every family, for tests and the support matrix.
 """
 
