@@ -185,6 +185,14 @@ def test_a_run_writes_a_complete_folder_under_its_protocol(capsys, tmp_path, pro
     loaded = FlowRun.load(out)
     assert loaded.status == s["status"] and loaded.summary["families"]["primary"]["n_predictions"] == s["families"]["primary"]["n_predictions"]
     assert [p["verdict"] for p in loaded.summary["families"]["primary"]["pairs"]] == [p["verdict"] for p in s["families"]["primary"]["pairs"]]
+    readme = (out / "README.md").read_text(encoding="utf-8")  # the tables of summary.json, in words
+    assert readme.startswith("# Input-token erasure: tiny-gqa") and f"--protocol {protocol} --model tiny-gqa --out {out}" in readme
+    assert f"Sample: 2 documents, 4 predictions" in readme and readme.count("\n| comprehensiveness |") == sum(
+        p["direction"] == "comprehensiveness" for p in s["families"]["primary"]["pairs"])
+    first = s["families"]["primary"]["pairs"][0]
+    assert f"{first['delta']:+.4f} [{first['ci_low']:+.4f}, {first['ci_high']:+.4f}]" in readme and first["verdict"] in readme
+    for m in s["families"]["primary"]["methods"]:
+        assert f"{m['naopc']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]" in readme
 
 
 def test_fewer_documents_make_an_exploratory_run(capsys, tmp_path, protocol):

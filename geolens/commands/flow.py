@@ -140,7 +140,7 @@ def run_erasure(args) -> int:
     from geolens.flow_erasure import ErasureSettings, measure_document, space_token, unigram_counts
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
-    from geolens.pipelines.flow import FlowRun, checked_induction
+    from geolens.pipelines.flow import FlowRun, checked_induction, erasure_markdown
     from geolens.viz.common import to_jsonable
 
     if args.text is not None:
@@ -195,6 +195,8 @@ def run_erasure(args) -> int:
     atomic_write_bytes(folder / "summary.json", (json.dumps(to_jsonable(summary), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
     write_tables(folder, run.tables, ["naopc", "pairs", "curves", "replacements", "induction"])
     save_figures(folder, run.figures, dpi=100)
+    command = f"geolens flow --erasure --protocol {args.protocol} --model {args.model} --out {args.out}" if args.out else "geolens flow --erasure"
+    atomic_write_bytes(folder / "README.md", erasure_markdown(summary, title=args.model, command=command).encode("utf-8"))
     for d in ("comprehensiveness", "sufficiency"):
         best = summary["most_faithful"][d]
         print(f"most faithful ({d}, KL, {settings.primary}): " + (f"{best['method']}, by ≥ {best['by']:+.3g} [{best['ci_low']:+.3g}, {best['ci_high']:+.3g}] over {best['against']}" if best else "no method beats every other"))
