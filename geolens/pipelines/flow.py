@@ -246,7 +246,7 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
         + "; ".join(f"{r}: {c['excluded_kl']} of {c['n_predictions']} predictions excluded (KL)" for r, c in summary["range_check"].items())
         + f". Intervals: document-cluster bootstrap; pairs are one Holm family of {len(primary['pairs'])} tests per replacement, each interval at its Holm level.",
         "",
-        "Normalised AOPC of KL (higher = more faithful in both directions after signing; 95% intervals, "
+        "Normalised AOPC of KL (comprehensiveness: higher = more faithful; sufficiency: lower = more faithful; 95% intervals, "
         f"n = {primary['n_predictions']} predictions from {primary['n_documents']} documents):",
         "",
         f"| method | comprehensiveness ({primary['replacement']}) | sufficiency ({primary['replacement']}) |"
@@ -273,7 +273,7 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
     changes = summary.get("verdict_changes")
     if changes is not None:
         lines += ["", f"Verdicts that differ under the {robust['replacement'] if robust else 'second'} replacement: "
-                  + ("; ".join(f"{c['direction']} {c['a']} → {c['b']}: {c['primary']} vs {c['robustness']}" for c in changes) if changes else "none") + "."]  # fmt: skip
+                  + ("; ".join(f"{c['direction']} {LABELS.get(c['a'], c['a'])} → {LABELS.get(c['b'], c['b'])}: {c['primary']} vs {c['robustness']}" for c in changes) if changes else "none") + "."]  # fmt: skip
     ig = summary.get("ig_completeness")
     if ig:
         lines += ["", f"Integrated gradients ({ig['n_steps']} steps): median |completeness gap| {ig['median_abs_gap']:.3g} "
