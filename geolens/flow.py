@@ -31,7 +31,6 @@ block's rows of M are alive.
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Literal, get_args
 
 import torch
@@ -107,21 +106,20 @@ def _post_norm_scale(
     real: torch.Tensor,
     layer: int,
     tol: float,
+    norm,
 ) -> Float[Tensor, "batch query d_model"]:
-    """D_i with post_i = D_i ⊙ pre_i for a post-attention RMSNorm, D_i = k_i w (weight w, scale
-    k_i = 1/rms(pre_i)), read from the norm's input and output only.
+    """D_i with post_i = D_i ⊙ pre_i for a post-attention RMSNorm ``norm``, D_i = k_i w.
 
-    The ratios post_i / pre_i are k_i w coordinate by coordinate (undefined where pre_i is 0, and
-    inaccurate where it nearly cancels), so w is taken, up to a factor, as the median over real
-    rows of |post_i / pre_i| / (‖post_i‖ / ‖pre_i‖), with the sign of those ratios; then k_i by
-    least squares, k_i = ⟨post_i, w ⊙ pre_i⟩ / ‖w ⊙ pre_i‖². A norm that is not an elementwise
-    scale of its input (one that centres, as LayerNorm) does not fit and is refused.
+    w (up to a factor) is the norm's output for an all-ones input, read from the module itself, so
+    that it is exact whatever the family's weight convention (Gemma's 1 + w); k_i = 1/rms(pre_i)
+    (the common factor included) by least squares, k_i = ⟨post_i, w ⊙ pre_i⟩ / ‖w ⊙ pre_i‖². A
+    norm that is not an elementwise scale of its input (one that centres, as LayerNorm) does not
+    fit and is refused.
     """
-    ratio = torch.where(pre != 0, post / torch.where(pre != 0, pre, torch.ones_like(pre)), torch.full_like(pre, math.nan))
-    row = post.norm(dim=-1, keepdim=True) / pre.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(pre.dtype).tiny)
-    rel = (ratio / row)[real]  # [real rows, d_model]
-    magnitude = torch.nanmedian(rel.abs(), dim=0).values.nan_to_num(0.0)
-    w = torch.sign(torch.nanmedian(rel, dim=0).values.nan_to_num(0.0)) * magnitude
+    param = next(norm.parameters(), None)
+    ones = torch.ones(1, 1, pre.shape[-1], dtype=param.dtype if param is not None else pre.dtype, device=pre.device)
+    with torch.no_grad():
+        w = norm(ones).reshape(-1).to(pre.dtype)
     wp = pre * w
     k = (post * wp).sum(-1, keepdim=True) / (wp * wp).sum(-1, keepdim=True).clamp_min(torch.finfo(pre.dtype).tiny)
     scale = k * w
@@ -156,7 +154,7 @@ class LayerResidual:
         self.resid = x.to(dtype)
         update = update.to(dtype)
         pre = layer_output(self.view) + self.view.b_O  # Σ_h z W_O + b_O, the pre-norm attention output
-        self.scale = _post_norm_scale(pre, update, real, layer, tol) if has_post_attention_norm(model) else None
+        self.scale = _post_norm_scale(pre, update, real, layer, tol, adapter.attention_output_norm(layer)) if has_post_attention_norm(model) else None
         self.own = self.resid + self._scaled(self.view.b_O.expand_as(pre))
         self.mixed = self.resid + self._scaled(pre)
         err = ((self.mixed - self.resid - update).norm(dim=-1) / (self.resid + update).norm(dim=-1).clamp_min(1e-6))[real]

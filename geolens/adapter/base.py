@@ -271,13 +271,18 @@ class ModelAdapter:
         """
         block = self.model.blocks[layer]
         if self.post_attention_norm:
-            attn_out = block.ln1_post(attn_out)
+            attn_out = self.attention_output_norm(layer)(attn_out)
         resid_mid = resid_pre + attn_out
         mlp_in = resid_pre if getattr(self.model.cfg, "parallel_attn_mlp", False) else resid_mid
         mlp_out = block.mlp(block.ln2(mlp_in) if self.pre_mlp_norm else mlp_in)
         if self.post_attention_norm:
             mlp_out = block.ln2_post(mlp_out)
         return resid_mid + mlp_out
+
+    def attention_output_norm(self, layer: int):
+        """The module applied to the attention output before the residual add (``ln1_post``), or
+        None where the family has none."""
+        return self.model.blocks[layer].ln1_post if self.post_attention_norm else None
 
     def final_norm(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         """The model's final norm (``ln_final``) applied to a residual stream."""
