@@ -122,17 +122,31 @@ def test_terms_rebuild_the_models_residual_after_attention(tiny):
         torch.testing.assert_close(t, naive_terms(model, cache, layer), atol=1e-5, rtol=1e-4)
 
 
+class _RMSNorm(torch.nn.Module):
+    """RMSNorm with Gemma's (1 + w) weight convention, float64."""
+
+    def __init__(self, w: torch.Tensor, eps: float = 1e-6):
+        super().__init__()
+        self.w, self.eps = torch.nn.Parameter(w), eps
+
+    def forward(self, x):
+        return x * (1 + self.w) / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+
 def test_post_norm_scale_is_exact_for_rmsnorm_and_refuses_layernorm():
     g = torch.Generator().manual_seed(0)
     pre = torch.randn(2, 7, 16, generator=g, dtype=torch.float64)
     pre[0, 3, 5] = 0.0  # an exact zero: no ratio there, the scale still comes out
-    w = torch.randn(16, generator=g, dtype=torch.float64)
-    post = pre * w / (pre.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    pre[:, :6, 2] *= 1e-9  # a coordinate that nearly vanishes in most rows: its ratio is noise there
+    norm = _RMSNorm(torch.randn(16, generator=g, dtype=torch.float64))
+    with torch.no_grad():
+        post = norm(pre)
+        expected = (1 + norm.w) / (pre.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
     real = torch.ones(2, 7, dtype=torch.bool)
-    scale = _post_norm_scale(pre, post, real, 0, 1e-6)
-    torch.testing.assert_close(scale, w / (pre.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt())
+    scale = _post_norm_scale(pre, post, real, 0, 1e-12, norm)
+    torch.testing.assert_close(scale, expected, rtol=1e-12, atol=0)
     with pytest.raises(NotImplementedError, match="not an elementwise rescaling"):
-        _post_norm_scale(pre, torch.nn.functional.layer_norm(pre, (16,)) * w, real, 0, 1e-3)
+        _post_norm_scale(pre, torch.nn.functional.layer_norm(pre, (16,)) * (1 + norm.w.detach()), real, 0, 1e-3, norm)
 
 
 # ---------------------------------------------------------------------------------------------
