@@ -24,7 +24,9 @@ def require(*modules: tuple[str, str]) -> None:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise SystemExit(f"benchmarks/{script} needs {module}, which is not installed: pip install 'geolens[{extra}]'") from None
+            raise SystemExit(
+                f"benchmarks/{script} needs {module}, which is not installed: pip install 'geolens[{extra}]'"
+            ) from None
 
 
 def smoke_folder() -> str:

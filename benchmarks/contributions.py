@@ -67,11 +67,11 @@ import threading
 import time
 
 import torch
+from _common import require, smoke_folder  # benchmarks/_common.py
 
 import geolens
 from geolens.adapter import get_attention_layer
 from geolens.contributions import contribution_weights_from_layer
-from _common import require, smoke_folder  # benchmarks/_common.py
 
 
 def rss_bytes() -> int:
@@ -140,7 +140,13 @@ def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> d
     n = len(logs)
     mean = float(logs.mean())
     half = float(stats.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
-    return dict(geometric_mean=float(np.exp(mean)), low=float(np.exp(mean - half)), high=float(np.exp(mean + half)), rounds=n, level=level)
+    return dict(
+        geometric_mean=float(np.exp(mean)),
+        low=float(np.exp(mean - half)),
+        high=float(np.exp(mean + half)),
+        rounds=n,
+        level=level,
+    )
 
 
 def verdict(interval: dict, goal: float) -> str:
@@ -171,25 +177,34 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
         _, cache = model.run_with_cache(tokens)  # warm-up
 
         def geolens_all():
-            return [tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both")) for l in range(n_layers)]
+            return [
+                tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both"))
+                for l in range(n_layers)
+            ]
 
         def geolens_two_passes():
             out = []
             for l in range(n_layers):
                 view = get_attention_layer(model, cache, l)
-                out.append((contribution_weights_from_layer(view, "intra"), contribution_weights_from_layer(view, "inter")))
+                out.append(
+                    (contribution_weights_from_layer(view, "intra"), contribution_weights_from_layer(view, "inter"))
+                )
             return out
 
         def geolens_intra():
-            return [contribution_weights_from_layer(get_attention_layer(model, cache, l), "intra") for l in range(n_layers)]
+            return [
+                contribution_weights_from_layer(get_attention_layer(model, cache, l), "intra") for l in range(n_layers)
+            ]
 
         # (b0): (b) with out=, the results written into memory reused from call to call (mapped
         # once, before the rounds), so that the kernel maps no new page for them
         mapped = [torch.zeros(2, *get_attention_layer(model, cache, l).pattern.shape) for l in range(n_layers)]
 
         def geolens_mapped():
-            return [tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both", out=mapped[l]))
-                    for l in range(n_layers)]  # fmt: skip
+            return [
+                tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both", out=mapped[l]))
+                for l in range(n_layers)
+            ]
 
         result = geolens_all()  # warm-up
         result_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in result)
@@ -211,7 +226,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
         round_faults = {name: [] for name in columns}  # page faults of each column, round by round
         names = list(columns)
         for r in range(repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 seconds, n_faults = timed_faults(columns[name])
                 rounds[name].append(seconds)
                 round_faults[name].append(n_faults)
@@ -228,8 +243,25 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
             naive_layer(view, "inter")
         t_c = (time.perf_counter() - t) * n_layers / naive_layers
     pattern_bytes = model.cfg.n_heads * seq_len * seq_len * 4
-    return dict(seq_len=seq_len, a=t_a, b=t_b, b2=t_b2, b1=t_b1, b0=t_b0, c=t_c, faults_b0=faults["b0"], faults_a=faults["a"], faults_b=faults["b"], rounds=rounds, round_faults=round_faults,
-                ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), ratio_b0_a=ratio_interval(rounds["b0"], rounds["a"]), **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len, model_name))), result_bytes=result_bytes, pattern_bytes=pattern_bytes)
+    return dict(
+        seq_len=seq_len,
+        a=t_a,
+        b=t_b,
+        b2=t_b2,
+        b1=t_b1,
+        b0=t_b0,
+        c=t_c,
+        faults_b0=faults["b0"],
+        faults_a=faults["a"],
+        faults_b=faults["b"],
+        rounds=rounds,
+        round_faults=round_faults,
+        ratio_b_a=ratio_interval(rounds["b"], rounds["a"]),
+        ratio_b0_a=ratio_interval(rounds["b0"], rounds["a"]),
+        **dict(zip(("extra", "gram_bytes"), memory_in_subprocess(seq_len, model_name))),
+        result_bytes=result_bytes,
+        pattern_bytes=pattern_bytes,
+    )
 
 
 def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
@@ -251,7 +283,10 @@ def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
                     return geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
 
                 def contributions(model=model, cache=caches[name]):
-                    return [tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both")) for l in range(n_layers)]
+                    return [
+                        tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both"))
+                        for l in range(n_layers)
+                    ]
 
                 columns[f"a_{name}"], columns[f"b_{name}"] = forward, contributions
             for fn in columns.values():  # one untimed call each
@@ -259,41 +294,55 @@ def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
             rounds = {name: [] for name in columns}
             names = list(columns)
             for r in range(repeats):
-                for name in names[r % len(names):] + names[: r % len(names)]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     seconds, _ = timed_faults(columns[name])
                     rounds[name].append(seconds)
         ratios = {b: [x / y for x, y in zip(rounds[f"b_{b}"], rounds[f"a_{b}"])] for b in models}
-        rows.append(dict(
-            seq_len=seq_len, rounds=rounds,
-            best={name: min(times) for name, times in rounds.items()},
-            ratio_tl=ratio_interval(rounds["b_tl"], rounds["a_tl"]), ratio_hf=ratio_interval(rounds["b_hf"], rounds["a_hf"]),
-            hf_over_tl=ratio_interval(ratios["hf"], ratios["tl"]),
-            # the ratio of ratios = (b_hf / b_tl) / (a_hf / a_tl): which side moves it
-            contributions_hf_over_tl=ratio_interval(rounds["b_hf"], rounds["b_tl"]),
-            forward_hf_over_tl=ratio_interval(rounds["a_hf"], rounds["a_tl"]),
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                seq_len=seq_len,
+                rounds=rounds,
+                best={name: min(times) for name, times in rounds.items()},
+                ratio_tl=ratio_interval(rounds["b_tl"], rounds["a_tl"]),
+                ratio_hf=ratio_interval(rounds["b_hf"], rounds["a_hf"]),
+                hf_over_tl=ratio_interval(ratios["hf"], ratios["tl"]),
+                # the ratio of ratios = (b_hf / b_tl) / (a_hf / a_tl): which side moves it
+                contributions_hf_over_tl=ratio_interval(rounds["b_hf"], rounds["b_tl"]),
+                forward_hf_over_tl=ratio_interval(rounds["a_hf"], rounds["a_tl"]),
+            )
+        )
     return dict(model=model_name, n_layers=n_layers, repeats=repeats, lengths=rows)
 
 
 def print_side_by_side(record: dict) -> None:
-    print(f"{'seq':>5} {'tl fwd+cache s':>15} {'tl geolens s':>13} {'tl ratio [95% CI]':>26} "
-          f"{'hf fwd+cache s':>15} {'hf geolens s':>13} {'hf ratio [95% CI]':>26} {'hf ratio / tl ratio [95% CI]':>30}")  # fmt: skip
+    print(
+        f"{'seq':>5} {'tl fwd+cache s':>15} {'tl geolens s':>13} {'tl ratio [95% CI]':>26} "
+        f"{'hf fwd+cache s':>15} {'hf geolens s':>13} {'hf ratio [95% CI]':>26} {'hf ratio / tl ratio [95% CI]':>30}"
+    )
     for r in record["lengths"]:
         best, cells = r["best"], []
         for b in ("tl", "hf"):
             ci = r[f"ratio_{b}"]
-            cells.append(f"{best[f'a_{b}']:>15.3f} {best[f'b_{b}']:>13.3f} "
-                         f"{ci['geometric_mean']:>8.3f} [{ci['low']:.3f}, {ci['high']:.3f}]")  # fmt: skip
+            cells.append(
+                f"{best[f'a_{b}']:>15.3f} {best[f'b_{b}']:>13.3f} "
+                f"{ci['geometric_mean']:>8.3f} [{ci['low']:.3f}, {ci['high']:.3f}]"
+            )
         q = r["hf_over_tl"]
-        print(f"{r['seq_len']:>5} " + " ".join(cells) + f" {q['geometric_mean']:>12.3f} [{q['low']:.3f}, {q['high']:.3f}]")
+        print(
+            f"{r['seq_len']:>5} " + " ".join(cells) + f" {q['geometric_mean']:>12.3f} [{q['low']:.3f}, {q['high']:.3f}]"
+        )
     for r in record["lengths"]:
         q = r["hf_over_tl"]
-        print(f"{r['seq_len']:>5} tokens: HF-native ratio / TransformerLens ratio, per round, geometric mean {q['geometric_mean']:.3f} "
-              f"[{q['low']:.3f}, {q['high']:.3f}] ({q['level']:.0%} t-interval over {q['rounds']} rounds); "
-              f"goal <= 1 (no costlier than the TransformerLens path, relative to its own forward): {verdict(q, 1.0)}")  # fmt: skip
+        print(
+            f"{r['seq_len']:>5} tokens: HF-native ratio / TransformerLens ratio, per round, geometric mean {q['geometric_mean']:.3f} "
+            f"[{q['low']:.3f}, {q['high']:.3f}] ({q['level']:.0%} t-interval over {q['rounds']} rounds); "
+            f"goal <= 1 (no costlier than the TransformerLens path, relative to its own forward): {verdict(q, 1.0)}"
+        )
         c, f = r["contributions_hf_over_tl"], r["forward_hf_over_tl"]
-        print(f"{'':>5}         which side: contributions HF / TL {c['geometric_mean']:.3f} [{c['low']:.3f}, {c['high']:.3f}], "
-              f"forward with the cache HF / TL {f['geometric_mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]")  # fmt: skip
+        print(
+            f"{'':>5}         which side: contributions HF / TL {c['geometric_mean']:.3f} [{c['low']:.3f}, {c['high']:.3f}], "
+            f"forward with the cache HF / TL {f['geometric_mean']:.3f} [{f['low']:.3f}, {f['high']:.3f}]"
+        )
 
 
 def memory_child(seq_len: int, model_name: str = "smollm2-135m") -> None:
@@ -367,9 +416,11 @@ def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET,
 
         return hook
 
-    hooks = [] if not with_geolens else [
-        (hook_name(l, n), grab(l, n)) for l in range(model.cfg.n_layers) for n in (VALUE, PATTERN, Z)
-    ]
+    hooks = (
+        []
+        if not with_geolens
+        else [(hook_name(l, n), grab(l, n)) for l in range(model.cfg.n_layers) for n in (VALUE, PATTERN, Z)]
+    )
     with torch.no_grad(), applied(model, hooks):
         model(tokens, return_type=None)
     return spent[0]
@@ -408,26 +459,53 @@ def scaling(lengths, repeats: int, model_name: str = "smollm2-135m") -> None:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
     print(f"\nScaling: geolens (both modes, all layers) inside the forward, query chunks under {BUDGET // 2**20} MiB")
     print("(with out=: each chunk's results written into one buffer per chunk shape, reused for the whole forward)")
-    print(f"{'seq':>5} {'forward s':>10} {'geolens s':>10} {'geolens/fwd':>12} {'peak extra MiB':>15} "
-          f"{'out= s':>8} {'out=/fwd':>9} {'out= peak MiB':>14}")  # fmt: skip
+    print(
+        f"{'seq':>5} {'forward s':>10} {'geolens s':>10} {'geolens/fwd':>12} {'peak extra MiB':>15} "
+        f"{'out= s':>8} {'out=/fwd':>9} {'out= peak MiB':>14}"
+    )
     rows = []
     for n in lengths:
-        out = subprocess.run([sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats), "--model", model_name], env=env,
-                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--scaling-child", str(n), "--repeats", str(repeats), "--model", model_name],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         fwd, geo, extra, reuse, extra_reuse = map(float, out.strip().splitlines()[-1].split())
         rows.append((n, fwd, geo, extra, reuse, extra_reuse))
-        print(f"{n:>5} {fwd:>10.3f} {geo:>10.3f} {geo / fwd:>12.3f} {extra / 2**20:>15.1f} "
-              f"{reuse:>8.3f} {reuse / fwd:>9.3f} {extra_reuse / 2**20:>14.1f}")  # fmt: skip
+        print(
+            f"{n:>5} {fwd:>10.3f} {geo:>10.3f} {geo / fwd:>12.3f} {extra / 2**20:>15.1f} "
+            f"{reuse:>8.3f} {reuse / fwd:>9.3f} {extra_reuse / 2**20:>14.1f}"
+        )
     slope = slope_reuse = None
     if len(rows) >= 2:
         x = np.log([r[0] for r in rows])
         slope = float(np.polyfit(x, np.log([r[2] for r in rows]), 1)[0])
         slope_reuse = float(np.polyfit(x, np.log([r[4] for r in rows]), 1)[0])
-        print(f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}; "
-              f"with out=: {slope_reuse:.2f}")  # fmt: skip
-    return dict(budget_bytes=BUDGET, repeats=repeats, exponent=slope, exponent_out=slope_reuse,
-                rows=[dict(seq_len=n, forward_s=f, geolens_s=g, ratio=g / f, peak_extra_bytes=e, geolens_out_s=r,
-                           ratio_out=r / f, peak_extra_out_bytes=er) for n, f, g, e, r, er in rows])  # fmt: skip
+        print(
+            f"fitted exponent of geolens time vs length (log-log least squares over {len(rows)} lengths): {slope:.2f}; "
+            f"with out=: {slope_reuse:.2f}"
+        )
+    return dict(
+        budget_bytes=BUDGET,
+        repeats=repeats,
+        exponent=slope,
+        exponent_out=slope_reuse,
+        rows=[
+            dict(
+                seq_len=n,
+                forward_s=f,
+                geolens_s=g,
+                ratio=g / f,
+                peak_extra_bytes=e,
+                geolens_out_s=r,
+                ratio_out=r / f,
+                peak_extra_out_bytes=er,
+            )
+            for n, f, g, e, r, er in rows
+        ],
+    )
 
 
 def plot_scaling(table: dict, path: str) -> None:
@@ -442,9 +520,16 @@ def plot_scaling(table: dict, path: str) -> None:
     n = [r["seq_len"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     left.loglog(n, [r["forward_s"] for r in rows], "o-", label="forward (no cache)")
-    left.loglog(n, [r["geolens_s"] for r in rows], "s-", label=f"geolens, both modes (exponent {table['exponent']:.2f})")
+    left.loglog(
+        n, [r["geolens_s"] for r in rows], "s-", label=f"geolens, both modes (exponent {table['exponent']:.2f})"
+    )
     if "geolens_out_s" in rows[0]:
-        left.loglog(n, [r["geolens_out_s"] for r in rows], "^-", label=f"geolens, out= reused (exponent {table['exponent_out']:.2f})")
+        left.loglog(
+            n,
+            [r["geolens_out_s"] for r in rows],
+            "^-",
+            label=f"geolens, out= reused (exponent {table['exponent_out']:.2f})",
+        )
     left.set(xlabel="tokens", ylabel="seconds, best of %d" % table["repeats"], title="SmolLM2-135M, 30 layers, CPU")
     left.set_xticks(n, [str(x) for x in n])
     left.legend(fontsize=8)
@@ -452,7 +537,9 @@ def plot_scaling(table: dict, path: str) -> None:
     if "ratio_out" in rows[0]:
         right.semilogx(n, [r["ratio_out"] for r in rows], "^-", color="C2", label="out= reused")
         right.legend(fontsize=8)
-    right.set(xlabel="tokens", ylabel="geolens / forward", title="geolens inside the forward / the forward", ylim=(0, None))
+    right.set(
+        xlabel="tokens", ylabel="geolens / forward", title="geolens inside the forward / the forward", ylim=(0, None)
+    )
     right.set_xticks(n, [str(x) for x in n])
     for ax in (left, right):
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -466,8 +553,13 @@ def memory_in_subprocess(seq_len: int, model_name: str = "smollm2-135m") -> tupl
     import sys
 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
-    out = subprocess.run([sys.executable, __file__, "--memory-child", str(seq_len), "--model", model_name], env=env, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(seq_len), "--model", model_name],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     extra, grams = out.strip().splitlines()[-1].split()
     return int(extra), int(grams)
 
@@ -489,14 +581,22 @@ def markdown(record: dict) -> str:
         )
     if "scaling" in record:
         sc = record["scaling"]
-        lines += ["", "| seq | forward s | geolens s | geolens / forward | peak extra MiB | geolens, `out=` reused s | / forward | peak extra MiB |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            "| seq | forward s | geolens s | geolens / forward | peak extra MiB | geolens, `out=` reused s | / forward | peak extra MiB |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in sc["rows"]:
-            lines.append(f"| {r['seq_len']} | {r['forward_s']:.3f} | {r['geolens_s']:.3f} | {r['ratio']:.3f} | {r['peak_extra_bytes'] / mib:.1f} "
-                         f"| {r['geolens_out_s']:.3f} | {r['ratio_out']:.3f} | {r['peak_extra_out_bytes'] / mib:.1f} |")  # fmt: skip
+            lines.append(
+                f"| {r['seq_len']} | {r['forward_s']:.3f} | {r['geolens_s']:.3f} | {r['ratio']:.3f} | {r['peak_extra_bytes'] / mib:.1f} "
+                f"| {r['geolens_out_s']:.3f} | {r['ratio_out']:.3f} | {r['peak_extra_out_bytes'] / mib:.1f} |"
+            )
         if sc["exponent"] is not None:
-            lines += ["", f"Exponent of geolens time against length (log-log least squares, {len(sc['rows'])} lengths): "
-                          f"{sc['exponent']:.2f}; with `out=` reused: {sc['exponent_out']:.2f}"]  # fmt: skip
+            lines += [
+                "",
+                f"Exponent of geolens time against length (log-log least squares, {len(sc['rows'])} lengths): "
+                f"{sc['exponent']:.2f}; with `out=` reused: {sc['exponent_out']:.2f}",
+            ]
     return "\n".join(lines)
 
 
@@ -504,18 +604,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--naive-layers", type=int, default=1, help="layers timed for the naive reference")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds (a multiple of 5 rotates every column through every position equally)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="rounds (a multiple of 5 rotates every column through every position equally)",
+    )
     parser.add_argument("--scaling", type=int, nargs="*", default=[], help="lengths of the scaling table")
     parser.add_argument("--scaling-repeats", type=int, help="repeats per scaling length (default: --repeats)")
     parser.add_argument("--out", help="write every measured figure to this JSON file")
     parser.add_argument("--plot", help="save the scaling figure (PNG) here; needs --scaling")
-    parser.add_argument("--markdown", metavar="JSON", help="print the README's tables from a --out file (with --plot, redraw its figure) and exit")
-    parser.add_argument("--smoke", action="store_true",
-                        help="check the script in seconds: tiny-gqa, length 32, 2 rounds, scaling 16 32, --out/--plot into a temporary folder, then --markdown of that file "
-                             "(with --backend hf: tiny-gqa, length 32, 2 rounds, backends.json)")
-    parser.add_argument("--backend", choices=("tl", "hf"), default="tl",
-                        help="tl: the TransformerLens tables above; hf: the HF-native backend's contributions / forward ratio "
-                             "side by side with TransformerLens' (module docstring), only that")  # fmt: skip
+    parser.add_argument(
+        "--markdown",
+        metavar="JSON",
+        help="print the README's tables from a --out file (with --plot, redraw its figure) and exit",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script in seconds: tiny-gqa, length 32, 2 rounds, scaling 16 32, --out/--plot into a temporary folder, then --markdown of that file "
+        "(with --backend hf: tiny-gqa, length 32, 2 rounds, backends.json)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("tl", "hf"),
+        default="tl",
+        help="tl: the TransformerLens tables above; hf: the HF-native backend's contributions / forward ratio "
+        "side by side with TransformerLens' (module docstring), only that",
+    )
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
@@ -541,16 +657,26 @@ def main() -> None:
     if args.backend == "hf":
         require(("scipy", "bench"), *([("gguf", "models")] if not args.model.startswith("tiny-") else []))
         record = backends_side_by_side(args.model, args.lengths, args.repeats)
-        label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
-        print(f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1: forward with geolens' cache "
-              f"and all-layer mode='both' contributions from it, per backend, best of {args.repeats} interleaved rounds")  # fmt: skip
+        label = (
+            "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
+        )
+        print(
+            f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1: forward with geolens' cache "
+            f"and all-layer mode='both' contributions from it, per backend, best of {args.repeats} interleaved rounds"
+        )
         print_side_by_side(record)
         if args.out:
             import json
             import subprocess
 
-            record.update(torch=torch.__version__, threads=torch.get_num_threads(),
-                          commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None)  # fmt: skip
+            record.update(
+                torch=torch.__version__,
+                threads=torch.get_num_threads(),
+                commit=subprocess.run(
+                    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+                ).stdout.strip()
+                or None,
+            )
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1)
             print(f"figures: {args.out}")
@@ -566,11 +692,15 @@ def main() -> None:
     require(("scipy", "bench"), *([("gguf", "models")] if not args.model.startswith("tiny-") else []))
     model = geolens.load_model(args.model)
     label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
-    print(f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
-          "(b) = intra + inter contribution weights of all 30 layers in one pass (mode='both'), "
-          "(b2) = the same as two single-mode passes")  # fmt: skip
-    print(f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
-          f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'b0/a':>7} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}")  # fmt: skip
+    print(
+        f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, "
+        "(b) = intra + inter contribution weights of all 30 layers in one pass (mode='both'), "
+        "(b2) = the same as two single-mode passes"
+    )
+    print(
+        f"{'seq':>5} {'(a) fwd+cache s':>16} {'(b) geolens s':>14} {'(b2) 2 passes s':>16} {'(c) naive s':>12} {'b/a':>7} "
+        f"{'b2/a':>7} {'c/b':>8} {'b_intra/a':>10} {'b0/a':>7} {'extra peak MiB':>15} {'extra/pattern':>14} {'kept outputs MiB':>17} {'Gram cache MiB':>15}"
+    )
     rows = []
     for n in args.lengths:
         r = bench(model, n, args.naive_layers, args.repeats, args.model)
@@ -585,24 +715,38 @@ def main() -> None:
     for r in rows:
         for name in ("b", "b0"):
             ci = r[f"ratio_{name}_a"]
-            print(f"{r['seq_len']:>5} tokens: {name}/a round by round, geometric mean {ci['geometric_mean']:.3f} "
-                  f"[{ci['low']:.3f}, {ci['high']:.3f}] ({ci['level']:.0%} t-interval over {ci['rounds']} rounds); "
-                  f"goal {name}/a <= {GOAL_B_A}: {verdict(ci, GOAL_B_A)}")  # fmt: skip
+            print(
+                f"{r['seq_len']:>5} tokens: {name}/a round by round, geometric mean {ci['geometric_mean']:.3f} "
+                f"[{ci['low']:.3f}, {ci['high']:.3f}] ({ci['level']:.0%} t-interval over {ci['rounds']} rounds); "
+                f"goal {name}/a <= {GOAL_B_A}: {verdict(ci, GOAL_B_A)}"
+            )
     for r in rows:
         median = {k: sorted(v)[len(v) // 2] for k, v in r["round_faults"].items()}
-        print(f"{r['seq_len']:>5} tokens: page faults per call, median over rounds: (a) {median['a']}, (b) {median['b']}, "
-              f"(b0) {median['b0']}")  # fmt: skip
-        print(f"{r['seq_len']:>5} tokens: page faults (new pages mapped) during the fastest call: "
-              f"(a) {r['faults_a']} ({r['faults_a'] * page / 2**20:.0f} MiB), (b) {r['faults_b']} "
-              f"({r['faults_b'] * page / 2**20:.0f} MiB; its kept results are {r['result_bytes'] / 2**20:.0f} MiB), "
-              f"(b0) {r['faults_b0']}")  # fmt: skip
-    print("extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
-          "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
-          "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
-          "(per head and cross-head, all layers; filled on a short prefix before the peak is measured, since it does "
-          "not depend on the text).")  # fmt: skip
-    record = dict(model=args.model, torch=torch.__version__, threads=torch.get_num_threads(),
-                  repeats=args.repeats, naive_layers=args.naive_layers, lengths=rows)  # fmt: skip
+        print(
+            f"{r['seq_len']:>5} tokens: page faults per call, median over rounds: (a) {median['a']}, (b) {median['b']}, "
+            f"(b0) {median['b0']}"
+        )
+        print(
+            f"{r['seq_len']:>5} tokens: page faults (new pages mapped) during the fastest call: "
+            f"(a) {r['faults_a']} ({r['faults_a'] * page / 2**20:.0f} MiB), (b) {r['faults_b']} "
+            f"({r['faults_b'] * page / 2**20:.0f} MiB; its kept results are {r['result_bytes'] / 2**20:.0f} MiB), "
+            f"(b0) {r['faults_b0']}"
+        )
+    print(
+        "extra peak: all layers streamed, each layer's intra+inter results reduced before the next; "
+        "'extra/pattern' divides it by one layer's [head, query, key] float32 pattern; 'kept outputs' is what "
+        "keeping every layer's two results costs on top; 'Gram cache' is the per-model cache of W_O Gram matrices "
+        "(per head and cross-head, all layers; filled on a short prefix before the peak is measured, since it does "
+        "not depend on the text)."
+    )
+    record = dict(
+        model=args.model,
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        repeats=args.repeats,
+        naive_layers=args.naive_layers,
+        lengths=rows,
+    )
     if args.scaling:
         record["scaling"] = scaling(args.scaling, args.scaling_repeats or args.repeats, args.model)
         if args.plot:

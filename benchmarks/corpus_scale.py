@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import require, smoke_folder  # benchmarks/_common.py
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,14 +90,22 @@ def long_context_part(args) -> dict:
     from long_context_probe import measure_in_subprocess  # benchmarks/, this script's folder
 
     r = measure_in_subprocess(args.long_length, args.memory_budget_mib * 2**20)
-    print(f"long context: batch 1, 4 heads, {args.long_length} tokens; one [b, h, q, k] float32 tensor = {mib(r['pattern_bytes'])}; "
-          f"memory_budget_bytes = {args.memory_budget_mib} MiB", flush=True)  # fmt: skip
+    print(
+        f"long context: batch 1, 4 heads, {args.long_length} tokens; one [b, h, q, k] float32 tensor = {mib(r['pattern_bytes'])}; "
+        f"memory_budget_bytes = {args.memory_budget_mib} MiB",
+        flush=True,
+    )
     for key, label, outputs in [
-        ("cw_full", "contribution weights, unchunked", 1), ("cw_budget", "contribution weights, budgeted", 1),
-        ("metrics_full", "attention_metrics, unchunked", 3), ("metrics_budget", "attention_metrics, budgeted", 3),
+        ("cw_full", "contribution weights, unchunked", 1),
+        ("cw_budget", "contribution weights, budgeted", 1),
+        ("metrics_full", "attention_metrics, unchunked", 3),
+        ("metrics_budget", "attention_metrics, budgeted", 3),
         ("streamed", "iter_query_chunks, reduced per chunk", 0),
-    ]:  # fmt: skip
-        print(f"  {label:40s} extra peak RSS {mib(r[key])}, beyond its {outputs} output(s) {mib(r[key] - outputs * r['pattern_bytes'])}", flush=True)
+    ]:
+        print(
+            f"  {label:40s} extra peak RSS {mib(r[key])}, beyond its {outputs} output(s) {mib(r[key] - outputs * r['pattern_bytes'])}",
+            flush=True,
+        )
     return r
 
 
@@ -112,8 +119,18 @@ def memory_part(args) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows = []
     for n in args.sizes:
-        cmd = [sys.executable, str(script), str(n), str(args.seq_len), args.corpus, args.memory_analysis, str(args.batch_size), str(args.memory_layers), args.model,
-               {"tl": "transformer_lens", "hf": "hf"}[args.backend]]
+        cmd = [
+            sys.executable,
+            str(script),
+            str(n),
+            str(args.seq_len),
+            args.corpus,
+            args.memory_analysis,
+            str(args.batch_size),
+            str(args.memory_layers),
+            args.model,
+            {"tl": "transformer_lens", "hf": "hf"}[args.backend],
+        ]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         row = json.loads(out.strip().splitlines()[-1])
         rows.append(row)
@@ -134,12 +151,35 @@ def memory_part(args) -> list[dict]:
 
 def launch(args, spec: str, nproc: int, threads: int, tokens_path: str, out: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
-    common = ["-m", "geolens.distributed", "--model", args.model, "--tokens", tokens_path, "--analysis", spec,
-              "--batch-size", str(args.batch_size), "--no-progress", "--out", out]  # fmt: skip
+    common = [
+        "-m",
+        "geolens.distributed",
+        "--model",
+        args.model,
+        "--tokens",
+        tokens_path,
+        "--analysis",
+        spec,
+        "--batch-size",
+        str(args.batch_size),
+        "--no-progress",
+        "--out",
+        out,
+    ]
     if nproc == 1:
         cmd = [sys.executable, *common]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *common, "--backend", "gloo"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            *common,
+            "--backend",
+            "gloo",
+        ]
     subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=3600)
     return torch.load(out, weights_only=True)["timing"]
 
@@ -155,15 +195,34 @@ def throughput_part(args) -> list[dict]:
     all_cores = str(os.cpu_count())
     for spec in args.throughput_analyses:
         per = {}
-        for label, nproc, threads in [(f"1 process x {all_cores} threads", 1, os.cpu_count()), ("1 process x 1 thread", 1, 1), ("2 processes x 1 thread", 2, 1)]:
-            timing = launch(args, spec, nproc, threads, str(folder / "tokens.pt"), str(folder / f"{spec}-{nproc}-{threads}.pt"))
+        for label, nproc, threads in [
+            (f"1 process x {all_cores} threads", 1, os.cpu_count()),
+            ("1 process x 1 thread", 1, 1),
+            ("2 processes x 1 thread", 2, 1),
+        ]:
+            timing = launch(
+                args, spec, nproc, threads, str(folder / "tokens.pt"), str(folder / f"{spec}-{nproc}-{threads}.pt")
+            )
             rate = timing["n_sequences"] / timing["seconds"]
             per[label] = rate
-            rows.append({"analysis": spec, "config": label, "sequences_per_s": rate, "seconds": timing["seconds"],
-                         "load_average": os.getloadavg()[0]})  # fmt: skip
-            print(f"{spec:14s} {label:24s} {rate:6.2f} sequences/s ({timing['seconds']:.0f} s, load average {os.getloadavg()[0]:.1f})", flush=True)
+            rows.append(
+                {
+                    "analysis": spec,
+                    "config": label,
+                    "sequences_per_s": rate,
+                    "seconds": timing["seconds"],
+                    "load_average": os.getloadavg()[0],
+                }
+            )
+            print(
+                f"{spec:14s} {label:24s} {rate:6.2f} sequences/s ({timing['seconds']:.0f} s, load average {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
         two, one = per["2 processes x 1 thread"], per[f"1 process x {all_cores} threads"]
-        print(f"{spec:14s} ratio 2 processes / 1 process: {two / one:.2f} (vs 1 thread: {two / per['1 process x 1 thread']:.2f})", flush=True)
+        print(
+            f"{spec:14s} ratio 2 processes / 1 process: {two / one:.2f} (vs 1 thread: {two / per['1 process x 1 thread']:.2f})",
+            flush=True,
+        )
     return rows
 
 
@@ -173,11 +232,21 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--corpus", default="enwiki", help="offline corpus with enough 128-token windows (enwiki: 4314)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--memory-analysis", default="sink-geometry", help="geolens.distributed.ANALYSES name or module:factory")
-    p.add_argument("--memory-layers", type=int, default=6,
-                   help="analyse the first N layers (the forward pass stops after them); 0 = all 30")
-    p.add_argument("--backend", choices=("tl", "hf"), default="tl",
-                   help="part 1's model: TransformerLens, or hf (a transformers model: the analysis runs inside the forward, layer by layer)")
+    p.add_argument(
+        "--memory-analysis", default="sink-geometry", help="geolens.distributed.ANALYSES name or module:factory"
+    )
+    p.add_argument(
+        "--memory-layers",
+        type=int,
+        default=6,
+        help="analyse the first N layers (the forward pass stops after them); 0 = all 30",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("tl", "hf"),
+        default="tl",
+        help="part 1's model: TransformerLens, or hf (a transformers model: the analysis runs inside the forward, layer by layer)",
+    )
     p.add_argument("--throughput-sequences", type=int, default=48)
     p.add_argument("--throughput-analyses", nargs="+", default=["sink-geometry", "taxonomy"])
     p.add_argument("--skip-memory", action="store_true")
@@ -186,12 +255,22 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget-mib", type=int, default=16)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", default=None, help="also write the figures here")
-    p.add_argument("--smoke", action="store_true",
-                   help="check the script: tiny-gqa, sizes 4 8 of 16 tokens, 256-token long context, sink-geometry throughput on 4 sequences, --json into a temporary folder")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script: tiny-gqa, sizes 4 8 of 16 tokens, 256-token long context, sink-geometry throughput on 4 sequences, --json into a temporary folder",
+    )
     p.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     args = p.parse_args(argv)
     if args.smoke:
-        args.model, args.sizes, args.seq_len, args.corpus, args.batch_size, args.memory_layers = "tiny-gqa", [4, 8], 16, "lee", 2, 0
+        args.model, args.sizes, args.seq_len, args.corpus, args.batch_size, args.memory_layers = (
+            "tiny-gqa",
+            [4, 8],
+            16,
+            "lee",
+            2,
+            0,
+        )
         args.long_length, args.memory_budget_mib = 256, 1
         args.throughput_sequences, args.throughput_analyses = 4, ["sink-geometry"]
         args.json = args.json or str(Path(smoke_folder()) / "corpus_scale.json")

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import time
+
 from _common import require, smoke_folder  # benchmarks/_common.py
 
 GOAL_B_A = 1.0  # issue 24: the whole flow within one forward-with-cache
@@ -45,12 +46,20 @@ def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> d
     n = len(logs)
     mean = float(logs.mean())
     half = float(stats.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
-    return dict(geometric_mean=float(np.exp(mean)), low=float(np.exp(mean - half)), high=float(np.exp(mean + half)), rounds=n, level=level)
+    return dict(
+        geometric_mean=float(np.exp(mean)),
+        low=float(np.exp(mean - half)),
+        high=float(np.exp(mean + half)),
+        rounds=n,
+        level=level,
+    )
 
 
 def verdict(ci: dict, goal: float, *, at_most: bool) -> str:
     if at_most:
-        return "met" if ci["high"] <= goal else ("not met" if ci["low"] > goal else f"undecided at {ci['rounds']} rounds")
+        return (
+            "met" if ci["high"] <= goal else ("not met" if ci["low"] > goal else f"undecided at {ci['rounds']} rounds")
+        )
     return "met" if ci["low"] >= goal else ("not met" if ci["high"] < goal else f"undecided at {ci['rounds']} rounds")
 
 
@@ -110,15 +119,25 @@ def bench(model, seq_len: int, repeats: int, naive_layers: int, naive_queries: i
         rounds = {k: [] for k in columns}
         names = list(columns)
         for r in range(repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 t = time.perf_counter()
                 result = columns[name]()
                 rounds[name].append(time.perf_counter() - t)
                 del result
     rounds["c"] = [t * scale_c for t in rounds["c"]]  # extrapolated to all queries and layers
-    return dict(seq_len=n, n_layers=n_layers, repeats=repeats, naive_layers=layers, naive_queries=queries, naive_scale=scale_c,
-                naive_max_abs_difference=err, rounds=rounds, best={k: min(v) for k, v in rounds.items()},
-                ratio_b_a=ratio_interval(rounds["b"], rounds["a"]), ratio_c_b=ratio_interval(rounds["c"], rounds["b"]))  # fmt: skip
+    return dict(
+        seq_len=n,
+        n_layers=n_layers,
+        repeats=repeats,
+        naive_layers=layers,
+        naive_queries=queries,
+        naive_scale=scale_c,
+        naive_max_abs_difference=err,
+        rounds=rounds,
+        best={k: min(v) for k, v in rounds.items()},
+        ratio_b_a=ratio_interval(rounds["b"], rounds["a"]),
+        ratio_c_b=ratio_interval(rounds["c"], rounds["b"]),
+    )
 
 
 def main() -> None:
@@ -126,9 +145,15 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=10, help="interleaved rounds (order rotated; default 10)")
     parser.add_argument("--naive-layers", type=int, default=2, help="layers timed for (c), extrapolated to all")
-    parser.add_argument("--naive-queries", type=int, default=16, help="queries timed for (c), spread evenly, extrapolated to all")
+    parser.add_argument(
+        "--naive-queries", type=int, default=16, help="queries timed for (c), spread evenly, extrapolated to all"
+    )
     parser.add_argument("--out", help="write every measured figure to this JSON file")
-    parser.add_argument("--smoke", action="store_true", help="check the script in seconds: tiny-gqa, 32 tokens, 2 rounds, JSON into a temporary folder")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script in seconds: tiny-gqa, 32 tokens, 2 rounds, JSON into a temporary folder",
+    )
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
@@ -142,23 +167,33 @@ def main() -> None:
     model = geolens.load_model(args.model)
     label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
     r = bench(model, args.seq_len, args.repeats, args.naive_layers, args.naive_queries)
-    print(f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, {r['seq_len']} tokens, "
-          f"{r['n_layers']} layers, {r['repeats']} interleaved rounds")  # fmt: skip
-    print(f"(c) naive: layers {r['naive_layers']} and {len(r['naive_queries'])} queries timed, x{r['naive_scale']:.1f} to all "
-          f"layers and queries (by queries); its rows differ from layer_mixing by at most {r['naive_max_abs_difference']:.2g}")  # fmt: skip
+    print(
+        f"{label}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, {r['seq_len']} tokens, "
+        f"{r['n_layers']} layers, {r['repeats']} interleaved rounds"
+    )
+    print(
+        f"(c) naive: layers {r['naive_layers']} and {len(r['naive_queries'])} queries timed, x{r['naive_scale']:.1f} to all "
+        f"layers and queries (by queries); its rows differ from layer_mixing by at most {r['naive_max_abs_difference']:.2g}"
+    )
     best = r["best"]
-    print(f"best of rounds: (a) run_with_cache(flow_names_filter) {best['a']:.3f} s, (b) contribution_flow {best['b']:.3f} s, "
-          f"(c) naive (extrapolated) {best['c']:.1f} s")  # fmt: skip
+    print(
+        f"best of rounds: (a) run_with_cache(flow_names_filter) {best['a']:.3f} s, (b) contribution_flow {best['b']:.3f} s, "
+        f"(c) naive (extrapolated) {best['c']:.1f} s"
+    )
     for key, name, goal, at_most in (("ratio_b_a", "b/a", GOAL_B_A, True), ("ratio_c_b", "c/b", GOAL_C_B, False)):
         ci = r[key]
-        print(f"{name} round by round: geometric mean {ci['geometric_mean']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] "
-              f"({ci['level']:.0%} t-interval over {ci['rounds']} rounds); goal {name} {'<=' if at_most else '>='} {goal:g}: "
-              f"{verdict(ci, goal, at_most=at_most)}")  # fmt: skip
+        print(
+            f"{name} round by round: geometric mean {ci['geometric_mean']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] "
+            f"({ci['level']:.0%} t-interval over {ci['rounds']} rounds); goal {name} {'<=' if at_most else '>='} {goal:g}: "
+            f"{verdict(ci, goal, at_most=at_most)}"
+        )
     if args.out:
         import subprocess
 
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        record = dict(model=args.model, torch=torch.__version__, threads=torch.get_num_threads(), commit=commit or None, **r)
+        record = dict(
+            model=args.model, torch=torch.__version__, threads=torch.get_num_threads(), commit=commit or None, **r
+        )
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
         print(f"figures: {args.out}")

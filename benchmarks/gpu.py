@@ -32,15 +32,33 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contributions import streamed_forward  # noqa: E402  (same folder)
 from _common import smoke_folder  # benchmarks/_common.py
+from contributions import streamed_forward  # noqa: E402  (same folder)
 
 LLAMA3_8B = dict(
-    hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-    head_dim=128, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192, rms_norm_eps=1e-5,
-)  # fmt: skip
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, vocab_size=512, rope_theta=10000.0, max_position_embeddings=256, rms_norm_eps=1e-5)  # fmt: skip
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=512,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
 
 
 def build(shape: dict, dtype: torch.dtype, device: str):
@@ -62,7 +80,8 @@ def build(shape: dict, dtype: torch.dtype, device: str):
             else:
                 p.normal_(0.0, 0.02, generator=gen)
         hf.model.rotary_emb.inv_freq = 1.0 / (
-            shape["rope_theta"] ** (torch.arange(0, shape["head_dim"], 2, device=device, dtype=torch.float32) / shape["head_dim"])
+            shape["rope_theta"]
+            ** (torch.arange(0, shape["head_dim"], 2, device=device, dtype=torch.float32) / shape["head_dim"])
         )
     hf.eval()
     return transformer_bridge("llama3-8b-shaped-random", hf, tiny_tokenizer(), compatibility_mode=False, device=device)
@@ -102,19 +121,25 @@ def main() -> None:
     elif torch.cuda.is_available():
         device, shape, lengths = "cuda", LLAMA3_8B, args.lengths
     else:
-        print("benchmarks/gpu.py: no CUDA device here, so no GPU figures were measured (use --smoke to check the script on the CPU)")
+        print(
+            "benchmarks/gpu.py: no CUDA device here, so no GPU figures were measured (use --smoke to check the script on the CPU)"
+        )
         return
     torch.set_grad_enabled(False)
     rows = []
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
     print(f"{name}; Llama-3-8B-shaped random model" if device == "cuda" else "smoke run: tiny Llama on the CPU")
-    print(f"{'dtype':>5} {'seq':>6} {'forward s':>10} {'fwd peak GiB':>13} {'fwd+geolens s':>14} {'geolens s':>10} {'geolens/fwd':>12} {'peak GiB':>9}")
+    print(
+        f"{'dtype':>5} {'seq':>6} {'forward s':>10} {'fwd peak GiB':>13} {'fwd+geolens s':>14} {'geolens s':>10} {'geolens/fwd':>12} {'peak GiB':>9}"
+    )
     for dt in args.dtypes:
         dtype = torch.bfloat16 if dt == "bf16" else torch.float32
         model = build(shape, dtype, device)
         for n in lengths:
             tokens = torch.randint(0, shape["vocab_size"], (1, n), device=device)
-            fwd, fwd_peak = timed(lambda: (streamed_forward(model, tokens, with_geolens=False), None)[1], args.repeats, device)
+            fwd, fwd_peak = timed(
+                lambda: (streamed_forward(model, tokens, with_geolens=False), None)[1], args.repeats, device
+            )
             spent: list[float] = []
 
             def with_geolens():
@@ -126,9 +151,22 @@ def main() -> None:
 
             both, both_peak = timed(with_geolens, args.repeats, device)
             geo = statistics.median(spent[1:])
-            rows.append(dict(dtype=dt, seq_len=n, forward_s=fwd, forward_peak_gib=fwd_peak, forward_with_geolens_s=both,
-                             geolens_s=geo, geolens_over_forward=geo / fwd, peak_gib=both_peak))  # fmt: skip
-            print(f"{dt:>5} {n:>6} {fwd:>10.3f} {fwd_peak:>13.2f} {both:>14.3f} {geo:>10.3f} {geo / fwd:>12.3f} {both_peak:>9.2f}", flush=True)
+            rows.append(
+                dict(
+                    dtype=dt,
+                    seq_len=n,
+                    forward_s=fwd,
+                    forward_peak_gib=fwd_peak,
+                    forward_with_geolens_s=both,
+                    geolens_s=geo,
+                    geolens_over_forward=geo / fwd,
+                    peak_gib=both_peak,
+                )
+            )
+            print(
+                f"{dt:>5} {n:>6} {fwd:>10.3f} {fwd_peak:>13.2f} {both:>14.3f} {geo:>10.3f} {geo / fwd:>12.3f} {both_peak:>9.2f}",
+                flush=True,
+            )
         del model
         if device == "cuda":
             torch.cuda.empty_cache()

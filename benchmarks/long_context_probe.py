@@ -18,11 +18,11 @@ import threading
 import time
 
 import torch
+from _common import smoke_folder  # benchmarks/_common.py
 
 from geolens.adapter import AttentionLayer
 from geolens.contributions import contribution_weights_from_layer, layer_metrics
 from geolens.geometry import iter_query_chunks
-from _common import smoke_folder  # benchmarks/_common.py
 
 
 def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = None) -> dict:
@@ -31,8 +31,9 @@ def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = N
     repo = os.path.dirname(os.path.dirname(script))  # for `import geolens` from a checkout
     pythonpath = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": pythonpath, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, script, str(length), str(budget)],
-                          env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, script, str(length), str(budget)], env=env, capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"long-context probe failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -43,8 +44,9 @@ def main() -> None:
     B, H, Q, D, M = 1, 4, int(sys.argv[1]), 8, 32
     g = torch.Generator().manual_seed(0)
     pattern = torch.softmax(torch.randn(B, H, Q, Q, generator=g).tril_() + torch.triu(torch.full((Q, Q), -1e9), 1), -1)
-    layer = AttentionLayer(0, pattern, torch.randn(B, Q, H, D, generator=g), torch.randn(H, D, M, generator=g),
-                           torch.zeros(M), 2, "test")
+    layer = AttentionLayer(
+        0, pattern, torch.randn(B, Q, H, D, generator=g), torch.randn(H, D, M, generator=g), torch.zeros(M), 2, "test"
+    )
     layer.z  # part of the inputs (small: [batch, query, head, d_head])
 
     def rss():
@@ -53,17 +55,23 @@ def main() -> None:
 
     def extra(fn):
         start, peak, stop = rss(), [rss()], threading.Event()
+
         def poll():
             while not stop.is_set():
-                peak[0] = max(peak[0], rss()); time.sleep(0.001)
-        t = threading.Thread(target=poll); t.start()
+                peak[0] = max(peak[0], rss())
+                time.sleep(0.001)
+
+        t = threading.Thread(target=poll)
+        t.start()
         out = fn()
-        stop.set(); t.join()
+        stop.set()
+        t.join()
         peak[0] = max(peak[0], rss())
         del out
         return peak[0] - start
 
     budget = int(sys.argv[2])
+
     def streamed():
         total = torch.zeros(B, H, Q)
         for _, sub in iter_query_chunks(layer, memory_budget_bytes=budget):

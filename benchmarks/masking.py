@@ -55,7 +55,13 @@ def layer_masks(model, tokens, cache, layers, protocol, document_index=0):
     """{layer: (distinct masks [n, head, q, k], conditions)} of the protocol's conditions."""
     from geolens.adapter import get_attention_layer
     from geolens.faithfulness import value_zeroing
-    from geolens.faithfulness.layer_masking import distinct_masks, layer_conditions, masking_random_seed, masking_scores, protocol_metrics
+    from geolens.faithfulness.layer_masking import (
+        distinct_masks,
+        layer_conditions,
+        masking_random_seed,
+        masking_scores,
+        protocol_metrics,
+    )
 
     metrics = protocol_metrics(protocol)
     second = protocol["secondary"]
@@ -63,7 +69,9 @@ def layer_masks(model, tokens, cache, layers, protocol, document_index=0):
     out = {}
     for n, layer in enumerate(sorted(layers)):
         view = get_attention_layer(model, cache, layer)
-        scores = masking_scores(view, metrics, value_zeroing=vz[n, 0], random_seed=masking_random_seed(document_index, layer))
+        scores = masking_scores(
+            view, metrics, value_zeroing=vz[n, 0], random_seed=masking_random_seed(document_index, layer)
+        )
         conditions = layer_conditions(scores, view.pattern[0] != 0, second["fractions"], second["directions"])
         _, masks, _ = distinct_masks(conditions)
         out[layer] = (masks, len(conditions))
@@ -95,7 +103,9 @@ def speedups(t_layer, t_zero, n_boot: int, seed: int) -> dict:
     return dict(
         per_layer=[dict(ratio=float(r), low=float(a), high=float(b)) for r, a, b in zip(per_layer, lo, hi)],
         mean_over_layers=dict(ratio=float(per_layer.mean()), low=float(mean_lo), high=float(mean_hi)),
-        summed_time=dict(ratio=float(t_zero.mean(0).sum() / t_layer.mean(0).sum()), low=float(total_lo), high=float(total_hi)),
+        summed_time=dict(
+            ratio=float(t_zero.mean(0).sum() / t_layer.mean(0).sum()), low=float(total_lo), high=float(total_hi)
+        ),
         n_rounds=int(t_layer.shape[0]),
         n_boot=int(n_boot),
         seed=int(seed),
@@ -103,17 +113,35 @@ def speedups(t_layer, t_zero, n_boot: int, seed: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random GQA model (6 layers) instead of SmolLM2")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--layers", default="all", help="'all', a count of evenly spaced layers, or comma-separated layer indices")
-    p.add_argument("--conditions", type=int, default=8, help="masked conditions per layer, evenly spaced over the layer's distinct masks (0: all)")
+    p.add_argument(
+        "--layers", default="all", help="'all', a count of evenly spaced layers, or comma-separated layer indices"
+    )
+    p.add_argument(
+        "--conditions",
+        type=int,
+        default=8,
+        help="masked conditions per layer, evenly spaced over the layer's distinct masks (0: all)",
+    )
     p.add_argument("--batch-size", type=int, default=16, help="conditions per forward")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds of both ways, interleaved")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (a shared 2-core machine makes two-thread timings erratic)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (a shared 2-core machine makes two-thread timings erratic)",
+    )
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument("--json", default="", help="also write the numbers to this file")
-    p.add_argument("--smoke", action="store_true", help="check the script in seconds: --tiny, 24 tokens, 2 layers, 4 conditions, 2 rounds, JSON into a temporary folder")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script in seconds: --tiny, 24 tokens, 2 layers, 4 conditions, 2 rounds, JSON into a temporary folder",
+    )
     args = p.parse_args()
     if args.smoke:
         args.tiny, args.seq_len, args.layers, args.conditions, args.rounds, args.batch_size = True, 24, "2", 4, 2, 3
@@ -161,13 +189,17 @@ def main() -> int:
     all_masks = layer_masks(model, tokens, cache, layers, protocol)
     masks = {l: m[spaced(m.shape[0], args.conditions)] for l, (m, _) in all_masks.items()}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{name}: one window of {n_pos} tokens, {len(positions)} scored predictions, layers {layers}, "
-          f"{args.conditions or 'all'} conditions per layer (of {[int(all_masks[l][0].shape[0]) for l in layers]} distinct), "
-          f"batch {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}, load {load:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"{name}: one window of {n_pos} tokens, {len(positions)} scored predictions, layers {layers}, "
+        f"{args.conditions or 'all'} conditions per layer (of {[int(all_masks[l][0].shape[0]) for l in layers]} distinct), "
+        f"batch {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}, load {load:.1f} on {os.cpu_count()} CPUs"
+    )
 
     def run(layer, start_at_layer):
         resid = cache[adapter.resid_pre_hook(layer)] if start_at_layer else None
-        return masked_outcomes(model, tokens, layer, masks[layer], positions, clean, resid_pre=resid, batch_size=args.batch_size)
+        return masked_outcomes(
+            model, tokens, layer, masks[layer], positions, clean, resid_pre=resid, batch_size=args.batch_size
+        )
 
     for layer in layers:  # warm-up of both ways
         run(layer, True), run(layer, False)
@@ -177,16 +209,27 @@ def main() -> int:
     for r in range(args.rounds):
         for n, layer in enumerate(layers):
             results = {}
-            for way in ((True, False) if (r + n) % 2 == 0 else (False, True)):
+            for way in (True, False) if (r + n) % 2 == 0 else (False, True):
                 t = time.perf_counter()
                 results[way] = run(layer, way)
                 (t_layer if way else t_zero)[r][n] = time.perf_counter() - t
             for k in max_diff:
                 max_diff[k] = max(max_diff[k], float((results[True][k] - results[False][k]).abs().max()))
-        print(f"round {r}: " + ", ".join(f"layer {l} {t_zero[r][n]:.2f}/{t_layer[r][n]:.2f} s" for n, l in enumerate(layers)) + " (from 0 / from the layer)", flush=True)
+        print(
+            f"round {r}: "
+            + ", ".join(f"layer {l} {t_zero[r][n]:.2f}/{t_layer[r][n]:.2f} s" for n, l in enumerate(layers))
+            + " (from 0 / from the layer)",
+            flush=True,
+        )
     result = speedups(t_layer, t_zero, args.n_boot, 0)
-    verdict = "met" if result["mean_over_layers"]["low"] >= GOAL else ("not met" if result["mean_over_layers"]["high"] < GOAL else "undecided")
-    print(f"\n  {'layer':>5} {'from 0 (s)':>10} {'from layer (s)':>14} {'speed-up':>9} {'95% interval':>15} {'blocks L/(L−l)':>15}")
+    verdict = (
+        "met"
+        if result["mean_over_layers"]["low"] >= GOAL
+        else ("not met" if result["mean_over_layers"]["high"] < GOAL else "undecided")
+    )
+    print(
+        f"\n  {'layer':>5} {'from 0 (s)':>10} {'from layer (s)':>14} {'speed-up':>9} {'95% interval':>15} {'blocks L/(L−l)':>15}"
+    )
     for n, layer in enumerate(layers):
         s = result["per_layer"][n]
         mz = sum(t[n] for t in t_zero) / args.rounds
@@ -194,29 +237,57 @@ def main() -> int:
         interval = f"{s['low']:.2f}–{s['high']:.2f}×"
         print(f"  {layer:>5} {mz:>10.3f} {ml:>14.3f} {s['ratio']:>8.2f}× {interval:>15} {L / (L - layer):>14.2f}×")
     m, tot = result["mean_over_layers"], result["summed_time"]
-    print(f"\nagreement: max |ΔKL| {max_diff['kl']:.2e}, max |ΔΔp| {max_diff['delta_p']:.2e}, max |ΔNLL| {max_diff['nll']:.2e}")
-    print(f"speed-up, mean over layers: {m['ratio']:.2f}× (95% interval {m['low']:.2f}–{m['high']:.2f}×, {args.rounds} rounds); goal ≥ {GOAL:.0f}×: {verdict}")
-    print(f"speed-up of the summed time over these layers (the saving of a run masking every layer alike): "
-          f"{tot['ratio']:.2f}× ({tot['low']:.2f}–{tot['high']:.2f}×)")  # fmt: skip
+    print(
+        f"\nagreement: max |ΔKL| {max_diff['kl']:.2e}, max |ΔΔp| {max_diff['delta_p']:.2e}, max |ΔNLL| {max_diff['nll']:.2e}"
+    )
+    print(
+        f"speed-up, mean over layers: {m['ratio']:.2f}× (95% interval {m['low']:.2f}–{m['high']:.2f}×, {args.rounds} rounds); goal ≥ {GOAL:.0f}×: {verdict}"
+    )
+    print(
+        f"speed-up of the summed time over these layers (the saving of a run masking every layer alike): "
+        f"{tot['ratio']:.2f}× ({tot['low']:.2f}–{tot['high']:.2f}×)"
+    )
     n_conditions = sum(c for _, c in all_masks.values()) / len(layers)
     per_condition = sum(sum(t) for t in t_layer) / args.rounds / sum(masks[l].shape[0] for l in layers)
     n_doc_layers = 3 * int(protocol["data"]["n_documents"])
     projection = dict(
-        conditions_per_document_layer=n_conditions, seconds_per_condition_start_at_layer=per_condition,
-        document_layers=n_doc_layers, hours_masked_forwards=n_doc_layers * n_conditions * per_condition / 3600,
-    )  # fmt: skip
-    print(f"projection: {n_doc_layers} (document, layer) × {n_conditions:.0f} conditions × {per_condition:.3f} s ≈ "
-          f"{projection['hours_masked_forwards']:.2f} h of masked forwards (at this load and thread count; "
-          "identical masks run once, so fewer in a run)")  # fmt: skip
+        conditions_per_document_layer=n_conditions,
+        seconds_per_condition_start_at_layer=per_condition,
+        document_layers=n_doc_layers,
+        hours_masked_forwards=n_doc_layers * n_conditions * per_condition / 3600,
+    )
+    print(
+        f"projection: {n_doc_layers} (document, layer) × {n_conditions:.0f} conditions × {per_condition:.3f} s ≈ "
+        f"{projection['hours_masked_forwards']:.2f} h of masked forwards (at this load and thread count; "
+        "identical masks run once, so fewer in a run)"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(
-                model=name, n_tokens=int(n_pos), scored_positions=positions, layers=layers, n_layers=L,
-                conditions_per_layer=[int(masks[l].shape[0]) for l in layers], batch_size=args.batch_size,
-                threads=torch.get_num_threads(), load_average=load, cpus=os.cpu_count(), seconds_start_at_layer=t_layer,
-                seconds_from_layer_0=t_zero, speedups=result, goal=GOAL, verdict=verdict, max_abs_diff=max_diff,
-                projection=projection, model_mode=adapter.model_mode, torch=torch.__version__,
-            ), f, indent=1)  # fmt: skip
+            json.dump(
+                dict(
+                    model=name,
+                    n_tokens=int(n_pos),
+                    scored_positions=positions,
+                    layers=layers,
+                    n_layers=L,
+                    conditions_per_layer=[int(masks[l].shape[0]) for l in layers],
+                    batch_size=args.batch_size,
+                    threads=torch.get_num_threads(),
+                    load_average=load,
+                    cpus=os.cpu_count(),
+                    seconds_start_at_layer=t_layer,
+                    seconds_from_layer_0=t_zero,
+                    speedups=result,
+                    goal=GOAL,
+                    verdict=verdict,
+                    max_abs_diff=max_diff,
+                    projection=projection,
+                    model_mode=adapter.model_mode,
+                    torch=torch.__version__,
+                ),
+                f,
+                indent=1,
+            )
         print(f"figures: {os.path.dirname(os.path.abspath(args.json))}")
     return 0
 

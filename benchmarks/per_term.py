@@ -28,6 +28,7 @@ import json
 import math
 import os
 import time
+
 from _common import require, smoke_folder  # benchmarks/_common.py
 
 GOAL = 100.0  # issue #22 item 3: at least 100× faster than a full forward per term
@@ -40,7 +41,11 @@ def ratio_interval(ratios: list[float], level: float = 0.95) -> dict:
 
     logs = np.log(ratios)
     mean = float(logs.mean())
-    half = float(stats.t.ppf((1 + level) / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))) if len(logs) > 1 else float("nan")
+    half = (
+        float(stats.t.ppf((1 + level) / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs)))
+        if len(logs) > 1
+        else float("nan")
+    )
     return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half), "level": level}
 
 
@@ -100,31 +105,61 @@ def main() -> int:
         naive_s = time.perf_counter() - t
         fast_per, naive_per = fast_s / n_terms, naive_s / len(chosen)
         mask = naive.ran
-        rounds.append({
-            "fast_s": fast_s, "fast_ms_per_term": 1e3 * fast_per, "naive_s": naive_s, "naive_ms_per_term": 1e3 * naive_per,
-            "naive_extrapolated_s": naive_per * n_terms, "ratio": naive_per / fast_per,
-            "max_abs_diff_kl": float((fast.kl[mask] - naive.kl[mask]).abs().max()),
-            "max_abs_diff_delta_p": float((fast.delta_p[mask] - naive.delta_p[mask]).abs().max()),
-            "max_kl_subset": float(naive.kl[mask].max()),
-        })  # fmt: skip
-        print(f"round {r}: fast {fast_s:.2f} s for {n_terms} terms ({1e3 * fast_per:.2f} ms/term), naive "
-              f"{naive_s:.2f} s for {len(chosen)} terms ({1e3 * naive_per:.1f} ms/term) → {naive_per / fast_per:.0f}×", flush=True)  # fmt: skip
+        rounds.append(
+            {
+                "fast_s": fast_s,
+                "fast_ms_per_term": 1e3 * fast_per,
+                "naive_s": naive_s,
+                "naive_ms_per_term": 1e3 * naive_per,
+                "naive_extrapolated_s": naive_per * n_terms,
+                "ratio": naive_per / fast_per,
+                "max_abs_diff_kl": float((fast.kl[mask] - naive.kl[mask]).abs().max()),
+                "max_abs_diff_delta_p": float((fast.delta_p[mask] - naive.delta_p[mask]).abs().max()),
+                "max_kl_subset": float(naive.kl[mask].max()),
+            }
+        )
+        print(
+            f"round {r}: fast {fast_s:.2f} s for {n_terms} terms ({1e3 * fast_per:.2f} ms/term), naive "
+            f"{naive_s:.2f} s for {len(chosen)} terms ({1e3 * naive_per:.1f} ms/term) → {naive_per / fast_per:.0f}×",
+            flush=True,
+        )
     interval = ratio_interval([r["ratio"] for r in rounds])
     verdict = "met" if interval["low"] >= GOAL else ("not met" if interval["high"] < GOAL else "undecided")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"model {name}, {tokens.shape[1]} tokens, layer {layer}, query {query}, {n_terms} terms "
-          f"({model.cfg.n_heads} heads × {query + 1} sources), batch {args.batch_size}, {args.threads} thread(s), load {load:.1f}")  # fmt: skip
-    print(f"naive: {len(chosen)} terms per round timed, extrapolated to {n_terms} "
-          f"(≈ {sum(r['naive_extrapolated_s'] for r in rounds) / len(rounds):.0f} s for all terms)")
-    print(f"agreement on the subset: max |ΔKL| {max(r['max_abs_diff_kl'] for r in rounds):.2e} "
-          f"(KL up to {max(r['max_kl_subset'] for r in rounds):.2e}), max |ΔΔp| {max(r['max_abs_diff_delta_p'] for r in rounds):.2e}")
-    print(f"speed ratio naive/fast: {interval['ratio']:.0f}× (95% interval {interval['low']:.0f}–{interval['high']:.0f}×, "
-          f"{len(rounds)} interleaved rounds); goal ≥ {GOAL:.0f}×: {verdict}")
+    print(
+        f"model {name}, {tokens.shape[1]} tokens, layer {layer}, query {query}, {n_terms} terms "
+        f"({model.cfg.n_heads} heads × {query + 1} sources), batch {args.batch_size}, {args.threads} thread(s), load {load:.1f}"
+    )
+    print(
+        f"naive: {len(chosen)} terms per round timed, extrapolated to {n_terms} "
+        f"(≈ {sum(r['naive_extrapolated_s'] for r in rounds) / len(rounds):.0f} s for all terms)"
+    )
+    print(
+        f"agreement on the subset: max |ΔKL| {max(r['max_abs_diff_kl'] for r in rounds):.2e} "
+        f"(KL up to {max(r['max_kl_subset'] for r in rounds):.2e}), max |ΔΔp| {max(r['max_abs_diff_delta_p'] for r in rounds):.2e}"
+    )
+    print(
+        f"speed ratio naive/fast: {interval['ratio']:.0f}× (95% interval {interval['low']:.0f}–{interval['high']:.0f}×, "
+        f"{len(rounds)} interleaved rounds); goal ≥ {GOAL:.0f}×: {verdict}"
+    )
     if args.json:
-        result = {"model": name, "n_tokens": int(tokens.shape[1]), "layer": layer, "query": query, "n_terms": n_terms,
-                  "naive_terms": chosen, "batch_size": args.batch_size, "threads": args.threads, "load": load,
-                  "rounds": rounds, "interval": interval, "goal": GOAL, "verdict": verdict,
-                  "model_mode": warm.model_mode, "torch": torch.__version__}  # fmt: skip
+        result = {
+            "model": name,
+            "n_tokens": int(tokens.shape[1]),
+            "layer": layer,
+            "query": query,
+            "n_terms": n_terms,
+            "naive_terms": chosen,
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "load": load,
+            "rounds": rounds,
+            "interval": interval,
+            "goal": GOAL,
+            "verdict": verdict,
+            "model_mode": warm.model_mode,
+            "torch": torch.__version__,
+        }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
         print(f"figures: {os.path.dirname(os.path.abspath(args.json))}")

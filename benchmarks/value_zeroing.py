@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from _common import require, smoke_folder  # benchmarks/_common.py
 
 CHECKPOINT = Path(os.environ.get("GEOLENS_CACHE", Path.home() / ".cache" / "geolens")) / "models" / "smollm2-135m-f32"
@@ -72,8 +73,10 @@ def require_inseq(python: str) -> None:
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     if not ok:
-        raise SystemExit(f"benchmarks/value_zeroing.py: {python} cannot import inseq: "
-                         f"{python} -m pip install 'inseq==0.7.1' 'transformers>=4.50,<4.54'")  # fmt: skip
+        raise SystemExit(
+            f"benchmarks/value_zeroing.py: {python} cannot import inseq: "
+            f"{python} -m pip install 'inseq==0.7.1' 'transformers>=4.50,<4.54'"
+        )
 
 
 def speedup_interval(slow: list[float], fast: list[float], level: float = 0.95) -> dict:
@@ -135,11 +138,16 @@ def child_inseq(args) -> None:
 
     cfg = AutoConfig.from_pretrained(CHECKPOINT)
     cfg.rope_theta = json.loads((CHECKPOINT / "config.json").read_text())["rope_parameters"]["rope_theta"]
-    hf = AutoModelForCausalLM.from_pretrained(CHECKPOINT, config=cfg, torch_dtype=torch.float32, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_pretrained(
+        CHECKPOINT, config=cfg, torch_dtype=torch.float32, attn_implementation="eager"
+    )
     tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(CHECKPOINT / "tokenizer.json"), bos_token="<|im_start|>", eos_token="<|im_end|>",
-        pad_token="<|im_end|>", unk_token="<|endoftext|>",
-    )  # fmt: skip
+        tokenizer_file=str(CHECKPOINT / "tokenizer.json"),
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
     ids = torch.load(args.child_in)["ids"]
     text = tok.decode(ids)
     if tok(text)["input_ids"] != ids:
@@ -195,10 +203,27 @@ def child_reference(args) -> None:
     print(json.dumps({"times": times, "peak_rss_mib": peak_rss_mib(), "model_peak_rss_mib": model_rss}))
 
 
-def run_child(python: str, which: str, args, tmp: Path, child_in: Path | None = None, chunk: int = 0) -> tuple[dict, Path]:
+def run_child(
+    python: str, which: str, args, tmp: Path, child_in: Path | None = None, chunk: int = 0
+) -> tuple[dict, Path]:
     out = tmp / f"{which}-{chunk}.pt"
-    cmd = [python, __file__, f"--child-{which}", "--n-tokens", str(args.n_tokens), "--threads", str(args.threads),
-           "--repeats", str(args.repeats), "--child-out", str(out), "--chunk", str(chunk), "--model", args.model]  # fmt: skip
+    cmd = [
+        python,
+        __file__,
+        f"--child-{which}",
+        "--n-tokens",
+        str(args.n_tokens),
+        "--threads",
+        str(args.threads),
+        "--repeats",
+        str(args.repeats),
+        "--child-out",
+        str(out),
+        "--chunk",
+        str(chunk),
+        "--model",
+        args.model,
+    ]
     if child_in is not None:
         cmd += ["--child-in", str(child_in)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
@@ -213,13 +238,21 @@ def main() -> None:
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--geolens-chunks", type=int, nargs="+", default=[0, 4],
-                        help="value_zeroing chunk_size settings timed (0: the default; small: less memory)")
+    parser.add_argument(
+        "--geolens-chunks",
+        type=int,
+        nargs="+",
+        default=[0, 4],
+        help="value_zeroing chunk_size settings timed (0: the default; small: less memory)",
+    )
     parser.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--inseq-python", default=os.environ.get("INSEQ_PYTHON", ""))
     parser.add_argument("--out", default="", help="write the figures to this JSON file")
-    parser.add_argument("--smoke", action="store_true",
-                        help="check the script in seconds: tiny-gqa, 12 tokens, 2 repeats, --out into a temporary folder (inseq stand-in without --inseq-python)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script in seconds: tiny-gqa, 12 tokens, 2 repeats, --out into a temporary folder (inseq stand-in without --inseq-python)",
+    )
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # tiny-gqa for --smoke
     parser.add_argument("--child-geolens", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-inseq", action="store_true", help=argparse.SUPPRESS)
@@ -237,7 +270,9 @@ def main() -> None:
         args.model, args.n_tokens, args.repeats, args.geolens_chunks = "tiny-gqa", 12, 2, [0, 4]
         args.out = args.out or os.path.join(smoke_folder(), "value_zeroing.json")
     elif not args.inseq_python:
-        raise SystemExit("value_zeroing benchmark: give --inseq-python (an environment with inseq 0.7.1, transformers < 4.54)")
+        raise SystemExit(
+            "value_zeroing benchmark: give --inseq-python (an environment with inseq 0.7.1, transformers < 4.54)"
+        )
     require(("scipy", "bench"), *([("gguf", "models")] if not args.model.startswith("tiny-") else []))
     if args.inseq_python:
         require_inseq(args.inseq_python)
@@ -273,20 +308,40 @@ def main() -> None:
     per_layer = diff.flatten(1).amax(1)
     g_med, i_med = statistics.median(g["times"]), statistics.median(i["times"])
     result = {
-        "model": args.model, "n_tokens": n, "layers": gs.shape[0], "threads": args.threads, "repeats": args.repeats,
-        "geolens_s": g["times"], "inseq_s": i["times"], "geolens_median_s": g_med, "inseq_median_s": i_med,
-        "speedup": i_med / g_med, "geolens_peak_rss_mib": g["peak_rss_mib"], "inseq_peak_rss_mib": i["peak_rss_mib"],
+        "model": args.model,
+        "n_tokens": n,
+        "layers": gs.shape[0],
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "geolens_s": g["times"],
+        "inseq_s": i["times"],
+        "geolens_median_s": g_med,
+        "inseq_median_s": i_med,
+        "speedup": i_med / g_med,
+        "geolens_peak_rss_mib": g["peak_rss_mib"],
+        "inseq_peak_rss_mib": i["peak_rss_mib"],
         "inseq_model_peak_rss_mib": i["model_peak_rss_mib"],
-        "geolens_by_chunk": [{"chunk_size": c or "default", "median_s": statistics.median(r["times"]), "speedup": i_med / statistics.median(r["times"]),
-                              "speedup_interval": speedup_interval(i["times"], r["times"]), "times": r["times"],
-                              "peak_rss_mib": r["peak_rss_mib"], "model_peak_rss_mib": r["model_peak_rss_mib"]}
-                             for c, (r, _) in zip(args.geolens_chunks, runs)],
+        "geolens_by_chunk": [
+            {
+                "chunk_size": c or "default",
+                "median_s": statistics.median(r["times"]),
+                "speedup": i_med / statistics.median(r["times"]),
+                "speedup_interval": speedup_interval(i["times"], r["times"]),
+                "times": r["times"],
+                "peak_rss_mib": r["peak_rss_mib"],
+                "model_peak_rss_mib": r["model_peak_rss_mib"],
+            }
+            for c, (r, _) in zip(args.geolens_chunks, runs)
+        ],
         "max_abs_diff_between_chunk_settings": same,
-        "max_abs_diff": float(diff.max()), "max_abs_diff_per_layer": per_layer.tolist(),
-        "rows": int(causal.any(-1).sum()) * gs.shape[0], "rows_with_threshold_flip": int(flipped.sum()),
+        "max_abs_diff": float(diff.max()),
+        "max_abs_diff_per_layer": per_layer.tolist(),
+        "rows": int(causal.any(-1).sum()) * gs.shape[0],
+        "rows_with_threshold_flip": int(flipped.sum()),
         "max_abs_diff_other_rows": float(clean_rows.max()),
-        "max_score": float(ins[:, causal].abs().max()), "load_average": os.getloadavg(),
-    }  # fmt: skip
+        "max_score": float(ins[:, causal].abs().max()),
+        "load_average": os.getloadavg(),
+    }
     label = "SmolLM2-135M" if args.model == "smollm2-135m" else f"{args.model} (smoke run: the figures mean nothing)"
     if not args.inseq_python:
         label += "; inseq replaced by a stand-in (geolens' own scores in inseq's format)"
@@ -294,18 +349,26 @@ def main() -> None:
     for c, (r, _) in zip(args.geolens_chunks, runs):
         med = statistics.median(r["times"])
         ci = speedup_interval(i["times"], r["times"])
-        print(f"  geolens value_zeroing(final_norm=True, chunk_size={c or 'default'}): {med:.3f} s ({i_med / med:.1f}× faster; "
-              f"geometric means {ci['ratio']:.2f}× [{ci['low']:.2f}, {ci['high']:.2f}], 95% Welch interval; "
-              f"goal >= {GOAL_SPEEDUP:.0f}×: {verdict(ci, GOAL_SPEEDUP)})   peak RSS {r['peak_rss_mib']:.0f} MiB "
-              f"({'no more' if r['peak_rss_mib'] <= i['peak_rss_mib'] else 'more'} than inseq's {i['peak_rss_mib']:.0f}, one process each; "
-              f"{r['model_peak_rss_mib']:.0f} with the model loaded and run once, before Value Zeroing)")  # fmt: skip
-    print(f"  inseq 0.7.1 value_zeroing: {i_med:.3f} s   peak RSS {i['peak_rss_mib']:.0f} MiB "
-          f"({i['model_peak_rss_mib']:.0f} with the model loaded and run once)")  # fmt: skip
+        print(
+            f"  geolens value_zeroing(final_norm=True, chunk_size={c or 'default'}): {med:.3f} s ({i_med / med:.1f}× faster; "
+            f"geometric means {ci['ratio']:.2f}× [{ci['low']:.2f}, {ci['high']:.2f}], 95% Welch interval; "
+            f"goal >= {GOAL_SPEEDUP:.0f}×: {verdict(ci, GOAL_SPEEDUP)})   peak RSS {r['peak_rss_mib']:.0f} MiB "
+            f"({'no more' if r['peak_rss_mib'] <= i['peak_rss_mib'] else 'more'} than inseq's {i['peak_rss_mib']:.0f}, one process each; "
+            f"{r['model_peak_rss_mib']:.0f} with the model loaded and run once, before Value Zeroing)"
+        )
+    print(
+        f"  inseq 0.7.1 value_zeroing: {i_med:.3f} s   peak RSS {i['peak_rss_mib']:.0f} MiB "
+        f"({i['model_peak_rss_mib']:.0f} with the model loaded and run once)"
+    )
     print(f"  chunk settings agree to {same:.1e}")
-    print(f"  agreement (default chunk): max |diff| {diff.max():.2e} (largest score {ins[:, causal].abs().max():.3f}); "
-          f"worst layer {int(per_layer.argmax())} ({per_layer.max():.2e})")  # fmt: skip
-    print(f"  {int(flipped.sum())} of {gs.shape[0] * (n - 1)} (layer, query) rows hold a score that one tool keeps and the other "
-          f"zeroes at inseq's 1e-5 threshold; max |diff| on the other rows {clean_rows.max():.2e}")  # fmt: skip
+    print(
+        f"  agreement (default chunk): max |diff| {diff.max():.2e} (largest score {ins[:, causal].abs().max():.3f}); "
+        f"worst layer {int(per_layer.argmax())} ({per_layer.max():.2e})"
+    )
+    print(
+        f"  {int(flipped.sum())} of {gs.shape[0] * (n - 1)} (layer, query) rows hold a score that one tool keeps and the other "
+        f"zeroes at inseq's 1e-5 threshold; max |diff| on the other rows {clean_rows.max():.2e}"
+    )
     print(f"  load average {os.getloadavg()[0]:.2f}")
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)

@@ -133,9 +133,18 @@ def tokens_fingerprint(tokens, *, block: int = 4096) -> str:
 
 
 MODEL_CONFIG_FIELDS = (
-    "n_layers", "n_heads", "n_key_value_heads", "d_model", "d_head", "d_mlp", "d_vocab", "n_ctx",
-    "act_fn", "normalization_type", "positional_embedding_type",
-)  # fmt: skip
+    "n_layers",
+    "n_heads",
+    "n_key_value_heads",
+    "d_model",
+    "d_head",
+    "d_mlp",
+    "d_vocab",
+    "n_ctx",
+    "act_fn",
+    "normalization_type",
+    "positional_embedding_type",
+)
 
 
 def _weights_sha256(tensors) -> str:
@@ -185,7 +194,9 @@ def analyses_fingerprint(analyses: Sequence) -> list[dict[str, Any]]:
     return out
 
 
-def run_fingerprint(tokens, analyses: Sequence, batch_size: int, shard: tuple[int, int] = (0, 1), model=None) -> dict[str, Any]:
+def run_fingerprint(
+    tokens, analyses: Sequence, batch_size: int, shard: tuple[int, int] = (0, 1), model=None
+) -> dict[str, Any]:
     """What a checkpoint must agree with to be resumed (see module docstring)."""
     shape = tuple(int(s) for s in tokens.shape)
     out = {
@@ -241,7 +252,9 @@ def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict
 
 
 def _not_a_checkpoint(path, reason: str) -> ValueError:
-    return ValueError(f"{path} is not a readable geolens checkpoint ({reason}); delete it or pass another checkpoint path")
+    return ValueError(
+        f"{path} is not a readable geolens checkpoint ({reason}); delete it or pass another checkpoint path"
+    )
 
 
 def load_checkpoint(path, *, trusted: bool = False) -> dict[str, Any]:
@@ -267,7 +280,11 @@ def load_checkpoint(path, *, trusted: bool = False) -> dict[str, Any]:
                 f"checkpoint {path} holds Python objects ({name}) besides tensors and plain containers; "
                 "if you wrote it yourself, load it with trusted=True (run_corpus(..., trusted_checkpoint=True))"
             ) from err
-        reason = type(err).__name__ if "weights_only" in text else f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+        reason = (
+            type(err).__name__
+            if "weights_only" in text
+            else f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+        )
         raise _not_a_checkpoint(path, reason) from err
     if not isinstance(ckpt, dict) or "format" not in ckpt:
         raise _not_a_checkpoint(path, "no geolens checkpoint format")

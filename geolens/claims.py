@@ -46,8 +46,14 @@ Decision = Literal["holds", "does not hold", "undecided", "indicative", "descrip
 DECISIONS: tuple[str, ...] = ("holds", "does not hold", "undecided", "indicative", "descriptive")
 
 
-def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int | None = None, minimum: int = MIN_WINDOWS,
-                exploratory: bool = False) -> dict:  # fmt: skip
+def sample_size(
+    n_windows: int,
+    *,
+    windows: str = "corpus windows",
+    n_seeds: int | None = None,
+    minimum: int = MIN_WINDOWS,
+    exploratory: bool = False,
+) -> dict:
     """What a verdict rests on, as a JSON-ready dict.
 
     ``n_windows`` units of kind ``windows`` (e.g. "corpus windows", "documents"), ``n_seeds``
@@ -64,7 +70,9 @@ def sample_size(n_windows: int, *, windows: str = "corpus windows", n_seeds: int
     'exploratory run: settings differ from the protocol'
     """
     if int(n_windows) < 0 or (n_seeds is not None and int(n_seeds) < 1) or int(minimum) < 1:
-        raise ValueError(f"a sample needs n_windows ≥ 0, n_seeds ≥ 1 (or None) and minimum ≥ 1, got {n_windows}, {n_seeds} and {minimum}")
+        raise ValueError(
+            f"a sample needs n_windows ≥ 0, n_seeds ≥ 1 (or None) and minimum ≥ 1, got {n_windows}, {n_seeds} and {minimum}"
+        )
     reasons = []
     if int(n_windows) < int(minimum):
         reasons.append(f"{int(n_windows)} < {int(minimum)} {windows}")
@@ -171,8 +179,24 @@ class Claim:
         """A claim read back from a ``report.json`` entry. Entries written before the verdict rule
         (no ``ci`` key) read as decided by point estimates: never holds / does not hold."""
         holds = data.get("criterion_met", data.get("holds"))
-        return cls(data["claim"], data.get("source", ""), data["measured"], holds, data.get("criterion", ""),
-                   dict(data.get("numbers") or {}), ci=bool(data.get("ci", False)))  # fmt: skip
+        return cls(
+            data["claim"],
+            data.get("source", ""),
+            data["measured"],
+            holds,
+            data.get("criterion", ""),
+            dict(data.get("numbers") or {}),
+            ci=bool(data.get("ci", False)),
+        )
 
 
-__all__ = ["DECISIONS", "MIN_WINDOWS", "PROTOCOL_MIN_DOCUMENTS", "Claim", "Decision", "describe_sample", "sample_size", "table_verdict"]
+__all__ = [
+    "DECISIONS",
+    "MIN_WINDOWS",
+    "PROTOCOL_MIN_DOCUMENTS",
+    "Claim",
+    "Decision",
+    "describe_sample",
+    "sample_size",
+    "table_verdict",
+]

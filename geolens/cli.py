@@ -93,7 +93,11 @@ def _io_error_line(err: OSError, folders=()) -> str | None:
         return None
     text = str(err) if isinstance(err, WriteError) else None
     if text is None:
-        where = f" {err.filename}" if err.filename else (" into " + ", ".join(str(f.path) for f in folders) if folders else "")
+        where = (
+            f" {err.filename}"
+            if err.filename
+            else (" into " + ", ".join(str(f.path) for f in folders) if folders else "")
+        )
         text = f"cannot write{where}: {err.strerror or type(err).__name__}"
     return f"{text}; {_IO_ADVICE[err.errno]}"
 
@@ -106,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if extra:
             command = getattr(args, "command", None)
-            raise UsageError(f"unrecognized arguments: {' '.join(extra)}", prog=f"geolens {command}" if command else None)
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(extra)}", prog=f"geolens {command}" if command else None
+            )
     except UsageError as err:
         print(f"{err.prog or parser.prog}: error: {err}", file=sys.stderr)
         return 2

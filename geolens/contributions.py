@@ -133,7 +133,9 @@ def _out_norm(layer: AttentionLayer, mode: Mode, eps: float, out_sq: Tensor, sta
     return out_norm, zero_rows
 
 
-def _finish_geometry(layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor, value_norm: Tensor, out_sq: Tensor) -> _Geometry:
+def _finish_geometry(
+    layer: AttentionLayer, mode: Mode, eps: float, dot: Tensor, value_norm: Tensor, out_sq: Tensor
+) -> _Geometry:
     out_norm, zero_rows = _out_norm(layer, mode, eps, out_sq, stacklevel=4)
     return _Geometry(
         dot=dot,
@@ -306,6 +308,7 @@ def layer_metrics(
     eps = check_eps(eps)
     chunk = split_query_chunk(layer, query_chunk_size, memory_budget_bytes, n_temporaries=METRIC_TEMPORARIES)
     if chunk is not None:
+
         def part(sub: AttentionLayer) -> tuple[Tensor, ...]:
             return layer_metrics(sub, mode, eps=eps)[1:4]
 
@@ -344,7 +347,13 @@ class _ReadOptions:
         _check_mode(mode)
         [l] = _layers(model, layer)
         view = self.read(model, cache, l)
-        return l, layer_metrics(view, mode, eps=self.eps, query_chunk_size=self.query_chunk_size, memory_budget_bytes=self.memory_budget_bytes)
+        return l, layer_metrics(
+            view,
+            mode,
+            eps=self.eps,
+            query_chunk_size=self.query_chunk_size,
+            memory_budget_bytes=self.memory_budget_bytes,
+        )
 
 
 def influence_factors(
@@ -403,7 +412,9 @@ def _modes(mode: ContributionMode) -> tuple[Mode, ...]:
     return ("intra", "inter") if mode == "both" else (mode,)
 
 
-def _mode_out(out: Tensor, modes: tuple[Mode, ...], shape: tuple[int, ...], dtype, device, inputs, dtype_from: str) -> Tensor:
+def _mode_out(
+    out: Tensor, modes: tuple[Mode, ...], shape: tuple[int, ...], dtype, device, inputs, dtype_from: str
+) -> Tensor:
     """A caller's ``out`` (``shape``, with a leading axis of 2 for both modes), checked
     (:func:`~geolens.validation.check_out`), as the internal ``[mode, …]`` view."""
     full = (len(modes), *shape) if len(modes) > 1 else shape
@@ -432,7 +443,15 @@ def contribution_weights_from_layer(
     eps = check_eps(eps)
     if out is not None:
         inputs = (layer.pattern, layer.v, layer.z_hint)
-        out = _mode_out(out, modes, tuple(layer.pattern.shape), layer.pattern.dtype, layer.pattern.device, inputs, "the layer's dtype")
+        out = _mode_out(
+            out,
+            modes,
+            tuple(layer.pattern.shape),
+            layer.pattern.dtype,
+            layer.pattern.device,
+            inputs,
+            "the layer's dtype",
+        )
     out = _layer_contributions(layer, modes, eps, query_chunk_size, memory_budget_bytes, out)
     return ContributionPair(*out) if mode == "both" else out[0]
 
@@ -510,7 +529,9 @@ def contribution_weights(
             elif layer is None:
                 out = view.pattern.new_empty(len(modes), *shape)
         target = None if out is None else out[:, i] if layer is None else out
-        result = _layer_contributions(view, modes, options.eps, options.query_chunk_size, options.memory_budget_bytes, target)
+        result = _layer_contributions(
+            view, modes, options.eps, options.query_chunk_size, options.memory_budget_bytes, target
+        )
     if out is None:
         out = result
     return ContributionPair(*out) if mode == "both" else out[0]

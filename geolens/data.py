@@ -37,9 +37,7 @@ OFFLINE_CORPORA = {
 def _gensim_test_data() -> Path:
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "the offline corpora ship in the gensim wheel: pip install --no-deps gensim"
-        )
+        raise ModuleNotFoundError("the offline corpora ship in the gensim wheel: pip install --no-deps gensim")
     return Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data"
 
 
@@ -77,7 +75,9 @@ def _read_enwiki(path: Path) -> list[str]:
     return docs
 
 
-def load_corpus(name: str = "lee", *, split: str = "train", one_per_line: bool = False, max_docs: int | None = None) -> list[str]:
+def load_corpus(
+    name: str = "lee", *, split: str = "train", one_per_line: bool = False, max_docs: int | None = None
+) -> list[str]:
     """Documents of a corpus as a list of strings (see the module docstring for names)."""
     if name in OFFLINE_CORPORA:
         path = _gensim_test_data() / OFFLINE_CORPORA[name]
@@ -119,7 +119,9 @@ def _read_text_file(path: Path, name: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"corpus file {name!r} is not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start})") from None
+        raise ValueError(
+            f"corpus file {name!r} is not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start})"
+        ) from None
 
 
 def _jsonl_texts(text: str, name: str) -> list[str]:
@@ -188,11 +190,15 @@ def token_windows(
     if not windows:
         raise ValueError(f"the corpus gave no window of {seq_len} tokens")
     if n_sequences is not None and len(windows) < n_sequences:
-        raise ValueError(f"the corpus gave {len(windows)} windows of {seq_len} tokens, fewer than n_sequences={n_sequences}")
+        raise ValueError(
+            f"the corpus gave {len(windows)} windows of {seq_len} tokens, fewer than n_sequences={n_sequences}"
+        )
     return torch.tensor([[bos] + w for w in windows], dtype=torch.long)
 
 
-def corpus_windows(model, name: str = "lee", seq_len: int = 128, n_sequences: int | None = 200, **kwargs) -> torch.Tensor:
+def corpus_windows(
+    model, name: str = "lee", seq_len: int = 128, n_sequences: int | None = 200, **kwargs
+) -> torch.Tensor:
     """:func:`load_corpus` then :func:`token_windows`: the usual way to get an analysis batch."""
     return token_windows(model, load_corpus(name), seq_len, n_sequences=n_sequences, **kwargs)
 
@@ -235,7 +241,9 @@ def unpadded_groups(model, batch: torch.Tensor, attention_mask: torch.Tensor | N
     stripped = []
     for row, (start, n) in enumerate(zip(first.tolist(), lengths.tolist())):
         if not bool(mask[row, start : start + n].all()):
-            raise ValueError(f"attention_mask row {row} has padding between real tokens; only left or right padding is supported")
+            raise ValueError(
+                f"attention_mask row {row} has padding between real tokens; only left or right padding is supported"
+            )
         stripped.append(batch[row, start : start + n])
     groups: dict[int, list[torch.Tensor]] = {}
     for row in stripped:

@@ -67,7 +67,9 @@ def init_from_env(backend: str | None = None) -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def merge_states(analyses: Sequence[CorpusAnalysis], states_per_rank: Sequence[Sequence[dict]]) -> Sequence[CorpusAnalysis]:
+def merge_states(
+    analyses: Sequence[CorpusAnalysis], states_per_rank: Sequence[Sequence[dict]]
+) -> Sequence[CorpusAnalysis]:
     """Replace ``analyses``' states by the merge, in rank order, of ``states_per_rank``.
 
     ``states_per_rank[r][k]`` is rank r's ``state_dict`` of analysis k. Rank 0's state is loaded,
@@ -169,11 +171,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", default=None, help="a torch.save'd [n, seq] token tensor (instead of --corpus)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--n-sequences", type=int, default=200)
-    p.add_argument("--analysis", action="append", default=None, help=f"{sorted(ANALYSES)} or module:factory (repeatable)")
+    p.add_argument(
+        "--analysis", action="append", default=None, help=f"{sorted(ANALYSES)} or module:factory (repeatable)"
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--checkpoint-dir", default=None, help="resumable run: one state file per rank in this folder")
     p.add_argument("--checkpoint-every", type=int, default=1, help="batches between checkpoints")
-    p.add_argument("--device-map", default=None, help='split each process\'s model over its visible GPUs ("auto", "balanced")')
+    p.add_argument(
+        "--device-map", default=None, help='split each process\'s model over its visible GPUs ("auto", "balanced")'
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype")
     p.add_argument("--backend", default=None, help="gloo / nccl (default: nccl with CUDA, else gloo)")
     p.add_argument("--out", required=True, help="rank 0 writes {'analyses', 'states', 'timing'} here (torch.save)")
@@ -221,8 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 },
                 args.out,
             )
-            print(f"{tokens.shape[0]} sequences on {size} process(es): {seconds:.2f} s, "
-                  f"{tokens.shape[0] / seconds:.2f} sequences/s -> {args.out}", file=sys.stderr)
+            print(
+                f"{tokens.shape[0]} sequences on {size} process(es): {seconds:.2f} s, "
+                f"{tokens.shape[0] / seconds:.2f} sequences/s -> {args.out}",
+                file=sys.stderr,
+            )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -149,15 +149,25 @@ class LayerResidual:
         update = _cached(cache, adapter.block_attn_out_hook(layer))
         tol = _row_tolerance(x.dtype)
         b, n = x.shape[:2]
-        real = torch.ones(b, n, dtype=torch.bool, device=x.device) if self.view.query_mask is None else self.view.query_mask
+        real = (
+            torch.ones(b, n, dtype=torch.bool, device=x.device)
+            if self.view.query_mask is None
+            else self.view.query_mask
+        )
         self.real = real
         self.resid = x.to(dtype)
         update = update.to(dtype)
         pre = layer_output(self.view) + self.view.b_O  # Σ_h z W_O + b_O, the pre-norm attention output
-        self.scale = _post_norm_scale(pre, update, real, layer, tol, adapter.attention_output_norm(layer)) if has_post_attention_norm(model) else None
+        self.scale = (
+            _post_norm_scale(pre, update, real, layer, tol, adapter.attention_output_norm(layer))
+            if has_post_attention_norm(model)
+            else None
+        )
         self.own = self.resid + self._scaled(self.view.b_O.expand_as(pre))
         self.mixed = self.resid + self._scaled(pre)
-        err = ((self.mixed - self.resid - update).norm(dim=-1) / (self.resid + update).norm(dim=-1).clamp_min(1e-6))[real]
+        err = ((self.mixed - self.resid - update).norm(dim=-1) / (self.resid + update).norm(dim=-1).clamp_min(1e-6))[
+            real
+        ]
         if err.numel() and float(err.max()) > tol:
             raise RuntimeError(
                 f"layer {layer}: x + Σ_h α v W_O + b_O differs from the cached residual after attention by "
@@ -218,7 +228,11 @@ def residual_decomposition(
     >>> tuple(t.shape)
     (2, 20, 20, 32)
     """
-    return LayerResidual(model, cache, layer, dtype=check_dtype(dtype), attention_mask=attention_mask).terms().transpose(1, 2)
+    return (
+        LayerResidual(model, cache, layer, dtype=check_dtype(dtype), attention_mask=attention_mask)
+        .terms()
+        .transpose(1, 2)
+    )
 
 
 def _normalise_rows(rows: Tensor, queries: slice, real: Tensor) -> Tensor:
@@ -246,7 +260,11 @@ class _Mixer:
         else:
             self.view = get_attention_layer(model, cache, layer, dtype=dtype, attention_mask=attention_mask)
         b, _, n, _ = self.view.pattern.shape
-        self.real = self.view.query_mask if self.view.query_mask is not None else torch.ones(b, n, dtype=torch.bool, device=self.view.pattern.device)
+        self.real = (
+            self.view.query_mask
+            if self.view.query_mask is not None
+            else torch.ones(b, n, dtype=torch.bool, device=self.view.pattern.device)
+        )
         if method == "contribution":
             res = self.res
             sq = (res.mixed * res.mixed).sum(-1)
@@ -260,7 +278,9 @@ class _Mixer:
         elif method == "alti":
             self.l1 = self.res.mixed.abs().sum(-1)
         elif method == "value_zeroing_rollout":
-            self.vz = _value_zeroing_layer(model, tokens, self.view.layer, attention_mask).to(device=self.view.pattern.device, dtype=dtype)
+            self.vz = _value_zeroing_layer(model, tokens, self.view.layer, attention_mask).to(
+                device=self.view.pattern.device, dtype=dtype
+            )
         # [batch, head, chunk, key]-sized temporaries of one block (ALTI: d_model / head of them)
         d_model = self.view.W_O.shape[-1]
         self.temporaries = {"alti": -(-d_model // self.view.n_heads) + 2, "contribution": 2}.get(method, 1)
@@ -303,7 +323,9 @@ def _value_zeroing_layer(model, tokens, layer: int, attention_mask) -> Float[Ten
         idx = row.nonzero().flatten()
         real = slice(int(idx[0]), int(idx[-1]) + 1)
         if int(idx.numel()) != real.stop - real.start:
-            raise ValueError(f"attention_mask row {b} has padding between real tokens: value_zeroing_rollout needs one run of real tokens per row")
+            raise ValueError(
+                f"attention_mask row {b} has padding between real tokens: value_zeroing_rollout needs one run of real tokens per row"
+            )
         out[b, real, real] = value_zeroing(model, tokens[b : b + 1, real], [layer])[0, 0]
     return out
 
@@ -322,10 +344,14 @@ def _check(model, cache, method, target_layer, attention_mask, tokens, dtype):
     dtype = check_dtype(dtype)
     if method == "value_zeroing_rollout":
         if tokens is None:
-            raise ValueError("method='value_zeroing_rollout' reruns the model: pass tokens= (the tokens the cache was run on)")
+            raise ValueError(
+                "method='value_zeroing_rollout' reruns the model: pass tokens= (the tokens the cache was run on)"
+            )
         pattern = _cached(cache, adapter_for(model).pattern_hook(0))
         if tuple(tokens.shape) != (pattern.shape[0], pattern.shape[-1]):
-            raise ValueError(f"tokens has shape {tuple(tokens.shape)}, the cache holds [batch, pos] = {(pattern.shape[0], pattern.shape[-1])}")
+            raise ValueError(
+                f"tokens has shape {tuple(tokens.shape)}, the cache holds [batch, pos] = {(pattern.shape[0], pattern.shape[-1])}"
+            )
     if attention_mask is not None:
         pattern = _cached(cache, adapter_for(model).pattern_hook(0))
         attention_mask = check_attention_mask(attention_mask, pattern.shape[0], pattern.shape[-1]).to(pattern.device)

@@ -39,7 +39,15 @@ from geolens.flow import FLOW_METHODS
 from geolens.interventions.base import applied
 from geolens.interventions.masking import last_predictions_hook
 
-ErasureMethod = Literal["random", "attention_rollout", "value_zeroing_rollout", "alti", "contribution", "grad_x_input", "integrated_gradients"]
+ErasureMethod = Literal[
+    "random",
+    "attention_rollout",
+    "value_zeroing_rollout",
+    "alti",
+    "contribution",
+    "grad_x_input",
+    "integrated_gradients",
+]
 ERASURE_METHODS: tuple[str, ...] = get_args(ErasureMethod)
 GRADIENT_METHODS: tuple[str, ...] = ("grad_x_input", "integrated_gradients")
 Direction = Literal["comprehensiveness", "sufficiency"]
@@ -77,15 +85,21 @@ class ErasureSettings:
         self.methods = tuple(self.methods)
         self.replacements = tuple(self.replacements)
         if not self.positions or any(p < 2 for p in self.positions) or len(set(self.positions)) != len(self.positions):
-            raise ValueError(f"positions must be distinct integers ≥ 2 (a prediction needs an erasable token), got {list(self.positions)}")
+            raise ValueError(
+                f"positions must be distinct integers ≥ 2 (a prediction needs an erasable token), got {list(self.positions)}"
+            )
         if not self.fractions or any(not 0.0 < k <= 1.0 for k in self.fractions):
             raise ValueError(f"fractions must lie in (0, 1], got {list(self.fractions)}")
         unknown = [m for m in self.methods if m not in ERASURE_METHODS]
         if unknown or len(self.methods) < 2 or len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods must be at least two distinct names of {', '.join(ERASURE_METHODS)}; got {list(self.methods)}")
+            raise ValueError(
+                f"methods must be at least two distinct names of {', '.join(ERASURE_METHODS)}; got {list(self.methods)}"
+            )
         bad = [r for r in self.replacements if r not in REPLACEMENTS]
         if bad or not self.replacements or len(set(self.replacements)) != len(self.replacements):
-            raise ValueError(f"replacements must be distinct names of {', '.join(REPLACEMENTS)}; got {list(self.replacements)}")
+            raise ValueError(
+                f"replacements must be distinct names of {', '.join(REPLACEMENTS)}; got {list(self.replacements)}"
+            )
         for name in ("ig_steps", "n_boot", "chunk_size", "ig_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -102,11 +116,17 @@ class ErasureSettings:
         r = settings["replacements"]
         stats = settings["statistics"]
         values = dict(
-            positions=settings["predictions"]["positions"], fractions=settings["fractions"], methods=settings["methods"],
-            replacements=(r["primary"], r["robustness"]), ig_steps=settings["integrated_gradients"]["steps"],
-            n_boot=stats["n_boot"], boot_seed=stats["seed"], alpha=stats["alpha"],
-            min_kl_all=settings["range_check"]["min_kl_all"], min_drop_all=settings["range_check"]["min_drop_all"],
-        )  # fmt: skip
+            positions=settings["predictions"]["positions"],
+            fractions=settings["fractions"],
+            methods=settings["methods"],
+            replacements=(r["primary"], r["robustness"]),
+            ig_steps=settings["integrated_gradients"]["steps"],
+            n_boot=stats["n_boot"],
+            boot_seed=stats["seed"],
+            alpha=stats["alpha"],
+            min_kl_all=settings["range_check"]["min_kl_all"],
+            min_drop_all=settings["range_check"]["min_drop_all"],
+        )
         values.update(overrides)
         return cls(**values)
 
@@ -131,7 +151,9 @@ def space_token(model) -> int:
     """The tokenizer's single token for ``" "`` (the primary replacement), or ValueError."""
     ids = model.tokenizer(" ", add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise ValueError(f"the tokenizer encodes ' ' as {len(ids)} tokens {ids}; the 'space' replacement needs exactly one")
+        raise ValueError(
+            f"the tokenizer encodes ' ' as {len(ids)} tokens {ids}; the 'space' replacement needs exactly one"
+        )
     return int(ids[0])
 
 
@@ -148,7 +170,12 @@ def unigram_counts(model, texts: Sequence[str]) -> Int[Tensor, "d_vocab"]:
 
 
 def replacement_ids(
-    replacement: str, n_pos: int, *, space_id: int | None = None, counts: Tensor | None = None, rng: np.random.Generator | None = None
+    replacement: str,
+    n_pos: int,
+    *,
+    space_id: int | None = None,
+    counts: Tensor | None = None,
+    rng: np.random.Generator | None = None,
 ) -> Int[Tensor, "pos"]:
     """The token that replaces an erased token at each position 0 … n_pos − 1.
 
@@ -170,7 +197,9 @@ def replacement_ids(
     raise ValueError(f"replacement must be one of {', '.join(REPLACEMENTS)}, got {replacement!r}")
 
 
-def erase(tokens: Int[Tensor, "... pos"], erased: Tensor, replacement: Int[Tensor, "pos"] | int) -> Int[Tensor, "... pos"]:
+def erase(
+    tokens: Int[Tensor, "... pos"], erased: Tensor, replacement: Int[Tensor, "pos"] | int
+) -> Int[Tensor, "... pos"]:
     """``tokens`` with the positions where ``erased`` is True replaced (positions kept).
 
     >>> erase(torch.tensor([0, 5, 6, 7]), torch.tensor([False, True, False, True]), 9).tolist()
@@ -234,7 +263,9 @@ def _as_row(tokens: Tensor) -> Int[Tensor, "pos"]:
     return tokens
 
 
-def last_position_logprobs(model, rows: Int[Tensor, "row pos"], *, chunk_size: int = 16) -> Float[Tensor, "row d_vocab"]:
+def last_position_logprobs(
+    model, rows: Int[Tensor, "row pos"], *, chunk_size: int = 16
+) -> Float[Tensor, "row d_vocab"]:
     """log p(next token) at the last position of each row, float64 (only that position is unembedded)."""
     device = next(model.parameters()).device
     n = rows.shape[1]
@@ -255,7 +286,9 @@ class Outcomes(NamedTuple):
     target: int  # t*
 
 
-def erasure_outcomes(model, clean: Int[Tensor, "pos"], rows: Int[Tensor, "row pos"], *, target: int | None = None, chunk_size: int = 16) -> Outcomes:
+def erasure_outcomes(
+    model, clean: Int[Tensor, "pos"], rows: Int[Tensor, "row pos"], *, target: int | None = None, chunk_size: int = 16
+) -> Outcomes:
     """KL(p_clean ‖ p_row) and Δp of ``target`` (default: the clean top-1) at the last position.
 
     The clean prefix and every distinct row are run once, together (identical rows share a
@@ -311,7 +344,9 @@ def _check_position(tokens: Tensor, position: int) -> int:
     return int(position) % n
 
 
-def gradient_x_input(model, tokens: Int[Tensor, "pos"], position: int = -1, *, target: int | None = None) -> Float[Tensor, "pos"]:
+def gradient_x_input(
+    model, tokens: Int[Tensor, "pos"], position: int = -1, *, target: int | None = None
+) -> Float[Tensor, "pos"]:
     """Gradient × input of f = log p(target) at ``position`` (default target: the clean top-1):
     a_j = Σ_d x_jd ∂f/∂x_jd for j ≤ position, x the input embeddings (:func:`input_embeddings`);
     0 after ``position``. Float64.
@@ -401,7 +436,9 @@ def integrated_gradients(
 # One document
 
 
-def flow_rows(model, tokens: Int[Tensor, "pos"], positions: Sequence[int], methods: Sequence[str]) -> tuple[dict[str, Tensor], Tensor]:
+def flow_rows(
+    model, tokens: Int[Tensor, "pos"], positions: Sequence[int], methods: Sequence[str]
+) -> tuple[dict[str, Tensor], Tensor]:
     """({method: ``[len(positions), pos]`` rows of :func:`geolens.contribution_flow`}, clean
     log-probabilities ``[len(positions), d_vocab]`` at the positions), from one cached forward."""
     from geolens.flow import contribution_flow, flow_names_filter
@@ -411,7 +448,10 @@ def flow_rows(model, tokens: Int[Tensor, "pos"], positions: Sequence[int], metho
     idx = torch.as_tensor(list(positions), dtype=torch.long)
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens[None].to(device), names_filter=flow_names_filter(model))
-        rows = {m: contribution_flow(model, cache, m, tokens=tokens[None].to(device))[0][idx].detach().cpu() for m in methods}
+        rows = {
+            m: contribution_flow(model, cache, m, tokens=tokens[None].to(device))[0][idx].detach().cpu()
+            for m in methods
+        }
     return rows, torch.log_softmax(logits[0, idx].to(torch.float64), dim=-1).cpu()
 
 
@@ -458,15 +498,22 @@ def measure_document(
             if m in FLOW_METHODS:
                 scores[m] = rows[m][p_index, : i + 1]
             elif m == "random":
-                scores[m] = torch.from_numpy(np.random.default_rng([settings.seed, int(document), int(i), 1]).random(i + 1))
+                scores[m] = torch.from_numpy(
+                    np.random.default_rng([settings.seed, int(document), int(i), 1]).random(i + 1)
+                )
             elif m == "grad_x_input":
                 scores[m] = gradient_x_input(model, prefix, i, target=target)
             else:
                 baseline = erase(prefix, _mask(i + 1, erasable), replacements[settings.primary][: i + 1])
-                ig = integrated_gradients(model, prefix, baseline, i, target=target, n_steps=settings.ig_steps, batch_size=settings.ig_batch)
+                ig = integrated_gradients(
+                    model, prefix, baseline, i, target=target, n_steps=settings.ig_steps, batch_size=settings.ig_batch
+                )
                 scores[m] = ig.attributions
         orders = {m: ranking(scores[m], erasable, absolute=m in GRADIENT_METHODS) for m in settings.methods}
-        rankings += [dict(document=int(document), position=i, method=m, order=" ".join(map(str, orders[m]))) for m in settings.methods]
+        rankings += [
+            dict(document=int(document), position=i, method=m, order=" ".join(map(str, orders[m])))
+            for m in settings.methods
+        ]
         keys, masks = [], []
         for r in settings.replacements:
             keys.append((r, "all", "all", 1.0, len(erasable)))
@@ -479,13 +526,37 @@ def measure_document(
         inputs = torch.stack([erase(prefix, _mask(i + 1, erased), replacements[r][: i + 1]) for r, erased in masks])
         out = erasure_outcomes(model, prefix, inputs, target=target, chunk_size=settings.chunk_size)
         for (r, m, d, k, n), kl, dp in zip(keys, out.kl.tolist(), out.delta_p.tolist()):
-            conditions.append(dict(document=int(document), position=i, replacement=r, method=m, direction=d, fraction=k, n_erased=n, kl=kl, delta_p=dp))
-        predictions.append(dict(
-            document=int(document), position=i, n_erasable=len(erasable), target=target, p_clean=out.p_clean,
-            ig_f_input=None if ig is None else ig.f_input, ig_f_baseline=None if ig is None else ig.f_baseline,
-            ig_sum=None if ig is None else float(ig.attributions.sum()), ig_steps=settings.ig_steps,
-        ))  # fmt: skip
-    return {"conditions": pd.DataFrame(conditions), "predictions": pd.DataFrame(predictions), "rankings": pd.DataFrame(rankings)}
+            conditions.append(
+                dict(
+                    document=int(document),
+                    position=i,
+                    replacement=r,
+                    method=m,
+                    direction=d,
+                    fraction=k,
+                    n_erased=n,
+                    kl=kl,
+                    delta_p=dp,
+                )
+            )
+        predictions.append(
+            dict(
+                document=int(document),
+                position=i,
+                n_erasable=len(erasable),
+                target=target,
+                p_clean=out.p_clean,
+                ig_f_input=None if ig is None else ig.f_input,
+                ig_f_baseline=None if ig is None else ig.f_baseline,
+                ig_sum=None if ig is None else float(ig.attributions.sum()),
+                ig_steps=settings.ig_steps,
+            )
+        )
+    return {
+        "conditions": pd.DataFrame(conditions),
+        "predictions": pd.DataFrame(predictions),
+        "rankings": pd.DataFrame(rankings),
+    }
 
 
 def _mask(n: int, positions: Sequence[int]) -> Tensor:
@@ -507,7 +578,9 @@ def induction_tokens(model, n_tokens: int = 20, seed: int = 0) -> Int[Tensor, "p
     special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
     candidates = np.array([t for t in range(V // 50, V // 5) if t not in special])
     if candidates.size < n_tokens:
-        raise ValueError(f"the vocabulary range [{V // 50}, {V // 5}) holds {candidates.size} ordinary ids, fewer than {n_tokens}")
+        raise ValueError(
+            f"the vocabulary range [{V // 50}, {V // 5}) holds {candidates.size} ordinary ids, fewer than {n_tokens}"
+        )
     ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)
     return torch.cat([torch.tensor([bos_token_id(model)]), ids, ids])
 
@@ -551,7 +624,9 @@ def induction_summary(table) -> dict:
             fail = g[~g[f"passes{suffix}"]]
             rec[f"passed{suffix}"] = int(g[f"passes{suffix}"].sum())
             rec[f"median_rank_target{suffix}"] = float(g[f"rank_target{suffix}"].median())
-            rec[f"median_gap_when_failing{suffix}"] = float((fail[f"largest_share{suffix}"] - fail["share_target"]).median()) if len(fail) else 0.0
+            rec[f"median_gap_when_failing{suffix}"] = (
+                float((fail[f"largest_share{suffix}"] - fail["share_target"]).median()) if len(fail) else 0.0
+            )
         rec["passes"] = rec["passed"] == rec["n"]
         out[str(m)] = rec
     return out

@@ -44,8 +44,12 @@ def naopc_table(conditions, settings: ErasureSettings):
     table["drop_all"] = -table.pop("dp_all")
     table["in_range_kl"] = table["kl_all"] >= settings.min_kl_all
     table["in_range_dp"] = table["drop_all"] >= settings.min_drop_all
-    table["naopc_kl"] = np.where(table["in_range_kl"], table["aopc_kl"] / table["kl_all"].where(table["in_range_kl"], 1.0), np.nan)
-    table["naopc_dp"] = np.where(table["in_range_dp"], table["aopc_dp"] / table["drop_all"].where(table["in_range_dp"], 1.0), np.nan)
+    table["naopc_kl"] = np.where(
+        table["in_range_kl"], table["aopc_kl"] / table["kl_all"].where(table["in_range_kl"], 1.0), np.nan
+    )
+    table["naopc_dp"] = np.where(
+        table["in_range_dp"], table["aopc_dp"] / table["drop_all"].where(table["in_range_dp"], 1.0), np.nan
+    )
     return pd.DataFrame(table)
 
 
@@ -77,10 +81,14 @@ def _wide(naopc, replacement: str, outcome: str, settings: ErasureSettings):
     """``[prediction, (direction, method)]`` nAOPC of one replacement and outcome, predictions in range only."""
     t = naopc[(naopc.replacement == replacement) & naopc[f"in_range_{'kl' if outcome == 'kl' else 'dp'}"]]
     col = "naopc_kl" if outcome == "kl" else "naopc_dp"
-    return t.pivot_table(index=["document", "position"], columns=["direction", "method"], values=col, aggfunc="first").sort_index()
+    return t.pivot_table(
+        index=["document", "position"], columns=["direction", "method"], values=col, aggfunc="first"
+    ).sort_index()
 
 
-def family_tables(naopc, rankings, settings: ErasureSettings, replacement: str, outcome: str, *, verdicts: bool = True) -> dict:
+def family_tables(
+    naopc, rankings, settings: ErasureSettings, replacement: str, outcome: str, *, verdicts: bool = True
+) -> dict:
     """Per-method means and paired differences of one replacement and outcome (PROTOCOL.md §5).
 
     One set of document-cluster resamples (:func:`geolens.stats.cluster_bootstrap_indices`,
@@ -95,28 +103,68 @@ def family_tables(naopc, rankings, settings: ErasureSettings, replacement: str, 
     wide = _wide(naopc, replacement, outcome, settings)
     n_pred = int(len(wide))
     docs = wide.index.get_level_values("document").to_numpy()
-    out = {"replacement": replacement, "outcome": outcome, "n_predictions": n_pred, "n_documents": int(len(set(docs.tolist()))), "methods": [], "pairs": []}
+    out = {
+        "replacement": replacement,
+        "outcome": outcome,
+        "n_predictions": n_pred,
+        "n_documents": int(len(set(docs.tolist()))),
+        "methods": [],
+        "pairs": [],
+    }
     if n_pred == 0:
         return out
     idx = cluster_bootstrap_indices(docs, settings.n_boot, settings.boot_seed)
     cols = [(d, m) for d in DIRECTIONS for m in settings.methods]
     est, lo, hi = mean_ci(wide[cols].to_numpy(), indices=idx)  # every method on the same resamples
     for c_i, (d, m) in enumerate(cols):
-        out["methods"].append(dict(direction=d, method=m, naopc=float(est[c_i]), ci_low=float(lo[c_i]), ci_high=float(hi[c_i])))
+        out["methods"].append(
+            dict(direction=d, method=m, naopc=float(est[c_i]), ci_low=float(lo[c_i]), ci_high=float(hi[c_i]))
+        )
     same = identical_by_construction(rankings, settings)
     keys = [(d, a, b) for d in DIRECTIONS for a, b in method_pairs(settings.methods)]
     diffs = np.stack([_sign(d) * (wide[(d, b)].to_numpy() - wide[(d, a)].to_numpy()) for d, a, b in keys], axis=1)
     samples = resample_means(diffs, idx)  # [n_boot, pair]
     tests = [(d, a, b, float(diffs[:, t].mean()), samples[:, t]) for t, (d, a, b) in enumerate(keys)]
     if verdicts:
-        results = holm_family([t[3] for t in tests], [t[4] for t in tests], testable=[not same[(a, b)] for _, a, b, *_ in tests], alpha=settings.alpha)
+        results = holm_family(
+            [t[3] for t in tests],
+            [t[4] for t in tests],
+            testable=[not same[(a, b)] for _, a, b, *_ in tests],
+            alpha=settings.alpha,
+        )
         for (d, a, b, *_), r in zip(tests, results):
-            out["pairs"].append(dict(direction=d, a=a, b=b, delta=r.estimate, ci_low=r.ci_low, ci_high=r.ci_high, level=r.level, p=r.p,
-                                     p_adj=r.p_adj, rank=r.rank, verdict=r.verdict, holm_stopped_at=r.holm_stopped_at, rules_differ=r.rules_differ))  # fmt: skip
+            out["pairs"].append(
+                dict(
+                    direction=d,
+                    a=a,
+                    b=b,
+                    delta=r.estimate,
+                    ci_low=r.ci_low,
+                    ci_high=r.ci_high,
+                    level=r.level,
+                    p=r.p,
+                    p_adj=r.p_adj,
+                    rank=r.rank,
+                    verdict=r.verdict,
+                    holm_stopped_at=r.holm_stopped_at,
+                    rules_differ=r.rules_differ,
+                )
+            )
     else:
         for d, a, b, delta, boot in tests:
             low, high = percentile_ci(boot, 0.95)
-            out["pairs"].append(dict(direction=d, a=a, b=b, delta=delta, ci_low=float(low), ci_high=float(high), level=0.95, identical=same[(a, b)]))
+            out["pairs"].append(
+                dict(
+                    direction=d,
+                    a=a,
+                    b=b,
+                    delta=delta,
+                    ci_low=float(low),
+                    ci_high=float(high),
+                    level=0.95,
+                    identical=same[(a, b)],
+                )
+            )
     return out
 
 
@@ -148,16 +196,31 @@ def curves_table(conditions, settings: ErasureSettings):
 
     c = conditions[conditions.method != "all"]
     keys = ["replacement", "method", "direction", "fraction"]
-    wide = {v: c.pivot_table(index=["document", "position"], columns=keys, values=v, aggfunc="first").sort_index() for v in ("kl", "delta_p")}
+    wide = {
+        v: c.pivot_table(index=["document", "position"], columns=keys, values=v, aggfunc="first").sort_index()
+        for v in ("kl", "delta_p")
+    }
     if wide["kl"].isna().any().any():
         raise ValueError("every prediction needs every condition for the curves")
-    idx = cluster_bootstrap_indices(wide["kl"].index.get_level_values("document").to_numpy(), settings.n_boot, settings.boot_seed)
+    idx = cluster_bootstrap_indices(
+        wide["kl"].index.get_level_values("document").to_numpy(), settings.n_boot, settings.boot_seed
+    )
     kl = mean_ci(wide["kl"].to_numpy(), indices=idx)  # every column on the same resamples, in one pass
     dp = mean_ci(wide["delta_p"].to_numpy(), indices=idx)
     rows = []
     for c_i, col in enumerate(wide["kl"].columns):
-        rows.append(dict(zip(keys, col), n=int(len(wide["kl"])), kl=float(kl[0][c_i]), kl_low=float(kl[1][c_i]), kl_high=float(kl[2][c_i]),
-                         delta_p=float(dp[0][c_i]), delta_p_low=float(dp[1][c_i]), delta_p_high=float(dp[2][c_i])))  # fmt: skip
+        rows.append(
+            dict(
+                zip(keys, col),
+                n=int(len(wide["kl"])),
+                kl=float(kl[0][c_i]),
+                kl_low=float(kl[1][c_i]),
+                kl_high=float(kl[2][c_i]),
+                delta_p=float(dp[0][c_i]),
+                delta_p_low=float(dp[1][c_i]),
+                delta_p_high=float(dp[2][c_i]),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -181,14 +244,28 @@ def replacement_differences(naopc, settings: ErasureSettings, outcome: str = "kl
 
     key = "kl" if outcome == "kl" else "dp"
     second = settings.replacements[1] if len(settings.replacements) > 1 else None
-    out = {"primary": settings.replacements[0], "robustness": second, "outcome": outcome, "n_predictions": 0, "n_documents": 0, "tests": []}
+    out = {
+        "primary": settings.replacements[0],
+        "robustness": second,
+        "outcome": outcome,
+        "n_predictions": 0,
+        "n_documents": 0,
+        "tests": [],
+    }
     if second is None:
         return out
     first = settings.primary
     t = naopc[naopc.replacement.isin([first, second]) & naopc[f"in_range_{key}"]]
-    wide = t.pivot_table(index=["document", "position"], columns=["replacement", "direction", "method"], values=f"naopc_{key}", aggfunc="first")
+    wide = t.pivot_table(
+        index=["document", "position"],
+        columns=["replacement", "direction", "method"],
+        values=f"naopc_{key}",
+        aggfunc="first",
+    )
     cols = [(r, d, m) for r in (first, second) for d in DIRECTIONS for m in settings.methods]
-    wide = wide.reindex(columns=pd.MultiIndex.from_tuples(cols)).dropna().sort_index()  # in range under both replacements
+    wide = (
+        wide.reindex(columns=pd.MultiIndex.from_tuples(cols)).dropna().sort_index()
+    )  # in range under both replacements
     docs = wide.index.get_level_values("document").to_numpy()
     out.update(n_predictions=int(len(wide)), n_documents=int(len(set(docs.tolist()))))
     if len(wide) == 0:
@@ -197,19 +274,44 @@ def replacement_differences(naopc, settings: ErasureSettings, outcome: str = "kl
     base = np.stack([wide[(first, d, m)].to_numpy() for d, m in keys], axis=1)
     other = np.stack([wide[(second, d, m)].to_numpy() for d, m in keys], axis=1)
     diffs = other - base
-    samples = resample_means(diffs, cluster_bootstrap_indices(docs, settings.n_boot, settings.boot_seed))  # [n_boot, test]
+    samples = resample_means(
+        diffs, cluster_bootstrap_indices(docs, settings.n_boot, settings.boot_seed)
+    )  # [n_boot, test]
     results = holm_family(diffs.mean(0), samples.T, alpha=settings.alpha)
     for (d, m), b, o, r in zip(keys, base.mean(0), other.mean(0), results):
-        out["tests"].append(dict(direction=d, method=m, naopc_primary=float(b), naopc_robustness=float(o), delta=r.estimate, ci_low=r.ci_low,
-                                 ci_high=r.ci_high, level=r.level, p=r.p, p_adj=r.p_adj, rank=r.rank, excludes_zero=r.verdict in ("holds", "reversed")))  # fmt: skip
+        out["tests"].append(
+            dict(
+                direction=d,
+                method=m,
+                naopc_primary=float(b),
+                naopc_robustness=float(o),
+                delta=r.estimate,
+                ci_low=r.ci_low,
+                ci_high=r.ci_high,
+                level=r.level,
+                p=r.p,
+                p_adj=r.p_adj,
+                rank=r.rank,
+                excludes_zero=r.verdict in ("holds", "reversed"),
+            )
+        )
     return out
 
 
 def verdict_changes(primary: Sequence[dict], robustness: Sequence[dict]) -> list[dict]:
     """Pairs whose verdict differs between the two families (same direction and pair)."""
     other = {(p["direction"], p["a"], p["b"]): p["verdict"] for p in robustness}
-    return [dict(direction=p["direction"], a=p["a"], b=p["b"], primary=p["verdict"], robustness=other[(p["direction"], p["a"], p["b"])])
-            for p in primary if (p["direction"], p["a"], p["b"]) in other and other[(p["direction"], p["a"], p["b"])] != p["verdict"]]  # fmt: skip
+    return [
+        dict(
+            direction=p["direction"],
+            a=p["a"],
+            b=p["b"],
+            primary=p["verdict"],
+            robustness=other[(p["direction"], p["a"], p["b"])],
+        )
+        for p in primary
+        if (p["direction"], p["a"], p["b"]) in other and other[(p["direction"], p["a"], p["b"])] != p["verdict"]
+    ]
 
 
 def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
@@ -222,14 +324,19 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
     naopc = naopc_table(conditions, settings)
     full = naopc.drop_duplicates(["document", "position", "replacement"])
     range_check = {
-        r: dict(n_predictions=int((full.replacement == r).sum()), excluded_kl=int(((full.replacement == r) & ~full.in_range_kl).sum()),
-                excluded_dp=int(((full.replacement == r) & ~full.in_range_dp).sum()))
+        r: dict(
+            n_predictions=int((full.replacement == r).sum()),
+            excluded_kl=int(((full.replacement == r) & ~full.in_range_kl).sum()),
+            excluded_dp=int(((full.replacement == r) & ~full.in_range_dp).sum()),
+        )
         for r in settings.replacements
-    }  # fmt: skip
+    }
     families = {}
     for role, r in zip(("primary", "robustness"), settings.replacements):
         families[role] = family_tables(naopc, rankings, settings, r, "kl", verdicts=True)
-    exploratory = {r: family_tables(naopc, rankings, settings, r, "delta_p", verdicts=False) for r in settings.replacements}
+    exploratory = {
+        r: family_tables(naopc, rankings, settings, r, "delta_p", verdicts=False) for r in settings.replacements
+    }
     out = dict(
         n_documents=int(predictions["document"].nunique()),
         n_predictions=int(len(predictions)),
@@ -246,8 +353,13 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
         delta = predictions["ig_f_input"] - predictions["ig_f_baseline"]
         gap = (predictions["ig_sum"] - delta).abs()
         rel = gap / delta.abs().clip(lower=1e-12)
-        out["ig_completeness"] = dict(median_abs_gap=float(gap.median()), max_abs_gap=float(gap.max()), median_rel_gap=float(rel.median()),
-                                      share_rel_gap_within_5pct=float((rel <= 0.05).mean()), n_steps=int(settings.ig_steps))  # fmt: skip
+        out["ig_completeness"] = dict(
+            median_abs_gap=float(gap.median()),
+            max_abs_gap=float(gap.max()),
+            median_rel_gap=float(rel.median()),
+            share_rel_gap_within_5pct=float((rel <= 0.05).mean()),
+            n_steps=int(settings.ig_steps),
+        )
     return out
 
 

@@ -122,7 +122,9 @@ def _check_index(value, count: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if not -count <= value < count:
-        raise ValueError(f"{name} {value} is out of range for {count} {'positions' if name == 'position' else 'rows'} (0…{count - 1}, or negative from the end)")
+        raise ValueError(
+            f"{name} {value} is out of range for {count} {'positions' if name == 'position' else 'rows'} (0…{count - 1}, or negative from the end)"
+        )
     return value % count
 
 
@@ -204,7 +206,9 @@ def flow_routes(
     nodes: set[Node] = {(n_layers, position)}
     edges: list[Edge] = []
     for layer in range(n_layers, 0, -1):
-        M = layer_mixing(model, cache, layer - 1, method, tokens=tokens, attention_mask=attention_mask, dtype=dtype)[batch_index]
+        M = layer_mixing(model, cache, layer - 1, method, tokens=tokens, attention_mask=attention_mask, dtype=dtype)[
+            batch_index
+        ]
         rows = sorted(frontier)
         kept = M[rows] > threshold  # [kept targets, source]
         frontier = set()

@@ -102,7 +102,11 @@ def gram(W_O: Float[Tensor, "head d_head d_model"], *, cross_heads: bool = False
     else:
         G = torch.einsum("hdm,hem->hde", W_O, W_O)
     if state is not None:
-        table[key] = (weakref.ref(W_O, lambda ref, key=key, table=table, forget=_forget: forget(ref, key, table)), state, G)
+        table[key] = (
+            weakref.ref(W_O, lambda ref, key=key, table=table, forget=_forget: forget(ref, key, table)),
+            state,
+            G,
+        )
     return G
 
 
@@ -132,7 +136,9 @@ def gram_apply(x: Float[Tensor, "*batch d_head"], G: Tensor | None) -> Float[Ten
     return x if G is None else torch.einsum("...d,...de->...e", x, G)
 
 
-def gram_dot(x: Float[Tensor, "*batch d_head"], y: Float[Tensor, "*batch d_head"], G: Tensor | None = None) -> Float[Tensor, "*batch"]:
+def gram_dot(
+    x: Float[Tensor, "*batch d_head"], y: Float[Tensor, "*batch d_head"], G: Tensor | None = None
+) -> Float[Tensor, "*batch"]:
     """⟨x W_O, y W_O⟩ = x G yᵀ along the last axis (docs/method.md §2); ⟨x, y⟩ when G is None.
 
     x and y broadcast against each other (e.g. the sink's ``[batch, 1, head, d]`` against every
@@ -147,7 +153,11 @@ def gram_dot(x: Float[Tensor, "*batch d_head"], y: Float[Tensor, "*batch d_head"
 
 
 def gram_cosine(
-    x: Float[Tensor, "*batch d_head"], y: Float[Tensor, "*batch d_head"], G: Tensor | None = None, *, eps: float | None = None
+    x: Float[Tensor, "*batch d_head"],
+    y: Float[Tensor, "*batch d_head"],
+    G: Tensor | None = None,
+    *,
+    eps: float | None = None,
 ) -> Float[Tensor, "*batch"]:
     """cos(x W_O, y W_O) = x G yᵀ / (‖x‖_G ‖y‖_G) along the last axis; cos(x, y) when G is None.
 

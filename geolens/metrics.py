@@ -45,7 +45,13 @@ from geolens.contributions import layer_metrics
 from geolens.interventions.masking import random_scores
 
 MetricName = Literal[
-    "raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs", "value_zeroing", "random"
+    "raw_attention",
+    "value_weighted",
+    "output_normalized",
+    "contribution",
+    "contribution_abs",
+    "value_zeroing",
+    "random",
 ]
 BUILT_IN: tuple[str, ...] = get_args(MetricName)  # their order is the registry's, before any other metric
 # Names that result tables already use for rows that are no metric.
@@ -151,7 +157,9 @@ def register_metric(name: str, *, label: str, fn: Callable[..., Tensor], **optio
     >>> _ = unregister_metric("value_norm_only")
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in RESERVED_NAMES:
-        raise ValueError(f"bad metric name {name!r}: use lower-case letters, digits and _ (not {', '.join(RESERVED_NAMES)})")
+        raise ValueError(
+            f"bad metric name {name!r}: use lower-case letters, digits and _ (not {', '.join(RESERVED_NAMES)})"
+        )
     if name in _REGISTRY:
         raise ValueError(f"metric {name!r} is already registered; unregister_metric({name!r}) first")
     if not callable(fn):
@@ -159,7 +167,9 @@ def register_metric(name: str, *, label: str, fn: Callable[..., Tensor], **optio
     metric = Metric(name=name, label=label, fn=fn, **options)
     _REGISTRY[name] = metric
     if name in BUILT_IN:  # built-ins keep MetricName's order, wherever each is registered
-        ordered = sorted(_REGISTRY.items(), key=lambda item: BUILT_IN.index(item[0]) if item[0] in BUILT_IN else len(BUILT_IN))
+        ordered = sorted(
+            _REGISTRY.items(), key=lambda item: BUILT_IN.index(item[0]) if item[0] in BUILT_IN else len(BUILT_IN)
+        )
         _REGISTRY.clear()
         _REGISTRY.update(ordered)
     return metric
@@ -234,19 +244,63 @@ def _random(x: SequenceInputs) -> Tensor:
     return random_scores((len(x.layers), 1, x.heads, n, n), seed=x.seed)
 
 
-register_metric("raw_attention", label="raw attention α", colour="#888888", marker="o", markersize=7,
-                fn=lambda x: x.alpha, description="α_ij")  # fmt: skip
-register_metric("value_weighted", label="value-weighted α‖ṽ‖", colour="#1f77b4", marker="s", linestyle="--", markersize=6,
-                fn=lambda x: x.alpha * x.value_norm, description="α_ij‖ṽ_j‖ (Kobayashi et al. 2020)")  # fmt: skip
 register_metric(
-    "output_normalized", label="output-normalised α‖ṽ‖/‖o‖", colour="#2ca02c", marker="^", linestyle="-.",
-    fn=lambda x: x.alpha * x.relative, description="α_ij‖ṽ_j‖/‖o_i‖", same_ranking_as="value_weighted",
+    "raw_attention",
+    label="raw attention α",
+    colour="#888888",
+    marker="o",
+    markersize=7,
+    fn=lambda x: x.alpha,
+    description="α_ij",
+)
+register_metric(
+    "value_weighted",
+    label="value-weighted α‖ṽ‖",
+    colour="#1f77b4",
+    marker="s",
+    linestyle="--",
+    markersize=6,
+    fn=lambda x: x.alpha * x.value_norm,
+    description="α_ij‖ṽ_j‖ (Kobayashi et al. 2020)",
+)
+register_metric(
+    "output_normalized",
+    label="output-normalised α‖ṽ‖/‖o‖",
+    colour="#2ca02c",
+    marker="^",
+    linestyle="-.",
+    fn=lambda x: x.alpha * x.relative,
+    description="α_ij‖ṽ_j‖/‖o_i‖",
+    same_ranking_as="value_weighted",
     same_ranking_reason="‖o_i‖ is constant within a ranking group (a (head, query) row, or a query in inter mode), "
     "so α‖ṽ‖/‖o‖ ranks the group's terms exactly as α‖ṽ‖ does",
-)  # fmt: skip
-register_metric("contribution", label="contribution weights c", colour="#d62728", marker="D", markersize=4,
-                fn=lambda x: x.contribution, description="c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j), ranked by signed value")  # fmt: skip
-register_metric("contribution_abs", label="|contribution weights| |c|", colour="#ff7f0e", marker="P", linestyle=":",
-                fn=lambda x: x.contribution, absolute=True, description="|c_ij| (source ranking: |Σ_h c_ij^h|)")  # fmt: skip
-register_metric("random", label="random", colour="#000000", marker="x", linestyle=(0, (6, 2)), fn=_random,
-                per_layer=False, description="uniform scores: the floor")  # fmt: skip
+)
+register_metric(
+    "contribution",
+    label="contribution weights c",
+    colour="#d62728",
+    marker="D",
+    markersize=4,
+    fn=lambda x: x.contribution,
+    description="c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j), ranked by signed value",
+)
+register_metric(
+    "contribution_abs",
+    label="|contribution weights| |c|",
+    colour="#ff7f0e",
+    marker="P",
+    linestyle=":",
+    fn=lambda x: x.contribution,
+    absolute=True,
+    description="|c_ij| (source ranking: |Σ_h c_ij^h|)",
+)
+register_metric(
+    "random",
+    label="random",
+    colour="#000000",
+    marker="x",
+    linestyle=(0, (6, 2)),
+    fn=_random,
+    per_layer=False,
+    description="uniform scores: the floor",
+)

@@ -123,8 +123,17 @@ def _workers() -> int:
 def write_manifest(folder: Path, source: dict) -> dict:
     """Digest every file of ``folder`` and write the manifest (atomically, last)."""
     with ThreadPoolExecutor(_workers()) as pool:
-        files = {rel: {"bytes": (folder / rel).stat().st_size, "sha256_blocks": file_digest(folder / rel, pool)} for rel in _files(folder)}
-    manifest = {"format": FORMAT, "source": source, "geolens": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+        files = {
+            rel: {"bytes": (folder / rel).stat().st_size, "sha256_blocks": file_digest(folder / rel, pool)}
+            for rel in _files(folder)
+        }
+    manifest = {
+        "format": FORMAT,
+        "source": source,
+        "geolens": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "files": files,
+    }
     tmp = folder / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, folder / MANIFEST)
@@ -138,7 +147,10 @@ def read_manifest(folder: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except PermissionError as err:
-        raise CacheError(err.errno, f"cannot read {folder / MANIFEST} ({err.strerror}): make the cache readable, or set GEOLENS_CACHE to a folder of your own") from err
+        raise CacheError(
+            err.errno,
+            f"cannot read {folder / MANIFEST} ({err.strerror}): make the cache readable, or set GEOLENS_CACHE to a folder of your own",
+        ) from err
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
@@ -180,10 +192,14 @@ def verify(folder: Path, source: dict | None = None, *, contents: bool | None = 
     manifest = read_manifest(folder)
     if manifest is None:
         legacy = (folder / LEGACY_MARKER).exists()
-        check.problems.append("made by geolens 0.1, without digests" if legacy else "no manifest (an unfinished or foreign folder)")
+        check.problems.append(
+            "made by geolens 0.1, without digests" if legacy else "no manifest (an unfinished or foreign folder)"
+        )
         return check
     if manifest.get("format") != FORMAT:
-        check.problems.append(f"converted by an older geolens (format {manifest.get('format')}, this one writes {FORMAT})")
+        check.problems.append(
+            f"converted by an older geolens (format {manifest.get('format')}, this one writes {FORMAT})"
+        )
     if source is not None and manifest.get("source") != source:
         check.problems.append(f"stale: converted from {manifest.get('source')}, the installed source is {source}")
     files = manifest["files"]
@@ -208,9 +224,10 @@ def verify(folder: Path, source: dict | None = None, *, contents: bool | None = 
                     digest = file_digest(folder / rel, pool)
                 except PermissionError as err:
                     raise CacheError(
-                        err.errno, f"cannot read the cached model file {folder / rel} ({err.strerror}): make it readable, "
-                        "or set GEOLENS_CACHE to a folder of your own"
-                    ) from err  # fmt: skip
+                        err.errno,
+                        f"cannot read the cached model file {folder / rel} ({err.strerror}): make it readable, "
+                        "or set GEOLENS_CACHE to a folder of your own",
+                    ) from err
                 if digest != info.get("sha256_blocks"):
                     check.problems.append(f"{rel} differs from the recorded digest (altered or damaged)")
         check.contents_checked = True
@@ -258,7 +275,14 @@ def remove_stale_temporaries(root: Path, name: str) -> list[Path]:
     return removed
 
 
-def ensure(name: str, source: dict | None, convert: Callable[[Path], None], *, root: Path | None = None, why_unbuildable: Callable[[], str | None] = lambda: None) -> Path:
+def ensure(
+    name: str,
+    source: dict | None,
+    convert: Callable[[Path], None],
+    *,
+    root: Path | None = None,
+    why_unbuildable: Callable[[], str | None] = lambda: None,
+) -> Path:
     """The verified folder of ``name``, converting it (again) if it is missing, damaged or stale.
 
     Args:
@@ -278,7 +302,9 @@ def ensure(name: str, source: dict | None, convert: Callable[[Path], None], *, r
     if blocker and not final.exists():
         raise ModuleNotFoundError(blocker)  # nothing is created in the cache
     if blocker:
-        raise CacheError(errno.EIO, f"the cached {name} in {final} is unusable ({check.reason}) and cannot be rebuilt: {blocker}")
+        raise CacheError(
+            errno.EIO, f"the cached {name} in {final} is unusable ({check.reason}) and cannot be rebuilt: {blocker}"
+        )
     with _locked(root, name):
         check = verify(final, source)  # another process may have converted it meanwhile
         if check.ok:
@@ -287,7 +313,9 @@ def ensure(name: str, source: dict | None, convert: Callable[[Path], None], *, r
         if leaked:
             logger.info("removed %d temporary folder(s) of interrupted conversions of %s", len(leaked), name)
         if final.exists():
-            logger.warning("geolens: the cached %s in %s is unusable (%s); converting it again", name, final, check.reason)
+            logger.warning(
+                "geolens: the cached %s in %s is unusable (%s); converting it again", name, final, check.reason
+            )
         tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(name)}{os.getpid()}-", dir=root))
         try:
             out = tmp / "checkpoint"
@@ -303,7 +331,9 @@ def ensure(name: str, source: dict | None, convert: Callable[[Path], None], *, r
             shutil.rmtree(tmp, ignore_errors=True)
         check = verify(final, source or {}, contents=True)
         if not check.ok:  # a conversion that does not read back as written: the disk is at fault
-            raise CacheError(errno.EIO, f"the model just converted into {final} does not read back as written ({check.reason})")
+            raise CacheError(
+                errno.EIO, f"the model just converted into {final} does not read back as written ({check.reason})"
+            )
         return final
 
 
@@ -320,9 +350,12 @@ def clear(name: str | None = None, *, root: Path | None = None) -> list[Path]:
     root = root or models_dir()
     if not root.is_dir():
         return []
-    names = {name} if name is not None else {p.name[: -len("-f32")] for p in root.glob("*-f32") if p.is_dir()} | {
-        p.name[1:].split("-tmp-")[0] for p in root.glob(".*-tmp-*") if p.is_dir()
-    }
+    names = (
+        {name}
+        if name is not None
+        else {p.name[: -len("-f32")] for p in root.glob("*-f32") if p.is_dir()}
+        | {p.name[1:].split("-tmp-")[0] for p in root.glob(".*-tmp-*") if p.is_dir()}
+    )
     removed = []
     for model in sorted(names):
         with _locked(root, model):

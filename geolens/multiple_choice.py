@@ -50,7 +50,14 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens.faithfulness.masks import curve_masks, metric_scores
-from geolens.faithfulness.protocol import DIRECTIONS, PAIRS, Protocol, faithfulness_sign, same_ranking_by_construction, verdict
+from geolens.faithfulness.protocol import (
+    DIRECTIONS,
+    PAIRS,
+    MaskingConfig,
+    faithfulness_sign,
+    same_ranking_by_construction,
+    verdict,
+)
 from geolens.interventions.masking import masked_token_nll, tail_nll
 from geolens.stats import bootstrap_indices, mean_ci, paired_bootstrap
 from geolens.stats import verdict as ci_verdict
@@ -127,7 +134,10 @@ def _load_hf(name: str) -> list[Question]:
     kind, _, sub = name.partition(":")
     if kind == "boolq":
         rows = load_dataset("google/boolq", split="validation")
-        return [Question(f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:", ("no", "yes"), int(r["answer"])) for r in rows]
+        return [
+            Question(f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:", ("no", "yes"), int(r["answer"]))
+            for r in rows
+        ]
     if kind == "winogrande":
         rows = load_dataset("allenai/winogrande", "winogrande_xl", split="validation")
         out = []
@@ -138,7 +148,11 @@ def _load_hf(name: str) -> list[Question]:
     if kind == "mmlu":
         rows = load_dataset("cais/mmlu", sub or "all", split="test")
         return [
-            Question(f"{r['question']}\n" + "".join(f"{l}. {c}\n" for l, c in zip("ABCD", r["choices"])) + "Answer:", tuple("ABCD"), int(r["answer"]))
+            Question(
+                f"{r['question']}\n" + "".join(f"{l}. {c}\n" for l, c in zip("ABCD", r["choices"])) + "Answer:",
+                tuple("ABCD"),
+                int(r["answer"]),
+            )
             for r in rows
         ]
     raise ValueError(f"unknown HF multiple-choice set {name!r}: use boolq, winogrande or mmlu[:subject]")
@@ -259,13 +273,22 @@ def question_row(q: Question, qid: int, ll: Sequence[float], lengths: Sequence[i
     lls = torch.tensor(ll, dtype=torch.float64)
     margin = answer_margin(scores, q.answer) if len(scores) > 1 else float("nan")
     return dict(
-        task=q.task, qid=qid, n_choices=len(q.choices), answer=q.answer, predicted=pred, correct=bool(pred == q.answer),
-        logprob_correct=float(lls[q.answer]), logprob_correct_norm=float(torch.log_softmax(lls, 0)[q.answer]),
-        margin=margin, chance=1.0 / len(q.choices),
-    )  # fmt: skip
+        task=q.task,
+        qid=qid,
+        n_choices=len(q.choices),
+        answer=q.answer,
+        predicted=pred,
+        correct=bool(pred == q.answer),
+        logprob_correct=float(lls[q.answer]),
+        logprob_correct_norm=float(torch.log_softmax(lls, 0)[q.answer]),
+        margin=margin,
+        chance=1.0 / len(q.choices),
+    )
 
 
-def score_questions(model, questions: Sequence[Question], *, normalize: str = "sum", fwd_hooks=(), progress: bool = False) -> pd.DataFrame:
+def score_questions(
+    model, questions: Sequence[Question], *, normalize: str = "sum", fwd_hooks=(), progress: bool = False
+) -> pd.DataFrame:
     """One row per question: ``task, qid, n_choices, answer, predicted, correct, logprob_correct,
     logprob_correct_norm, margin, chance`` (:func:`question_row`; ``qid`` = index within its task).
     ``normalize`` picks the choice score (:func:`choice_scores`) that decides the prediction and
@@ -296,7 +319,11 @@ def mc_summary(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0)
     for task, g in groups:
         idx = bootstrap_indices(len(g), n_boot, rng)  # the same resamples for the three columns
         row = dict(task=task, n_questions=int(len(g)), chance=float(g.chance.mean()))
-        for col, name in (("correct", "accuracy"), ("logprob_correct", "logprob_correct"), ("logprob_correct_norm", "logprob_correct_norm")):
+        for col, name in (
+            ("correct", "accuracy"),
+            ("logprob_correct", "logprob_correct"),
+            ("logprob_correct_norm", "logprob_correct_norm"),
+        ):
             m, lo, hi = mean_ci(g[col].astype(float), indices=idx)
             row.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
         rows.append(row)
@@ -339,7 +366,7 @@ def choice_loglik(model, tokens: torch.Tensor, n_choice: int) -> float:
 def mc_under_masks_per_question(
     model,
     questions: Sequence[Question],
-    protocol: Protocol,
+    protocol: MaskingConfig,
     metrics: Sequence[str],
     *,
     normalize: str = "sum",
@@ -375,10 +402,14 @@ def mc_under_masks_per_question(
         for ci, (tokens, n) in enumerate(rows):
             clean_ll.append(choice_loglik(model, tokens, n))
             scores = metric_scores(model, tokens, protocol, metrics, seed=seed + 1000 * qi + ci)
-            masks = torch.cat([curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1)
+            masks = torch.cat(
+                [curve_masks(scores[m], protocol).expand(-1, -1, n_heads, -1, -1) for m in metrics], dim=1
+            )
             nll = masked_token_nll(model, tokens, masks, layers, chunk_size=chunk_size, n_scored=n)
             masked_ll.append(-nll.to(torch.float64).sum(-1).reshape(len(metrics), n_d, n_k))
-        out.append(dict(metric="clean", direction="none", fraction=0.0, **question_row(q, qid, clean_ll, lengths, normalize)))
+        out.append(
+            dict(metric="clean", direction="none", fraction=0.0, **question_row(q, qid, clean_ll, lengths, normalize))
+        )
         ll = torch.stack(masked_ll, dim=-1)  # [metric, direction, k, choice]
         for mi, m in enumerate(metrics):
             for di, d in enumerate(DIRECTIONS):
@@ -394,16 +425,30 @@ def mc_conditions(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int =
     rows = []
     for (m, d, k), g in per_question.groupby(["metric", "direction", "fraction"], sort=False):
         sm = mc_summary(g.assign(task="all"), n_boot=n_boot, seed=seed).iloc[0]
-        rows.append(dict(
-            metric=m, direction=d, fraction=float(k), accuracy=float(sm.accuracy), n_questions=int(sm.n_questions),
-            accuracy_lo=float(sm.accuracy_lo), accuracy_hi=float(sm.accuracy_hi), logprob_correct=float(sm.logprob_correct),
-            logprob_correct_lo=float(sm.logprob_correct_lo), logprob_correct_hi=float(sm.logprob_correct_hi),
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                metric=m,
+                direction=d,
+                fraction=float(k),
+                accuracy=float(sm.accuracy),
+                n_questions=int(sm.n_questions),
+                accuracy_lo=float(sm.accuracy_lo),
+                accuracy_hi=float(sm.accuracy_hi),
+                logprob_correct=float(sm.logprob_correct),
+                logprob_correct_lo=float(sm.logprob_correct_lo),
+                logprob_correct_hi=float(sm.logprob_correct_hi),
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def mc_pairs(
-    per_question: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, *, n_boot: int = 2000, seed: int = 0, protocol: dict | None = None
+    per_question: pd.DataFrame,
+    pairs: Sequence[tuple[str, str]] = PAIRS,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    protocol: dict | None = None,
 ) -> pd.DataFrame:
     """Paired verdicts of multiple choice under masks, as the language-modelling ones.
 
@@ -418,7 +463,11 @@ def mc_pairs(
     and every verdict is ``no range``. With the masks' ``protocol``, a pair that masks identically
     by construction (:func:`~geolens.faithfulness.same_ranking_by_construction`) is ``not testable``.
     """
-    identical = {frozenset(("value_weighted", "output_normalized"))} if protocol and same_ranking_by_construction(protocol) else set()
+    identical = (
+        {frozenset(("value_weighted", "output_normalized"))}
+        if protocol and same_ranking_by_construction(protocol)
+        else set()
+    )
     key = ["task", "qid"]
     clean = per_question[per_question.metric == "clean"].set_index(key)
     n_q = len(clean)
@@ -426,7 +475,11 @@ def mc_pairs(
     order = clean.index
 
     def column(metric, direction, k, col="logprob_correct"):
-        g = per_question[(per_question.metric == metric) & (per_question.direction == direction) & np.isclose(per_question.fraction, k)]
+        g = per_question[
+            (per_question.metric == metric)
+            & (per_question.direction == direction)
+            & np.isclose(per_question.fraction, k)
+        ]
         return g.set_index(key).reindex(order)[col].astype(float).to_numpy()
 
     def ci_of(x):
@@ -437,7 +490,9 @@ def mc_pairs(
     fractions = sorted(set(per_question.fraction[per_question.metric != "clean"]))
     has_range, rand = True, (float("nan"),) * 3
     if "random" in ran and fractions:
-        rand = ci_of(column("random", "comprehensiveness", fractions[-1]) - clean["logprob_correct"].astype(float).to_numpy())
+        rand = ci_of(
+            column("random", "comprehensiveness", fractions[-1]) - clean["logprob_correct"].astype(float).to_numpy()
+        )
         has_range = not (rand[1] <= 0 <= rand[2])
     rows = []
     for a, b in pairs:
@@ -448,10 +503,25 @@ def mc_pairs(
             for k in fractions:
                 diff, lo, hi = ci_of(sign * (column(b, d, k) - column(a, d, k)))
                 acc = ci_of(np.sign(sign) * (column(b, d, k, "correct") - column(a, d, k, "correct")))
-                rows.append(dict(
-                    a=a, b=b, direction=d, fraction=float(k), quantity="logprob_correct", diff=diff, ci_low=lo, ci_high=hi,
-                    verdict=verdict(lo, hi, has_range, n_q, testable=frozenset((a, b)) not in identical), accuracy_diff=acc[0], accuracy_diff_lo=acc[1], accuracy_diff_hi=acc[2],
-                    n_questions=n_q, n_boot=n_boot, random_delta_logprob=rand[0], random_delta_logprob_lo=rand[1],
-                    random_delta_logprob_hi=rand[2],
-                ))  # fmt: skip
+                rows.append(
+                    dict(
+                        a=a,
+                        b=b,
+                        direction=d,
+                        fraction=float(k),
+                        quantity="logprob_correct",
+                        diff=diff,
+                        ci_low=lo,
+                        ci_high=hi,
+                        verdict=verdict(lo, hi, has_range, n_q, testable=frozenset((a, b)) not in identical),
+                        accuracy_diff=acc[0],
+                        accuracy_diff_lo=acc[1],
+                        accuracy_diff_hi=acc[2],
+                        n_questions=n_q,
+                        n_boot=n_boot,
+                        random_delta_logprob=rand[0],
+                        random_delta_logprob_lo=rand[1],
+                        random_delta_logprob_hi=rand[2],
+                    )
+                )
     return pd.DataFrame(rows)

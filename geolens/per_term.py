@@ -175,7 +175,9 @@ def _terms(clean: _Clean, scope: str, only: Sequence | None = None) -> tuple[Ten
     return ran, every
 
 
-def _outcomes(logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "d_vocab"], top: int, outcome) -> dict[str, Tensor]:
+def _outcomes(
+    logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "d_vocab"], top: int, outcome
+) -> dict[str, Tensor]:
     """KL(reference ‖ row) and p_row(top) − p_reference(top) per row, in float64."""
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     ref = torch.log_softmax(reference.to(torch.float64), dim=-1)
@@ -187,7 +189,9 @@ def _outcomes(logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "
     return out
 
 
-def _assemble(model, layer, query, scope, outcome, clean, ran, terms, values: dict[str, list[Tensor]], method) -> PerTermEffects:
+def _assemble(
+    model, layer, query, scope, outcome, clean, ran, terms, values: dict[str, list[Tensor]], method
+) -> PerTermEffects:
     top = int(clean.logits.argmax())
     fields = {}
     for name in OUTCOMES:
@@ -203,7 +207,9 @@ def _assemble(model, layer, query, scope, outcome, clean, ran, terms, values: di
                 full[[h for h, _ in terms], [j for _, j in terms]] = flat
         fields[name] = full
     p = torch.softmax(clean.logits.to(torch.float64), -1)[top]
-    return PerTermEffects(layer, query, scope, fields["kl"], fields["delta_p"], top, float(p), ran.cpu(), model_mode(model), method)
+    return PerTermEffects(
+        layer, query, scope, fields["kl"], fields["delta_p"], top, float(p), ran.cpu(), model_mode(model), method
+    )
 
 
 def _chunks(items: Sequence, size: int) -> Iterable[Sequence]:
@@ -236,7 +242,9 @@ def _z_hook(delta: Tensor) -> Callable:
     return hook
 
 
-def _removal_effects(model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int, only=None) -> PerTermEffects:
+def _removal_effects(
+    model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int, only=None
+) -> PerTermEffects:
     """The fast path's batches for one scope, given the clean state and the clean prefix's KV cache."""
     adapter = adapter_for(model)
     values: dict[str, list[Tensor]] = {name: [] for name in outcome}
@@ -389,7 +397,9 @@ def position_effects(
         else:
             logits, cache = clean_run
             if logits.shape[:2] != tokens.shape:
-                raise ValueError(f"clean_run's logits {tuple(logits.shape)} are not those of tokens {tuple(tokens.shape)}")
+                raise ValueError(
+                    f"clean_run's logits {tuple(logits.shape)} are not those of tokens {tuple(tokens.shape)}"
+                )
             clean = clean_position(model, logits, cache, layer, query)
         if kv_cache is None:
             prefix = adapter.prefix_kv_cache(tokens[:, :query])
@@ -416,7 +426,9 @@ def _check_reference(row: Tensor, clean: Tensor, layer: int, query: int) -> None
 # The naive path
 
 
-def _naive_effects(model, tokens, clean: _Clean, layer: int, query: int, scope: str, outcome, batch_size: int, only) -> PerTermEffects:
+def _naive_effects(
+    model, tokens, clean: _Clean, layer: int, query: int, scope: str, outcome, batch_size: int, only
+) -> PerTermEffects:
     """The naive path of :func:`per_term_effects`: full forwards of the whole text, ``batch_size``
     terms per forward, each with its α_ij^h zeroed in ``layer``'s pattern at ``query``."""
     adapter = adapter_for(model)

@@ -90,11 +90,22 @@ class AttentionEntropy(CorpusAnalysis):
         return self.moments.mean.float()
 
 
-def attention_entropy(model, tokens: Int[Tensor, "n seq"], *, batch_size: int = 8, progress: bool = False) -> Float[Tensor, "layer head"]:
+def attention_entropy(
+    model, tokens: Int[Tensor, "n seq"], *, batch_size: int = 8, progress: bool = False
+) -> Float[Tensor, "layer head"]:
     """Mean attention entropy per head over ``tokens`` (streamed, :class:`AttentionEntropy`)."""
     from geolens.runner import run_analysis
 
-    return run_analysis(model, tokens, AttentionEntropy, model.cfg.n_layers, model.cfg.n_heads, batch_size=batch_size, progress=progress, desc="entropy")
+    return run_analysis(
+        model,
+        tokens,
+        AttentionEntropy,
+        model.cfg.n_layers,
+        model.cfg.n_heads,
+        batch_size=batch_size,
+        progress=progress,
+        desc="entropy",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +120,9 @@ def order_by_score(score: Float[Tensor, "layer head"], *, descending: bool = Fal
     return [(i // n_heads, i % n_heads) for i in idx]
 
 
-def regime_order(table: pd.DataFrame, *, regimes: Sequence[str] = REGIME_PRUNE_ORDER, tie_break: str = "share_current") -> list[Head]:
+def regime_order(
+    table: pd.DataFrame, *, regimes: Sequence[str] = REGIME_PRUNE_ORDER, tie_break: str = "share_current"
+) -> list[Head]:
     """Reset → Mixer → Retriever (``regimes``), ascending ``tie_break`` within a regime.
 
     ``table`` has one row per head with columns ``layer, head, regime`` and ``tie_break`` (the
@@ -171,7 +184,9 @@ def n_pruned(retention: float, n_total: int) -> int:
 # Evaluation
 
 
-def corpus_nll(model, tokens: Int[Tensor, "n seq"], fwd_hooks=(), *, batch_size: int = 8, n_scored: int | None = None) -> float:
+def corpus_nll(
+    model, tokens: Int[Tensor, "n seq"], fwd_hooks=(), *, batch_size: int = 8, n_scored: int | None = None
+) -> float:
     """Mean next-token NLL over the predictions of ``tokens`` (the last ``n_scored`` of each
     window, all by default), with ``fwd_hooks`` applied."""
     total, count = 0.0, 0
@@ -209,7 +224,9 @@ def pruning_curves(
         k = n_pruned(r, n_total)
         hooks = head_ablation_hooks(model, order[:k], mode, means) if k else []
         ppl = float(np.exp(corpus_nll(model, tokens, hooks, batch_size=batch_size, n_scored=n_scored)))
-        rows.append(dict(order=name, retention=r, n_pruned=k, ppl=ppl, delta_ppl=ppl - clean, clean_ppl=clean, mode=mode))
+        rows.append(
+            dict(order=name, retention=r, n_pruned=k, ppl=ppl, delta_ppl=ppl - clean, clean_ppl=clean, mode=mode)
+        )
     return pd.DataFrame(rows)
 
 
@@ -238,9 +255,14 @@ class SensitivityResult:
         n_layers, n_heads = self.delta_ppl.shape
         l, h = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
         return pd.DataFrame(
-            dict(layer=l.ravel(), head=h.ravel(), delta_ppl=self.delta_ppl.ravel(), robust_z=self.z.ravel(),
-                 critical=np.abs(self.z.ravel()) > self.threshold)
-        )  # fmt: skip
+            dict(
+                layer=l.ravel(),
+                head=h.ravel(),
+                delta_ppl=self.delta_ppl.ravel(),
+                robust_z=self.z.ravel(),
+                critical=np.abs(self.z.ravel()) > self.threshold,
+            )
+        )
 
     @property
     def critical(self) -> pd.DataFrame:
@@ -277,10 +299,20 @@ def head_sensitivity(
             count += n_scored or seq.shape[1] - 1
             target = seq.expand(H, -1)
             for l in range(cfg.n_layers):
-                hooks = [branch_hook(model, l, H)] + list(head_ablation_hooks(model, {l: table["rows"]}, mode, means)) + tail
+                hooks = (
+                    [branch_hook(model, l, H)]
+                    + list(head_ablation_hooks(model, {l: table["rows"]}, mode, means))
+                    + tail
+                )
                 with applied(model, hooks):
                     nll = tail_nll(model(seq, return_type="logits"), target)  # [H, scored]
                 nll_sum[l] += nll.double().sum(-1)
     clean_ppl = float(np.exp(clean_nll))
     delta = np.exp((nll_sum / count).numpy()) - clean_ppl
-    return SensitivityResult(delta_ppl=delta, z=robust_z(delta.ravel()).reshape(delta.shape), clean_ppl=clean_ppl, mode=mode, threshold=threshold)
+    return SensitivityResult(
+        delta_ppl=delta,
+        z=robust_z(delta.ravel()).reshape(delta.shape),
+        clean_ppl=clean_ppl,
+        mode=mode,
+        threshold=threshold,
+    )

@@ -154,12 +154,18 @@ def require_complete(folder: str | os.PathLike, *, what: str = "results") -> Pat
         raise IncompleteResults(f"{folder} does not exist")
     for parent in list(folder.resolve().parents)[:3]:  # a sub-folder of a run (a model's report)
         if (parent / INCOMPLETE).is_file():
-            raise IncompleteResults(f"{folder} is inside {parent}, which holds incomplete {what}; rerun the command with --overwrite")
+            raise IncompleteResults(
+                f"{folder} is inside {parent}, which holds incomplete {what}; rerun the command with --overwrite"
+            )
     if state == "incomplete":
         note = (folder / INCOMPLETE).read_text(encoding="utf-8", errors="replace").splitlines()[:1]
-        raise IncompleteResults(f"{folder} holds incomplete {what} ({note[0] if note else 'interrupted run'}); rerun the command with --overwrite (or --resume)")
+        raise IncompleteResults(
+            f"{folder} holds incomplete {what} ({note[0] if note else 'interrupted run'}); rerun the command with --overwrite (or --resume)"
+        )
     if state == "damaged":
-        raise IncompleteResults(f"{folder} holds damaged {what} ({'; '.join(manifest_problems(folder)[:3])}); rerun the command with --overwrite")
+        raise IncompleteResults(
+            f"{folder} holds damaged {what} ({'; '.join(manifest_problems(folder)[:3])}); rerun the command with --overwrite"
+        )
     return folder
 
 
@@ -236,8 +242,15 @@ class RunFolder:
         if not self.was_complete:  # a replot of an incomplete run: still incomplete
             self.state = "left"
             return self.path
-        files = {str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in self._results()}
-        manifest = {"command": f"geolens {self.command}", "geolens": __version__, "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+        files = {
+            str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in self._results()
+        }
+        manifest = {
+            "command": f"geolens {self.command}",
+            "geolens": __version__,
+            "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "files": files,
+        }
         from geolens.checkpoint import atomic_write_bytes
 
         atomic_write_bytes(self.path / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -249,7 +262,11 @@ class RunFolder:
     def _remove_empty_folders(self) -> None:
         """The empty folders this run made inside its folder (a model's sub-folder), then the
         folders it created for it."""
-        for sub in sorted((p for p in self.path.rglob("*") if p.is_dir() and not p.name.startswith(STASH_PREFIX)), key=lambda p: len(p.parts), reverse=True):
+        for sub in sorted(
+            (p for p in self.path.rglob("*") if p.is_dir() and not p.name.startswith(STASH_PREFIX)),
+            key=lambda p: len(p.parts),
+            reverse=True,
+        ):
             try:
                 sub.rmdir()
             except OSError:
@@ -267,7 +284,11 @@ class RunFolder:
         if self.state == "complete":
             return f"results in {self.path}"
         if self.state == "left":
-            return f"partial results in {self.path} (incomplete)" if (self.path / INCOMPLETE).exists() else "nothing written"
+            return (
+                f"partial results in {self.path} (incomplete)"
+                if (self.path / INCOMPLETE).exists()
+                else "nothing written"
+            )
         if not self.path.is_dir():
             self.state = "left"
             return "nothing written"
@@ -351,7 +372,9 @@ def _previous_run_files(folder: Path, state: State, foreign: tuple[str, ...]) ->
         if "written" in data:
             return sorted(data["written"])
         started, keep = float(data.get("started", float("inf"))), set(foreign)
-        return sorted(rel for rel, (_, mtime) in _snapshot(folder).items() if rel not in keep and mtime / 1e9 >= started)
+        return sorted(
+            rel for rel, (_, mtime) in _snapshot(folder).items() if rel not in keep and mtime / 1e9 >= started
+        )
     return []
 
 
@@ -382,10 +405,16 @@ def open_run_folder(
     state = folder_state(path)
     if replot or resume:
         if state in ("absent", "empty"):
-            raise UsageError(f"{'--replot' if replot else '--resume'}: {path} holds no results to {'replot' if replot else 'continue'}")
+            raise UsageError(
+                f"{'--replot' if replot else '--resume'}: {path} holds no results to {'replot' if replot else 'continue'}"
+            )
     elif state not in ("absent", "empty"):
         if not overwrite:
-            hint = "pass --overwrite to replace them" + (", or --resume to continue them" if resumable else "") + ", or choose another --out"
+            hint = (
+                "pass --overwrite to replace them"
+                + (", or --resume to continue them" if resumable else "")
+                + ", or choose another --out"
+            )
             raise UsageError(f"{option} {path} already holds {_describe(path, state)}; {hint}")
     created = []
     probe = path
@@ -403,12 +432,19 @@ def open_run_folder(
                 folder.rmdir()
             except OSError:
                 break
-        raise UsageError(f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out") from err
+        raise UsageError(
+            f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out"
+        ) from err
     foreign = _foreign_files(path, state)
     folder = RunFolder(
-        path, command, resume=resume, created=created, foreign=foreign, had_marker=state == "incomplete",
+        path,
+        command,
+        resume=resume,
+        created=created,
+        foreign=foreign,
+        had_marker=state == "incomplete",
         was_complete=state not in ("incomplete", "damaged") or not replot,
-    )  # fmt: skip
+    )
     previous = _previous_run_files(path, state, foreign) if overwrite and not (resume or replot) else []
     _open_list().append(folder)  # from here on an interrupt leaves or restores it
     folder._mark()

@@ -172,7 +172,9 @@ def run_corpus(
     stop = stop_layer(model, wanted) if stop_early else None
     extra = {} if stop is None else {"stop_at_layer": stop}
     streamed = hf and all(layerwise(a, model) for a in analyses)
-    bar = tqdm(total=total, initial=start, desc=desc, disable=not progress, miniters=1, mininterval=0)  # redrawn every batch
+    bar = tqdm(
+        total=total, initial=start, desc=desc, disable=not progress, miniters=1, mininterval=0
+    )  # redrawn every batch
     for index in range(start, total):
         rows = slice(index * batch_size, (index + 1) * batch_size)
         batch = as_token_tensor(tokens[rows])

@@ -390,7 +390,9 @@ def holm_family(estimates, samples, *, testable=None, alpha: float = 0.05) -> li
             stopped = stopped or r
             decision = "tie"
         by_p = p_adj[t] < alpha
-        out[t] = FamilyTest(estimates[t], lo, hi, level, p[t], float(p_adj[t]), r, decision, stopped, bool(by_p != (decision != "tie")))
+        out[t] = FamilyTest(
+            estimates[t], lo, hi, level, p[t], float(p_adj[t]), r, decision, stopped, bool(by_p != (decision != "tie"))
+        )
     for t in range(len(estimates)):
         if t not in out:
             out[t] = FamilyTest(estimates[t], nan, nan, nan, nan, nan, 0, "not testable", 0, False)

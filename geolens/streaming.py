@@ -32,7 +32,7 @@ def _f64(x) -> Tensor:
 
 
 class Accumulator:
-    """Protocol: ``update`` with data, ``merge`` another, ``state_dict``/``load_state_dict``."""
+    """MaskingConfig: ``update`` with data, ``merge`` another, ``state_dict``/``load_state_dict``."""
 
     def merge(self, other: "Accumulator") -> "Accumulator":  # pragma: no cover - interface
         raise NotImplementedError
@@ -86,7 +86,9 @@ class Moments(Accumulator):
     @property
     def var(self) -> Tensor:
         """Unbiased sample variance (NaN where fewer than 2 samples)."""
-        return torch.where(self.count > 1, self.m2 / (self.count - 1).clamp_min(1), torch.full_like(self.m2, float("nan")))
+        return torch.where(
+            self.count > 1, self.m2 / (self.count - 1).clamp_min(1), torch.full_like(self.m2, float("nan"))
+        )
 
     @property
     def std(self) -> Tensor:
@@ -164,7 +166,9 @@ class Histogram(Accumulator):
 
     @property
     def payload_mean(self) -> Tensor:
-        return torch.where(self.counts > 0, self.payload_sum / self.counts.clamp_min(1), torch.full_like(self.counts, float("nan")))
+        return torch.where(
+            self.counts > 0, self.payload_sum / self.counts.clamp_min(1), torch.full_like(self.counts, float("nan"))
+        )
 
     @property
     def payload_sem(self) -> Tensor:
@@ -273,7 +277,10 @@ def plain_config(value) -> Any:
         digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
         return {"tensor_sha256": digest, "shape": list(t.shape), "dtype": str(t.dtype)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"class": type(value).__qualname__, **{f.name: plain_config(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "class": type(value).__qualname__,
+            **{f.name: plain_config(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     if isinstance(value, tuple) and hasattr(value, "_asdict"):
         return {"class": type(value).__qualname__, **{k: plain_config(v) for k, v in value._asdict().items()}}
     if isinstance(value, dict):
@@ -347,7 +354,9 @@ def config_differences(saved: Any, current: Any, path: str = "") -> list[tuple[s
     if isinstance(saved, dict) and isinstance(current, dict):
         out = []
         for k in list(current) + [k for k in saved if k not in current]:
-            out += config_differences(saved.get(k, "<absent>"), current.get(k, "<absent>"), f"{path}.{k}" if path else str(k))
+            out += config_differences(
+                saved.get(k, "<absent>"), current.get(k, "<absent>"), f"{path}.{k}" if path else str(k)
+            )
         return out
     if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
         return [d for i, (a, b) in enumerate(zip(saved, current)) for d in config_differences(a, b, f"{path}[{i}]")]
@@ -406,7 +415,9 @@ def _pack(v):
 def _unpack(current, saved):
     if isinstance(saved, dict) and "__acc__" in saved:
         if not isinstance(current, Accumulator):
-            raise ValueError("state holds an accumulator where the analysis has none: construct the analysis with the same arguments")
+            raise ValueError(
+                "state holds an accumulator where the analysis has none: construct the analysis with the same arguments"
+            )
         current.load_state_dict(saved["__acc__"])
         return current
     if isinstance(saved, Tensor):
@@ -418,4 +429,3 @@ def _unpack(current, saved):
         cur = current if isinstance(current, (list, tuple)) and len(current) == len(saved) else [None] * len(saved)
         return type(saved)(_unpack(c, x) for c, x in zip(cur, saved))
     return saved
-

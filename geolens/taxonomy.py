@@ -95,7 +95,12 @@ def winners(
 ) -> Int[Tensor, "batch head query"]:
     """w_i = argmax_{j ∈ T_i} α_ij ‖v_j‖ (the first maximal j on ties) over the visible sources
     T_i (causal; within the sliding ``window`` of a local layer, :mod:`geolens.visibility`)."""
-    if pattern.ndim != 4 or norms.ndim != 3 or pattern.shape[:2] != norms.shape[:2] or pattern.shape[-1] != norms.shape[-1]:
+    if (
+        pattern.ndim != 4
+        or norms.ndim != 3
+        or pattern.shape[:2] != norms.shape[:2]
+        or pattern.shape[-1] != norms.shape[-1]
+    ):
         raise ValueError(
             f"winners needs pattern [batch, head, query, key] and norms [batch, head, key], got "
             f"{tuple(pattern.shape)} and {tuple(norms.shape)}"
@@ -116,7 +121,10 @@ def winner_kinds(win: Int[Tensor, "batch head query"], *, query_offset: int = 0)
 
 
 def offset_counts(
-    win: Int[Tensor, "batch head query"], kinds: Int[Tensor, "batch head query"], positions: Int[Tensor, "query"], size: int
+    win: Int[Tensor, "batch head query"],
+    kinds: Int[Tensor, "batch head query"],
+    positions: Int[Tensor, "query"],
+    size: int,
 ) -> Float[Tensor, "head size"]:
     """Counts ``[head, size]`` of i − w_i (index k ↔ offset −k) over the "other" winners (kind 2)."""
     back = (positions[None, None, :] - win).to(torch.int64)  # i − w_i ≥ 1 for "other"
@@ -217,7 +225,9 @@ class TaxonomyAnalysis(CorpusAnalysis):
             layer = get_attention_layer(model, cache, l)
             n_q, n_k = layer.pattern.shape[2:]
             if n_q != n_k or n_q < 2:
-                raise ValueError(f"the taxonomy needs full square patterns of windows of at least 2 tokens, got {n_q} queries and {n_k} keys")
+                raise ValueError(
+                    f"the taxonomy needs full square patterns of windows of at least 2 tokens, got {n_q} queries and {n_k} keys"
+                )
             window = sliding_window(model, l)
             win = winners(layer.pattern, value_norms(layer, self.space), window=window)
             kinds = winner_kinds(win)
@@ -233,7 +243,9 @@ class TaxonomyAnalysis(CorpusAnalysis):
                 if p > n_q:
                     continue
                 pq = self._counted(p)
-                self.prefix_counts.total[p_idx, l] += torch.nn.functional.one_hot(kinds[:, :, pq], 3).to(torch.float64).sum(dim=(0, 2)).cpu()
+                self.prefix_counts.total[p_idx, l] += (
+                    torch.nn.functional.one_hot(kinds[:, :, pq], 3).to(torch.float64).sum(dim=(0, 2)).cpu()
+                )
             cos_sink, cos_cur = _alignments(layer, self.space, window)
             sink_cos.append(cos_sink[:, :, q])
             cur_cos.append(cos_cur[:, :, q])
@@ -248,7 +260,14 @@ class TaxonomyAnalysis(CorpusAnalysis):
 
     def merge(self, other: "TaxonomyAnalysis") -> "TaxonomyAnalysis":
         mine = (self.n_layers, self.n_heads, self.space, self.queries, self.skip_first_query, self.prefix_lengths)
-        theirs = (other.n_layers, other.n_heads, other.space, other.queries, other.skip_first_query, other.prefix_lengths)
+        theirs = (
+            other.n_layers,
+            other.n_heads,
+            other.space,
+            other.queries,
+            other.skip_first_query,
+            other.prefix_lengths,
+        )
         if mine != theirs:
             raise ValueError(f"cannot merge taxonomy analyses of different settings: {mine} vs {theirs}")
         size = max(self.offsets.total.shape[-1], other.offsets.total.shape[-1])
@@ -334,7 +353,9 @@ class TaxonomyResult:
             for h in range(self.offsets.shape[1]):
                 c = self.offsets[l, h]
                 for k in [int(k) for k in torch.argsort(-c, stable=True)[:top] if c[k] > 0]:
-                    rows.append({"layer": l, "head": h, "offset": -k, "count": int(c[k]), "share": float(c[k] / n[l, h])})
+                    rows.append(
+                        {"layer": l, "head": h, "offset": -k, "count": int(c[k]), "share": float(c[k] / n[l, h])}
+                    )
         return pd.DataFrame(rows, columns=["layer", "head", "offset", "count", "share"])
 
     def by_length(self) -> pd.DataFrame:
@@ -342,7 +363,16 @@ class TaxonomyResult:
         ``n_queries_per_head``, the share of heads in each regime (``Mixer``, ``Retriever``,
         ``Reset``), the mean winner shares over heads (``share_sink``, …) and the share of heads
         whose regime differs from the full windows' (``changed_vs_full``)."""
-        cols = ["prefix_length", "n_windows", "n_queries_per_head", *REGIMES, "share_sink", "share_current", "share_other", "changed_vs_full"]
+        cols = [
+            "prefix_length",
+            "n_windows",
+            "n_queries_per_head",
+            *REGIMES,
+            "share_sink",
+            "share_current",
+            "share_other",
+            "changed_vs_full",
+        ]
         if self.prefix_counts is None or not self.prefix_lengths:
             return pd.DataFrame(columns=cols)
         rows = []
@@ -418,7 +448,9 @@ def taxonomy_from_counts(
     if offsets is not None:
         offsets = torch.as_tensor(offsets, dtype=torch.float64)
         if offsets.ndim != 3 or offsets.shape[:2] != counts.shape[:2]:
-            raise ValueError(f"offsets must be [layer, head, K] with the counts' layers and heads, got {tuple(offsets.shape)}")
+            raise ValueError(
+                f"offsets must be [layer, head, K] with the counts' layers and heads, got {tuple(offsets.shape)}"
+            )
         if not torch.allclose(offsets.sum(-1), counts[..., 2]):
             raise ValueError("offset counts do not add up to the 'other' winner counts")
         top_count, top_k = offsets.max(dim=-1)  # first maximum: the offset nearest the query
@@ -436,10 +468,14 @@ def taxonomy_from_counts(
             for r, o, s in zip(cols["regime"], cols["top_offset"], cols["top_offset_share"])
         ]
     if out_of_window is not None:
-        cols["n_out_of_window"] = torch.as_tensor(out_of_window, dtype=torch.float64).reshape(-1).numpy().astype(np.int64)
+        cols["n_out_of_window"] = (
+            torch.as_tensor(out_of_window, dtype=torch.float64).reshape(-1).numpy().astype(np.int64)
+        )
     table = pd.DataFrame(cols)
     distribution = {r: float((regimes == r).mean()) for r in REGIMES}
-    return TaxonomyResult(table=table, regimes=regimes, space=space, model_mode=model_mode, distribution=distribution, offsets=offsets)
+    return TaxonomyResult(
+        table=table, regimes=regimes, space=space, model_mode=model_mode, distribution=distribution, offsets=offsets
+    )
 
 
 def head_taxonomy(
@@ -472,9 +508,18 @@ def head_taxonomy(
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [n, seq] with seq ≥ 2, got {tuple(tokens.shape)}")
     return run_analysis(
-        model, tokens, TaxonomyAnalysis.for_model, model, space=space, skip_first_query=skip_first_query, queries=queries,
-        prefix_lengths=prefix_lengths, batch_size=batch_size, progress=progress, desc="taxonomy",
-    )  # fmt: skip
+        model,
+        tokens,
+        TaxonomyAnalysis.for_model,
+        model,
+        space=space,
+        skip_first_query=skip_first_query,
+        queries=queries,
+        prefix_lengths=prefix_lengths,
+        batch_size=batch_size,
+        progress=progress,
+        desc="taxonomy",
+    )
 
 
 def compare_taxonomies(a: TaxonomyResult, b: TaxonomyResult, names: tuple[str, str] = ("a", "b")) -> dict:
@@ -488,7 +533,9 @@ def compare_taxonomies(a: TaxonomyResult, b: TaxonomyResult, names: tuple[str, s
     if a.regimes.shape != b.regimes.shape:
         raise ValueError(f"the two taxonomies cover different heads: {a.regimes.shape} vs {b.regimes.shape}")
     agree = float((a.regimes == b.regimes).mean())
-    dist = pd.DataFrame({names[0]: pd.Series(a.distribution), names[1]: pd.Series(b.distribution)}).reindex(list(REGIMES))
+    dist = pd.DataFrame({names[0]: pd.Series(a.distribution), names[1]: pd.Series(b.distribution)}).reindex(
+        list(REGIMES)
+    )
     confusion = pd.crosstab(
         pd.Categorical(a.regimes.ravel(), categories=list(REGIMES)),
         pd.Categorical(b.regimes.ravel(), categories=list(REGIMES)),
@@ -501,4 +548,10 @@ def compare_taxonomies(a: TaxonomyResult, b: TaxonomyResult, names: tuple[str, s
     for k, kind in enumerate(WINNER_KINDS):
         x, y = sa[..., k].ravel(), sb[..., k].ravel()
         corr[kind] = float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else float("nan")
-    return {"agreement": agree, "n_heads": int(a.regimes.size), "distribution": dist, "confusion": confusion, "share_correlation": corr}
+    return {
+        "agreement": agree,
+        "n_heads": int(a.regimes.size),
+        "distribution": dist,
+        "confusion": confusion,
+        "share_correlation": corr,
+    }

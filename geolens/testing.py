@@ -67,27 +67,52 @@ def tiny_hf_model(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2, n_ctx:
     torch.manual_seed(seed)
     if kind == "gqa":
         cfg = LlamaConfig(
-            vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=n_ctx,
-            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-        )  # fmt: skip
+            vocab_size=VOCAB_SIZE,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=n_ctx,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        )
         model = LlamaForCausalLM(cfg)
     elif kind == "mha":
         cfg = GPT2Config(
-            vocab_size=VOCAB_SIZE, n_embd=32, n_layer=n_layers, n_head=4, n_positions=n_ctx,
-            bos_token_id=0, eos_token_id=1, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
-        )  # fmt: skip
+            vocab_size=VOCAB_SIZE,
+            n_embd=32,
+            n_layer=n_layers,
+            n_head=4,
+            n_positions=n_ctx,
+            bos_token_id=0,
+            eos_token_id=1,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+        )
         model = GPT2LMHeadModel(cfg)
         _randomise_biases(model)
     elif kind == "gemma":
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         cfg = Gemma3TextConfig(
-            vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=n_ctx,
-            sliding_window=16, layer_types=["sliding_attention"] * (n_layers - 1) + ["full_attention"],
-            bos_token_id=0, eos_token_id=1, pad_token_id=2,
-        )  # fmt: skip
+            vocab_size=VOCAB_SIZE,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=n_ctx,
+            sliding_window=16,
+            layer_types=["sliding_attention"] * (n_layers - 1) + ["full_attention"],
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        )
         model = Gemma3ForCausalLM(cfg)
         # Random init leaves the norm weights at their neutral value; perturb them so that the
         # post-attention norm really changes hook_attn_out.
@@ -105,17 +130,26 @@ def tiny_hf_model(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2, n_ctx:
 def tiny_bridge(kind: str = "gqa", *, seed: int = 0, compatibility_mode: bool = False, n_layers: int = 2):
     """A tiny random ``TransformerBridge`` (TransformerLens 4.x), built offline."""
     hf = tiny_hf_model(kind, seed=seed, n_layers=n_layers)
-    return transformer_bridge(f"geolens-tiny-{kind}", hf, tiny_tokenizer(), compatibility_mode=compatibility_mode, device="cpu")
+    return transformer_bridge(
+        f"geolens-tiny-{kind}", hf, tiny_tokenizer(), compatibility_mode=compatibility_mode, device="cpu"
+    )
 
 
 def tiny_hooked(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2):
     """A tiny random ``HookedTransformer`` (TransformerLens 2.x/3.x) with non-zero biases."""
-    common = dict(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=VOCAB_SIZE, n_ctx=128, seed=seed)
+    common = dict(
+        n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=VOCAB_SIZE, n_ctx=128, seed=seed
+    )
     if kind == "gqa":
         fields = dict(
-            **common, n_key_value_heads=2, act_fn="silu", normalization_type="RMS",
-            positional_embedding_type="rotary", rotary_dim=8, gated_mlp=True,
-        )  # fmt: skip
+            **common,
+            n_key_value_heads=2,
+            act_fn="silu",
+            normalization_type="RMS",
+            positional_embedding_type="rotary",
+            rotary_dim=8,
+            gated_mlp=True,
+        )
     elif kind == "mha":
         fields = dict(**common, act_fn="gelu_new", normalization_type="LN")
     else:

@@ -125,7 +125,13 @@ def _memory_span(x: Tensor) -> tuple[int, int]:
 
 
 def check_out(
-    out, shape: tuple[int, ...], dtype: torch.dtype, device, *, inputs: Iterable[Tensor | None] = (), dtype_from: str = "the dtype argument"
+    out,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device,
+    *,
+    inputs: Iterable[Tensor | None] = (),
+    dtype_from: str = "the dtype argument",
 ) -> Tensor:
     """An ``out=`` tensor for a result of ``shape``: a tensor of exactly that shape, dtype and
     device, whose elements do not overlap one another (an expanded tensor) and whose memory
@@ -147,13 +153,17 @@ def check_out(
     if out.requires_grad:
         raise ValueError("out requires grad: pass a plain tensor (results are computed without autograd)")
     if any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride())):
-        raise ValueError("out has elements that share memory (an expanded tensor): pass a tensor of its own, e.g. torch.empty(shape)")
+        raise ValueError(
+            "out has elements that share memory (an expanded tensor): pass a tensor of its own, e.g. torch.empty(shape)"
+        )
     start, end = _memory_span(out)
     for x in inputs:
         if x is not None and x.numel() and x.device == out.device:
             x_start, x_end = _memory_span(x)
             if x_start < end and start < x_end:
-                raise ValueError("out shares memory with the cached activations the result is computed from: pass a separate tensor")
+                raise ValueError(
+                    "out shares memory with the cached activations the result is computed from: pass a separate tensor"
+                )
     return out
 
 
@@ -167,9 +177,7 @@ def check_attention_mask(attention_mask, batch: int, n_pos: int) -> Bool[Tensor,
     """
     mask = torch.as_tensor(attention_mask)
     if tuple(mask.shape) != (batch, n_pos):
-        raise ValueError(
-            f"attention_mask has shape {tuple(mask.shape)}, expected [batch, pos] = {(batch, n_pos)}"
-        )
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected [batch, pos] = {(batch, n_pos)}")
     if mask.dtype != torch.bool:
         if mask.is_floating_point() or mask.is_complex():
             if not bool(((mask == 0) | (mask == 1)).all()):
@@ -246,6 +254,5 @@ def check_cache_layers(model, cache: Mapping) -> None:
     deepest = _deepest_block(cache)
     if deepest >= n_layers:
         raise ValueError(
-            f"the cache holds layer {deepest} but the model has {n_layers} layers: the cache comes "
-            "from another model"
+            f"the cache holds layer {deepest} but the model has {n_layers} layers: the cache comes from another model"
         )

@@ -23,7 +23,6 @@ Nothing is re-run. Confidence intervals come from the unit each run sampled:
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -69,8 +68,11 @@ def sinks(model: str) -> dict[str, str] | None:
     heads = pd.read_csv(f / "geometry_heads.csv")
     n = int(s["n_sequences"])
     out = {
-        "sink heads (Gu et al. ε = 0.3), share of heads": ci(boot(heads.gu_sink_share), pct=True) + f"; n = {len(heads)} heads × {n} windows",
-        "sink projected-value norm ‖ṽ_0‖/mean‖ṽ_j‖ (median over heads; Mudarisov et al. 2026: 3–10× smaller)": ci(boot(heads.proj_norm_ratio, np.median))
+        "sink heads (Gu et al. ε = 0.3), share of heads": ci(boot(heads.gu_sink_share), pct=True)
+        + f"; n = {len(heads)} heads × {n} windows",
+        "sink projected-value norm ‖ṽ_0‖/mean‖ṽ_j‖ (median over heads; Mudarisov et al. 2026: 3–10× smaller)": ci(
+            boot(heads.proj_norm_ratio, np.median)
+        )
         + f"; {100 * (heads.proj_norm_ratio < 1).mean():.0f}% of heads below 1",
         "mean cos(ṽ_0, ṽ_j) over heads (Mudarisov et al. 2026: negative)": ci(boot(heads.proj_cos_tail), "{:+.3f}")
         + f"; negative in {100 * (heads.proj_cos_tail < 0).mean():.0f}% of heads",
@@ -80,7 +82,9 @@ def sinks(model: str) -> dict[str, str] | None:
         h = pd.read_csv(fits)
         h = h[(h.scope == "head") & h.curvature.notna()]
         ok = (h.convex.astype(bool) & h.argmin_inside.astype(bool)).astype(float)
-        out["‖o_i‖ vs sink rate convex with its minimum inside (0, 1), share of fitted heads (Cunningham & Muça Cirone 2026)"] = ci(boot(ok), pct=True) + f"; {len(h)} heads"
+        out[
+            "‖o_i‖ vs sink rate convex with its minimum inside (0, 1), share of fitted heads (Cunningham & Muça Cirone 2026)"
+        ] = ci(boot(ok), pct=True) + f"; {len(h)} heads"
     drift = f / "drift_summary.csv"
     if drift.exists():
         d = pd.read_csv(drift).set_index("lambda")
@@ -92,11 +96,17 @@ def sinks(model: str) -> dict[str, str] | None:
     if ctl.exists():
         c = json.loads(ctl.read_text())
         scopes = {"all_heads": "all heads", "sink_heads": "sink heads"}
-        parts = [f"{scopes.get(p['scope'], p['scope'])}: {p['verdict']} {p['estimate']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
-                 for p in c["pairs"] if p["outcome"] == "kl"]
+        parts = [
+            f"{scopes.get(p['scope'], p['scope'])}: {p['verdict']} {p['estimate']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
+            for p in c["pairs"]
+            if p["outcome"] == "kl"
+        ]
         seeds = max(len(v) for v in c["seeds"].values())
-        out["the sink's norm specifically matters: KL(norm edit λ = 0, 2) − KL(60° rotation) at matched dose ‖Δv_0‖ = ‖v_0‖ (PROTOCOL.md §6)"] = (
-            "; ".join(parts) + f" ({c['multiple_comparison'].capitalize()}; {c['n_windows']} windows × {c['settings']['seq_len']} tokens from "
+        out[
+            "the sink's norm specifically matters: KL(norm edit λ = 0, 2) − KL(60° rotation) at matched dose ‖Δv_0‖ = ‖v_0‖ (PROTOCOL.md §6)"
+        ] = (
+            "; ".join(parts)
+            + f" ({c['multiple_comparison'].capitalize()}; {c['n_windows']} windows × {c['settings']['seq_len']} tokens from "
             f"{c['n_documents']} documents, {seeds} rotation seeds, layers {', '.join(map(str, c['layers']))})"
         )
     return out
@@ -115,10 +125,14 @@ def taxonomy(model: str) -> dict[str, str] | None:
             continue
         h = pd.read_csv(p)
         shares = " / ".join(ci(boot((h.regime == r).astype(float)), pct=True) for r in ("Mixer", "Retriever", "Reset"))
-        out[f"regime shares Mixer / Retriever / Reset ({corpus}; Mudarisov et al. 2026: Retrievers 5.8–17.2%)"] = shares + f"; {len(h)} heads × {n if isinstance(n, int) else n.get(corpus, n)} windows"
+        out[f"regime shares Mixer / Retriever / Reset ({corpus}; Mudarisov et al. 2026: Retrievers 5.8–17.2%)"] = (
+            shares + f"; {len(h)} heads × {n if isinstance(n, int) else n.get(corpus, n)} windows"
+        )
     off = s.get("offset_dominated_heads", {}).get("lee")
     if off is not None:
-        out["Reset heads dominated by one offset (lee, > 50% of queries)"] = f"{len(off)}: " + ", ".join(f"L{l}H{hh}" for l, hh, _ in off[:6]) + (" …" if len(off) > 6 else "")
+        out["Reset heads dominated by one offset (lee, > 50% of queries)"] = (
+            f"{len(off)}: " + ", ".join(f"L{l}H{hh}" for l, hh, _ in off[:6]) + (" …" if len(off) > 6 else "")
+        )
     st = s.get("stability")
     if st:
         out["same regime on lee and enwiki"] = f"{100 * st['agreement']:.1f}% of heads"
@@ -139,7 +153,9 @@ def selection(model: str) -> dict[str, str] | None:
             f"{keep['diff']:+.3f} [{keep['diff_lo']:+.3f}, {keep['diff_hi']:+.3f}]; n = {n} windows"
         )
     k, e = c["value/cosine/attention/sink-keep"]["4"], c["value/cosine/attention/sink-exclude"]["4"]
-    out["F_4 of top-N with the sink kept / excluded (lee)"] = f"{k['top']:.3f} [{k['top_lo']:.3f}, {k['top_hi']:.3f}] / {e['top']:.3f} [{e['top_lo']:.3f}, {e['top_hi']:.3f}]"
+    out["F_4 of top-N with the sink kept / excluded (lee)"] = (
+        f"{k['top']:.3f} [{k['top_lo']:.3f}, {k['top_hi']:.3f}] / {e['top']:.3f} [{e['top_lo']:.3f}, {e['top_hi']:.3f}]"
+    )
     return out
 
 
@@ -162,7 +178,9 @@ def pruning(model: str) -> dict[str, str] | None:
         if len(c):
             top = c.iloc[0].to_dict()
             layer, head, regime, dppl = int(top["layer"]), int(top["head"]), top["regime"], top["delta_ppl"]
-            out["single-head scan: critical heads (robust z > 3.5), the largest"] = f"{len(c)} of {run.get('n_heads_total', '?')}; L{layer}H{head} ({regime}, ΔPPL {dppl:+.2f})"
+            out["single-head scan: critical heads (robust z > 3.5), the largest"] = (
+                f"{len(c)} of {run.get('n_heads_total', '?')}; L{layer}H{head} ({regime}, ΔPPL {dppl:+.2f})"
+            )
     return out
 
 
@@ -172,18 +190,29 @@ def faithfulness(model: str) -> dict[str, str] | None:
         return None
     s = json.loads(f.read_text())
     out = {}
-    steps = (("raw_attention", "value_weighted", "raw attention → value-weighted"), ("raw_attention", "contribution", "raw attention → contribution"))
+    steps = (
+        ("raw_attention", "value_weighted", "raw attention → value-weighted"),
+        ("raw_attention", "contribution", "raw attention → contribution"),
+    )
     for a, b, what in steps:
         for q in s["pairs"]:
             if q["endpoint"] == "per_term" and q["scope"] == "term" and q["a"] == a and q["b"] == b:
-                out[f"faithfulness (primary, PROTOCOL.md): {what}, gain in Spearman ρ with each term's measured KL (+ = b more faithful)"] = (
+                out[
+                    f"faithfulness (primary, PROTOCOL.md): {what}, gain in Spearman ρ with each term's measured KL (+ = b more faithful)"
+                ] = (
                     f"{q['estimate']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}] {q['verdict']} (Holm); "
                     f"n = {q['n_positions']} positions from {q['n_documents']} documents"
                 )
     return out
 
 
-TOPICS = (("sinks", sinks), ("taxonomy", taxonomy), ("selection", selection), ("pruning", pruning), ("faithfulness", faithfulness))
+TOPICS = (
+    ("sinks", sinks),
+    ("taxonomy", taxonomy),
+    ("selection", selection),
+    ("pruning", pruning),
+    ("faithfulness", faithfulness),
+)
 
 
 def build() -> dict:
@@ -197,7 +226,10 @@ def build() -> dict:
                     table[claim] = {}
                     order.append(claim)
                 table[claim][m] = value
-    return {"models": list(MODELS), "claims": [{"claim": c, **{m: table[c].get(m, "not run") for m in MODELS}} for c in order]}
+    return {
+        "models": list(MODELS),
+        "claims": [{"claim": c, **{m: table[c].get(m, "not run") for m in MODELS}} for c in order],
+    }
 
 
 def markdown(data: dict) -> str:
@@ -212,8 +244,10 @@ def main() -> int:
     data = build()
     md = markdown(data)
     (DOCS / "models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    (DOCS / "models.md").write_text("# Two models, one table\n\nWritten by `python scripts/models_table.py` from the runs in docs/ "
-                                    "(see that script's docstring for the CIs).\n\n" + md + "\n")
+    (DOCS / "models.md").write_text(
+        "# Two models, one table\n\nWritten by `python scripts/models_table.py` from the runs in docs/ "
+        "(see that script's docstring for the CIs).\n\n" + md + "\n"
+    )
     results = DOCS / "results.md"
     text = results.read_text()
     if START not in text or END not in text:

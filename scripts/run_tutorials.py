@@ -63,14 +63,21 @@ def _final_line_state(text: str) -> str:
     return "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "") for line in text.split("\n"))
 
 
-TQDM_WIDGET_WARNING = re.compile(r"^.*TqdmWarning: IProgress not found.*\n(?:\s+from \.autonotebook import .*\n)?", re.M)
+TQDM_WIDGET_WARNING = re.compile(
+    r"^.*TqdmWarning: IProgress not found.*\n(?:\s+from \.autonotebook import .*\n)?", re.M
+)
 
 
 def _merged_streams(outputs: list) -> list:
     """Consecutive stream outputs of the same name joined into one, as a terminal shows them."""
     merged = []
     for out in outputs:
-        if out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream" and merged[-1].get("name") == out.get("name"):
+        if (
+            out.get("output_type") == "stream"
+            and merged
+            and merged[-1].get("output_type") == "stream"
+            and merged[-1].get("name") == out.get("name")
+        ):
             merged[-1]["text"] = merged[-1].get("text", "") + out.get("text", "")
         else:
             merged.append(out)
@@ -109,7 +116,9 @@ def run_notebook(path: Path, *, timeout: int = 900, write: bool = True):
 
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="geolens-tutorial-") as workdir:
-        client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name(), resources={"metadata": {"path": workdir}})
+        client = NotebookClient(
+            nb, timeout=timeout, kernel_name=kernel_name(), resources={"metadata": {"path": workdir}}
+        )
         try:
             client.execute()
         except CellExecutionError as err:

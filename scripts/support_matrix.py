@@ -138,7 +138,10 @@ def _attention_outputs(model, tokens, names: list[str]):
         _, cache = _cache(model, tokens, names_filter=names + hooks)
         return cache, [cache[h] for h in hooks]
     outputs: dict[int, torch.Tensor] = {}
-    handles = [model.blocks[l].attn.register_forward_hook(lambda mod, args, out, l=l: outputs.__setitem__(l, out.detach())) for l in layers]
+    handles = [
+        model.blocks[l].attn.register_forward_hook(lambda mod, args, out, l=l: outputs.__setitem__(l, out.detach()))
+        for l in layers
+    ]
     try:
         _, cache = _cache(model, tokens, names_filter=names)
     finally:
@@ -178,8 +181,18 @@ def check_contributions(model) -> None:
                         terms[h, j] = view.pattern[b, h, i, j] * (view.v[b, j, h] @ W_O[h])
                 heads, total = terms.sum(1), terms.sum((0, 1))
                 for h in range(n_heads):
-                    _close(pair.intra[b, h, i], terms[h] @ heads[h] / heads[h].dot(heads[h]), 1e-9, f"layer {l}: intra contributions")
-                    _close(pair.inter[b, h, i], terms[h] @ total / total.dot(total), 1e-9, f"layer {l}: inter contributions")
+                    _close(
+                        pair.intra[b, h, i],
+                        terms[h] @ heads[h] / heads[h].dot(heads[h]),
+                        1e-9,
+                        f"layer {l}: intra contributions",
+                    )
+                    _close(
+                        pair.inter[b, h, i],
+                        terms[h] @ total / total.dot(total),
+                        1e-9,
+                        f"layer {l}: inter contributions",
+                    )
         _close(pair.intra.sum(-1), torch.ones(b_n, n_heads, q_n), 1e-9, f"layer {l}: intra row sums")
         _close(pair.inter.sum((1, 3)), torch.ones(b_n, q_n), 1e-9, f"layer {l}: inter row sums")
 
@@ -190,7 +203,11 @@ def check_padding(model) -> None:
     with torch.no_grad():
         alone_logits, alone = _cache(model, short[None], names_filter=geolens.names_filter(model))
     for side in ("left", "right"):
-        row = torch.cat([torch.full((pad,), PAD_ID), short]) if side == "left" else torch.cat([short, torch.full((pad,), PAD_ID)])
+        row = (
+            torch.cat([torch.full((pad,), PAD_ID), short])
+            if side == "left"
+            else torch.cat([short, torch.full((pad,), PAD_ID)])
+        )
         tokens, mask = torch.stack([row, other]), torch.ones(2, N_POS, dtype=torch.long)
         real = slice(pad, N_POS) if side == "left" else slice(0, 8)
         mask[0, : pad if side == "left" else N_POS] = 0
@@ -199,7 +216,12 @@ def check_padding(model) -> None:
         _close(logits[0, real], alone_logits[0], 2e-5, f"{side}-padded row: logits")
         for l in range(model.cfg.n_layers):
             padded = geolens.contribution_weights(model, cache, l, attention_mask=mask)
-            _close(padded[0][:, real, real], geolens.contribution_weights(model, alone, l)[0], 2e-5, f"{side}-padded row: layer {l} contributions")
+            _close(
+                padded[0][:, real, real],
+                geolens.contribution_weights(model, alone, l)[0],
+                2e-5,
+                f"{side}-padded row: layer {l} contributions",
+            )
 
 
 def check_sinks(model) -> None:
@@ -212,7 +234,9 @@ def check_sinks(model) -> None:
         view = get_attention_layer(model, cache, l, dtype=torch.float64)
         W_O, _ = _weights(model, l)
         window = adapter_for(model).sliding_window(l)
-        last = N_POS if window is None else min(N_POS, window)  # queries and tail keys that share a window with the sink
+        last = (
+            N_POS if window is None else min(N_POS, window)
+        )  # queries and tail keys that share a window with the sink
         for h in range(view.n_heads):
             rates, ratios = [], []
             for b in range(tokens.shape[0]):
@@ -220,8 +244,18 @@ def check_sinks(model) -> None:
                 norms = [float((view.v[b, j, h] @ W_O[h]).norm()) for j in range(last)]
                 ratios.append(norms[0] / (sum(norms[1:]) / len(norms[1:])))
             row = heads.loc[(l, h)]
-            _close(torch.tensor(row["sink_rate"]), torch.tensor(sum(rates) / len(rates)), 1e-6, f"layer {l} head {h}: sink rate")
-            _close(torch.tensor(row["proj_norm_ratio"]), torch.tensor(sum(ratios) / len(ratios)), 1e-5, f"layer {l} head {h}: projected norm ratio")
+            _close(
+                torch.tensor(row["sink_rate"]),
+                torch.tensor(sum(rates) / len(rates)),
+                1e-6,
+                f"layer {l} head {h}: sink rate",
+            )
+            _close(
+                torch.tensor(row["proj_norm_ratio"]),
+                torch.tensor(sum(ratios) / len(ratios)),
+                1e-5,
+                f"layer {l} head {h}: projected norm ratio",
+            )
 
 
 def check_value_zeroing(model) -> None:
@@ -258,7 +292,9 @@ def check_per_term(model) -> None:
 
     with torch.no_grad():
         clean = model(text, return_type="logits")[0, query].double()
-        rows = model.run_with_hooks(text.expand(len(terms), -1), fwd_hooks=[(adapter.pattern_hook(layer), zero)], return_type="logits")
+        rows = model.run_with_hooks(
+            text.expand(len(terms), -1), fwd_hooks=[(adapter.pattern_hook(layer), zero)], return_type="logits"
+        )
     p = torch.softmax(clean, -1)
     for row, (h, j) in enumerate(terms):
         q = torch.softmax(rows[row, query].double(), -1)
@@ -271,7 +307,9 @@ def check_report(model) -> None:
     from geolens.report import ReportConfig, available_sections, build_report
 
     tokens = _tokens(4, 24, seed=3)
-    config = ReportConfig.quick_defaults(model="tiny", corpus="random tokens", n_sequences=3, seq_len=24, prompt="the cat sat on the mat")
+    config = ReportConfig.quick_defaults(
+        model="tiny", corpus="random tokens", n_sequences=3, seq_len=24, prompt="the cat sat on the mat"
+    )
     report = build_report(model, tokens, config, progress=False)
     missing = sorted(set(available_sections()) - {s.key for s in report.sections})
     if missing:
@@ -287,7 +325,9 @@ def check_report(model) -> None:
         for h in range(view.n_heads):
             alphas = [float(view.pattern[b, h, i, 0]) for b in range(corpus.shape[0]) for i in range(1, last)]
             got = torch.tensor(float(rows.loc[(l, h), "sink_attention"]))
-            _close(got, torch.tensor(sum(alphas) / len(alphas)), 1e-6, f"layer {l} head {h}: the report's sink attention")
+            _close(
+                got, torch.tensor(sum(alphas) / len(alphas)), 1e-6, f"layer {l} head {h}: the report's sink attention"
+            )
 
 
 CHECK_FUNCTIONS: dict[str, Callable] = {
@@ -319,47 +359,88 @@ def _hooked_fields(c) -> tuple[dict, str]:
         raise NotImplementedError(NOT_HOSTED_BY_TL2[family])
     if family == "gpt2":
         fields = dict(
-            d_model=c.n_embd, d_head=c.n_embd // c.n_head, n_heads=c.n_head, d_mlp=c.n_inner or 4 * c.n_embd,
-            n_layers=c.n_layer, n_ctx=c.n_positions, eps=c.layer_norm_epsilon, d_vocab=c.vocab_size,
-            act_fn=c.activation_function, normalization_type="LN", positional_embedding_type="standard",
+            d_model=c.n_embd,
+            d_head=c.n_embd // c.n_head,
+            n_heads=c.n_head,
+            d_mlp=c.n_inner or 4 * c.n_embd,
+            n_layers=c.n_layer,
+            n_ctx=c.n_positions,
+            eps=c.layer_norm_epsilon,
+            d_vocab=c.vocab_size,
+            act_fn=c.activation_function,
+            normalization_type="LN",
+            positional_embedding_type="standard",
             scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx,
-        )  # fmt: skip
+        )
         return fields, "convert_gpt2_weights"
     if family == "gpt_neox":
         d_head = c.hidden_size // c.num_attention_heads
         fields = dict(
-            d_model=c.hidden_size, d_head=d_head, n_heads=c.num_attention_heads, d_mlp=c.intermediate_size,
-            n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, eps=c.layer_norm_eps, d_vocab=c.vocab_size,
-            act_fn=c.hidden_act, parallel_attn_mlp=c.use_parallel_residual, normalization_type="LN",
-            positional_embedding_type="rotary", rotary_adjacent_pairs=False, rotary_dim=round(c.rotary_pct * d_head),
+            d_model=c.hidden_size,
+            d_head=d_head,
+            n_heads=c.num_attention_heads,
+            d_mlp=c.intermediate_size,
+            n_layers=c.num_hidden_layers,
+            n_ctx=c.max_position_embeddings,
+            eps=c.layer_norm_eps,
+            d_vocab=c.vocab_size,
+            act_fn=c.hidden_act,
+            parallel_attn_mlp=c.use_parallel_residual,
+            normalization_type="LN",
+            positional_embedding_type="rotary",
+            rotary_adjacent_pairs=False,
+            rotary_dim=round(c.rotary_pct * d_head),
             rotary_base=c.rotary_emb_base,
-        )  # fmt: skip
+        )
         return fields, "convert_neox_weights"
     converters = {
-        "llama": "convert_llama_weights", "mistral": "convert_mistral_weights", "qwen2": "convert_qwen2_weights",
-        "qwen3": "convert_qwen3_weights", "phi3": "convert_phi3_weights", "gemma2": "convert_gemma_weights",
+        "llama": "convert_llama_weights",
+        "mistral": "convert_mistral_weights",
+        "qwen2": "convert_qwen2_weights",
+        "qwen3": "convert_qwen3_weights",
+        "phi3": "convert_phi3_weights",
+        "gemma2": "convert_gemma_weights",
         "gemma3_text": "convert_gemma_weights",
-    }  # fmt: skip
+    }
     if family not in converters:
         raise NotImplementedError(f"no HookedTransformerConfig mapping for model_type {family!r}")
     d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     grouped = c.num_key_value_heads != c.num_attention_heads or family in ("mistral", "qwen2", "gemma2", "gemma3_text")
     fields = dict(
-        d_model=c.hidden_size, d_head=d_head, n_heads=c.num_attention_heads,
-        n_key_value_heads=c.num_key_value_heads if grouped else None, d_mlp=c.intermediate_size,
-        n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, eps=c.rms_norm_eps, d_vocab=c.vocab_size,
-        act_fn=getattr(c, "hidden_activation", None) or c.hidden_act, normalization_type="RMS", final_rms=True,
-        gated_mlp=True, positional_embedding_type="rotary", rotary_dim=d_head, rotary_adjacent_pairs=False,
-        rotary_base=c.rope_theta, use_qk_norm=family in ("qwen3", "gemma3_text"),
-    )  # fmt: skip
+        d_model=c.hidden_size,
+        d_head=d_head,
+        n_heads=c.num_attention_heads,
+        n_key_value_heads=c.num_key_value_heads if grouped else None,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=c.max_position_embeddings,
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn=getattr(c, "hidden_activation", None) or c.hidden_act,
+        normalization_type="RMS",
+        final_rms=True,
+        gated_mlp=True,
+        positional_embedding_type="rotary",
+        rotary_dim=d_head,
+        rotary_adjacent_pairs=False,
+        rotary_base=c.rope_theta,
+        use_qk_norm=family in ("qwen3", "gemma3_text"),
+    )
     window, types = getattr(c, "sliding_window", None), getattr(c, "layer_types", None)
     if window is not None and (types is None or "sliding_attention" in types):
         types = types or ["sliding_attention"] * c.num_hidden_layers
-        fields.update(use_local_attn=True, window_size=window, attn_types=["local" if t == "sliding_attention" else "global" for t in types])
+        fields.update(
+            use_local_attn=True,
+            window_size=window,
+            attn_types=["local" if t == "sliding_attention" else "global" for t in types],
+        )
     if family in ("gemma2", "gemma3_text"):
         fields.update(use_normalization_before_and_after=True, attn_scale=c.query_pre_attn_scalar**0.5)
     if family == "gemma2":
-        fields.update(attn_scores_soft_cap=c.attn_logit_softcapping or -1.0, output_logits_soft_cap=c.final_logit_softcapping or -1.0)
+        fields.update(
+            attn_scores_soft_cap=c.attn_logit_softcapping or -1.0,
+            output_logits_soft_cap=c.final_logit_softcapping or -1.0,
+        )
     if family == "gemma3_text":
         fields.update(rotary_base_local=c.rope_local_base_freq)
     return fields, converters[family]
@@ -387,7 +468,9 @@ def hooked_from_hf(hf, tokenizer=None):
     with torch.no_grad():
         err = float((model(tokens) - hf(tokens).logits).abs().max())
     if not err <= 1e-5:
-        raise ValueError(f"the HookedTransformer converted from this {hf.config.model_type} model gives other logits than the HF model")
+        raise ValueError(
+            f"the HookedTransformer converted from this {hf.config.model_type} model gives other logits than the HF model"
+        )
     return model
 
 
@@ -402,7 +485,9 @@ def build(family: str, backend: str):
     if backend == "tl4-bridge":
         from geolens.adapter.bridge import transformer_bridge
 
-        return transformer_bridge(f"geolens-tiny-{family}", tiny_family(family), tiny_tokenizer(), compatibility_mode=False, device="cpu")
+        return transformer_bridge(
+            f"geolens-tiny-{family}", tiny_family(family), tiny_tokenizer(), compatibility_mode=False, device="cpu"
+        )
     if backend == "tl2-hooked":
         return hooked_from_hf(tiny_family(family), tiny_tokenizer())
     raise ValueError(f"unknown backend {backend!r}")
@@ -487,7 +572,9 @@ def column(backend: str, families=FAMILIES, checks=CHECKS, progress: bool = Fals
 
 def _missing(backend: str):
     if backend in BACKENDS:
-        raise MissingBackend(f"the {backend} column needs TransformerLens 4.x (TransformerBridge), which this Python lacks: run the script with the main environment's python")
+        raise MissingBackend(
+            f"the {backend} column needs TransformerLens 4.x (TransformerBridge), which this Python lacks: run the script with the main environment's python"
+        )
     raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
 
 
@@ -498,14 +585,18 @@ class _Tl2Column:
 
     def __init__(self, families, checks):
         if not TL2_PYTHON.exists():
-            raise MissingBackend(f"the tl2-hooked column runs in .venvs/tl2 (TransformerLens 2.x), and {TL2_PYTHON} is missing: build it with `bash scripts/install.sh --tl2`")
+            raise MissingBackend(
+                f"the tl2-hooked column runs in .venvs/tl2 (TransformerLens 2.x), and {TL2_PYTHON} is missing: build it with `bash scripts/install.sh --tl2`"
+            )
         self.dir = tempfile.TemporaryDirectory()
         self.out, self.log = Path(self.dir.name) / "column.json", Path(self.dir.name) / "stderr.txt"
         command = [str(TL2_PYTHON), str(Path(__file__).resolve()), "--column", "tl2-hooked", "--to", str(self.out)]
         command += ["--families", ",".join(families), "--checks", ",".join(checks)]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         with open(self.log, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
+            )
 
     def result(self, progress: bool = False) -> dict:
         try:
@@ -536,7 +627,9 @@ def support_matrix(families=FAMILIES, backends=None, progress: bool = False) -> 
     here = available_backends()
     elsewhere = _Tl2Column(families, CHECKS) if "tl2-hooked" in backends and "tl2-hooked" not in here else None
     try:
-        columns = {b: column(b, families, progress=progress) for b in backends if b != "tl2-hooked" or elsewhere is None}
+        columns = {
+            b: column(b, families, progress=progress) for b in backends if b != "tl2-hooked" or elsewhere is None
+        }
         if elsewhere is not None:
             columns["tl2-hooked"] = elsewhere.result(progress)
     finally:
@@ -617,7 +710,9 @@ def markdown(matrix: dict) -> str:
     if notes:
         lines += ["", "Reasons:", ""]
         for n, ((family, backend, reason), where) in enumerate(notes.items(), start=1):
-            lines.append(f"{n}. {family}, {backend}, {'every check' if where == checks else ', '.join(where)}: {reason}")
+            lines.append(
+                f"{n}. {family}, {backend}, {'every check' if where == checks else ', '.join(where)}: {reason}"
+            )
     lines += USAGE
     return "\n".join(lines) + "\n"
 
@@ -658,11 +753,21 @@ def write(matrix: dict, out: Path) -> tuple[Path, Path]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for support.md and support.json (default: docs/)")
-    parser.add_argument("--column", choices=list(BACKENDS), help="compute only this backend's cells, in this environment, as JSON (see --to)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "docs", help="folder for support.md and support.json (default: docs/)"
+    )
+    parser.add_argument(
+        "--column",
+        choices=list(BACKENDS),
+        help="compute only this backend's cells, in this environment, as JSON (see --to)",
+    )
     parser.add_argument("--to", type=Path, help="with --column: the JSON file to write")
-    parser.add_argument("--families", default=",".join(FAMILIES), help="with --column: comma-separated families (default: all)")
-    parser.add_argument("--checks", default=",".join(CHECKS), help="with --column: comma-separated checks (default: all)")
+    parser.add_argument(
+        "--families", default=",".join(FAMILIES), help="with --column: comma-separated families (default: all)"
+    )
+    parser.add_argument(
+        "--checks", default=",".join(CHECKS), help="with --column: comma-separated checks (default: all)"
+    )
     args = parser.parse_args(argv)
     families, checks = args.families.split(","), args.checks.split(",")
     if args.column and args.to is None:
@@ -675,7 +780,9 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     torch.set_grad_enabled(True)
     if args.column:
-        args.to.write_text(json.dumps(column(args.column, families, checks, progress=True), ensure_ascii=False), encoding="utf-8")
+        args.to.write_text(
+            json.dumps(column(args.column, families, checks, progress=True), ensure_ascii=False), encoding="utf-8"
+        )
         return 0
     try:
         matrix = support_matrix(progress=True)

@@ -6,8 +6,6 @@ the projected one), ``ranks`` a list of scores, ``visible`` a list of bools.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -45,9 +43,16 @@ def scores_from_distances(D, S, visible):
     F = 0.0 if P + R == 0 else 2 * P * R / (P + R)
     ginv = sum(1 for i in S for j in O if D[j] <= D[i])
     return dict(
-        precision=P, recall=R, f=F, rho_min=rho_min, rho_max=rho_max, ginv=float(ginv),
-        margin=rho_min - rho_max, precision_bound=N / (N + ginv), recall_bound=max(0.0, 1 - ginv / N),
-    )  # fmt: skip
+        precision=P,
+        recall=R,
+        f=F,
+        rho_min=rho_min,
+        rho_max=rho_max,
+        ginv=float(ginv),
+        margin=rho_min - rho_max,
+        precision_bound=N / (N + ginv),
+        recall_bound=max(0.0, 1 - ginv / N),
+    )
 
 
 def scores(ys, ranks, visible, n, kind, sink="keep"):

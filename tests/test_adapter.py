@@ -198,7 +198,9 @@ def test_model_kv_grouping_and_value_weights_against_a_naive_loop(tiny):
     assert W_V.shape == (adapter.n_heads, model.cfg.d_model, model.cfg.d_head)
     assert b_V.shape == (adapter.n_heads, model.cfg.d_head)
     for h in range(adapter.n_heads):
-        torch.testing.assert_close(W_V[h].detach(), raw[naive[h]] if raw.shape[0] != adapter.n_heads else raw[h], rtol=0, atol=0)
+        torch.testing.assert_close(
+            W_V[h].detach(), raw[naive[h]] if raw.shape[0] != adapter.n_heads else raw[h], rtol=0, atol=0
+        )
     W_O, b_O = output_weights(model, 0)
     torch.testing.assert_close(W_O, attn.W_O, rtol=0, atol=0)
 
@@ -228,8 +230,14 @@ def test_hook_names_exist_and_hold_what_they_say(tiny):
     cfg = model.cfg
     names = [adapter.logits_hook, adapter.unembed_input_hook]
     for l in range(cfg.n_layers):
-        names += [adapter.pattern_hook(l), adapter.value_hook(l), adapter.z_hook(l), adapter.resid_pre_hook(l),
-                  adapter.resid_post_hook(l), adapter.block_attn_out_hook(l)]  # fmt: skip
+        names += [
+            adapter.pattern_hook(l),
+            adapter.value_hook(l),
+            adapter.z_hook(l),
+            adapter.resid_pre_hook(l),
+            adapter.resid_post_hook(l),
+            adapter.block_attn_out_hook(l),
+        ]
         if not (adapter.post_attention_norm and not adapter.is_bridge):
             names.append(adapter.attn_out_hook(l))
         assert hook_layer(adapter.resid_pre_hook(l)) == l
@@ -250,11 +258,22 @@ def test_hook_names_exist_and_hold_what_they_say(tiny):
 # ---------------------------------------------------------------------------------------------
 # No family branching outside the adapter (and the loading module)
 
-_FAMILY_NAMES = frozenset({
-    "is_bridge", "original_model", "HookedTransformer", "HookedTransformerConfig", "TransformerBridge",
-    "enable_compatibility_mode", "use_normalization_before_and_after", "attn_types", "layer_types",
-    "original_architecture", "n_key_value_heads", "looks_like_bridge",
-})  # fmt: skip
+_FAMILY_NAMES = frozenset(
+    {
+        "is_bridge",
+        "original_model",
+        "HookedTransformer",
+        "HookedTransformerConfig",
+        "TransformerBridge",
+        "enable_compatibility_mode",
+        "use_normalization_before_and_after",
+        "attn_types",
+        "layer_types",
+        "original_architecture",
+        "n_key_value_heads",
+        "looks_like_bridge",
+    }
+)
 _FAMILY_STRINGS = _FAMILY_NAMES - {"n_key_value_heads"}  # recorded as a config field by checkpoint/report
 _RAW_HOOKS = ("hook_resid", "hook_attn_out", "ln_final", "unembed.hook", "attn.hook_out")
 _FAMILY_WORDS = ("gemma", "llama", "gpt2", "gpt-2", "mistral", "qwen", "bridge", "hooked")
@@ -301,7 +320,11 @@ def family_branching(source: str, name: str = "<source>") -> list[str]:
                 found.append(f"{where} hasattr(model, ...)")
         elif isinstance(node, ast.Compare) and not any(name.endswith(f) for f in _TINY_KINDS_ALLOWED):
             for side in (node.left, *node.comparators):
-                if isinstance(side, ast.Constant) and isinstance(side.value, str) and any(w in side.value.lower() for w in _FAMILY_WORDS):
+                if (
+                    isinstance(side, ast.Constant)
+                    and isinstance(side.value, str)
+                    and any(w in side.value.lower() for w in _FAMILY_WORDS)
+                ):
                     found.append(f"{where} compares with {side.value!r}")
     return found
 
@@ -319,9 +342,19 @@ def f(model, cache, l):
     return model_mode(model) == "bridge-compat"
 '''
     found = " ".join(family_branching(bad))
-    for needle in ("import transformer_lens", "import HookedTransformer", ":5 is_bridge", "hasattr(model", "'original_model'",
-                   "hook_resid_pre", ".original_architecture", "'Gemma3ForCausalLM'", "'attn_types'", ".attn.W_V",
-                   "'bridge-compat'"):  # fmt: skip
+    for needle in (
+        "import transformer_lens",
+        "import HookedTransformer",
+        ":5 is_bridge",
+        "hasattr(model",
+        "'original_model'",
+        "hook_resid_pre",
+        ".original_architecture",
+        "'Gemma3ForCausalLM'",
+        "'attn_types'",
+        ".attn.W_V",
+        "'bridge-compat'",
+    ):
         assert needle in found, needle
     assert ":4 " not in found  # the docstring
 
@@ -351,7 +384,9 @@ def test_the_adapter_modules_examples_run():
     import geolens.adapter
 
     attempted = {}
-    names = [f"geolens.adapter.{info.name}" for info in pkgutil.iter_modules(geolens.adapter.__path__)] + ["geolens.layout"]
+    names = [f"geolens.adapter.{info.name}" for info in pkgutil.iter_modules(geolens.adapter.__path__)] + [
+        "geolens.layout"
+    ]
     for name in names:
         module = importlib.import_module(name)
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -410,7 +445,9 @@ def test_a_family_added_in_one_file_serves_contribution_weights():
             renamed[f"layer{l}.alpha"] = cache[hook_name(l, "attn.hook_pattern")]
             renamed[f"layer{l}.values"] = cache[hook_name(l, "attn.hook_v")]
             renamed[f"layer{l}.z"] = cache[hook_name(l, "attn.hook_z")]
-        assert geolens.names_filter(model)("layer1.alpha") and not geolens.names_filter(model)(hook_name(1, "attn.hook_pattern"))
+        assert geolens.names_filter(model)("layer1.alpha") and not geolens.names_filter(model)(
+            hook_name(1, "attn.hook_pattern")
+        )
         for mode in ("intra", "inter"):
             got = geolens.contribution_weights(model, renamed, 1, mode=mode, dtype=torch.float64)
             torch.testing.assert_close(got, reference.contributions(model, cache, 1, mode), rtol=1e-9, atol=1e-9)
@@ -501,11 +538,17 @@ def _family_tokens(n_rows: int = 2) -> torch.Tensor:
 @pytest.mark.bridge_only
 @pytest.mark.parametrize(
     "family, expected, post_norm, pre_mlp_norm",
-    [("llama", "BridgeAdapter", False, True), ("gemma2", "GemmaBridgeAdapter", True, True),
-     ("gemma3", "GemmaBridgeAdapter", True, True), ("olmo2", "Olmo2BridgeAdapter", True, False),
-     ("gpt_neox", "BridgeAdapter", False, True)],
-)  # fmt: skip
-def test_bridge_family_and_the_block_rebuilt_from_its_attention_output(family_bridge, family, expected, post_norm, pre_mlp_norm):
+    [
+        ("llama", "BridgeAdapter", False, True),
+        ("gemma2", "GemmaBridgeAdapter", True, True),
+        ("gemma3", "GemmaBridgeAdapter", True, True),
+        ("olmo2", "Olmo2BridgeAdapter", True, False),
+        ("gpt_neox", "BridgeAdapter", False, True),
+    ],
+)
+def test_bridge_family_and_the_block_rebuilt_from_its_attention_output(
+    family_bridge, family, expected, post_norm, pre_mlp_norm
+):
     """adapter_for picks the family (OLMo 2's post-norm-only blocks are not Gemma's), and
     block_after_attention rebuilds each block's output from its input and its attention sum
     (an identity of the forward pass: post-norms, OLMo 2's MLP without a pre-norm, GPT-NeoX's
@@ -514,12 +557,22 @@ def test_bridge_family_and_the_block_rebuilt_from_its_attention_output(family_br
 
     model = family_bridge(family)
     adapter = adapter_for(model)
-    assert (type(adapter).__name__, adapter.post_attention_norm, adapter.pre_mlp_norm) == (expected, post_norm, pre_mlp_norm)
-    names = [n for l in range(model.cfg.n_layers) for n in (adapter.resid_pre_hook(l), adapter.attn_out_hook(l), adapter.resid_post_hook(l))]
+    assert (type(adapter).__name__, adapter.post_attention_norm, adapter.pre_mlp_norm) == (
+        expected,
+        post_norm,
+        pre_mlp_norm,
+    )
+    names = [
+        n
+        for l in range(model.cfg.n_layers)
+        for n in (adapter.resid_pre_hook(l), adapter.attn_out_hook(l), adapter.resid_post_hook(l))
+    ]
     with torch.no_grad():
         _, cache = model.run_with_cache(_family_tokens(), names_filter=lambda n: n in names)
         for l in range(model.cfg.n_layers):
-            rebuilt = adapter.block_after_attention(l, cache[adapter.resid_pre_hook(l)], cache[adapter.attn_out_hook(l)])
+            rebuilt = adapter.block_after_attention(
+                l, cache[adapter.resid_pre_hook(l)], cache[adapter.attn_out_hook(l)]
+            )
             torch.testing.assert_close(rebuilt, cache[adapter.resid_post_hook(l)], rtol=1e-5, atol=1e-5)
 
 
@@ -533,7 +586,10 @@ def test_value_zeroing_on_post_norm_and_parallel_blocks_equals_reruns(support_ma
 
 
 @pytest.mark.bridge_only
-@pytest.mark.parametrize("family, windows", [("mistral", [8, 8]), ("phi3", [8, 8]), ("qwen2", [None, 8]), ("gemma2", [8, None]), ("llama", [None, None])])
+@pytest.mark.parametrize(
+    "family, windows",
+    [("mistral", [8, 8]), ("phi3", [8, 8]), ("qwen2", [None, 8]), ("gemma2", [8, None]), ("llama", [None, None])],
+)
 def test_bridge_sliding_windows_are_the_ones_the_model_applies(family_bridge, family, windows):
     """The window geolens reads for each layer is the one the forward applies: the final query's
     last W keys get attention in some head, every earlier key exactly none (Mistral and Phi-3 set

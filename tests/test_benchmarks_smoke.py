@@ -36,10 +36,18 @@ OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
 pytestmark = pytest.mark.bridge_only
 
 
-def _run(script: str, out: Path, extra_env: dict | None = None, timeout: float = 300, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _run(
+    script: str, out: Path, extra_env: dict | None = None, timeout: float = 300, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "GEOLENS_SMOKE_OUT": str(out), "PYTHONWARNINGS": "ignore", **(extra_env or {})}
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_every_benchmark_is_covered():
@@ -52,7 +60,9 @@ def test_benchmark_smoke_run(script, tmp_path):
     assert run.returncode == 0, f"{script} --smoke failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     for name in OUTPUTS[script]:
         path = tmp_path / name
-        assert path.is_file() and path.stat().st_size > 0, f"{script} --smoke wrote no {name}: {sorted(os.listdir(tmp_path))}"
+        assert path.is_file() and path.stat().st_size > 0, (
+            f"{script} --smoke wrote no {name}: {sorted(os.listdir(tmp_path))}"
+        )
         if name.endswith(".json"):
             assert json.loads(path.read_text())  # complete, readable JSON
     assert f"figures: {tmp_path}" in run.stdout
@@ -62,7 +72,9 @@ def test_contributions_backends_side_by_side_smoke_run(tmp_path):
     """``contributions.py --backend hf --smoke``: both backends timed in the same rounds, each
     ratio and their ratio recorded per length, and the verdict line printed."""
     run = _run("contributions.py", tmp_path, args=("--backend", "hf"))
-    assert run.returncode == 0, f"contributions.py --backend hf --smoke failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    assert run.returncode == 0, (
+        f"contributions.py --backend hf --smoke failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    )
     record = json.loads((tmp_path / "backends.json").read_text())
     (row,) = record["lengths"]
     assert row["seq_len"] == 32 and set(row["rounds"]) == {"a_tl", "b_tl", "a_hf", "b_hf"}
@@ -75,7 +87,10 @@ def test_contributions_backends_side_by_side_smoke_run(tmp_path):
 
 def test_contributions_backend_hf_refuses_the_tl_only_parts(tmp_path):
     run = _run("contributions.py", tmp_path, args=("--backend", "hf", "--scaling", "16", "32"), timeout=120)
-    assert run.returncode == 2 and "--backend hf times the two backends side by side only" in run.stderr.strip().splitlines()[-1]
+    assert (
+        run.returncode == 2
+        and "--backend hf times the two backends side by side only" in run.stderr.strip().splitlines()[-1]
+    )
 
 
 @pytest.mark.parametrize("script", ["contributions.py", "value_zeroing.py"])
@@ -84,7 +99,12 @@ def test_missing_scipy_is_one_line_before_any_timing(script, tmp_path):
     stub = tmp_path / "stub" / "scipy"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('scipy is hidden by this test')\n")
-    run = _run(script, tmp_path / "out", {"PYTHONPATH": os.pathsep.join(p for p in [str(stub.parent), os.environ.get("PYTHONPATH")] if p)}, timeout=120)
+    run = _run(
+        script,
+        tmp_path / "out",
+        {"PYTHONPATH": os.pathsep.join(p for p in [str(stub.parent), os.environ.get("PYTHONPATH")] if p)},
+        timeout=120,
+    )
     assert run.returncode != 0
     message = run.stderr.strip().splitlines()
     assert message and "scipy" in message[-1] and "pip install 'geolens[bench]'" in message[-1], run.stderr[-2000:]

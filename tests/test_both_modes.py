@@ -164,7 +164,9 @@ def test_out_overlapping_through_another_storage_object_is_refused(tiny):
     n = int(np.prod(shape))
     memory = np.zeros(n + 8, dtype=np.float32)
     entries = {k: cache[k] for k in cache.keys()}
-    entries["blocks.0.attn.hook_pattern"] = torch.from_numpy(memory[:n].reshape(shape)).copy_(cache["blocks.0.attn.hook_pattern"])
+    entries["blocks.0.attn.hook_pattern"] = torch.from_numpy(memory[:n].reshape(shape)).copy_(
+        cache["blocks.0.attn.hook_pattern"]
+    )
     out = torch.from_numpy(memory[8:].reshape(shape))  # overlaps the pattern, shifted by 8 floats
     with pytest.raises(ValueError, match="shares memory"):
         contribution_weights(model, entries, 0, "intra", out=out)

@@ -30,15 +30,30 @@ from geolens.report import ReportConfig, build_report, write_report
 from geolens.testing import tiny_tokens
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (bash scripts/install.sh --browser)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (bash scripts/install.sh --browser)"
+)
 
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--disable-extensions", "--disable-breakpad", "--no-default-browser-check",
-    "--password-store=basic", "--use-mock-keychain", "--mute-audio",
-    "--hide-scrollbars", "--run-all-compositor-stages-before-draw", "--virtual-time-budget=10000",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--disable-extensions",
+    "--disable-breakpad",
+    "--no-default-browser-check",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--run-all-compositor-stages-before-draw",
+    "--virtual-time-budget=10000",
+]
 TIMEOUT = 60  # seconds per launch (one launch takes about 1 s on an idle 2-core machine)
 
 
@@ -47,7 +62,9 @@ def _launch(page, profile, extra, timeout: float) -> subprocess.CompletedProcess
     group at ``timeout``. ``returncode`` is ``None`` when it was killed."""
     cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, Path(page).resolve().as_uri()]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -113,7 +130,9 @@ def report_page(tmp_path_factory):
 
     model = make_tiny("gqa")
     tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!"), length=16)
-    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
+    config = ReportConfig(
+        model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True
+    )
     report = build_report(model, tokens, config, progress=False)
     out = tmp_path_factory.mktemp("browser")
     return report, write_report(report, out)["html"], out
@@ -271,7 +290,9 @@ def test_cross_model_page_renders(tmp_path):
     for kind in ("gqa", "gemma"):
         model = make_tiny(kind)
         tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!", "one two three"), length=20)
-        config = ReportConfig(model=f"tiny-{kind}", corpus="tiny", batch_size=3, n_heldout=1, quick=True, sections=["sinks", "taxonomy"])
+        config = ReportConfig(
+            model=f"tiny-{kind}", corpus="tiny", batch_size=3, n_heldout=1, quick=True, sections=["sinks", "taxonomy"]
+        )
         paths.append(write_report(build_report(model, tokens, config, progress=False), tmp_path / kind)["json"])
     page = write_comparison([load_report(p) for p in paths], tmp_path / "cmp")["html"]
     run = run_chromium(page, "--dump-dom")
@@ -295,4 +316,6 @@ def test_a_launch_past_its_timeout_is_killed_not_waited_for(tmp_path):
     t = time.perf_counter()
     run = run_chromium(page, "--dump-dom", timeout=0.3)
     assert time.perf_counter() - t < 30
-    assert run.returncode is None and "killed after" in run.stderr and "[attempt 2: exit None" in run.stderr, run.stderr[-500:]
+    assert run.returncode is None and "killed after" in run.stderr and "[attempt 2: exit None" in run.stderr, (
+        run.stderr[-500:]
+    )

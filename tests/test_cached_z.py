@@ -71,7 +71,9 @@ def test_an_edited_z_is_rejected(gqa_24, edit):
         torch.testing.assert_close(got, contribution_weights(model, _without_z(entries), 1, mode), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(got.double(), reference.contributions(model, entries, 1, mode), atol=1e-5, rtol=1e-4)
     pair = contribution_weights_from_layer(get_attention_layer(model, edited, 1), "both")
-    torch.testing.assert_close(pair.inter, contribution_weights(model, _without_z(entries), 1, "inter"), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        pair.inter, contribution_weights(model, _without_z(entries), 1, "inter"), atol=1e-6, rtol=1e-5
+    )
 
 
 def test_cached_z_with_query_chunks_and_all_layers(gqa_24):

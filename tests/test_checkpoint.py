@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_tiny, random_corpus
+
 from geolens.checkpoint import atomic_torch_save, load_checkpoint
 from geolens.runner import run_corpus
 from geolens.sinks.norm_curve import NormCurve
@@ -39,8 +39,11 @@ def norm_curve(model, **kwargs) -> NormCurve:
 
 def histograms(a: NormCurve) -> dict:
     """Every number a NormCurve accumulates."""
-    return {f"{scope}.{k}": getattr(getattr(a, scope), k) for scope in ("per_head", "per_layer")
-            for k in ("counts", "payload_sum", "payload_sq")} | {"out_of_window": a.out_of_window.total}  # fmt: skip
+    return {
+        f"{scope}.{k}": getattr(getattr(a, scope), k)
+        for scope in ("per_head", "per_layer")
+        for k in ("counts", "payload_sum", "payload_sq")
+    } | {"out_of_window": a.out_of_window.total}
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +98,18 @@ def test_interrupted_run_resumes_to_identical_numbers(gqa, tmp_path, monkeypatch
     torch.manual_seed(5)
     crashing = _Crashing(2, 4)
     with pytest.raises(_Interrupt):
-        run_corpus(gqa, tokens, [crashing, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3)
+        run_corpus(
+            gqa, tokens, [crashing, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3
+        )
     assert load_checkpoint(path)["next_batch"] == 6  # the last multiple of 3 before the crash
     torch.manual_seed(123)  # the checkpoint restores the generator, not the seed
     monkeypatch.setattr(_Crashing, "limit", 10**9)
     resumed = _Crashing(2, 4)
     run_corpus(gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path, checkpoint_every=3)
     assert resumed.calls == 12  # 6 restored from the checkpoint + the 6 remaining batches
-    out = run_corpus(gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path)  # complete: no-op
+    out = run_corpus(
+        gqa, tokens, [resumed, _Random()], batch_size=2, progress=False, checkpoint=path
+    )  # complete: no-op
     assert_identical(histograms(out[0]), histograms(ref[0]))
     assert torch.equal(out[1].result(), ref[1].result())
     assert load_checkpoint(path)["next_batch"] == 12
@@ -151,7 +158,9 @@ atomic_torch_save({"version": 2, "x": torch.zeros(2_000_000)}, path)
 @pytest.mark.parametrize("hook", ["replace", "fsync"])
 def test_process_killed_between_write_and_rename_never_leaves_a_half_file(tmp_path, hook):
     path = tmp_path / "state.pt"
-    proc = subprocess.run([sys.executable, "-c", CRASH_BEFORE_RENAME.replace("{hook}", hook), str(path)], cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_BEFORE_RENAME.replace("{hook}", hook), str(path)], cwd=REPO, timeout=120
+    )
     assert proc.returncode == -signal.SIGKILL
     state = torch.load(path, weights_only=True)
     assert state["version"] == 1 and torch.equal(state["x"], torch.arange(5))
@@ -194,7 +203,14 @@ def test_sigkilled_run_resumes_to_identical_numbers(tmp_path):
     script.write_text(textwrap.dedent(CHILD))
 
     def child(ckpt, out, delay):
-        cmd = [sys.executable, str(script), str(tmp_path / "tokens.pt"), str(tmp_path / ckpt), str(tmp_path / out), str(delay)]
+        cmd = [
+            sys.executable,
+            str(script),
+            str(tmp_path / "tokens.pt"),
+            str(tmp_path / ckpt),
+            str(tmp_path / out),
+            str(delay),
+        ]
         return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
     proc = child("killed.pt", "killed-out.pt", 0.4)
@@ -234,7 +250,9 @@ def test_smollm2_resumed_run_is_identical(smollm2, smollm2_tokens, tmp_path, mon
     assert resumed.calls == 4
     assert_identical(histograms(resumed), histograms(ref))
     counts = ref.per_head.counts.sum(-1)
-    assert torch.equal(counts[:3], torch.full((3, 9), 4.0 * 63, dtype=torch.float64)) and not counts[3:].any()  # queries 1..63 of 4 rows
+    assert (
+        torch.equal(counts[:3], torch.full((3, 9), 4.0 * 63, dtype=torch.float64)) and not counts[3:].any()
+    )  # queries 1..63 of 4 rows
 
 
 # --- fingerprints of the model and of the analyses' arguments; checkpoint safety -------------------
@@ -315,8 +333,10 @@ def test_garbage_checkpoint_is_refused_without_suggesting_trusted(gqa, tmp_path)
 
     path = tmp_path / "garbage.pt"
     path.write_bytes(random.Random(0).randbytes(4096))
-    for call in (lambda: load_checkpoint(path), lambda: run_corpus(gqa, corpus_tokens(n=4), [norm_curve(gqa)],
-                                                                     batch_size=2, progress=False, checkpoint=path)):  # fmt: skip
+    for call in (
+        lambda: load_checkpoint(path),
+        lambda: run_corpus(gqa, corpus_tokens(n=4), [norm_curve(gqa)], batch_size=2, progress=False, checkpoint=path),
+    ):
         with pytest.raises(ValueError) as err:
             call()
         message = str(err.value)

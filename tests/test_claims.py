@@ -62,8 +62,15 @@ def _expected(holds, ci, sample) -> str:
 
 
 def test_every_combination_follows_the_rule():
-    samples = [None, sample_size(19), sample_size(20), sample_size(64, n_seeds=1), sample_size(64, n_seeds=2),
-               sample_size(99, windows="documents", minimum=100), sample_size(100, windows="documents", n_seeds=3, minimum=100)]  # fmt: skip
+    samples = [
+        None,
+        sample_size(19),
+        sample_size(20),
+        sample_size(64, n_seeds=1),
+        sample_size(64, n_seeds=2),
+        sample_size(99, windows="documents", minimum=100),
+        sample_size(100, windows="documents", n_seeds=3, minimum=100),
+    ]
     seen = set()
     for holds, ci, sample in itertools.product((True, False, None), (True, False), samples):
         numbers = {} if sample is None else {"sample": sample}
@@ -98,13 +105,26 @@ def test_a_report_json_entry_reads_back_under_the_same_rule():
     data = report_json(Report([Section("s", "S", "intro", claims=claims)], {}, {}))
     for c, entry in zip(claims, data["claims"]):
         back = Claim.from_json(entry)
-        assert (back.decision, back.verdict, back.why, back.holds, back.ci) == (c.decision, c.verdict, c.why, c.holds, c.ci)
+        assert (back.decision, back.verdict, back.why, back.holds, back.ci) == (
+            c.decision,
+            c.verdict,
+            c.why,
+            c.holds,
+            c.ci,
+        )
         assert entry["criterion_met"] == c.holds and entry["verdict"] == c.verdict
         assert entry["holds"] == (c.holds if c.decision in ("holds", "does not hold") else None)
     assert [e["holds"] for e in data["claims"]] == [True, None, None]
     # an entry written before the rule (no "ci"): its old "holds" is a point comparison, never a verdict
-    old = {"claim": "A", "source": "paper A §3.1", "measured": "x [n = 64 corpus windows]", "holds": True, "verdict": "holds",
-           "criterion": "x > 0", "numbers": {"sample": {"n_windows": 64, "windows": "corpus windows", "n_seeds": None, "low_power": False}}}  # fmt: skip
+    old = {
+        "claim": "A",
+        "source": "paper A §3.1",
+        "measured": "x [n = 64 corpus windows]",
+        "holds": True,
+        "verdict": "holds",
+        "criterion": "x > 0",
+        "numbers": {"sample": {"n_windows": 64, "windows": "corpus windows", "n_seeds": None, "low_power": False}},
+    }
     back = Claim.from_json(old)
     assert back.verdict == "indicative (n = 64 corpus windows)" and back.why == "no confidence interval"
 
@@ -120,29 +140,61 @@ def _pairs(verdicts: dict[str, str]) -> pd.DataFrame:
         for i, (a, b) in enumerate(CLAIMED_STEPS):
             no_range = "no range" in verdicts.values()  # a failed range check leaves every pair undecided
             v = verdicts[f"{a} < {b}"] if direction == "comprehensiveness" else ("no range" if no_range else "holds")
-            lo, hi = {"holds": (0.1, 0.3), "tie": (-0.1, 0.2), "reversed": (-0.3, -0.1), "no range": (0.1, 0.3), "not testable": (0.0, 0.0)}[v]
-            rows.append(dict(a=a, b=b, direction=direction, quantity=QUANTITY, auc_diff=(lo + hi) / 2 + i, ci_low=lo, ci_high=hi, verdict=v, claimed=True))
+            lo, hi = {
+                "holds": (0.1, 0.3),
+                "tie": (-0.1, 0.2),
+                "reversed": (-0.3, -0.1),
+                "no range": (0.1, 0.3),
+                "not testable": (0.0, 0.0),
+            }[v]
+            rows.append(
+                dict(
+                    a=a,
+                    b=b,
+                    direction=direction,
+                    quantity=QUANTITY,
+                    auc_diff=(lo + hi) / 2 + i,
+                    ci_low=lo,
+                    ci_high=hi,
+                    verdict=v,
+                    claimed=True,
+                )
+            )
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("step_verdicts, holds", [(("holds", "not testable", "holds"), True), (("holds", "tie", "holds"), False),
-                                                  (("no range", "no range", "no range"), None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "step_verdicts, holds",
+    [
+        (("holds", "not testable", "holds"), True),
+        (("holds", "tie", "holds"), False),
+        (("no range", "no range", "no range"), None),
+    ],
+)
 def test_faithfulness_claims_read_a_verdict_only_on_the_protocols_minimum(step_verdicts, holds):
     from geolens.faithfulness import CLAIMED_STEPS
     from geolens.pipelines.faithfulness import faithfulness_claims
 
     steps = {f"{a} < {b}": v for (a, b), v in zip(CLAIMED_STEPS, step_verdicts)}
-    range_check = {"has_range": "no range" not in step_verdicts, "max_fraction": 0.2, "random_delta_ppl_rel_at_max_fraction": 0.05}
+    range_check = {
+        "has_range": "no range" not in step_verdicts,
+        "max_fraction": 0.2,
+        "random_delta_ppl_rel_at_max_fraction": 0.05,
+    }
     order, suff, alignment = faithfulness_claims(_pairs(steps), range_check)
     assert order.ci and suff.ci and not alignment.ci  # "the largest gain" compares point estimates
     assert order.holds is holds and suff.holds is (True if holds is not None else None)
     for claim in (order, suff):
         assert not VERDICT_WORDS.search(claim.measured), claim.measured  # the numbers and CIs, no step verdicts
-        for n, want in ((PROTOCOL_MIN_DOCUMENTS - 1, "indicative"),
-                        (PROTOCOL_MIN_DOCUMENTS, {True: "holds", False: "does not hold", None: "undecided"}[claim.holds])):  # fmt: skip
+        for n, want in (
+            (PROTOCOL_MIN_DOCUMENTS - 1, "indicative"),
+            (PROTOCOL_MIN_DOCUMENTS, {True: "holds", False: "does not hold", None: "undecided"}[claim.holds]),
+        ):
             claim.numbers["sample"] = sample_size(n, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)
             assert claim.verdict == f"{want} (n = {n} documents)"
-    assert "[+0.1, +0.3]" in order.measured and ("identical masks by construction" in order.measured) == ("not testable" in step_verdicts)
+    assert "[+0.1, +0.3]" in order.measured and ("identical masks by construction" in order.measured) == (
+        "not testable" in step_verdicts
+    )
     alignment.numbers["sample"] = sample_size(500, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS)
     assert alignment.decision == ("descriptive" if holds is None else "indicative")
 
@@ -162,10 +214,19 @@ def _imports(path: Path) -> set[str]:
 def test_claims_sit_below_the_pipelines_and_the_report():
     pipelines = sorted((ROOT / "geolens" / "pipelines").glob("*.py"))
     assert len(pipelines) >= 6
-    up = {p.name: sorted(m for m in _imports(p) if m == "geolens.report" or m.startswith("geolens.report.")) for p in pipelines}
+    up = {
+        p.name: sorted(m for m in _imports(p) if m == "geolens.report" or m.startswith("geolens.report."))
+        for p in pipelines
+    }
     assert not any(up.values()), up
-    assert all("geolens.claims" in _imports(p) for p in pipelines if p.stem in ("faithfulness", "pruning", "selection", "sinks", "taxonomy"))
-    assert not [m for m in _imports(ROOT / "geolens" / "claims.py") if m.startswith("geolens")]  # the bottom of the stack
+    assert all(
+        "geolens.claims" in _imports(p)
+        for p in pipelines
+        if p.stem in ("faithfulness", "pruning", "selection", "sinks", "taxonomy")
+    )
+    assert not [
+        m for m in _imports(ROOT / "geolens" / "claims.py") if m.startswith("geolens")
+    ]  # the bottom of the stack
 
 
 def test_exploratory_runs_are_low_power_whatever_their_size():
@@ -186,7 +247,9 @@ def test_table_verdicts_follow_the_claims_rule():
         assert table_verdict(v, enough) == v
         assert table_verdict(v, enough, decided=False) == "indicative (n = 100 documents)"
         assert table_verdict(v, few) == "indicative (n = 7 corpus windows)"
-        assert table_verdict(v, sample_size(100, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=True)).startswith("indicative")
+        assert table_verdict(
+            v, sample_size(100, windows="documents", minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=True)
+        ).startswith("indicative")
     assert table_verdict("not testable", few) == table_verdict("not testable", enough) == "not testable"
     assert table_verdict(None, enough) == "indicative (n = 100 documents)"  # no interval: no verdict
     assert not VERDICT_WORDS.search(table_verdict("holds", few))
@@ -205,21 +268,57 @@ def _per_term_summary(verdicts: dict, n_documents: int) -> dict:
                 continue  # Value Zeroing has source scope only
             v = verdicts.get((a, b), "holds") if scope == "term" else "tie"
             lo, hi = bounds[v]
-            pairs.append(dict(endpoint="per_term", scope=scope, outcome="kl", a=a, b=b, estimate=0.0 if lo is None else (lo + hi) / 2,
-                              ci_low=lo, ci_high=hi, verdict=v))  # fmt: skip
-    metrics = [dict(scope="term", outcome="kl", metric=m, spearman=s, ci_low=s - 0.1, ci_high=s + 0.1, n_positions=20 * n_documents,
-                    n_documents=n_documents) for m, s in (("raw_attention", 0.1), ("contribution", 0.4), ("contribution_abs", 0.5))]  # fmt: skip
+            pairs.append(
+                dict(
+                    endpoint="per_term",
+                    scope=scope,
+                    outcome="kl",
+                    a=a,
+                    b=b,
+                    estimate=0.0 if lo is None else (lo + hi) / 2,
+                    ci_low=lo,
+                    ci_high=hi,
+                    verdict=v,
+                )
+            )
+    metrics = [
+        dict(
+            scope="term",
+            outcome="kl",
+            metric=m,
+            spearman=s,
+            ci_low=s - 0.1,
+            ci_high=s + 0.1,
+            n_positions=20 * n_documents,
+            n_documents=n_documents,
+        )
+        for m, s in (("raw_attention", 0.1), ("contribution", 0.4), ("contribution_abs", 0.5))
+    ]
     return {"pairs": pairs, "metrics": metrics}
 
 
-@pytest.mark.parametrize("verdicts, order, gap", [
-    ({}, True, True),
-    ({("value_weighted", "output_normalized_intra"): "tie"}, False, True),
-    ({("output_normalized_inter", "contribution"): "reversed", ("raw_attention", "contribution"): "reversed"}, False, False),
-    ({("raw_attention", "value_weighted"): "not testable"}, True, True),  # left out, as in protocol 1's claims
-    ({("raw_attention", "value_weighted"): "not testable", ("value_weighted", "output_normalized_intra"): "not testable",
-      ("output_normalized_inter", "contribution"): "not testable"}, None, True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "verdicts, order, gap",
+    [
+        ({}, True, True),
+        ({("value_weighted", "output_normalized_intra"): "tie"}, False, True),
+        (
+            {("output_normalized_inter", "contribution"): "reversed", ("raw_attention", "contribution"): "reversed"},
+            False,
+            False,
+        ),
+        ({("raw_attention", "value_weighted"): "not testable"}, True, True),  # left out, as in protocol 1's claims
+        (
+            {
+                ("raw_attention", "value_weighted"): "not testable",
+                ("value_weighted", "output_normalized_intra"): "not testable",
+                ("output_normalized_inter", "contribution"): "not testable",
+            },
+            None,
+            True,
+        ),
+    ],
+)
 def test_per_term_claims_are_decided_by_the_pre_registered_pairs(verdicts, order, gap):
     from geolens.pipelines.faithfulness import per_term_claims
 
@@ -233,7 +332,9 @@ def test_per_term_claims_are_decided_by_the_pre_registered_pairs(verdicts, order
             assert c.verdict == f"{want} (n = {n} documents)"
         assert best.decision == "descriptive" and best.numbers["best"] == "contribution_abs"
         assert f"{20 * n} (layer, query) positions" in steps.measured
-        assert not VERDICT_WORDS.search(steps.measured + versus.measured)  # intervals, no pair verdicts: the claim's own verdict rules
+        assert not VERDICT_WORDS.search(
+            steps.measured + versus.measured
+        )  # intervals, no pair verdicts: the claim's own verdict rules
 
 
 def test_per_term_pairs_are_the_protocols():
@@ -241,28 +342,45 @@ def test_per_term_pairs_are_the_protocols():
 
     protocol = json.loads((ROOT / "docs" / "faithfulness" / "protocol.json").read_text(encoding="utf-8"))
     assert [list(p) for p in PER_TERM_PAIRS] == protocol["pairs"]
-    assert CLAIMED_PER_TERM_STEPS == (("raw_attention", "value_weighted"), ("value_weighted", "output_normalized_intra"),
-                                      ("output_normalized_inter", "contribution"))  # fmt: skip
+    assert CLAIMED_PER_TERM_STEPS == (
+        ("raw_attention", "value_weighted"),
+        ("value_weighted", "output_normalized_intra"),
+        ("output_normalized_inter", "contribution"),
+    )
     params = PerTermParams.from_protocol(protocol)
-    assert params == PerTermParams(queries=(8, 126))  # the defaults are the protocol's, but for the query range of its 128-token windows
+    assert params == PerTermParams(
+        queries=(8, 126)
+    )  # the defaults are the protocol's, but for the query range of its 128-token windows
     assert params.query_range(128) == PerTermParams().query_range(128) == tuple(protocol["data"]["scored_positions"])
-    assert params.n_positions == protocol["primary"]["positions_per_document"] and params.n_boot == protocol["statistics"]["n_boot"]
+    assert (
+        params.n_positions == protocol["primary"]["positions_per_document"]
+        and params.n_boot == protocol["statistics"]["n_boot"]
+    )
     with pytest.raises(ValueError, match="n_positions"):
         PerTermParams(n_positions=0)
     with pytest.raises(ValueError, match="no query"):
         PerTermParams().query_range(2)
 
 
-@pytest.mark.parametrize("status, n, want", [("pre-registered", 100, "holds"), ("pre-registered", 8, "indicative"), ("exploratory", 100, "indicative")])
+@pytest.mark.parametrize(
+    "status, n, want",
+    [("pre-registered", 100, "holds"), ("pre-registered", 8, "indicative"), ("exploratory", 100, "indicative")],
+)
 def test_flow_claims_read_a_verdict_only_pre_registered_on_the_protocols_minimum(status, n, want):
     from geolens.flow_erasure import DIRECTIONS, ErasureSettings
     from geolens.pipelines.flow import flow_claims
 
     settings = ErasureSettings(methods=("random", "alti", "contribution"), replacements=("space",))
-    pairs = [dict(direction=d, a=a, b=b, delta=0.1, ci_low=0.05, ci_high=0.2, verdict="holds")
-             for d in DIRECTIONS for a, b in (("random", "alti"), ("random", "contribution"), ("alti", "contribution"))]  # fmt: skip
-    summary = dict(families={"primary": dict(replacement="space", n_documents=n, pairs=pairs)},
-                   range_check={"space": dict(excluded_kl=0, n_predictions=3 * n)}, most_faithful={d: None for d in DIRECTIONS})  # fmt: skip
+    pairs = [
+        dict(direction=d, a=a, b=b, delta=0.1, ci_low=0.05, ci_high=0.2, verdict="holds")
+        for d in DIRECTIONS
+        for a, b in (("random", "alti"), ("random", "contribution"), ("alti", "contribution"))
+    ]
+    summary = dict(
+        families={"primary": dict(replacement="space", n_documents=n, pairs=pairs)},
+        range_check={"space": dict(excluded_kl=0, n_predictions=3 * n)},
+        most_faithful={d: None for d in DIRECTIONS},
+    )
     versus_alti, versus_random, best = flow_claims(summary, settings, status=status, windows="documents")
     assert versus_alti.holds is True and versus_random.holds is True and versus_alti.ci and versus_random.ci
     for c in (versus_alti, versus_random):

@@ -132,21 +132,24 @@ def test_batch_size_zero(command, capsys, out):
     usage_error([command, "--batch-size", "0", "--out", out], capsys, "--batch-size", "at least 1")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["analyze", "some text", "--top", "-1"], "--top"),
-    (["analyze", "some text", "--top", "0"], "--top"),
-    (["report", "--n-sequences", "abc"], "--n-sequences"),
-    (["report", "--n-heldout", "0"], "--n-heldout"),
-    (["sinks", "--lambdas", "1,x"], "--lambdas"),
-    (["sinks", "--eps", "1.5"], "--eps"),
-    (["sinks", "--drift-layers", "1,a"], "--drift-layers"),
-    (["faithfulness", "--fractions", "0.5,2"], "--fractions"),
-    (["faithfulness", "--layers", "3x"], "--layers"),
-    (["pruning", "--retention", "0,0.5"], "--retention"),
-    (["pruning", "--seeds", "1.5"], "--seeds"),
-    (["selection", "--nstar-sizes", "0,4"], "--nstar-sizes"),
-    (["taxonomy", "--n-sequences", "0"], "--n-sequences"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["analyze", "some text", "--top", "-1"], "--top"),
+        (["analyze", "some text", "--top", "0"], "--top"),
+        (["report", "--n-sequences", "abc"], "--n-sequences"),
+        (["report", "--n-heldout", "0"], "--n-heldout"),
+        (["sinks", "--lambdas", "1,x"], "--lambdas"),
+        (["sinks", "--eps", "1.5"], "--eps"),
+        (["sinks", "--drift-layers", "1,a"], "--drift-layers"),
+        (["faithfulness", "--fractions", "0.5,2"], "--fractions"),
+        (["faithfulness", "--layers", "3x"], "--layers"),
+        (["pruning", "--retention", "0,0.5"], "--retention"),
+        (["pruning", "--seeds", "1.5"], "--seeds"),
+        (["selection", "--nstar-sizes", "0,4"], "--nstar-sizes"),
+        (["taxonomy", "--n-sequences", "0"], "--n-sequences"),
+    ],
+)
 def test_bad_numbers_name_the_option(argv, needle, capsys):
     usage_error(argv, capsys, needle)
 
@@ -194,7 +197,11 @@ def test_the_backend_reaches_load_model(command, monkeypatch, tmp_path, docs):
 
     monkeypatch.setattr(geolens.models, "load_model", record)
     for extra in ([], ["--backend", "tl"], ["--backend", "hf"]):
-        argv = [command, "text"] if command == "analyze" else [command, "--corpus", docs, "--out", str(tmp_path / f"out{len(seen)}")]
+        argv = (
+            [command, "text"]
+            if command == "analyze"
+            else [command, "--corpus", docs, "--out", str(tmp_path / f"out{len(seen)}")]
+        )
         with pytest.raises(ModelLoaded):
             main([*argv, *extra])
     assert seen == ["transformer_lens", "transformer_lens", "hf"]
@@ -207,8 +214,11 @@ def test_cached_hub_name_loads_from_its_snapshot_folder(monkeypatch, tmp_path):
     snapshot = tmp_path / "hub" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
-    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache",
-                        lambda repo, name: str(snapshot / name) if repo == "org/cached" else None)  # fmt: skip
+    monkeypatch.setattr(
+        huggingface_hub,
+        "try_to_load_from_cache",
+        lambda repo, name: str(snapshot / name) if repo == "org/cached" else None,
+    )
     seen = []
 
     def record(name, *args, **kwargs):
@@ -248,10 +258,12 @@ def test_valid_arguments_reach_the_model(tmp_path, docs):
     """The validators do not refuse good input: these calls get as far as loading the model."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('{"text": "one document"}\n{"text": "another one"}\n', encoding="utf-8")
-    for argv in (["report", "--corpus", str(corpus), "--sections", "sinks,contributions", "--example-layer", "-1"],
-                 ["sinks", "--corpus", docs, "--drift-layers", "0,1", "--lambdas", "0,2"],
-                 ["taxonomy", "--model", "tiny-gqa", "--corpora", docs, str(corpus)],
-                 ["analyze", "some text", "--layer", "-1", "--top", "3"]):  # fmt: skip
+    for argv in (
+        ["report", "--corpus", str(corpus), "--sections", "sinks,contributions", "--example-layer", "-1"],
+        ["sinks", "--corpus", docs, "--drift-layers", "0,1", "--lambdas", "0,2"],
+        ["taxonomy", "--model", "tiny-gqa", "--corpora", docs, str(corpus)],
+        ["analyze", "some text", "--layer", "-1", "--top", "3"],
+    ):
         with pytest.raises(ModelLoaded):
             main([*argv, "--out", str(tmp_path / "out")] if argv[0] != "analyze" else argv)
 
@@ -260,7 +272,9 @@ def test_valid_arguments_reach_the_model(tmp_path, docs):
 
 
 def test_report_example_layer_out_of_range(tiny_model, capsys, out, docs):
-    usage_error(["report", "--corpus", docs, "--example-layer", "99", "--out", out], capsys, "--example-layer 99", "2 layers")
+    usage_error(
+        ["report", "--corpus", docs, "--example-layer", "99", "--out", out], capsys, "--example-layer 99", "2 layers"
+    )
     usage_error(["report", "--corpus", docs, "--example-layer", "-3", "--out", out], capsys, "--example-layer -3")
 
 
@@ -269,13 +283,22 @@ def test_analyze_layer_out_of_range(tiny_model, capsys):
 
 
 def test_faithfulness_layers_out_of_range(tiny_model, capsys, out, docs):
-    usage_error(["faithfulness", "--corpus", docs, "--layers", "0-5", "--mc-task", "", "--out", out], capsys, "--layers 5", "2 layers")
+    usage_error(
+        ["faithfulness", "--corpus", docs, "--layers", "0-5", "--mc-task", "", "--out", out],
+        capsys,
+        "--layers 5",
+        "2 layers",
+    )
     usage_error(["faithfulness", "--corpus", docs, "--layers=-3", "--mc-task", "", "--out", out], capsys, "--layers -3")
 
 
 def test_sinks_drift_layers_and_kv_heads_out_of_range(tiny_model, capsys, out, docs):
-    usage_error(["sinks", "--corpus", docs, "--drift-layers", "7", "--out", out], capsys, "--drift-layers 7", "2 layers")
-    usage_error(["sinks", "--corpus", docs, "--drift-kv-heads", "0,5", "--out", out], capsys, "--drift-kv-heads 5", "kv heads")
+    usage_error(
+        ["sinks", "--corpus", docs, "--drift-layers", "7", "--out", out], capsys, "--drift-layers 7", "2 layers"
+    )
+    usage_error(
+        ["sinks", "--corpus", docs, "--drift-kv-heads", "0,5", "--out", out], capsys, "--drift-kv-heads 5", "kv heads"
+    )
 
 
 def test_layers_in_range_reach_the_corpus(tiny_model, out, docs):
@@ -291,8 +314,12 @@ def test_too_few_windows_is_a_usage_error(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(geolens.models, "load_model", lambda *a, **k: model)
     corpus = tmp_path / "short.txt"
     corpus.write_text("only a few words here", encoding="utf-8")
-    usage_error(["sinks", "--corpus", str(corpus), "--n-sequences", "5", "--seq-len", "64", "--out", str(tmp_path / "o")],
-                capsys, "short.txt", "window")  # fmt: skip
+    usage_error(
+        ["sinks", "--corpus", str(corpus), "--n-sequences", "5", "--seq-len", "64", "--out", str(tmp_path / "o")],
+        capsys,
+        "short.txt",
+        "window",
+    )
 
 
 def test_parse_layers_refuses_instead_of_wrapping():

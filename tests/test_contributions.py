@@ -82,7 +82,9 @@ def test_metrics_same_shape_and_baselines(tiny):
     norms = geolens.projected_value_norms(geolens.get_attention_layer(model, cache, 1))
     torch.testing.assert_close(m.value_weighted, m.raw_attention * norms[:, :, None, :])
     out_norm = geolens.head_outputs(geolens.get_attention_layer(model, cache, 1)).norm(dim=-1)  # [b,q,h]
-    torch.testing.assert_close(m.output_normalized, m.value_weighted / out_norm.permute(0, 2, 1)[..., None], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        m.output_normalized, m.value_weighted / out_norm.permute(0, 2, 1)[..., None], rtol=1e-5, atol=1e-6
+    )
     torch.testing.assert_close(m.contribution, geolens.contribution_weights(model, cache, 1))
 
 

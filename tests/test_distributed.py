@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_tiny, random_corpus
+
 from geolens.checkpoint import load_checkpoint
-from geolens.distributed import analysis_factory, merge_states, rank_checkpoint, run_corpus_distributed
 from geolens.data import n_batches
+from geolens.distributed import analysis_factory, merge_states, rank_checkpoint, run_corpus_distributed
 from geolens.runner import run_corpus, shard_bounds
 from geolens.sinks.norm_curve import NormCurve
 
@@ -83,10 +83,24 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     common += [arg for spec in analyses for arg in ("--analysis", spec)]
     # torchrun --standalone picks a free port itself (rendezvous on localhost:0)
     _launch(
-        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "geolens.distributed",
-         *common, "--backend", "gloo", "--checkpoint-dir", "ckpt", "--out", "two.pt"],
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "geolens.distributed",
+            *common,
+            "--backend",
+            "gloo",
+            "--checkpoint-dir",
+            "ckpt",
+            "--out",
+            "two.pt",
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     two = torch.load(tmp_path / "two.pt", weights_only=True)
     assert two["timing"]["world_size"] == 2 and two["analyses"] == ["NormCurve", "SinkGeometry", "TaxonomyAnalysis"]
     # the single-process reference, in this process with one thread like each rank (OMP_NUM_THREADS=1)
@@ -94,7 +108,9 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = run_corpus(model, tokens, [analysis_factory(spec)(model) for spec in analyses], batch_size=4, progress=False)
+        single = run_corpus(
+            model, tokens, [analysis_factory(spec)(model) for spec in analyses], batch_size=4, progress=False
+        )
     finally:
         torch.set_num_threads(threads)
     assert_merged_equals_single(norm_curve(model).load_state_dict(two["states"][0]), single[0])
@@ -103,7 +119,9 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         assert a.keys() == b.keys() and a, spec
         for name in a:
             if a[name].is_floating_point():
-                torch.testing.assert_close(a[name], b[name], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{spec} {name}")
+                torch.testing.assert_close(
+                    a[name], b[name], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{spec} {name}"
+                )
             else:
                 assert torch.equal(a[name], b[name]), f"{spec} {name}"
         analysis_factory(spec)(model).load_state_dict(two["states"][k]).result()  # the merged state gives a result
@@ -129,4 +147,6 @@ def test_load_model_device_map_goes_through_accelerate(tmp_path, device_map):
         assert torch.equal(mapped(tokens), plain(tokens))
     [a] = run_corpus(mapped, tokens, [norm_curve(mapped)], batch_size=1, progress=False)
     [b] = run_corpus(plain, tokens, [norm_curve(plain)], batch_size=1, progress=False)
-    assert torch.equal(a.per_head.counts, b.per_head.counts) and torch.equal(a.per_head.payload_sum, b.per_head.payload_sum)
+    assert torch.equal(a.per_head.counts, b.per_head.counts) and torch.equal(
+        a.per_head.payload_sum, b.per_head.payload_sum
+    )

@@ -26,7 +26,9 @@ SCHEMA = ROOT / "tests" / "data" / "cff-1.2.0-schema.json"
 MAIN_JOB = "geolens report --quick --out report/"
 TEST_COMMAND = "bash scripts/test.sh"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-HAS_MKDOCS = all(importlib.util.find_spec(m) is not None for m in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter"))
+HAS_MKDOCS = all(
+    importlib.util.find_spec(m) is not None for m in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter")
+)
 NEEDS_MKDOCS = pytest.mark.skipif(not HAS_MKDOCS, reason="mkdocs is not installed (pip install -e '.[docs]')")
 
 
@@ -49,10 +51,13 @@ def _parser_options() -> dict[str, dict[str, object]]:
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {
-        name: {(a.option_strings[0] if a.option_strings else a.dest): a for a in parser._actions
-               if not isinstance(a, argparse._HelpAction) and not SHARED_OPTIONS & set(a.option_strings)}
+        name: {
+            (a.option_strings[0] if a.option_strings else a.dest): a
+            for a in parser._actions
+            if not isinstance(a, argparse._HelpAction) and not SHARED_OPTIONS & set(a.option_strings)
+        }
         for name, parser in sub.choices.items()
-    }  # fmt: skip
+    }
 
 
 def _documented_options() -> dict[str, dict[str, str]]:
@@ -78,16 +83,29 @@ def test_commands_page_lists_every_option_of_every_command():
         if name in CODE_BLOCK_COMMANDS:
             continue
         table = documented[name]
-        assert set(table) == set(options), (name, "undocumented", sorted(set(options) - set(table)), "not an option", sorted(set(table) - set(options)))
-        wrong = {opt: (cell, _default_text(options[opt].default)) for opt, cell in table.items() if cell and cell != _default_text(options[opt].default)}
+        assert set(table) == set(options), (
+            name,
+            "undocumented",
+            sorted(set(options) - set(table)),
+            "not an option",
+            sorted(set(table) - set(options)),
+        )
+        wrong = {
+            opt: (cell, _default_text(options[opt].default))
+            for opt, cell in table.items()
+            if cell and cell != _default_text(options[opt].default)
+        }
         assert not wrong, (name, wrong)
 
 
 def test_commands_page_names_the_pre_registered_runs():
     text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
-    for line in ("geolens flow --erasure --protocol docs/flow/protocol.json", "geolens mc --protocol docs/faithfulness/protocol.json",
-                 "geolens sinks --controls-protocol docs/faithfulness/protocol.json",
-                 "geolens faithfulness --protocol docs/faithfulness/protocol.json --stage per_term"):  # fmt: skip
+    for line in (
+        "geolens flow --erasure --protocol docs/flow/protocol.json",
+        "geolens mc --protocol docs/faithfulness/protocol.json",
+        "geolens sinks --controls-protocol docs/faithfulness/protocol.json",
+        "geolens faithfulness --protocol docs/faithfulness/protocol.json --stage per_term",
+    ):
         assert line in text, line
     for path in ("docs/flow/protocol.json", "docs/faithfulness/protocol.json"):
         assert (ROOT / path).is_file(), path
@@ -147,7 +165,7 @@ def _hf_quickstart() -> str:
     """The README's quickstart on the HF-native backend: the Python block with ``backend="hf"``."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if 'backend="hf"' in b]
-    assert len(blocks) == 1, f"expected one Python block with backend=\"hf\" in README.md, found {len(blocks)}"
+    assert len(blocks) == 1, f'expected one Python block with backend="hf" in README.md, found {len(blocks)}'
     return blocks[0]
 
 
@@ -224,19 +242,43 @@ def site(tmp_path_factory):
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
     tmp = tmp_path_factory.mktemp("site")
     out = tmp / "site"
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(_config(tmp)), "--site-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mkdocs",
+        "build",
+        "--strict",
+        "--config-file",
+        str(_config(tmp)),
+        "--site-dir",
+        str(out),
+    ]
     start = time.perf_counter()
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    run = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    )
     seconds = time.perf_counter() - start
-    assert run.returncode == 0, f"mkdocs build --strict failed after {seconds:.0f} s:\n{run.stdout[-4000:]}\n{run.stderr[-8000:]}"
+    assert run.returncode == 0, (
+        f"mkdocs build --strict failed after {seconds:.0f} s:\n{run.stdout[-4000:]}\n{run.stderr[-8000:]}"
+    )
     return out
 
 
 @NEEDS_MKDOCS
 def test_site_builds_strict_with_every_page(site):
-    for page in ("index.html", "getting-started/index.html", "method/index.html", "commands/index.html", "api/index.html",
-                 "results/index.html", "benchmarks/index.html", "reliability/index.html", "contributing/index.html",
-                 "models/index.html", "tl-notes/index.html"):  # fmt: skip
+    for page in (
+        "index.html",
+        "getting-started/index.html",
+        "method/index.html",
+        "commands/index.html",
+        "api/index.html",
+        "results/index.html",
+        "benchmarks/index.html",
+        "reliability/index.html",
+        "contributing/index.html",
+        "models/index.html",
+        "tl-notes/index.html",
+    ):
         assert (site / page).is_file(), page
     assert not (site / "_hooks").exists()  # the griffe extension is not published
     size = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
@@ -258,7 +300,11 @@ def test_api_page_documents_the_public_api(site):
     import ast
 
     tree = ast.parse((ROOT / "geolens" / "__init__.py").read_text())
-    names = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__")
+    names = next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+    )
     html = (site / "api" / "index.html").read_text(encoding="utf-8")
     missing = [n for n in names if f'id="geolens.{n}"' not in html]
     assert not missing, missing
@@ -271,6 +317,7 @@ def test_reliability_page_exists():
 
 
 # --- (c) the built pages in headless Chromium ----------------------------------------------------
+
 
 def _dump_dom(page: Path) -> str:
     """The DOM of ``page`` after headless Chromium ran its scripts, through the browser tests' one
@@ -295,6 +342,12 @@ def test_built_pages_in_headless_chromium(site):
     assert 'class="md-search' in index  # the theme's search, rendered by its scripts
     api = _dump_dom(site / "api" / "index.html")
     headings = _headings(api)
-    for expected in ("API reference", "Contribution weights", "Attention sinks", "Faithfulness", "contribution_weights"):
+    for expected in (
+        "API reference",
+        "Contribution weights",
+        "Attention sinks",
+        "Faithfulness",
+        "contribution_weights",
+    ):
         assert any(expected in h for h in headings), (expected, headings)
     assert "contribution_weights" in api and "value_zeroing" in api

@@ -8,7 +8,7 @@ import torch
 
 from geolens.faithfulness import (
     ALL_METRICS,
-    Protocol,
+    MaskingConfig,
     area_under_curve,
     auc_ci,
     claimed_order_holds,
@@ -146,7 +146,7 @@ def test_auc_ci_constant_rows_and_coverage():
 
 def test_curve_masks_layout(tiny_gqa):
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(layers=(0, 1), ranking="row", allow_sink=False, allow_current=False, fractions=(0.2, 0.6))
+    protocol = MaskingConfig(layers=(0, 1), ranking="row", allow_sink=False, allow_current=False, fractions=(0.2, 0.6))
     scores = metric_scores(model, tokens[:1], protocol, ["raw_attention", "value_zeroing"])
     assert scores["raw_attention"].shape == (2, 1, model.cfg.n_heads, 12, 12)
     assert scores["value_zeroing"].shape == (2, 1, 1, 12, 12)
@@ -156,14 +156,14 @@ def test_curve_masks_layout(tiny_gqa):
     assert torch.equal(masks[:, 0].sum((-1, -2)), masks[:, 2].sum((-1, -2)))
     assert not masks[..., 0].any()  # the sink is protected in this protocol
     assert not masks.diagonal(dim1=-2, dim2=-1).any()  # so is the current token
-    primary = Protocol(fractions=(0.9,))
+    primary = MaskingConfig(fractions=(0.9,))
     raw = metric_scores(model, tokens[:1], primary, ["raw_attention"])["raw_attention"]
     assert curve_masks(raw, primary)[:, 0, :, :, 0].any()  # the primary protocol may remove the sink
 
 
 def test_faithfulness_curves_end_to_end(tiny_gqa):
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(layers=(1,), ranking="row", fractions=(0.3, 0.6, 0.9), skip_prefix=2)
+    protocol = MaskingConfig(layers=(1,), ranking="row", fractions=(0.3, 0.6, 0.9), skip_prefix=2)
     res = faithfulness_curves(model, tokens, protocol, ALL_METRICS, progress=False, n_boot=50)
     df = res.per_sequence
     assert len(df) == tokens.shape[0] * len(ALL_METRICS) * 2 * 3
@@ -174,14 +174,23 @@ def test_faithfulness_curves_end_to_end(tiny_gqa):
     nll = masked_token_nll(model, seq, masks[:, 1:2], [1], branch=False)[0, 2:]
     with torch.no_grad():
         clean = token_nll(model(seq, return_type="logits"), seq)[0, 2:]
-    row = df[(df.sequence == 1) & (df.metric == "contribution") & (df.direction == "comprehensiveness") & (df.fraction == 0.6)]
+    row = df[
+        (df.sequence == 1)
+        & (df.metric == "contribution")
+        & (df.direction == "comprehensiveness")
+        & (df.fraction == 0.6)
+    ]
     assert row.nll.item() == pytest.approx(float(nll.mean()), rel=1e-5)
     assert res.clean.set_index("sequence").nll[1] == pytest.approx(float(clean.mean()), rel=1e-5)
     auc = res.auc()
     assert set(auc.metric) == set(ALL_METRICS)
     assert (auc.ci_low <= auc.auc + 1e-12).all() and (auc.auc <= auc.ci_high + 1e-12).all()
     text = str(res)
-    assert "layers masked together = one layer (1)" in text and "sink (pos 0) removable = True" in text and "ranking = row" in text
+    assert (
+        "layers masked together = one layer (1)" in text
+        and "sink (pos 0) removable = True" in text
+        and "ranking = row" in text
+    )
     order = claimed_order_holds(res.pairs())
     assert set(order["pairs"].values()) <= {"holds", "tie", "reversed", "no range", "too few documents", "not testable"}
     # per-row rankings: value-weighted and output-normalised remove the same sources, so that step
@@ -189,15 +198,19 @@ def test_faithfulness_curves_end_to_end(tiny_gqa):
     assert order["pairs"]["value_weighted < output_normalized"] == "not testable"
     vw = df[df.metric == "value_weighted"].nll.to_numpy()
     assert np.array_equal(vw, df[df.metric == "output_normalized"].nll.to_numpy())
-    assert set(order["pairs"]) == {"raw_attention < value_weighted", "value_weighted < output_normalized", "output_normalized < contribution"}
+    assert set(order["pairs"]) == {
+        "raw_attention < value_weighted",
+        "value_weighted < output_normalized",
+        "output_normalized < contribution",
+    }
 
 
 def test_protocol_errors(tiny_gqa):
     model, tokens, _ = tiny_gqa
     with pytest.raises(ValueError, match="unknown metrics"):
-        metric_scores(model, tokens[:1], Protocol(), ["attention"])
+        metric_scores(model, tokens[:1], MaskingConfig(), ["attention"])
     with pytest.raises(ValueError, match="tokens"):
-        faithfulness_curves(model, tokens[0], Protocol(), progress=False)
+        faithfulness_curves(model, tokens[0], MaskingConfig(), progress=False)
 
 
 @pytest.mark.slow
@@ -210,8 +223,12 @@ def test_smollm2_value_zeroing_one_layer(smollm2, smollm2_tokens):
 
 @pytest.mark.slow
 def test_smollm2_comprehensiveness_hurts_more_than_random(smollm2, smollm2_tokens):
-    protocol = Protocol(layers=tuple(range(24, 30)), ranking="row", allow_sink=False, allow_current=False, fractions=(0.5,))
-    res = faithfulness_curves(smollm2, smollm2_tokens[:2, :48], protocol, ["contribution", "random"], progress=False, n_boot=50)
+    protocol = MaskingConfig(
+        layers=tuple(range(24, 30)), ranking="row", allow_sink=False, allow_current=False, fractions=(0.5,)
+    )
+    res = faithfulness_curves(
+        smollm2, smollm2_tokens[:2, :48], protocol, ["contribution", "random"], progress=False, n_boot=50
+    )
     df = res.per_sequence.groupby(["metric", "direction"]).nll.mean()
     assert df["contribution", "comprehensiveness"] > df["random", "comprehensiveness"]
     assert df["contribution", "sufficiency"] < df["contribution", "comprehensiveness"]
@@ -227,9 +244,15 @@ def test_paired_auc_difference_by_hand():
     for s, shift in enumerate([0.0, 1.0, 2.0]):  # large between-document spread, constant paired gap in NLL
         for d in ("comprehensiveness", "sufficiency"):
             for k in fr:
-                rows.append(dict(sequence=s, metric="raw_attention", direction=d, fraction=k, nll=shift + k, n_removed=0))
-                rows.append(dict(sequence=s, metric="contribution", direction=d, fraction=k, nll=shift + k + 0.5, n_removed=0))
-    protocol = dict(fractions=fr, layers=[0], allow_sink=False, allow_current=False, mode="intra", ranking="row", skip_prefix=0)
+                rows.append(
+                    dict(sequence=s, metric="raw_attention", direction=d, fraction=k, nll=shift + k, n_removed=0)
+                )
+                rows.append(
+                    dict(sequence=s, metric="contribution", direction=d, fraction=k, nll=shift + k + 0.5, n_removed=0)
+                )
+    protocol = dict(
+        fractions=fr, layers=[0], allow_sink=False, allow_current=False, mode="intra", ranking="row", skip_prefix=0
+    )
     clean = pd.DataFrame(dict(sequence=[0, 1, 2], nll=[0.0, 1.0, 2.0], n_scored=10))
     res = FaithfulnessResult(protocol=protocol, per_sequence=pd.DataFrame(rows), clean=clean, n_boot=200)
     out = res.pairs([("raw_attention", "contribution")])
@@ -265,7 +288,9 @@ def test_pairs_that_cannot_differ_are_not_testable_and_testable_ones_keep_their_
 
     from geolens.faithfulness import claimed_order_holds, same_ranking_by_construction
 
-    res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
+    res = synthetic_result(
+        dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
+    )
     for ranking, mode, identical in (("query", "inter", True), ("row", "intra", True), ("query", "intra", False)):
         res.protocol = dict(res.protocol, ranking=ranking, mode=mode)
         assert same_ranking_by_construction(res.protocol) is identical

@@ -7,7 +7,12 @@ import pandas as pd
 import pytest
 
 from geolens.commands.faithfulness import auc_markdown, pairs_markdown, parse_fractions, parse_layers
-from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot, pruning_curves_plot, sensitivity_map_plot
+from geolens.viz.faithfulness import (
+    faithfulness_curves_plot,
+    mc_accuracy_plot,
+    pruning_curves_plot,
+    sensitivity_map_plot,
+)
 
 
 def test_parse_layers():
@@ -40,22 +45,60 @@ def test_parse_fractions_and_bad_input_exit_2(capsys):
 
 def test_auc_markdown_and_figures(tmp_path):
     curves = pd.DataFrame(
-        [dict(metric=m, direction=d, fraction=k, delta_ppl=k * (i + 1), delta_ppl_lo=k * (i + 1) - 0.1, delta_ppl_hi=k * (i + 1) + 0.1,
-              delta_logprob=-k, delta_logprob_lo=-k - 0.01, delta_logprob_hi=-k + 0.01)
-         for i, m in enumerate(["raw_attention", "contribution", "random"]) for d in ("comprehensiveness", "sufficiency") for k in (0.1, 0.5, 0.9)]
-    )  # fmt: skip
+        [
+            dict(
+                metric=m,
+                direction=d,
+                fraction=k,
+                delta_ppl=k * (i + 1),
+                delta_ppl_lo=k * (i + 1) - 0.1,
+                delta_ppl_hi=k * (i + 1) + 0.1,
+                delta_logprob=-k,
+                delta_logprob_lo=-k - 0.01,
+                delta_logprob_hi=-k + 0.01,
+            )
+            for i, m in enumerate(["raw_attention", "contribution", "random"])
+            for d in ("comprehensiveness", "sufficiency")
+            for k in (0.1, 0.5, 0.9)
+        ]
+    )
     view = faithfulness_curves_plot(curves, "delta_ppl", subtitle="protocol: test")
     assert np.allclose(view.data["comprehensiveness/contribution"]["value"], [0.2, 1.0, 1.8])
-    pairs = pd.DataFrame([dict(a="raw_attention", b="contribution", direction="sufficiency", quantity="delta_ppl",
-                               auc_diff=0.5, ci_low=0.1, ci_high=0.9, verdict="holds", claimed=False)])  # fmt: skip
-    assert "| raw_attention → contribution | sufficiency | delta_ppl | +0.5 | [+0.1, +0.9] | holds |" in pairs_markdown(pairs)
+    pairs = pd.DataFrame(
+        [
+            dict(
+                a="raw_attention",
+                b="contribution",
+                direction="sufficiency",
+                quantity="delta_ppl",
+                auc_diff=0.5,
+                ci_low=0.1,
+                ci_high=0.9,
+                verdict="holds",
+                claimed=False,
+            )
+        ]
+    )
+    assert "| raw_attention → contribution | sufficiency | delta_ppl | +0.5 | [+0.1, +0.9] | holds |" in pairs_markdown(
+        pairs
+    )
     assert view.save(tmp_path / "c.png").stat().st_size > 1000
-    auc = pd.DataFrame([dict(metric="random", direction="sufficiency", quantity="delta_ppl", auc=1.23456, ci_low=1.0, ci_high=1.5)])
+    auc = pd.DataFrame(
+        [dict(metric="random", direction="sufficiency", quantity="delta_ppl", auc=1.23456, ci_low=1.0, ci_high=1.5)]
+    )
     assert "| random | sufficiency | delta_ppl | 1.2346 | [1.0000, 1.5000] |" in auc_markdown(auc)
-    mc = pd.DataFrame([dict(metric="clean", direction="none", fraction=0.0, accuracy=0.5)] +
-                      [dict(metric="random", direction=d, fraction=k, accuracy=0.4) for d in ("comprehensiveness", "sufficiency") for k in (0.1, 0.9)])  # fmt: skip
+    mc = pd.DataFrame(
+        [dict(metric="clean", direction="none", fraction=0.0, accuracy=0.5)]
+        + [
+            dict(metric="random", direction=d, fraction=k, accuracy=0.4)
+            for d in ("comprehensiveness", "sufficiency")
+            for k in (0.1, 0.9)
+        ]
+    )
     assert mc_accuracy_plot(mc).data["clean"] == 0.5
-    pr = pd.DataFrame([dict(order=o, retention=r, delta_ppl=r) for o in ("regime", "random_0", "random_1") for r in (0.9, 0.5)])
+    pr = pd.DataFrame(
+        [dict(order=o, retention=r, delta_ppl=r) for o in ("regime", "random_0", "random_1") for r in (0.9, 0.5)]
+    )
     assert set(pruning_curves_plot(pr).data) == {"regime", "random_0", "random_1"}
     crit = pd.DataFrame(dict(layer=[1], head=[2]))
     assert sensitivity_map_plot(np.zeros((3, 4)), crit).data["delta_ppl"].shape == (3, 4)
@@ -63,21 +106,43 @@ def test_auc_markdown_and_figures(tmp_path):
 
 def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
     rows = []
-    for metric, scale in [("raw_attention", 1.0), ("value_weighted", 2.0), ("output_normalized", 2.0), ("contribution", 3.0), ("random", 0.5)]:
+    for metric, scale in [
+        ("raw_attention", 1.0),
+        ("value_weighted", 2.0),
+        ("output_normalized", 2.0),
+        ("contribution", 3.0),
+        ("random", 0.5),
+    ]:
         for d in ("comprehensiveness", "sufficiency"):
             for k in (0.1, 0.5, 0.9):
-                rows.append(dict(metric=metric, direction=d, fraction=k, delta_ppl=scale * k, delta_ppl_lo=scale * k - 0.01,
-                                 delta_ppl_hi=scale * k + 0.01, delta_logprob=-k, delta_logprob_lo=-k - 0.01, delta_logprob_hi=-k + 0.01))
+                rows.append(
+                    dict(
+                        metric=metric,
+                        direction=d,
+                        fraction=k,
+                        delta_ppl=scale * k,
+                        delta_ppl_lo=scale * k - 0.01,
+                        delta_ppl_hi=scale * k + 0.01,
+                        delta_logprob=-k,
+                        delta_logprob_lo=-k - 0.01,
+                        delta_logprob_hi=-k + 0.01,
+                    )
+                )
     view = faithfulness_curves_plot(pd.DataFrame(rows), "delta_ppl")
     pairs = {(p["direction"], p["a"], p["b"]) for p in view.data["coincide"]}
-    assert pairs == {("comprehensiveness", "value_weighted", "output_normalized"), ("sufficiency", "value_weighted", "output_normalized")}
+    assert pairs == {
+        ("comprehensiveness", "value_weighted", "output_normalized"),
+        ("sufficiency", "value_weighted", "output_normalized"),
+    }
     assert all(p["identical"] and "constant within a ranking group" in p["reason"] for p in view.data["coincide"])
     styles = {(line.get_marker(), str(line.get_linestyle())) for line in view.figure.axes[0].get_lines()}
     assert len(styles) == 5  # every metric has its own marker and line style
     texts = " ".join(t.get_text() for t in view.figure.texts)
     assert "value-weighted α‖ṽ‖ and output-normalised α‖ṽ‖/‖o‖ coincide (identical)" in texts
     view.close()
-    distinct = faithfulness_curves_plot(pd.DataFrame([r for r in rows if r["metric"] != "output_normalized"]), "delta_ppl")
+    distinct = faithfulness_curves_plot(
+        pd.DataFrame([r for r in rows if r["metric"] != "output_normalized"]), "delta_ppl"
+    )
     assert distinct.data["coincide"] == [] and not distinct.figure.texts
     distinct.close()
 
@@ -90,11 +155,17 @@ def test_results_readme_and_resume(tmp_path):
 
     gaps = dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
     res = synthetic_result(gaps)
-    res.meta = dict(model="toy", seq_len=128, corpus="lee", command="geolens faithfulness --n-sequences 40", complete=True)
+    res.meta = dict(
+        model="toy", seq_len=128, corpus="lee", command="geolens faithfulness --n-sequences 40", complete=True
+    )
     text = results_markdown(res)
     assert "| ranking scope | query |" in text and "40 × 128 (lee); 4000 scored predictions" in text
     pairs = res.pairs()
-    step = pairs[(pairs.a == "output_normalized") & (pairs.direction == "comprehensiveness") & (pairs.quantity == "delta_logprob")].iloc[0]
+    step = pairs[
+        (pairs.a == "output_normalized")
+        & (pairs.direction == "comprehensiveness")
+        & (pairs.quantity == "delta_logprob")
+    ].iloc[0]
     assert f"{step.auc_diff:+.3g} [{step.ci_low:+.3g}, {step.ci_high:+.3g}] **holds**" in text
     res.save(tmp_path)
     per, clean = resume_state(tmp_path, dict(res.protocol))
@@ -111,7 +182,9 @@ def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys)
 
     from geolens.cli import main
 
-    res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
+    res = synthetic_result(
+        dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
+    )
     res.meta = dict(model="toy", seq_len=128, corpus="lee", command="geolens faithfulness", complete=True)
     res.save(tmp_path)
     assert main(["faithfulness", "--replot", "--out", str(tmp_path)]) == 0
@@ -129,7 +202,9 @@ def test_per_sequence_saved_gzipped_deterministic_and_old_csv_still_read(tmp_pat
     from geolens.faithfulness import FaithfulnessResult
     from geolens.faithfulness.result import resume_state
 
-    res = synthetic_result(dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0))
+    res = synthetic_result(
+        dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
+    )
     res.save(tmp_path / "a")
     res.save(tmp_path / "b")
     a, b = (tmp_path / d / "per_sequence.csv.gz" for d in "ab")
@@ -158,7 +233,14 @@ def test_write_json_and_fingerprints_share_one_converter(tmp_path):
     import geolens.checkpoint as checkpoint
     from geolens.faithfulness.preregistered import write_json
 
-    data = {"n": np.int64(3), "x": np.float32(0.25), "ok": np.bool_(True), "t": torch.tensor(1.5), "where": Path("a/b"), "k": (1, 2)}
+    data = {
+        "n": np.int64(3),
+        "x": np.float32(0.25),
+        "ok": np.bool_(True),
+        "t": torch.tensor(1.5),
+        "where": Path("a/b"),
+        "k": (1, 2),
+    }
     write_json(data, tmp_path / "s.json")
     back = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
     assert back == {"n": 3, "x": 0.25, "ok": True, "t": 1.5, "where": "a/b", "k": [1, 2]}

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from geolens.faithfulness import Protocol
+from geolens.faithfulness import MaskingConfig
 from geolens.multiple_choice import (
     Question,
     choice_loglik,
@@ -39,8 +39,10 @@ def test_choice_loglik_matches_naive(tiny_gqa):
 def test_mc_under_no_removal_equals_clean(tiny_gqa):
     model, _, _ = tiny_gqa
     clean = float(score_questions(model, QUESTIONS).correct.mean())
-    protocol = Protocol(layers=(0, 1), fractions=(0.0, 0.5))
-    per_q = mc_under_masks_per_question(model, QUESTIONS, protocol, ["raw_attention", "value_zeroing", "random"], progress=False)
+    protocol = MaskingConfig(layers=(0, 1), fractions=(0.0, 0.5))
+    per_q = mc_under_masks_per_question(
+        model, QUESTIONS, protocol, ["raw_attention", "value_zeroing", "random"], progress=False
+    )
     df = mc_conditions(per_q)
     assert df[df.metric == "clean"].accuracy.item() == pytest.approx(clean)
     zero = df[df.fraction == 0.0]
@@ -50,7 +52,9 @@ def test_mc_under_no_removal_equals_clean(tiny_gqa):
 
 def test_load_questions_jsonl_and_errors(tmp_path):
     path = tmp_path / "mc.jsonl"
-    path.write_text("\n".join(json.dumps(dict(prompt=q.prompt, choices=list(q.choices), answer=q.answer)) for q in QUESTIONS))
+    path.write_text(
+        "\n".join(json.dumps(dict(prompt=q.prompt, choices=list(q.choices), answer=q.answer)) for q in QUESTIONS)
+    )
     assert load_questions(str(path)) == QUESTIONS
     assert load_questions(str(path), max_questions=2) == QUESTIONS[:2]
     with pytest.raises(FileNotFoundError):
@@ -72,15 +76,36 @@ def _per_question(n=40, seed=0, random_shift=-0.5):
 
     rng = np.random.default_rng(seed)
     clean = rng.normal(-5, 1, n)
-    rows = [dict(task="t", qid=q, metric="clean", direction="none", fraction=0.0, logprob_correct=clean[q], correct=1) for q in range(n)]
+    rows = [
+        dict(task="t", qid=q, metric="clean", direction="none", fraction=0.0, logprob_correct=clean[q], correct=1)
+        for q in range(n)
+    ]
     for k in (0.1, 0.5):
         noise = rng.normal(0, 0.3, n)
         for metric, comp in (("raw_attention", -1.0), ("contribution", -2.0), ("random", random_shift)):
             for q in range(n):
-                rows.append(dict(task="t", qid=q, metric=metric, direction="comprehensiveness", fraction=k,
-                                 logprob_correct=clean[q] + comp * k + (noise[q] if metric != "random" else 0.0), correct=int(metric != "contribution")))
-                rows.append(dict(task="t", qid=q, metric=metric, direction="sufficiency", fraction=k,
-                                 logprob_correct=clean[q] - 0.1 + noise[q], correct=1))
+                rows.append(
+                    dict(
+                        task="t",
+                        qid=q,
+                        metric=metric,
+                        direction="comprehensiveness",
+                        fraction=k,
+                        logprob_correct=clean[q] + comp * k + (noise[q] if metric != "random" else 0.0),
+                        correct=int(metric != "contribution"),
+                    )
+                )
+                rows.append(
+                    dict(
+                        task="t",
+                        qid=q,
+                        metric=metric,
+                        direction="sufficiency",
+                        fraction=k,
+                        logprob_correct=clean[q] - 0.1 + noise[q],
+                        correct=1,
+                    )
+                )
     df = pd.DataFrame(rows)
     return df.assign(chance=1 / 3, logprob_correct_norm=df.logprob_correct, n_choices=3)
 
@@ -131,7 +156,7 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
 
     model, _, _ = tiny_gqa
     qs = [Question(q.prompt, q.choices, q.answer, task=t) for t in ("a", "b") for q in QUESTIONS]
-    protocol = Protocol(layers=(0, 1), fractions=(0.5,))
+    protocol = MaskingConfig(layers=(0, 1), fractions=(0.5,))
     metrics = ["raw_attention", "random"]
     whole = mc_under_masks_per_question(model, qs, protocol, metrics, progress=False)
     args = SimpleNamespace(mc_task="x", seed=0, block=2, mc_chunk_size=18, resume=False)  # blocks of 2 questions
@@ -144,8 +169,20 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
         return mc_under_masks_per_question(*a, progress=False, **kw)
 
     def blocks(metrics):
-        return questions_in_blocks(run_block, model, qs, protocol, metrics, tmp_path, task=args.mc_task, seed=args.seed,
-                                   chunk_size=args.mc_chunk_size, block=args.block, resume=args.resume, progress=lambda text: None)
+        return questions_in_blocks(
+            run_block,
+            model,
+            qs,
+            protocol,
+            metrics,
+            tmp_path,
+            task=args.mc_task,
+            seed=args.seed,
+            chunk_size=args.mc_chunk_size,
+            block=args.block,
+            resume=args.resume,
+            progress=lambda text: None,
+        )
 
     with pytest.raises(KeyboardInterrupt):
         blocks(metrics)
@@ -154,7 +191,9 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
     got = blocks(metrics)
     assert calls == [0, 2, 4, 4]
     cols = ["task", "qid", "metric", "direction", "fraction", "logprob_correct", "correct"]
-    pd.testing.assert_frame_equal(got[cols].reset_index(drop=True), whole[cols].reset_index(drop=True), check_dtype=False, rtol=1e-6)
+    pd.testing.assert_frame_equal(
+        got[cols].reset_index(drop=True), whole[cols].reset_index(drop=True), check_dtype=False, rtol=1e-6
+    )
     with pytest.raises(ResumeError, match="other tasks, metrics or protocol"):
         blocks(["raw_attention"])
 
@@ -166,8 +205,20 @@ def test_replot_multiple_choice_from_a_partial_run(tmp_path, capsys):
 
     per_q = _per_question(n=12)
     per_q.to_csv(tmp_path / "mc_questions.csv", index=False)
-    protocol = dict(layers=[0, 1], ranking="query", allow_sink=True, allow_current=True, mode="inter", fractions=[0.1, 0.5])
-    (tmp_path / "mc_progress.json").write_text(json.dumps(dict(task="bigbench:t", n_questions=30, protocol=protocol, metrics=["raw_attention", "contribution", "random"], seed=0)))
+    protocol = dict(
+        layers=[0, 1], ranking="query", allow_sink=True, allow_current=True, mode="inter", fractions=[0.1, 0.5]
+    )
+    (tmp_path / "mc_progress.json").write_text(
+        json.dumps(
+            dict(
+                task="bigbench:t",
+                n_questions=30,
+                protocol=protocol,
+                metrics=["raw_attention", "contribution", "random"],
+                seed=0,
+            )
+        )
+    )
     assert main(["faithfulness", "--replot", "--out", str(tmp_path)]) == 0
     info = json.loads((tmp_path / "mc_protocol.json").read_text())
     assert info["n_questions"] == 12 and info["n_questions_planned"] == 30 and info["complete"] is False
@@ -180,7 +231,14 @@ def test_replot_multiple_choice_from_a_partial_run(tmp_path, capsys):
 # Multiple choice under the pre-registered protocol (PROTOCOL.md §5): geolens.faithfulness.multiple_choice
 
 PROTOCOL_JSON = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "protocol.json"
-SIX = ("raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter", "contribution", "contribution_abs")
+SIX = (
+    "raw_attention",
+    "value_weighted",
+    "output_normalized_intra",
+    "output_normalized_inter",
+    "contribution",
+    "contribution_abs",
+)
 
 
 def _naive_query_mask(scores, terms, k):
@@ -262,10 +320,24 @@ def test_eligibility_on_constructed_accuracies():
 
     rng = np.random.default_rng(0)
     rows = []
-    for task, n, p, n_choices in (("clear", 120, 0.9, 2), ("chance", 150, 0.5, 2), ("four_way", 80, 0.3, 4), ("mixed", 60, 0.8, None)):
+    for task, n, p, n_choices in (
+        ("clear", 120, 0.9, 2),
+        ("chance", 150, 0.5, 2),
+        ("four_way", 80, 0.3, 4),
+        ("mixed", 60, 0.8, None),
+    ):
         for i in range(n):
             k = n_choices or (2 if i % 2 else 5)
-            rows.append(dict(task=task, qid=i, correct=bool(rng.random() < p), chance=1 / k, logprob_correct=-1.0, logprob_correct_norm=-0.5))
+            rows.append(
+                dict(
+                    task=task,
+                    qid=i,
+                    correct=bool(rng.random() < p),
+                    chance=1 / k,
+                    logprob_correct=-1.0,
+                    logprob_correct_norm=-0.5,
+                )
+            )
     per_q = pd.DataFrame(rows)
     e = eligibility(per_q, n_boot=2000, seed=0).set_index("task")
     s = mc_summary(per_q, n_boot=2000, seed=0).set_index("task")
@@ -274,7 +346,10 @@ def test_eligibility_on_constructed_accuracies():
         g = per_q[per_q.task == task]
         assert e.loc[task, "n_questions"] == len(g) and e.loc[task, "accuracy"] == pytest.approx(g.correct.mean())
         assert e.loc[task, "chance"] == pytest.approx(np.mean(g.chance))
-        assert (e.loc[task, "ci_low"], e.loc[task, "ci_high"]) == (s.loc[task, "accuracy_lo"], s.loc[task, "accuracy_hi"])
+        assert (e.loc[task, "ci_low"], e.loc[task, "ci_high"]) == (
+            s.loc[task, "accuracy_lo"],
+            s.loc[task, "accuracy_hi"],
+        )
         assert e.loc[task, "eligible"] == (e.loc[task, "ci_low"] > e.loc[task, "chance"])
     assert e.loc["clear", "eligible"] and not e.loc["chance", "eligible"] and e.loc["mixed", "eligible"]
     assert e.loc["mixed", "chance"] == pytest.approx((1 / 2 + 1 / 5) / 2)
@@ -312,8 +387,13 @@ def test_pair_tests_one_holm_family_against_a_hand_computation():
     rng = np.random.default_rng(1)
     tasks = np.array(["x"] * 40 + ["y"] * 25)
     base = rng.normal(0.2, 0.3, tasks.size)
-    drops = {"a": base, "b": base + 0.5 + rng.normal(0, 0.1, tasks.size), "c": base + rng.normal(0, 0.3, tasks.size),
-             "d": base - 0.4 + rng.normal(0, 0.1, tasks.size), "e": base.copy()}  # fmt: skip
+    drops = {
+        "a": base,
+        "b": base + 0.5 + rng.normal(0, 0.1, tasks.size),
+        "c": base + rng.normal(0, 0.3, tasks.size),
+        "d": base - 0.4 + rng.normal(0, 0.1, tasks.size),
+        "e": base.copy(),
+    }
     pairs = [("a", "b"), ("a", "c"), ("a", "d"), ("a", "e")]
     got = pair_tests(drops, tasks, pairs, identical={("a", "e")}, n_boot=1000, seed=0).set_index("b")
     assert list(got.verdict) == ["holds", "tie", "reversed", "not testable"]
@@ -339,15 +419,22 @@ def test_run_multiple_choice_masks_eligible_tasks_only_and_resumes(tmp_path, mon
 
     import numpy as np
     import pandas as pd
-
-    import geolens.faithfulness.multiple_choice as fmc
     from conftest import make_tiny
 
+    import geolens.faithfulness.multiple_choice as fmc
+
     model = make_tiny("gqa", n_layers=4)
-    base = [Question("the cat sat on", ("mat", "dog", "sky"), 0, task="good"), Question("a dog ran", ("far", "cat"), 0, task="good"),
-            Question("one two", ("three", "a b"), 0, task="good"), Question("we go", ("home", "now"), 0, task="good")]  # fmt: skip
+    base = [
+        Question("the cat sat on", ("mat", "dog", "sky"), 0, task="good"),
+        Question("a dog ran", ("far", "cat"), 0, task="good"),
+        Question("one two", ("three", "a b"), 0, task="good"),
+        Question("we go", ("home", "now"), 0, task="good"),
+    ]
     good = _argmax_questions(model, base)
-    bad = [dataclasses.replace(q, task="bad", answer=1 - q.answer if len(q.choices) == 2 else (q.answer + 1) % 3) for q in good]
+    bad = [
+        dataclasses.replace(q, task="bad", answer=1 - q.answer if len(q.choices) == 2 else (q.answer + 1) % 3)
+        for q in good
+    ]
     questions = good + bad
     settings = fmc.MCSettings(n_boot=200)
     whole = fmc.run_multiple_choice(model, questions, settings)
@@ -356,11 +443,16 @@ def test_run_multiple_choice_masks_eligible_tasks_only_and_resumes(tmp_path, mon
     assert len(whole.pairs) == 5 and (whole.pairs.n_questions == 4).all()
     summary = whole.summary()
     assert [t["task"] for t in summary["excluded_tasks"]] == ["bad"] and summary["excluded_tasks"][0]["accuracy"] == 0.0
-    assert summary["n_questions_by_task"] == {"good": 4, "bad": 4} and summary["scoring"] == "choice_normalized_mean_logprob"
+    assert (
+        summary["n_questions_by_task"] == {"good": 4, "bad": 4}
+        and summary["scoring"] == "choice_normalized_mean_logprob"
+    )
     # the outcome: mean over layers and k of clean margin − masked margin
     row = whole.questions.iloc[0]
     cols = [c for c in whole.questions if c.startswith("margin:contribution:")]
-    assert len(cols) == 4 and row["margin_drop:contribution"] == pytest.approx(row.margin - np.mean([row[c] for c in cols]))
+    assert len(cols) == 4 and row["margin_drop:contribution"] == pytest.approx(
+        row.margin - np.mean([row[c] for c in cols])
+    )
 
     calls = []
     real = fmc.masked_scores
@@ -374,7 +466,9 @@ def test_run_multiple_choice_masks_eligible_tasks_only_and_resumes(tmp_path, mon
     monkeypatch.setattr(fmc, "masked_scores", interrupted)
     path = tmp_path / fmc.CHECKPOINT
     with pytest.raises(KeyboardInterrupt):
-        fmc.run_multiple_choice(model, questions, settings, checkpoint=fmc.MCCheckpoint.open(path, settings, resume=False))
+        fmc.run_multiple_choice(
+            model, questions, settings, checkpoint=fmc.MCCheckpoint.open(path, settings, resume=False)
+        )
     saved = fmc.MCCheckpoint.open(path, settings, resume=True)
     assert len(saved.clean) == 8 and len(saved.masked) == 2
     calls.clear()
@@ -386,7 +480,9 @@ def test_run_multiple_choice_masks_eligible_tasks_only_and_resumes(tmp_path, mon
     with pytest.raises(ValueError, match="fractions"):
         fmc.MCCheckpoint.open(path, fmc.MCSettings(fractions=(0.1,)), resume=True)
     with pytest.raises(ValueError, match="another question"):
-        fmc.run_multiple_choice(model, [dataclasses.replace(good[0], prompt="other")] + questions[1:], settings, checkpoint=saved)
+        fmc.run_multiple_choice(
+            model, [dataclasses.replace(good[0], prompt="other")] + questions[1:], settings, checkpoint=saved
+        )
 
 
 def test_not_testable_when_two_metrics_mask_alike_everywhere():
@@ -395,8 +491,18 @@ def test_not_testable_when_two_metrics_mask_alike_everywhere():
     import geolens.faithfulness.multiple_choice as fmc
 
     model = make_tiny("mha")
-    qs = _argmax_questions(model, [Question("the cat sat on", ("mat", "dog"), 0, task="t"), Question("a dog ran", ("far", "cat", "b"), 0, task="t")])
-    settings = fmc.MCSettings(pairs=(("value_weighted", "output_normalized_inter"), ("raw_attention", "contribution")), n_boot=100, layer_step=1)
+    qs = _argmax_questions(
+        model,
+        [
+            Question("the cat sat on", ("mat", "dog"), 0, task="t"),
+            Question("a dog ran", ("far", "cat", "b"), 0, task="t"),
+        ],
+    )
+    settings = fmc.MCSettings(
+        pairs=(("value_weighted", "output_normalized_inter"), ("raw_attention", "contribution")),
+        n_boot=100,
+        layer_step=1,
+    )
     pairs = fmc.run_multiple_choice(model, qs, settings).pairs
     assert list(pairs.verdict)[0] == "not testable" and pairs.identical_masks.tolist() == [True, False]
     assert list(pairs.verdict)[1] in ("holds", "reversed", "tie")
@@ -414,21 +520,42 @@ def test_mc_protocol_reads_the_frozen_protocol_and_lists_differences(tmp_path):
     assert sha == hashlib.sha256((PROTOCOL_JSON.parent / "PROTOCOL.md").read_bytes()).hexdigest()
     assert sha == (PROTOCOL_JSON.parent / "PROTOCOL.sha256").read_text().strip()
     assert p.settings.pairs == DEFAULT_PAIRS == tuple(tuple(x) for x in spec["pairs"][:5])
-    assert p.settings == MCSettings() and p.tasks == tuple(spec["multiple_choice"]["tasks"]) and p.settings.n_boot == 2000
-    ok = dict(tasks=p.tasks, max_questions=0, settings=p.settings, model="gemma3-270m", model_mode="bridge", dtype="float32")
+    assert (
+        p.settings == MCSettings() and p.tasks == tuple(spec["multiple_choice"]["tasks"]) and p.settings.n_boot == 2000
+    )
+    ok = dict(
+        tasks=p.tasks, max_questions=0, settings=p.settings, model="gemma3-270m", model_mode="bridge", dtype="float32"
+    )
     assert differences(p, **ok) == []
-    for change, word in ((dict(max_questions=5), "first 5"), (dict(settings=MCSettings(fractions=(0.1, 0.2))), "fractions"),
-                         (dict(settings=MCSettings(normalize="sum")), "normalize"), (dict(model_mode="hooked"), "model mode"),
-                         (dict(settings=MCSettings(seed=1)), "seed"), (dict(tasks=p.tasks[::-1]), "tasks"), (dict(dtype="bfloat16"), "dtype"),
-                         (dict(settings=MCSettings(pairs=DEFAULT_PAIRS[:4])), "pairs"), (dict(settings=MCSettings(layer_step=1)), "layer_step")):  # fmt: skip
+    for change, word in (
+        (dict(max_questions=5), "first 5"),
+        (dict(settings=MCSettings(fractions=(0.1, 0.2))), "fractions"),
+        (dict(settings=MCSettings(normalize="sum")), "normalize"),
+        (dict(model_mode="hooked"), "model mode"),
+        (dict(settings=MCSettings(seed=1)), "seed"),
+        (dict(tasks=p.tasks[::-1]), "tasks"),
+        (dict(dtype="bfloat16"), "dtype"),
+        (dict(settings=MCSettings(pairs=DEFAULT_PAIRS[:4])), "pairs"),
+        (dict(settings=MCSettings(layer_step=1)), "layer_step"),
+    ):
         diff = differences(p, **{**ok, **change})
         assert len(diff) == 1 and word in diff[0], (change, diff)
     summary = dict(pairs=[dict(a="x", b="y", verdict="holds", p_adj=0.01)])
     registered = labelled(summary, p, [])
-    assert registered["label"] == "pre-registered" and registered["protocol_sha256"] == sha and registered["pairs"][0]["verdict"] == "holds"
+    assert (
+        registered["label"] == "pre-registered"
+        and registered["protocol_sha256"] == sha
+        and registered["pairs"][0]["verdict"] == "holds"
+    )
     explore = labelled(summary, p, ["seed = 1, not 0"])
-    assert explore["label"] == "exploratory" and explore["pairs"][0]["verdict"] is None and explore["pairs"][0]["p_adj"] == 0.01
-    assert labelled(summary, None, [])["label"] == "exploratory" and labelled(summary, None, [])["protocol_sha256"] is None
+    assert (
+        explore["label"] == "exploratory"
+        and explore["pairs"][0]["verdict"] is None
+        and explore["pairs"][0]["p_adj"] == 0.01
+    )
+    assert (
+        labelled(summary, None, [])["label"] == "exploratory" and labelled(summary, None, [])["protocol_sha256"] is None
+    )
     # a protocol this code does not implement, or a broken file: one-line ValueErrors
     bad = json.loads(PROTOCOL_JSON.read_text())
     bad["multiple_choice"]["scoring"] = "summed"

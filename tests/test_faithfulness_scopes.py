@@ -14,7 +14,7 @@ import torch
 from geolens.faithfulness import (
     CLAIMED_ORDER,
     FaithfulnessResult,
-    Protocol,
+    MaskingConfig,
     claimed_order_holds,
     curve_masks,
     faithfulness_curves,
@@ -24,7 +24,14 @@ from geolens.faithfulness import (
     verdict,
 )
 from geolens.interventions import active_hook_count, applied
-from geolens.interventions.masking import mask_from_ranks, masked_token_nll, pattern_mask_hooks, removal_masks, removal_ranks, token_nll
+from geolens.interventions.masking import (
+    mask_from_ranks,
+    masked_token_nll,
+    pattern_mask_hooks,
+    removal_masks,
+    removal_ranks,
+    token_nll,
+)
 
 
 def naive_scoped_removal(scores, fraction, scope, largest, allow_sink, allow_current):
@@ -102,7 +109,7 @@ def test_scoped_metric_scores_match_naive(tiny, scope, mode):
     model, tokens, cache = tiny
     seq = tokens[:1]
     layers = (0, model.cfg.n_layers - 1)
-    protocol = Protocol(layers=layers, ranking=scope, mode=mode)
+    protocol = MaskingConfig(layers=layers, ranking=scope, mode=mode)
     metrics = ["raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs"]
     with torch.no_grad():
         _, c1 = model.run_with_cache(seq)
@@ -142,7 +149,7 @@ def test_masked_forward_equals_hand_built_output(tiny, scope):
     model, tokens, cache = tiny
     seq = tokens[:1]
     layer = model.cfg.n_layers - 1  # masked alone: its input is the clean one
-    protocol = Protocol(layers=(layer,), ranking=scope, fractions=(0.3,))
+    protocol = MaskingConfig(layers=(layer,), ranking=scope, fractions=(0.3,))
     scores = metric_scores(model, seq, protocol, ["contribution"])["contribution"]
     mask = curve_masks(scores, protocol)[:, :1]  # comprehensiveness, k = 0.3
     h_n = model.cfg.n_heads
@@ -165,14 +172,16 @@ def test_masked_forward_equals_hand_built_output(tiny, scope):
     out = torch.einsum("qhd,hdm->qm", got["z"][0], W_O)
     if b_O is not None:
         out = out + b_O.detach().double()
-    want = naive_attention_output(model, {k: v[:1] for k, v in cache.items()} if hasattr(cache, "items") else cache, layer, naive)
+    want = naive_attention_output(
+        model, {k: v[:1] for k, v in cache.items()} if hasattr(cache, "items") else cache, layer, naive
+    )
     assert torch.allclose(out, want, atol=1e-5, rtol=1e-4), (out - want).abs().max()
 
 
 def test_all_layer_curves_match_one_forward_per_mask(tiny_gqa):
     """Batched all-layer masked forwards (chunks of 5 masks) equal one hand-hooked forward per mask."""
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(ranking="query", fractions=(0.1, 0.5, 0.9), skip_prefix=3)
+    protocol = MaskingConfig(ranking="query", fractions=(0.1, 0.5, 0.9), skip_prefix=3)
     metrics = ["contribution", "value_weighted", "output_normalized", "random"]
     res = faithfulness_curves(model, tokens[:2], protocol, metrics, chunk_size=5, progress=False, n_boot=50)
     layers = list(range(model.cfg.n_layers))
@@ -184,23 +193,31 @@ def test_all_layer_curves_match_one_forward_per_mask(tiny_gqa):
         with applied(model, pattern_mask_hooks(model, masks[:, 4:5], layers)):  # sufficiency, k = 0.5
             masked = token_nll(model(seq, return_type="logits"), seq)[0, 3:]
     df = res.per_sequence
-    row = df[(df.sequence == 1) & (df.metric == "contribution") & (df.direction == "sufficiency") & (df.fraction == 0.5)]
+    row = df[
+        (df.sequence == 1) & (df.metric == "contribution") & (df.direction == "sufficiency") & (df.fraction == 0.5)
+    ]
     assert row.nll.item() == pytest.approx(float(masked.double().mean()), abs=1e-5)
     cl = res.clean.set_index("sequence").loc[1]
     assert cl.nll == pytest.approx(float(clean.double().mean()), abs=1e-5) and cl.n_scored == tokens.shape[1] - 4
     # the sink alone: α_i0 = 0 for i ≥ 1 in every head and layer
     sink = torch.zeros(len(layers), 1, model.cfg.n_heads, 12, 12, dtype=torch.bool)
     sink[..., 1:, 0] = True
-    assert cl.sink_nll == pytest.approx(float(masked_token_nll(model, seq, sink, layers, branch=False)[0, 3:].double().mean()), abs=1e-5)
+    assert cl.sink_nll == pytest.approx(
+        float(masked_token_nll(model, seq, sink, layers, branch=False)[0, 3:].double().mean()), abs=1e-5
+    )
     # inter mode: output-normalised ranks like value-weighted (‖o_i‖ constant per query) and is reused
     vw = df[df.metric == "value_weighted"].nll.to_numpy()
     assert np.array_equal(vw, df[df.metric == "output_normalized"].nll.to_numpy())
     assert (df[df.metric == "output_normalized"].same_as == "value_weighted").all()
     # corpus-level ΔPPL = exp(token-weighted mean NLL) − exp(clean), by hand
     curves = res.curves
-    sub = df[(df.metric == "random") & (df.direction == "comprehensiveness") & (df.fraction == 0.9)].sort_values("sequence")
+    sub = df[(df.metric == "random") & (df.direction == "comprehensiveness") & (df.fraction == 0.9)].sort_values(
+        "sequence"
+    )
     want = math.exp(sub.nll.mean()) - math.exp(res.clean.nll.mean())  # equal n_scored per document
-    got = curves[(curves.metric == "random") & (curves.direction == "comprehensiveness") & (curves.fraction == 0.9)].delta_ppl.item()
+    got = curves[
+        (curves.metric == "random") & (curves.direction == "comprehensiveness") & (curves.fraction == 0.9)
+    ].delta_ppl.item()
     assert got == pytest.approx(want, rel=1e-9)
     assert res.range_check()["random_delta_ppl_at_max_fraction"] == pytest.approx(want, rel=1e-9)
     summary = res.summary()
@@ -212,7 +229,7 @@ def test_intra_mode_query_scope_separates_output_normalised(tiny_gqa):
     from geolens.faithfulness import same_ranking_by_construction
 
     model, tokens, _ = tiny_gqa
-    p = Protocol(ranking="query", mode="intra", fractions=(0.3,))
+    p = MaskingConfig(ranking="query", mode="intra", fractions=(0.3,))
     s = metric_scores(model, tokens[:1], p, ["value_weighted", "output_normalized"])
     a, b = (curve_masks(s[m], p) for m in ("value_weighted", "output_normalized"))
     assert not torch.equal(a, b)  # each head divided by its own output norm: rankings differ
@@ -220,7 +237,7 @@ def test_intra_mode_query_scope_separates_output_normalised(tiny_gqa):
     res = faithfulness_curves(model, tokens[:1], p, ["value_weighted", "output_normalized"], progress=False, n_boot=10)
     assert (res.per_sequence.same_as == "").all()  # run separately, no reuse
     for scope, mode in [("row", "intra"), ("row", "inter"), ("query", "inter"), ("source", "inter")]:
-        q = Protocol(ranking=scope, mode=mode, fractions=(0.1, 0.5, 0.9))
+        q = MaskingConfig(ranking=scope, mode=mode, fractions=(0.1, 0.5, 0.9))
         assert same_ranking_by_construction(q)
         s = metric_scores(model, tokens[:1], q, ["value_weighted", "output_normalized"])
         a, b = (curve_masks(s[m], q) for m in ("value_weighted", "output_normalized"))
@@ -238,9 +255,21 @@ def synthetic_result(gaps, *, n=40, random_shift=1.0, seed=0, fractions=(0.1, 0.
                 shift = (g if d == "comprehensiveness" else -g + 1.0) * k
                 noise = rng.normal(0, 0.02, size=n)
                 for s in range(n):
-                    rows.append(dict(sequence=s, metric=m, direction=d, fraction=k, nll=clean[s] + shift + noise[s], n_removed=1))
-    protocol = dict(layers=[0, 1], masking_scope="all", ranking="query", allow_sink=True, allow_current=True,
-                    mode="inter", fractions=tuple(fractions), skip_prefix=8)  # fmt: skip
+                    rows.append(
+                        dict(
+                            sequence=s, metric=m, direction=d, fraction=k, nll=clean[s] + shift + noise[s], n_removed=1
+                        )
+                    )
+    protocol = dict(
+        layers=[0, 1],
+        masking_scope="all",
+        ranking="query",
+        allow_sink=True,
+        allow_current=True,
+        mode="inter",
+        fractions=tuple(fractions),
+        skip_prefix=8,
+    )
     cl = pd.DataFrame(dict(sequence=range(n), nll=clean, n_scored=100, sink_nll=clean + 0.5))
     return FaithfulnessResult(protocol=protocol, per_sequence=pd.DataFrame(rows), clean=cl, n_boot=1000)
 
@@ -255,8 +284,11 @@ def test_verdicts_follow_the_paired_ci():
         assert r.ci_low <= r.auc_diff <= r.ci_high
         assert r.verdict == ("holds" if r.ci_low > 0 else "reversed" if r.ci_high < 0 else "tie")
     comp = claimed_order_holds(pairs, "comprehensiveness", "delta_ppl")
-    assert comp["pairs"] == {"raw_attention < value_weighted": "tie", "value_weighted < output_normalized": "reversed",
-                             "output_normalized < contribution": "holds"}  # fmt: skip
+    assert comp["pairs"] == {
+        "raw_attention < value_weighted": "tie",
+        "value_weighted < output_normalized": "reversed",
+        "output_normalized < contribution": "holds",
+    }
     assert not comp["holds"]
     # sufficiency here moves all metrics' NLL by (1 − gap)·k: a larger gap is again more faithful
     suff = claimed_order_holds(pairs, "sufficiency", "delta_ppl")
@@ -264,9 +296,20 @@ def test_verdicts_follow_the_paired_ci():
     # Δ log-prob agrees in sign with ΔPPL after the faithfulness sign
     lp = claimed_order_holds(pairs, "comprehensiveness", "delta_logprob")
     assert lp["pairs"] == comp["pairs"]
-    row = pairs[(pairs.a == "output_normalized") & (pairs.b == "contribution") & (pairs.direction == "comprehensiveness") & (pairs.quantity == "delta_logprob")]
-    assert row.auc_diff.item() == pytest.approx(1.5 * (0.4 * 0.6 / 2 + 0.4 * 1.4 / 2), rel=0.05)  # ∫ 1.5·k dk over [0.1, 0.9]
-    full = claimed_order_holds(synthetic_result(dict(random=0.1, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)).pairs())
+    row = pairs[
+        (pairs.a == "output_normalized")
+        & (pairs.b == "contribution")
+        & (pairs.direction == "comprehensiveness")
+        & (pairs.quantity == "delta_logprob")
+    ]
+    assert row.auc_diff.item() == pytest.approx(
+        1.5 * (0.4 * 0.6 / 2 + 0.4 * 1.4 / 2), rel=0.05
+    )  # ∫ 1.5·k dk over [0.1, 0.9]
+    full = claimed_order_holds(
+        synthetic_result(
+            dict(random=0.1, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
+        ).pairs()
+    )
     assert full["holds"] and set(full["pairs"]) == {f"{a} < {b}" for a, b in zip(CLAIMED_ORDER, CLAIMED_ORDER[1:])}
 
 
@@ -274,15 +317,22 @@ def test_no_range_decides_nothing():
     res = synthetic_result(dict(random=0.0001, raw_attention=0.5, contribution=2.0))
     rc = res.range_check()
     assert rc["random_delta_ppl_rel_at_max_fraction"] < 0.01 and not rc["has_range"]
-    assert rc["sink_only_delta_ppl"] == pytest.approx(math.exp(res.clean.nll.mean() + 0.5) - math.exp(res.clean.nll.mean()))
+    assert rc["sink_only_delta_ppl"] == pytest.approx(
+        math.exp(res.clean.nll.mean() + 0.5) - math.exp(res.clean.nll.mean())
+    )
     assert set(res.pairs().verdict) == {"no range"}
     assert "NO RANGE" in str(res)
     assert synthetic_result(dict(random=0.1, raw_attention=0.5)).range_check()["has_range"]
 
 
 def test_faithfulness_sign_and_verdict():
-    assert faithfulness_sign("comprehensiveness", "delta_ppl") == 1 and faithfulness_sign("sufficiency", "delta_ppl") == -1
-    assert faithfulness_sign("comprehensiveness", "delta_logprob") == -1 and faithfulness_sign("sufficiency", "delta_logprob") == 1
+    assert (
+        faithfulness_sign("comprehensiveness", "delta_ppl") == 1 and faithfulness_sign("sufficiency", "delta_ppl") == -1
+    )
+    assert (
+        faithfulness_sign("comprehensiveness", "delta_logprob") == -1
+        and faithfulness_sign("sufficiency", "delta_logprob") == 1
+    )
     assert verdict(0.1, 0.2) == "holds" and verdict(-0.2, -0.1) == "reversed"
     assert verdict(0.0, 0.0) == "tie" and verdict(-0.1, 0.1) == "tie" and verdict(0.1, 0.2, False) == "no range"
     assert verdict(0.1, 0.2, True, 1) == "too few documents" and verdict(0.1, 0.2, True, 5) == "holds"
@@ -300,7 +350,9 @@ def test_save_load_round_trip(tmp_path):
     saved, original = back.summary()["range_check"], res.summary()["range_check"]
     assert saved.keys() == original.keys()
     for key, value in original.items():  # floats survive the CSV round trip to the last bit or two
-        assert saved[key] == (pytest.approx(value, rel=1e-12) if not isinstance(value, (str, bool)) and value is not None else value), key
+        assert saved[key] == (
+            pytest.approx(value, rel=1e-12) if not isinstance(value, (str, bool)) and value is not None else value
+        ), key
 
 
 def test_layer_groups():
@@ -318,22 +370,24 @@ def test_bad_input_one_line_errors(tiny_gqa):
 
     for fr in [(0.0, 0.5), (0.5, 1.0)]:
         with pytest.raises(ValueError, match=r"fractions must lie in \(0, 1\)") as e:
-            faithfulness_curves(model, tokens, Protocol(fractions=fr), ["random"], progress=False)
+            faithfulness_curves(model, tokens, MaskingConfig(fractions=fr), ["random"], progress=False)
         one_line(e)
     with pytest.raises(ValueError, match=r"fractions must lie in \(0, 1\)") as e:
-        Protocol(fractions=(-0.1, 0.5))
+        MaskingConfig(fractions=(-0.1, 0.5))
     one_line(e)
     with pytest.raises(ValueError, match="unknown ranking scope 'head'") as e:
-        Protocol(ranking="head")
+        MaskingConfig(ranking="head")
     one_line(e)
     with pytest.raises(ValueError, match="unknown metrics") as e:
-        faithfulness_curves(model, tokens, Protocol(), ["attention"], progress=False)
+        faithfulness_curves(model, tokens, MaskingConfig(), ["attention"], progress=False)
     one_line(e)
     with pytest.raises(ValueError, match="layer=7 is out of range for a model with 2 layers") as e:
-        faithfulness_curves(model, tokens, Protocol(layers=(7,)), ["random"], progress=False)
+        faithfulness_curves(model, tokens, MaskingConfig(layers=(7,)), ["random"], progress=False)
     one_line(e)
     with pytest.raises(ValueError, match="skip_prefix") as e:
-        faithfulness_curves(model, tokens[:, :5], Protocol(skip_prefix=4, fractions=(0.5,)), ["random"], progress=False)
+        faithfulness_curves(
+            model, tokens[:, :5], MaskingConfig(skip_prefix=4, fractions=(0.5,)), ["random"], progress=False
+        )
     one_line(e)
 
 
@@ -350,7 +404,9 @@ def test_masks_need_hook_pattern():
         pattern_mask_hooks(NoPattern(), remove, [0])
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="masking needs the attention-pattern hook") as e:
-        faithfulness_curves(NoPattern(), torch.zeros(1, 12, dtype=torch.long), Protocol(), ["random"], progress=False)
+        faithfulness_curves(
+            NoPattern(), torch.zeros(1, 12, dtype=torch.long), MaskingConfig(), ["random"], progress=False
+        )
     assert "\n" not in str(e.value)
 
 
@@ -368,6 +424,9 @@ def test_removal_masks_equal_masks_from_full_ranking(scope, largest, allow):
         for fractions in ([0.1], [0.0, 1.0], [0.37, 0.5], [0.1, 0.5, 0.9]):
             got = removal_masks(scores, fractions, **kw)
             for k, mask in zip(fractions, got, strict=True):
-                assert torch.equal(mask.expand_as(mask_from_ranks(*ranks, k)), mask_from_ranks(*ranks, k)), (fractions, k)
+                assert torch.equal(mask.expand_as(mask_from_ranks(*ranks, k)), mask_from_ranks(*ranks, k)), (
+                    fractions,
+                    k,
+                )
     with pytest.raises(ValueError, match="fraction"):
         removal_masks(scores, [1.5])

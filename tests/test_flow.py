@@ -277,7 +277,8 @@ def test_bad_input_is_one_line(tiny_gqa):
         contribution_flow(model, cache, "attention_rollout", dtype="float32")
     # negative target layers count from the end
     torch.testing.assert_close(
-        contribution_flow(model, cache, "attention_rollout", target_layer=-1), contribution_flow(model, cache, "attention_rollout")
+        contribution_flow(model, cache, "attention_rollout", target_layer=-1),
+        contribution_flow(model, cache, "attention_rollout"),
     )
 
 

@@ -70,8 +70,24 @@ def test_prints_the_top_tokens_of_each_method(capsys, tmp_path, monkeypatch):
 
 def test_out_writes_html_and_json_in_a_complete_folder(capsys, tmp_path):
     out_dir = tmp_path / "run"
-    rc, out, err = run_cli(["flow", TEXT, "--model", "tiny-gqa", "--out", str(out_dir), "--threshold", "0.02",
-                            "--method", "alti", "--value-zeroing", "--top-k", "2"], capsys)  # fmt: skip
+    rc, out, err = run_cli(
+        [
+            "flow",
+            TEXT,
+            "--model",
+            "tiny-gqa",
+            "--out",
+            str(out_dir),
+            "--threshold",
+            "0.02",
+            "--method",
+            "alti",
+            "--value-zeroing",
+            "--top-k",
+            "2",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     assert "by value_zeroing_rollout" in out
     assert require_complete(out_dir) == out_dir
@@ -136,9 +152,14 @@ def protocol(tmp_path) -> Path:
     corpus, 2 predictions, 4 methods, 2 fractions, 200 resamples), beside its own text and hash."""
     p = json.loads((ROOT / "docs" / "flow" / "protocol.json").read_text(encoding="utf-8"))
     corpus = tmp_path / "docs.txt"  # a local corpus: the TL 2.x environment has no gensim (offline corpora)
-    corpus.write_text("the river rose overnight and the bridge was closed.\n\na new library opened in the town centre today.\n\n"
-                      "farmers expect a late harvest after weeks of rain.\n", encoding="utf-8")  # fmt: skip
-    p["data"].update(corpus=str(corpus), n_documents=2, min_documents=2, min_document_tokens=12, seq_len=12, models=["tiny-gqa"])
+    corpus.write_text(
+        "the river rose overnight and the bridge was closed.\n\na new library opened in the town centre today.\n\n"
+        "farmers expect a late harvest after weeks of rain.\n",
+        encoding="utf-8",
+    )
+    p["data"].update(
+        corpus=str(corpus), n_documents=2, min_documents=2, min_document_tokens=12, seq_len=12, models=["tiny-gqa"]
+    )
     p["predictions"]["positions"] = [6, 11]
     p["methods"] = ["random", "attention_rollout", "contribution", "grad_x_input"]
     p["fractions"] = [0.1, 0.5]
@@ -161,7 +182,15 @@ def test_a_run_writes_a_complete_folder_under_its_protocol(capsys, tmp_path, pro
     rc, text, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out], capsys)
     assert rc == 0, err
     assert require_complete(out) == out
-    for name in ("summary.json", "naopc.csv", "pairs.csv", "curves.csv", "induction.csv", "erasure_conditions.csv.gz", "erasure_progress.json"):
+    for name in (
+        "summary.json",
+        "naopc.csv",
+        "pairs.csv",
+        "curves.csv",
+        "induction.csv",
+        "erasure_conditions.csv.gz",
+        "erasure_progress.json",
+    ):
         assert (out / name).is_file(), name
     s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     mode = model_mode(load_model("tiny-gqa"))
@@ -169,41 +198,68 @@ def test_a_run_writes_a_complete_folder_under_its_protocol(capsys, tmp_path, pro
     assert s["status"] == ("pre-registered" if mode == "bridge" else "exploratory") and "input-token erasure" in text
     assert s["n_documents"] == 2 and s["n_predictions"] == 4 and s["multiple_comparison"] == "holm"
     moved = s["replacement_differences"]  # each method's nAOPC difference between the replacements, no verdict
-    assert (moved["primary"], moved["robustness"]) == ("space", "unigram") and all("verdict" not in t for t in moved["tests"])
+    assert (moved["primary"], moved["robustness"]) == ("space", "unigram") and all(
+        "verdict" not in t for t in moved["tests"]
+    )
     assert (out / "replacements.csv").is_file() == bool(moved["tests"])
     assert s["erasure_seconds"] == json.loads((out / "erasure_progress.json").read_text())["seconds"]
     assert s["settings"]["positions"] == [6, 11] and s["settings"]["n_boot"] == 200
     for family in ("primary", "robustness"):
-        assert {m["method"] for m in s["families"][family]["methods"]} == {"random", "attention_rollout", "contribution", "grad_x_input"}
+        assert {m["method"] for m in s["families"][family]["methods"]} == {
+            "random",
+            "attention_rollout",
+            "contribution",
+            "grad_x_input",
+        }
         for p in s["families"][family]["pairs"]:
             assert p["verdict"] in VERDICTS and "p_adj" in p
     assert set(s["induction_check"]) == {"contribution", "alti", "attention_rollout", "value_zeroing_rollout"}
-    assert len(s["curves"]) == 2 * 4 * 2 * 2 and {"fraction", "kl", "kl_low", "kl_high", "delta_p"} <= set(s["curves"][0])
+    assert len(s["curves"]) == 2 * 4 * 2 * 2 and {"fraction", "kl", "kl_low", "kl_high", "delta_p"} <= set(
+        s["curves"][0]
+    )
     assert "most faithful (comprehensiveness" in text
     conditions = pd.read_csv(out / "erasure_conditions.csv.gz")
-    assert len(conditions) == 2 * 2 * 2 * (1 + 4 * 2 * 2)  # documents × predictions × replacements × (full + methods × directions × fractions)
+    assert len(conditions) == 2 * 2 * 2 * (
+        1 + 4 * 2 * 2
+    )  # documents × predictions × replacements × (full + methods × directions × fractions)
     loaded = FlowRun.load(out)
-    assert loaded.status == s["status"] and loaded.summary["families"]["primary"]["n_predictions"] == s["families"]["primary"]["n_predictions"]
-    assert [p["verdict"] for p in loaded.summary["families"]["primary"]["pairs"]] == [p["verdict"] for p in s["families"]["primary"]["pairs"]]
+    assert (
+        loaded.status == s["status"]
+        and loaded.summary["families"]["primary"]["n_predictions"] == s["families"]["primary"]["n_predictions"]
+    )
+    assert [p["verdict"] for p in loaded.summary["families"]["primary"]["pairs"]] == [
+        p["verdict"] for p in s["families"]["primary"]["pairs"]
+    ]
     readme = (out / "README.md").read_text(encoding="utf-8")  # the tables of summary.json, in words
-    assert readme.startswith("# Input-token erasure: tiny-gqa") and f"--protocol {protocol} --model tiny-gqa --out {out}" in readme
-    assert f"Sample: 2 documents, 4 predictions" in readme and readme.count("\n| comprehensiveness |") == sum(
-        p["direction"] == "comprehensiveness" for p in s["families"]["primary"]["pairs"])
+    assert (
+        readme.startswith("# Input-token erasure: tiny-gqa")
+        and f"--protocol {protocol} --model tiny-gqa --out {out}" in readme
+    )
+    assert "Sample: 2 documents, 4 predictions" in readme and readme.count("\n| comprehensiveness |") == sum(
+        p["direction"] == "comprehensiveness" for p in s["families"]["primary"]["pairs"]
+    )
     first = s["families"]["primary"]["pairs"][0]
-    assert f"{first['delta']:+.4f} [{first['ci_low']:+.4f}, {first['ci_high']:+.4f}]" in readme and first["verdict"] in readme
+    assert (
+        f"{first['delta']:+.4f} [{first['ci_low']:+.4f}, {first['ci_high']:+.4f}]" in readme
+        and first["verdict"] in readme
+    )
     for m in s["families"]["primary"]["methods"]:
         assert f"{m['naopc']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]" in readme
 
 
 def test_fewer_documents_make_an_exploratory_run(capsys, tmp_path, protocol):
     out = tmp_path / "small"
-    rc, _, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out, "--n-documents", "1"], capsys)
+    rc, _, err = run_cli(
+        ["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out, "--n-documents", "1"], capsys
+    )
     assert rc == 0, err
     s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert s["status"] == "exploratory" and any("1 documents" in d for d in s["differences"])
     # a text that no longer matches its recorded hash is exploratory too
     (protocol.parent / "PROTOCOL.md").write_text("# A test protocol, version 1, edited\n", encoding="utf-8")
-    rc, _, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", tmp_path / "edited"], capsys)
+    rc, _, err = run_cli(
+        ["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", tmp_path / "edited"], capsys
+    )
     assert rc == 0, err
     s = json.loads((tmp_path / "edited" / "summary.json").read_text(encoding="utf-8"))
     assert s["status"] == "exploratory" and any("PROTOCOL.sha256" in d for d in s["differences"])
@@ -213,7 +269,9 @@ def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protoc
     import geolens.flow_erasure as fe
 
     straight = tmp_path / "straight"
-    rc, _, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", straight], capsys)
+    rc, _, err = run_cli(
+        ["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", straight], capsys
+    )
     assert rc == 0, err
     real = fe.measure_document
     calls = []
@@ -232,20 +290,45 @@ def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protoc
     first_seconds = json.loads((out / "erasure_progress.json").read_text())["seconds"]
     calls.clear()
     monkeypatch.setattr(fe, "measure_document", lambda *a, **k: (calls.append(a[2]), real(*a, **k))[1])
-    rc, text, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out, "--resume"], capsys)
+    rc, text, err = run_cli(
+        ["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out, "--resume"], capsys
+    )
     assert rc == 0, err
     assert calls == [1] and "resuming after 1 documents" in text
-    assert json.loads((out / "summary.json").read_text())["erasure_seconds"] >= first_seconds  # both invocations' compute time
+    assert (
+        json.loads((out / "summary.json").read_text())["erasure_seconds"] >= first_seconds
+    )  # both invocations' compute time
     assert require_complete(out) == out
-    pd.testing.assert_frame_equal(pd.read_csv(out / "erasure_conditions.csv.gz"), pd.read_csv(straight / "erasure_conditions.csv.gz"))
+    pd.testing.assert_frame_equal(
+        pd.read_csv(out / "erasure_conditions.csv.gz"), pd.read_csv(straight / "erasure_conditions.csv.gz")
+    )
     a, b = (json.loads((f / "summary.json").read_text()) for f in (out, straight))
     for family in ("primary", "robustness"):  # the saved tables round-trip through CSV text: equal up to its last digit
         fa, fb = a["families"][family], b["families"][family]
         assert [p["verdict"] for p in fa["pairs"]] == [p["verdict"] for p in fb["pairs"]]
-        assert [p["delta"] for p in fa["pairs"]] == pytest.approx([p["delta"] for p in fb["pairs"]], rel=1e-9, abs=1e-12)
-        assert [m["naopc"] for m in fa["methods"]] == pytest.approx([m["naopc"] for m in fb["methods"]], rel=1e-9, abs=1e-12)
+        assert [p["delta"] for p in fa["pairs"]] == pytest.approx(
+            [p["delta"] for p in fb["pairs"]], rel=1e-9, abs=1e-12
+        )
+        assert [m["naopc"] for m in fa["methods"]] == pytest.approx(
+            [m["naopc"] for m in fb["methods"]], rel=1e-9, abs=1e-12
+        )
     # the same folder under other settings is refused, in one line
-    rc, _, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out, "--resume", "--n-documents", "1"], capsys)
+    rc, _, err = run_cli(
+        [
+            "flow",
+            "--erasure",
+            "--protocol",
+            protocol,
+            "--model",
+            "tiny-gqa",
+            "--out",
+            out,
+            "--resume",
+            "--n-documents",
+            "1",
+        ],
+        capsys,
+    )
     assert rc == 2 and len(err) == 1 and "other settings" in err[0]
 
 
@@ -255,7 +338,10 @@ def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protoc
         (["flow"], ["--erasure"]),
         (["flow", "--erasure"], ["--protocol"]),
         (["flow", "--erasure", "--protocol", "no/such/protocol.json"], ["no/such/protocol.json", "no such file"]),
-        (["flow", "--erasure", "--protocol", "docs/faithfulness/protocol.json"], ["not an input-token erasure protocol"]),
+        (
+            ["flow", "--erasure", "--protocol", "docs/faithfulness/protocol.json"],
+            ["not an input-token erasure protocol"],
+        ),
         (["flow", "the cat", "--erasure", "--protocol", "docs/flow/protocol.json"], ["no prompt"]),
         (["flow", "--erasure", "--protocol", "docs/flow/protocol.json", "--resume"], ["--resume needs --out"]),
         (["flow", "--erasure", "--protocol", "docs/flow/protocol.json", "--n-documents", "0"], ["--n-documents"]),
@@ -264,7 +350,9 @@ def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protoc
         (["flow", "the cat", "--resume"], ["--erasure"]),
     ],
 )
-def test_erasure_bad_input_is_one_line_exit_2_before_the_model_loads(argv, words, capsys, no_model_load, tmp_path, monkeypatch):
+def test_erasure_bad_input_is_one_line_exit_2_before_the_model_loads(
+    argv, words, capsys, no_model_load, tmp_path, monkeypatch
+):
     monkeypatch.chdir(ROOT if any("docs/" in a for a in argv) else tmp_path)
     rc, _, err = run_cli(argv, capsys)
     assert rc == 2 and len(err) == 1, err

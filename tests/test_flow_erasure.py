@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from conftest import TINY_KINDS, make_tiny
+
 from geolens.adapter import adapter_for
 from geolens.flow import contribution_flow, flow_names_filter
 from geolens.flow_erasure import (
@@ -39,7 +39,13 @@ from geolens.flow_erasure import (
     space_token,
     unigram_counts,
 )
-from geolens.flow_erasure_summary import erasure_summary, family_tables, most_faithful, naopc_table, replacement_differences
+from geolens.flow_erasure_summary import (
+    erasure_summary,
+    family_tables,
+    most_faithful,
+    naopc_table,
+    replacement_differences,
+)
 from geolens.interventions.base import active_hook_count
 from geolens.stats import cluster_bootstrap_indices, holm, percentile_ci
 
@@ -119,7 +125,9 @@ def test_erasure_outcomes_equal_hand_built_forwards(model):
     space = space_token(model)
     assert model.tokenizer.decode([space]) == " "
     sets = [[1], [2, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [2, 5], []]  # a repeated row and the clean input
-    rows = torch.stack([erase(clean, torch.isin(torch.arange(12), torch.tensor(s, dtype=torch.long)), space) for s in sets])
+    rows = torch.stack(
+        [erase(clean, torch.isin(torch.arange(12), torch.tensor(s, dtype=torch.long)), space) for s in sets]
+    )
     out = erasure_outcomes(model, clean, rows, chunk_size=2)
     assert active_hook_count(model) == model.geolens_test_hooks
     for r, s in enumerate(sets):
@@ -252,7 +260,13 @@ def test_gradient_helpers_remove_hooks_on_error(model):
 
 # --- one document end to end ------------------------------------------------------------------------
 
-SMALL = dict(positions=(6, 11), fractions=(0.1, 0.5), methods=("random", "contribution", "grad_x_input", "integrated_gradients"), ig_steps=4, n_boot=200)
+SMALL = dict(
+    positions=(6, 11),
+    fractions=(0.1, 0.5),
+    methods=("random", "contribution", "grad_x_input", "integrated_gradients"),
+    ig_steps=4,
+    n_boot=200,
+)
 
 
 def test_measure_document_conditions_are_hand_built_erasures(model):
@@ -265,7 +279,9 @@ def test_measure_document_conditions_are_hand_built_erasures(model):
     tables = measure_document(model, window, 7, settings, space_id=space, counts=counts)
     assert active_hook_count(model) == model.geolens_test_hooks
     cond, preds, ranks = tables["conditions"], tables["predictions"], tables["rankings"]
-    n_expected = len(settings.positions) * len(settings.replacements) * (1 + len(settings.methods) * 2 * len(settings.fractions))
+    n_expected = (
+        len(settings.positions) * len(settings.replacements) * (1 + len(settings.methods) * 2 * len(settings.fractions))
+    )
     assert len(cond) == n_expected and len(preds) == 2 and len(ranks) == 2 * len(settings.methods)
     with torch.no_grad():
         _, cache = model.run_with_cache(window[None, :12], names_filter=flow_names_filter(model))
@@ -292,7 +308,9 @@ def test_measure_document_conditions_are_hand_built_erasures(model):
             if r.method == "all":
                 erased = list(range(1, i))
             else:
-                order = [int(v) for v in ranks[(ranks.position == i) & (ranks.method == r.method)].order.iloc[0].split()]
+                order = [
+                    int(v) for v in ranks[(ranks.position == i) & (ranks.method == r.method)].order.iloc[0].split()
+                ]
                 n = max(1, math.ceil(r.fraction * len(order) - 1e-9))
                 erased = order[:n] if r.direction == "comprehensiveness" else order[n:]
             assert r.n_erased == len(erased)
@@ -305,7 +323,9 @@ def test_measure_document_conditions_are_hand_built_erasures(model):
             assert r.kl == pytest.approx(kl, abs=1e-6) and r.delta_p == pytest.approx(dp, abs=1e-6), r
         p = preds[preds.position == i].iloc[0]
         assert p.n_erasable == i - 1 and p.target == ig.target
-        assert (p.ig_sum, p.ig_f_input, p.ig_f_baseline) == pytest.approx((float(ig.attributions.sum()), ig.f_input, ig.f_baseline), abs=1e-6)
+        assert (p.ig_sum, p.ig_f_input, p.ig_f_baseline) == pytest.approx(
+            (float(ig.attributions.sum()), ig.f_input, ig.f_baseline), abs=1e-6
+        )
 
 
 # --- statistics ---------------------------------------------------------------------------------------
@@ -317,10 +337,34 @@ def _conditions(values: dict, fractions=(0.1, 0.5)) -> pd.DataFrame:
     for key, (kl, drop) in values.items():
         doc = key[0]
         if key[1] == "all":
-            rows.append(dict(document=doc, position=5, replacement="space", method="all", direction="all", fraction=1.0, n_erased=4, kl=kl, delta_p=-drop))
+            rows.append(
+                dict(
+                    document=doc,
+                    position=5,
+                    replacement="space",
+                    method="all",
+                    direction="all",
+                    fraction=1.0,
+                    n_erased=4,
+                    kl=kl,
+                    delta_p=-drop,
+                )
+            )
         else:
             for k, a, b in zip(fractions, kl, drop):
-                rows.append(dict(document=doc, position=5, replacement="space", method=key[1], direction=key[2], fraction=k, n_erased=1, kl=a, delta_p=-b))
+                rows.append(
+                    dict(
+                        document=doc,
+                        position=5,
+                        replacement="space",
+                        method=key[1],
+                        direction=key[2],
+                        fraction=k,
+                        n_erased=1,
+                        kl=a,
+                        delta_p=-b,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -344,10 +388,16 @@ def test_naopc_by_hand_and_the_range_check():
     assert t.loc[(0, "contribution", "comprehensiveness"), "naopc_dp"] == pytest.approx(0.3 / 0.4)
     assert t.loc[(0, "contribution", "sufficiency"), "naopc_dp"] == pytest.approx(0.0)
     assert t.loc[(0, "random", "sufficiency"), "aopc_kl"] == pytest.approx(1.6)
-    assert not t.loc[(1, "random", "comprehensiveness"), "in_range_kl"] and not t.loc[(1, "random", "comprehensiveness"), "in_range_dp"]
+    assert (
+        not t.loc[(1, "random", "comprehensiveness"), "in_range_kl"]
+        and not t.loc[(1, "random", "comprehensiveness"), "in_range_dp"]
+    )
     assert np.isnan(t.loc[(1, "contribution", "sufficiency"), "naopc_kl"])
     with pytest.raises(ValueError, match="fractions"):
-        naopc_table(_conditions(values), ErasureSettings(fractions=(0.1, 0.2, 0.5), methods=("random", "contribution"), replacements=("space",)))
+        naopc_table(
+            _conditions(values),
+            ErasureSettings(fractions=(0.1, 0.2, 0.5), methods=("random", "contribution"), replacements=("space",)),
+        )
 
 
 def _synthetic_run(n_docs=12, per_doc=3, seed=0, identical=("grad_x_input", "integrated_gradients")):
@@ -355,18 +405,37 @@ def _synthetic_run(n_docs=12, per_doc=3, seed=0, identical=("grad_x_input", "int
     gradient methods share one ranking (identical by construction)."""
     rng = np.random.default_rng(seed)
     methods = ("random", "alti", "contribution", "grad_x_input", "integrated_gradients")
-    s = ErasureSettings(positions=(5, 6, 7)[:per_doc], fractions=(0.1, 0.5), methods=methods, replacements=("space",), n_boot=400)
+    s = ErasureSettings(
+        positions=(5, 6, 7)[:per_doc], fractions=(0.1, 0.5), methods=methods, replacements=("space",), n_boot=400
+    )
     naopc, ranks = [], []
     for d in range(n_docs):
         doc_effect = rng.normal(0, 0.3)
         for p in s.positions[:per_doc]:
             base = rng.normal(0.5, 0.05) + doc_effect
-            vals = {"random": base, "alti": base + 0.05, "contribution": base + 0.3, "grad_x_input": base + 0.1, "integrated_gradients": base + 0.1}
+            vals = {
+                "random": base,
+                "alti": base + 0.05,
+                "contribution": base + 0.3,
+                "grad_x_input": base + 0.1,
+                "integrated_gradients": base + 0.1,
+            }
             for m in methods:
                 for direction in ("comprehensiveness", "sufficiency"):
                     v = vals[m] if direction == "comprehensiveness" else 1 - vals[m]
-                    naopc.append(dict(document=d, position=p, replacement="space", method=m, direction=direction, naopc_kl=v, in_range_kl=True,
-                                      naopc_dp=np.nan, in_range_dp=False))  # fmt: skip
+                    naopc.append(
+                        dict(
+                            document=d,
+                            position=p,
+                            replacement="space",
+                            method=m,
+                            direction=direction,
+                            naopc_kl=v,
+                            in_range_kl=True,
+                            naopc_dp=np.nan,
+                            in_range_dp=False,
+                        )
+                    )
                 order = [1, 2, 3, 4] if m in identical else list(rng.permutation([1, 2, 3, 4]))
                 ranks.append(dict(document=d, position=p, method=m, order=" ".join(map(str, order))))
     return pd.DataFrame(naopc), pd.DataFrame(ranks), s
@@ -376,7 +445,9 @@ def test_cluster_bootstrap_resamples_whole_documents():
     naopc, ranks, s = _synthetic_run()
     fam = family_tables(naopc, ranks, s, "space", "kl")
     assert fam["n_documents"] == 12 and fam["n_predictions"] == 36
-    rows = naopc[(naopc.method == "contribution") & (naopc.direction == "comprehensiveness")].sort_values(["document", "position"])
+    rows = naopc[(naopc.method == "contribution") & (naopc.direction == "comprehensiveness")].sort_values(
+        ["document", "position"]
+    )
     x, docs = rows.naopc_kl.to_numpy(), rows.document.to_numpy()
     means = []
     for resample in cluster_bootstrap_indices(docs, s.n_boot, s.boot_seed):
@@ -387,7 +458,9 @@ def test_cluster_bootstrap_resamples_whole_documents():
     got = next(m for m in fam["methods"] if m["method"] == "contribution" and m["direction"] == "comprehensiveness")
     assert got["naopc"] == pytest.approx(x.mean()) and (got["ci_low"], got["ci_high"]) == pytest.approx((lo, hi))
     # a bootstrap over predictions would ignore the document effect: its interval is narrower
-    rows_lo, rows_hi = percentile_ci(np.array([x[r].mean() for r in np.random.default_rng(0).integers(0, 36, (400, 36))]), 0.95)
+    rows_lo, rows_hi = percentile_ci(
+        np.array([x[r].mean() for r in np.random.default_rng(0).integers(0, 36, (400, 36))]), 0.95
+    )
     assert hi - lo > 1.3 * (rows_hi - rows_lo)
 
 
@@ -401,13 +474,23 @@ def test_one_holm_family_over_both_directions_with_not_testable_pairs():
     live = [p for p in pairs if p["verdict"] != "not testable"]
     assert [p["p_adj"] for p in live] == pytest.approx(holm([p["p"] for p in live]).tolist())
     for p in live:
-        assert p["verdict"] == ("holds" if p["ci_low"] > 0 else "reversed" if p["ci_high"] < 0 else "tie") or p["holm_stopped_at"]
+        assert (
+            p["verdict"] == ("holds" if p["ci_low"] > 0 else "reversed" if p["ci_high"] < 0 else "tie")
+            or p["holm_stopped_at"]
+        )
     by = {(p["direction"], p["a"], p["b"]): p for p in pairs}
     for d in ("comprehensiveness", "sufficiency"):  # Δ > 0 means b better in both directions
-        assert by[(d, "random", "contribution")]["delta"] == pytest.approx(0.3) and by[(d, "random", "contribution")]["verdict"] == "holds"
+        assert (
+            by[(d, "random", "contribution")]["delta"] == pytest.approx(0.3)
+            and by[(d, "random", "contribution")]["verdict"] == "holds"
+        )
         assert by[(d, "contribution", "grad_x_input")]["verdict"] == "reversed"
     best = most_faithful(pairs, s.methods, "comprehensiveness")
-    assert best["method"] == "contribution" and best["against"] in ("grad_x_input", "integrated_gradients") and best["by"] == pytest.approx(0.2)
+    assert (
+        best["method"] == "contribution"
+        and best["against"] in ("grad_x_input", "integrated_gradients")
+        and best["by"] == pytest.approx(0.2)
+    )
     assert most_faithful([dict(p, verdict="tie") for p in pairs], s.methods, "sufficiency") is None
     # an exploratory outcome: 95% intervals, no verdicts
     explo = family_tables(naopc, ranks, s, "space", "kl", verdicts=False)
@@ -425,7 +508,9 @@ def _naive_replacement_differences(naopc, settings):
             value[(r.document, r.position, r.replacement, r.direction, r.method)] = float(r.naopc_kl)
     keys = [(d, m) for d in ("comprehensiveness", "sufficiency") for m in settings.methods]
     predictions = sorted({(d, p) for d, p, *_ in value})
-    both = [(d, p) for d, p in predictions if all((d, p, rep, di, m) in value for rep in (first, second) for di, m in keys)]
+    both = [
+        (d, p) for d, p in predictions if all((d, p, rep, di, m) in value for rep in (first, second) for di, m in keys)
+    ]
     diffs = {k: [value[(d, p, second, *k)] - value[(d, p, first, *k)] for d, p in both] for k in keys}
     if not both:
         return both, {}, {}
@@ -451,8 +536,19 @@ def test_replacement_differences_by_hand():
                 for m in methods:
                     for direction in ("comprehensiveness", "sufficiency"):
                         v = rng.normal(0.5, 0.05) + (0.2 if (m == "contribution" and rep == "unigram") else 0.0)
-                        rows.append(dict(document=d, position=pos, replacement=rep, method=m, direction=direction, naopc_kl=v if in_range else np.nan,
-                                         in_range_kl=in_range, naopc_dp=np.nan, in_range_dp=False))  # fmt: skip
+                        rows.append(
+                            dict(
+                                document=d,
+                                position=pos,
+                                replacement=rep,
+                                method=m,
+                                direction=direction,
+                                naopc_kl=v if in_range else np.nan,
+                                in_range_kl=in_range,
+                                naopc_dp=np.nan,
+                                in_range_dp=False,
+                            )
+                        )
     naopc = pd.DataFrame(rows)
     got = replacement_differences(naopc, s)
     both, mean, boot = _naive_replacement_differences(naopc, s)
@@ -461,14 +557,21 @@ def test_replacement_differences_by_hand():
     for t in got["tests"]:
         k = (t["direction"], t["method"])
         lo, hi = percentile_ci(boot[k], t["level"])
-        assert t["delta"] == pytest.approx(mean[k], abs=1e-12) and (t["ci_low"], t["ci_high"]) == pytest.approx((lo, hi), abs=1e-12)
+        assert t["delta"] == pytest.approx(mean[k], abs=1e-12) and (t["ci_low"], t["ci_high"]) == pytest.approx(
+            (lo, hi), abs=1e-12
+        )
         assert t["naopc_robustness"] - t["naopc_primary"] == pytest.approx(mean[k], abs=1e-12)
     assert [t["p_adj"] for t in got["tests"]] == pytest.approx(holm([t["p"] for t in got["tests"]]).tolist())
     assert sorted(t["level"] for t in got["tests"]) == pytest.approx([1 - 0.05 / (6 - r + 1) for r in range(6, 0, -1)])
     moved = {(t["direction"], t["method"]) for t in got["tests"] if t["excludes_zero"]}
     assert moved == {("comprehensiveness", "contribution"), ("sufficiency", "contribution")}
     # one replacement: nothing to compare
-    assert replacement_differences(naopc[naopc.replacement == "space"], ErasureSettings(methods=methods, replacements=("space",)))["tests"] == []
+    assert (
+        replacement_differences(
+            naopc[naopc.replacement == "space"], ErasureSettings(methods=methods, replacements=("space",))
+        )["tests"]
+        == []
+    )
 
 
 def test_the_replacement_claim_is_indicative_with_its_numbers():
@@ -478,19 +581,46 @@ def test_the_replacement_claim_is_indicative_with_its_numbers():
     from geolens.pipelines.flow import flow_claims, replacement_claim
 
     settings = ErasureSettings(methods=("random", "contribution"))
-    tests = [dict(direction=d, method=m, naopc_primary=0.5, naopc_robustness=0.5 + delta, delta=delta, ci_low=delta - 0.01, ci_high=delta + 0.01,
-                  level=0.99, p=0.01, p_adj=0.04, rank=1, excludes_zero=abs(delta) > 0.01)
-             for d in ("comprehensiveness", "sufficiency") for m, delta in (("random", 0.0), ("contribution", 0.2))]  # fmt: skip
+    tests = [
+        dict(
+            direction=d,
+            method=m,
+            naopc_primary=0.5,
+            naopc_robustness=0.5 + delta,
+            delta=delta,
+            ci_low=delta - 0.01,
+            ci_high=delta + 0.01,
+            level=0.99,
+            p=0.01,
+            p_adj=0.04,
+            rank=1,
+            excludes_zero=abs(delta) > 0.01,
+        )
+        for d in ("comprehensiveness", "sufficiency")
+        for m, delta in (("random", 0.0), ("contribution", 0.2))
+    ]
     moved = dict(primary="space", robustness="unigram", outcome="kl", n_predictions=300, n_documents=100, tests=tests)
     c = replacement_claim(moved, status="pre-registered")
     assert c.decision == "indicative" and c.holds is None and c.ci
     assert c.verdict.startswith("indicative (n = 100 documents)") and "no decision rule" in c.why
     assert "2 of 4 intervals" in c.measured and "contribution flow comp. +0.2 [+0.19, +0.21]" in c.measured
     quiet = replacement_claim(dict(moved, tests=[dict(t, excludes_zero=False) for t in tests]), status="exploratory")
-    assert "0 of 4 intervals" in quiet.measured and "the largest difference" in quiet.measured and "exploratory run" in quiet.measured
-    pairs = [dict(direction=d, a="random", b="contribution", delta=0.1, ci_low=0.05, ci_high=0.2, verdict="holds") for d in ("comprehensiveness", "sufficiency")]
-    summary = dict(families={"primary": dict(replacement="space", n_documents=100, pairs=pairs)}, range_check={"space": dict(excluded_kl=0, n_predictions=300)},
-                   most_faithful={}, verdict_changes=[], replacement_differences=moved)  # fmt: skip
+    assert (
+        "0 of 4 intervals" in quiet.measured
+        and "the largest difference" in quiet.measured
+        and "exploratory run" in quiet.measured
+    )
+    pairs = [
+        dict(direction=d, a="random", b="contribution", delta=0.1, ci_low=0.05, ci_high=0.2, verdict="holds")
+        for d in ("comprehensiveness", "sufficiency")
+    ]
+    summary = dict(
+        families={"primary": dict(replacement="space", n_documents=100, pairs=pairs)},
+        range_check={"space": dict(excluded_kl=0, n_predictions=300)},
+        most_faithful={},
+        verdict_changes=[],
+        replacement_differences=moved,
+    )
     claims = flow_claims(summary, settings, status="pre-registered")
     robust = [x for x in claims if "replacement" in x.claim]
     assert len(robust) == 1 and robust[0].decision == "indicative" and not any("verdicts" in x.claim for x in claims)
@@ -501,12 +631,18 @@ def test_summary_of_a_tiny_run_and_its_claims(model):
 
     settings = ErasureSettings(**{**SMALL, "methods": ("random", "attention_rollout", "contribution")})
     counts = unigram_counts(model, TEXTS)
-    parts = [measure_document(model, text_tokens(model, 12, doc=d), d, settings, space_id=space_token(model), counts=counts) for d in range(3)]
+    parts = [
+        measure_document(model, text_tokens(model, 12, doc=d), d, settings, space_id=space_token(model), counts=counts)
+        for d in range(3)
+    ]
     tables = {k: pd.concat([p[k] for p in parts], ignore_index=True) for k in parts[0]}
     summary = erasure_summary(tables, settings)
     assert summary["n_documents"] == 3 and summary["n_predictions"] == 6 and summary["multiple_comparison"] == "holm"
     assert set(summary["families"]) == {"primary", "robustness"}
-    assert summary["families"]["primary"]["replacement"] == "space" and summary["families"]["robustness"]["replacement"] == "unigram"
+    assert (
+        summary["families"]["primary"]["replacement"] == "space"
+        and summary["families"]["robustness"]["replacement"] == "unigram"
+    )
     moved = summary["replacement_differences"]  # unigram − space nAOPC, against explicit float64 loops
     both, mean, _ = _naive_replacement_differences(naopc_table(tables["conditions"], settings), settings)
     assert moved["n_predictions"] == len(both) and len(moved["tests"]) == (2 * 3 if both else 0)
@@ -536,7 +672,12 @@ def test_summary_of_a_tiny_run_and_its_claims(model):
         view = run.figures["naopc"]()
         assert set(view.data["naopc"]) == {"comprehensiveness", "sufficiency"}
         assert view.data["naopc"]["comprehensiveness"]["contribution"][0] == pytest.approx(
-            next(m["naopc"] for m in summary["families"]["primary"]["methods"] if m["method"] == "contribution" and m["direction"] == "comprehensiveness"))
+            next(
+                m["naopc"]
+                for m in summary["families"]["primary"]["methods"]
+                if m["method"] == "contribution" and m["direction"] == "comprehensiveness"
+            )
+        )
         view.close()
     else:
         assert run.figures == {}
@@ -546,22 +687,49 @@ def test_claims_read_the_primary_family():
     from geolens.pipelines.flow import flow_claims
 
     settings = ErasureSettings(methods=("random", "attention_rollout", "alti", "contribution", "integrated_gradients"))
-    verdicts = {("random", "attention_rollout"): "holds", ("random", "alti"): "holds", ("random", "contribution"): "holds",
-                ("random", "integrated_gradients"): "holds", ("attention_rollout", "contribution"): "holds", ("alti", "contribution"): "tie",
-                ("contribution", "integrated_gradients"): "holds", ("attention_rollout", "alti"): "holds",
-                ("attention_rollout", "integrated_gradients"): "holds", ("alti", "integrated_gradients"): "holds"}  # fmt: skip
-    pairs = [dict(direction=d, a=a, b=b, delta=0.1 if v == "holds" else 0.0, ci_low=0.05 if v == "holds" else -0.1, ci_high=0.2, verdict=v)
-             for d in ("comprehensiveness", "sufficiency") for (a, b), v in verdicts.items()]  # fmt: skip
-    summary = dict(families={"primary": dict(replacement="space", n_documents=100, pairs=pairs)}, range_check={"space": dict(excluded_kl=2, n_predictions=300)},
-                   most_faithful={"comprehensiveness": dict(method="integrated_gradients", by=0.1, ci_low=0.05, ci_high=0.2, against="alti"),
-                                  "sufficiency": None})  # fmt: skip
+    verdicts = {
+        ("random", "attention_rollout"): "holds",
+        ("random", "alti"): "holds",
+        ("random", "contribution"): "holds",
+        ("random", "integrated_gradients"): "holds",
+        ("attention_rollout", "contribution"): "holds",
+        ("alti", "contribution"): "tie",
+        ("contribution", "integrated_gradients"): "holds",
+        ("attention_rollout", "alti"): "holds",
+        ("attention_rollout", "integrated_gradients"): "holds",
+        ("alti", "integrated_gradients"): "holds",
+    }
+    pairs = [
+        dict(
+            direction=d,
+            a=a,
+            b=b,
+            delta=0.1 if v == "holds" else 0.0,
+            ci_low=0.05 if v == "holds" else -0.1,
+            ci_high=0.2,
+            verdict=v,
+        )
+        for d in ("comprehensiveness", "sufficiency")
+        for (a, b), v in verdicts.items()
+    ]
+    summary = dict(
+        families={"primary": dict(replacement="space", n_documents=100, pairs=pairs)},
+        range_check={"space": dict(excluded_kl=2, n_predictions=300)},
+        most_faithful={
+            "comprehensiveness": dict(method="integrated_gradients", by=0.1, ci_low=0.05, ci_high=0.2, against="alti"),
+            "sufficiency": None,
+        },
+    )
     claims = {c.claim: c for c in flow_claims(summary, settings, status="pre-registered")}
     by_name = lambda word: next(c for k, c in claims.items() if word in k)  # noqa: E731
     assert by_name("than attention rollout").decision == "holds"
     assert by_name("than ALTI").decision == "undecided"  # a tie in both directions
     assert by_name("than integrated gradients").decision == "does not hold"  # integrated gradients wins
     assert by_name("random ranking").decision == "holds"
-    assert by_name("most faithful").decision == "descriptive" and "integrated gradients" in by_name("most faithful").measured
+    assert (
+        by_name("most faithful").decision == "descriptive"
+        and "integrated gradients" in by_name("most faithful").measured
+    )
     explo = {c.claim: c for c in flow_claims(summary, settings, status="exploratory")}
     assert all(c.decision in ("indicative", "descriptive") for c in explo.values())
 
@@ -571,7 +739,11 @@ def test_claims_read_the_primary_family():
 
 def test_induction_check_reads_the_flow_rows(model):
     tokens = induction_tokens(model, 6, seed=0)
-    assert tokens[0] == model.tokenizer.bos_token_id and torch.equal(tokens[1:7], tokens[7:]) and len(set(tokens[1:7].tolist())) == 6
+    assert (
+        tokens[0] == model.tokenizer.bos_token_id
+        and torch.equal(tokens[1:7], tokens[7:])
+        and len(set(tokens[1:7].tolist())) == 6
+    )
     assert not set(tokens[1:].tolist()) & set(model.tokenizer.all_special_ids)
     table = induction_check(model, n_tokens=6, methods=("contribution", "alti"))
     assert active_hook_count(model) == model.geolens_test_hooks
@@ -582,7 +754,11 @@ def test_induction_check_reads_the_flow_rows(model):
         row = R[r.query].tolist()
         others = [(row[j], -j) for j in range(r.query) if j != r.query]
         best = -max(others)[1]
-        assert r.largest_other == best and r.passes == (best == r.k + 1) and r.share_target == pytest.approx(row[r.k + 1], abs=1e-6)
+        assert (
+            r.largest_other == best
+            and r.passes == (best == r.k + 1)
+            and r.share_target == pytest.approx(row[r.k + 1], abs=1e-6)
+        )
         assert r.rank_target == 1 + sum(1 for v, mj in others if (v, mj) > (row[r.k + 1], -(r.k + 1)))
     s = induction_summary(table)
     assert s["alti"]["n"] == 5 and s["alti"]["passed"] == int(table[table.method == "alti"].passes.sum())
@@ -621,17 +797,38 @@ def test_protocol_twin_is_the_code_default_and_says_what_the_text_says():
     s = ErasureSettings.from_protocol(p)
     assert s == ErasureSettings()  # the code's defaults are the protocol's
     assert set(s.methods) == set(ERASURE_METHODS)
-    assert p["data"]["n_documents"] >= p["data"]["min_documents"] >= 100 and p["statistics"]["multiple_comparison"] == "holm"
+    assert (
+        p["data"]["n_documents"] >= p["data"]["min_documents"] >= 100
+        and p["statistics"]["multiple_comparison"] == "holm"
+    )
     assert max(p["fractions"]) <= 0.2 and p["statistics"]["verdicts"] == ["holds", "reversed", "tie", "not testable"]
     text = " ".join((FOLDER / "PROTOCOL.md").read_text(encoding="utf-8").split())  # line breaks as spaces
     assert "{" + ", ".join(f"{k:.2f}" for k in p["fractions"]) + "}" in text
     assert "positions 15, 31 and 63" in text
     assert f"B = {p['statistics']['n_boot']}" in text and f"{p['integrated_gradients']['steps']} steps" in text
-    assert f"first {p['data']['seq_len'] - 1} tokens" in text and f"at least {p['data']['min_document_tokens']} tokens" in text
-    for phrase in ("Holm", "not testable", "single space", "unigram", "[2026, document_index, position, 1]", "[2026, document_index, 2]", "≈ 245 FE"):
+    assert (
+        f"first {p['data']['seq_len'] - 1} tokens" in text
+        and f"at least {p['data']['min_document_tokens']} tokens" in text
+    )
+    for phrase in (
+        "Holm",
+        "not testable",
+        "single space",
+        "unigram",
+        "[2026, document_index, position, 1]",
+        "[2026, document_index, 2]",
+        "≈ 245 FE",
+    ):
         assert phrase in text, phrase
-    labels = {"random": "random", "attention_rollout": "attention rollout", "value_zeroing_rollout": "Value Zeroing rollout", "alti": "ALTI",
-              "contribution": "contribution", "grad_x_input": "gradient × input", "integrated_gradients": "integrated gradients"}  # fmt: skip
+    labels = {
+        "random": "random",
+        "attention_rollout": "attention rollout",
+        "value_zeroing_rollout": "Value Zeroing rollout",
+        "alti": "ALTI",
+        "contribution": "contribution",
+        "grad_x_input": "gradient × input",
+        "integrated_gradients": "integrated gradients",
+    }
     order = text.split("**Methods, in this order:**")[1].split(" - ")[0]
     positions = [order.index(labels[m]) for m in p["methods"]]
     assert positions == sorted(positions)
@@ -660,16 +857,25 @@ def test_one_smollm2_window_end_to_end(smollm2, smollm2_tokens):
     for j in order[: r.n_erased]:
         built[j] = space
     kl, dp, _ = naive_outcome(model, window.tolist(), built, target)
-    assert r.n_erased == 3 and r.kl == pytest.approx(kl, rel=1e-3, abs=1e-6) and r.delta_p == pytest.approx(dp, abs=1e-5)
+    assert (
+        r.n_erased == 3 and r.kl == pytest.approx(kl, rel=1e-3, abs=1e-6) and r.delta_p == pytest.approx(dp, abs=1e-5)
+    )
     p = preds.iloc[0]
     gap16 = abs(p.ig_sum - (p.ig_f_input - p.ig_f_baseline))
     baseline = window.clone()
     baseline[1:15] = space
     gap64 = abs(integrated_gradients(model, window, baseline, 15, target=target, n_steps=64).completeness_gap)
-    print(f"integrated gradients, f(x) - f(x') = {p.ig_f_input - p.ig_f_baseline:.4f}: completeness gap {gap16:.4f} (16 steps), {gap64:.4f} (64 steps)")
+    print(
+        f"integrated gradients, f(x) - f(x') = {p.ig_f_input - p.ig_f_baseline:.4f}: completeness gap {gap16:.4f} (16 steps), {gap64:.4f} (64 steps)"
+    )
     assert gap16 <= 0.15 * abs(p.ig_f_input - p.ig_f_baseline) and gap64 < gap16 / 4
     table = induction_check(model)
-    assert len(table) == 4 * 19 and set(table.method) == {"contribution", "alti", "attention_rollout", "value_zeroing_rollout"}
+    assert len(table) == 4 * 19 and set(table.method) == {
+        "contribution",
+        "alti",
+        "attention_rollout",
+        "value_zeroing_rollout",
+    }
     print(induction_summary(table))
 
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 import torch
-
 from conftest import TINY_KINDS, make_tiny
+
 from geolens.flow import flow_names_filter, layer_mixing
 from geolens.flow_routes import FlowGraph, flow_routes
 from geolens.testing import tiny_tokens
@@ -49,7 +49,9 @@ def naive_routes(mixings: list[list[list[float]]], position: int, threshold: flo
 def test_edges_are_the_thresholded_mixing_on_the_reachable_set(flow_case, method, threshold):
     model, tokens, cache = flow_case
     for batch_index, position in ((0, 13), (1, 7)):
-        mixings = [layer_mixing(model, cache, l, method)[batch_index].double().tolist() for l in range(model.cfg.n_layers)]
+        mixings = [
+            layer_mixing(model, cache, l, method)[batch_index].double().tolist() for l in range(model.cfg.n_layers)
+        ]
         nodes, edges = naive_routes(mixings, position, threshold)
         graph = flow_routes(model, cache, position, threshold, method=method, batch_index=batch_index, tokens=tokens)
         assert graph.nodes == nodes
@@ -66,7 +68,10 @@ def test_edges_are_the_thresholded_mixing_on_the_reachable_set(flow_case, method
 
 def test_value_zeroing_routes_match_its_mixing(flow_case):
     model, tokens, cache = flow_case
-    mixings = [layer_mixing(model, cache, l, "value_zeroing_rollout", tokens=tokens)[0].double().tolist() for l in range(model.cfg.n_layers)]
+    mixings = [
+        layer_mixing(model, cache, l, "value_zeroing_rollout", tokens=tokens)[0].double().tolist()
+        for l in range(model.cfg.n_layers)
+    ]
     nodes, edges = naive_routes(mixings, 13, 0.1)
     graph = flow_routes(model, cache, 13, 0.1, method="value_zeroing_rollout", tokens=tokens)
     assert graph.nodes == nodes and [e[:3] for e in graph.edges] == [e[:3] for e in edges]
@@ -97,7 +102,12 @@ def test_html_is_self_contained_with_one_element_per_node(flow_case):
     model, tokens, cache = flow_case
     graph = flow_routes(model, cache, -1, 0.02, tokens=tokens)
     assert len(graph.nodes) > 3
-    for page in (flow_routes_html(graph), flow_routes_page(graph), graph._repr_html_(), flow_routes_html(graph.to_dict())):
+    for page in (
+        flow_routes_html(graph),
+        flow_routes_page(graph),
+        graph._repr_html_(),
+        flow_routes_html(graph.to_dict()),
+    ):
         assert not re.search(r"https?://", page)
         assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import", page)
         assert len(re.findall(r'<circle class="gl-flow-node', page)) == len(graph.nodes)
@@ -105,15 +115,24 @@ def test_html_is_self_contained_with_one_element_per_node(flow_case):
         nodes = set(re.findall(r'data-layer="(\d+)" data-pos="(\d+)"', page))
         assert nodes == {(str(l), str(p)) for l, p in graph.nodes}
     # the hover list: every kept node's sources and shares are in the embedded data
-    payload = re.search(r'<script type="application/json" class="gl-flow-data">(.*?)</script>', flow_routes_html(graph), re.S).group(1)
+    payload = re.search(
+        r'<script type="application/json" class="gl-flow-data">(.*?)</script>', flow_routes_html(graph), re.S
+    ).group(1)
     sources = json.loads(payload)["sources"]
     for l, s, t, w in graph.edges:
         assert [s, w] in sources[f"{l},{t}"]
 
 
 def test_html_escapes_tokens():
-    graph = FlowGraph(position=1, threshold=0.1, method="contribution", n_layers=1, tokens=["<bos>", "</script><b>x"],
-                      nodes=[(0, 0), (0, 1), (1, 1)], edges=[(1, 0, 1, 0.3), (1, 1, 1, 0.7)])  # fmt: skip
+    graph = FlowGraph(
+        position=1,
+        threshold=0.1,
+        method="contribution",
+        n_layers=1,
+        tokens=["<bos>", "</script><b>x"],
+        nodes=[(0, 0), (0, 1), (1, 1)],
+        edges=[(1, 0, 1, 0.3), (1, 1, 1, 0.7)],
+    )
     page = flow_routes_html(graph)
     assert "</script><b>" not in page and "<bos>" not in page
     assert len(re.findall(r'<circle class="gl-flow-node', page)) == 3
@@ -188,8 +207,10 @@ def test_induction_known_answer_contribution(repeated):
         induction = [(l, w) for l, s, t, w in graph.edges if s == k + 1 and t == q]
         row = R[q].clone()
         row[q] = -1
-        print(f"k={k}: R[q] max outside q at {int(row.argmax())} ({float(row.max()):.3f}), R[q, k+1] = {float(R[q, k + 1]):.3f}; "
-              f"induction edges in the routes (layer, share): {[(l, round(w, 3)) for l, w in induction]}")  # fmt: skip
+        print(
+            f"k={k}: R[q] max outside q at {int(row.argmax())} ({float(row.max()):.3f}), R[q, k+1] = {float(R[q, k + 1]):.3f}; "
+            f"induction edges in the routes (layer, share): {[(l, round(w, 3)) for l, w in induction]}"
+        )
         assert induction, f"k={k}: no edge k+1 -> q in the routes of q"
         for l, Ml in M.items():
             others = Ml[q].clone()

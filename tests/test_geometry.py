@@ -167,7 +167,9 @@ def test_head_output_norms_match_explicit_outputs(tiny):
 def test_head_output_norms_with_gqa(tiny_gqa):
     model, _, cache = tiny_gqa
     layer = geolens.get_attention_layer(model, cache, 0, dtype=torch.float64)
-    torch.testing.assert_close(head_output_norms(layer), geolens.head_outputs(layer).norm(dim=-1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        head_output_norms(layer), geolens.head_outputs(layer).norm(dim=-1), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_query_chunks_share_one_gram(tiny_gqa):
@@ -310,11 +312,16 @@ def test_causal_blocks_skip_only_invisible_keys(tiny):
     torch.testing.assert_close(layer.z, full, atol=1e-6, rtol=1e-5)
     chunk = layer.query_slice(slice(7, 19))  # a query chunk keeps its absolute positions
     assert chunk.query_start == 7 and chunk.query_blocks() == [(slice(0, 12), 19)]
-    by_hand = geolens.AttentionLayer(0, layer.pattern, layer.v, layer.W_O, layer.b_O, layer.n_kv_heads, layer.model_mode)
+    by_hand = geolens.AttentionLayer(
+        0, layer.pattern, layer.v, layer.W_O, layer.b_O, layer.n_kv_heads, layer.model_mode
+    )
     assert not by_hand.causal and by_hand.query_blocks() == [(slice(0, n), n)]  # unknown: no skipping
     for mode in ("intra", "inter"):
         torch.testing.assert_close(
-            contribution_weights_from_layer(layer, mode), contribution_weights_from_layer(by_hand, mode), atol=1e-6, rtol=1e-5
+            contribution_weights_from_layer(layer, mode),
+            contribution_weights_from_layer(by_hand, mode),
+            atol=1e-6,
+            rtol=1e-5,
         )
 
 
@@ -446,4 +453,6 @@ def test_gram_dot_and_cosine_against_materialised_projections():
                 assert plain[bi, j, hi].item() == pytest.approx(float(vx @ vy / (vx.norm() * vy.norm())), rel=1e-10)
     # G broadcast over other leading axes: [head, 1, 1, d, d] for [batch, head, query, key, d]
     z = y.permute(0, 2, 1, 3)[:, :, None]  # [b, h, 1, k, d]
-    torch.testing.assert_close(geometry.gram_dot(z, z, G[:, None, None]), (geometry.gram_norm(y, G) ** 2).permute(0, 2, 1)[:, :, None])
+    torch.testing.assert_close(
+        geometry.gram_dot(z, z, G[:, None, None]), (geometry.gram_norm(y, G) ** 2).permute(0, 2, 1)[:, :, None]
+    )

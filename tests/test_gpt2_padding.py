@@ -13,7 +13,6 @@ counted from the first column instead of its first real token.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from conftest import HAS_BRIDGE, HAS_HOOKED, load_script

@@ -16,6 +16,7 @@ import pytest
 import torch
 from reference import _outputs
 
+from geolens.adapter import adapter_for
 from geolens.faithfulness.ground_truth import (
     SOURCE_METRICS,
     TERM_METRICS,
@@ -26,7 +27,6 @@ from geolens.faithfulness.ground_truth import (
     spearman,
     top_overlap,
 )
-from geolens.adapter import adapter_for
 from geolens.per_term import per_term_effects, position_effects
 from geolens.stats import cluster_bootstrap_indices, percentile_ci, resample_means
 from geolens.testing import tiny_tokens
@@ -36,6 +36,7 @@ PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "prot
 
 def naive_spearman(x, y) -> float:
     """Pearson correlation of average ranks, by loops: rank = 1 + #smaller + (#equal − 1)/2."""
+
     def ranks(v):
         return [1 + sum(w < u for w in v) + (sum(w == u for w in v) - 1) / 2 for u in v]
 
@@ -63,7 +64,9 @@ def test_spearman_and_top_overlap_against_references():
         assert spearman(s, e) == pytest.approx(naive_spearman(s, e), abs=1e-12)
     assert spearman(np.ones(5), np.arange(5.0)) == 0.0  # a metric that ranks nothing
     assert np.isnan(spearman(np.arange(5.0), np.ones(5)))  # effects all equal: excluded
-    assert top_overlap(np.arange(10.0), np.arange(10.0)) == 1.0 and top_overlap(np.arange(10.0), -np.arange(10.0)) == 0.0
+    assert (
+        top_overlap(np.arange(10.0), np.arange(10.0)) == 1.0 and top_overlap(np.arange(10.0), -np.arange(10.0)) == 0.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +89,20 @@ def test_rows_equal_naive_scores_against_the_measured_effects(measured):
         value_norm = vt[0, :, :n].norm(dim=-1)
         o_head = head_out[0, :, i]
         o_layer = layer_out[0, i]
-        c = torch.stack([torch.stack([torch.dot(o_layer, weighted[0, h, i, j]) / torch.dot(o_layer, o_layer) for j in range(n)]) for h in range(alpha.shape[0])])
+        c = torch.stack(
+            [
+                torch.stack([torch.dot(o_layer, weighted[0, h, i, j]) / torch.dot(o_layer, o_layer) for j in range(n)])
+                for h in range(alpha.shape[0])
+            ]
+        )
         naive = {
-            "raw_attention": alpha, "value_weighted": alpha * value_norm,
+            "raw_attention": alpha,
+            "value_weighted": alpha * value_norm,
             "output_normalized_intra": alpha * value_norm / o_head.norm(dim=-1)[:, None],
-            "output_normalized_inter": alpha * value_norm / o_layer.norm(), "contribution": c, "contribution_abs": c.abs(),
-        }  # fmt: skip
+            "output_normalized_inter": alpha * value_norm / o_layer.norm(),
+            "contribution": c,
+            "contribution_abs": c.abs(),
+        }
         # the effects as the run measured them (one clean run, one KV cache of the window): Δp of
         # near-tied terms differs from a separate clean forward's in float32 rounding, enough to
         # swap ranks; the effects themselves are checked against hand-built removals in test_per_term
@@ -103,10 +114,20 @@ def test_rows_equal_naive_scores_against_the_measured_effects(measured):
         ran = effects.ran.numpy()
         for outcome, effect in (("kl", effects.kl.numpy()), ("delta_p", -effects.delta_p.numpy())):
             for metric, scores in naive.items():
-                got = rows[(rows.position == p.position) & (rows.scope == "term") & (rows.outcome == outcome) & (rows.metric == metric)]
+                got = rows[
+                    (rows.position == p.position)
+                    & (rows.scope == "term")
+                    & (rows.outcome == outcome)
+                    & (rows.metric == metric)
+                ]
                 want = naive_spearman(scores.numpy()[ran], effect[ran])
                 assert float(got.spearman.iloc[0]) == pytest.approx(want, abs=1e-6), (metric, outcome)
-                source = rows[(rows.position == p.position) & (rows.scope == "source") & (rows.outcome == outcome) & (rows.metric == metric)]
+                source = rows[
+                    (rows.position == p.position)
+                    & (rows.scope == "source")
+                    & (rows.outcome == outcome)
+                    & (rows.metric == metric)
+                ]
                 assert int(source.n_terms.iloc[0]) == n
 
 
@@ -114,9 +135,13 @@ def test_source_scope_effects_and_counts(measured):
     model, tokens, rows, positions = measured
     p = positions.iloc[0]
     effects = per_term_effects(model, tokens, int(p.layer), int(p.query), scope="source")
-    got = rows[(rows.position == 0) & (rows.scope == "source") & (rows.outcome == "kl") & (rows.metric == "value_zeroing")]
+    got = rows[
+        (rows.position == 0) & (rows.scope == "source") & (rows.outcome == "kl") & (rows.metric == "value_zeroing")
+    ]
     assert int(got.n_terms.iloc[0]) == int(effects.ran.sum())
-    assert set(rows[rows.scope == "term"].metric) == set(TERM_METRICS) and set(rows[rows.scope == "source"].metric) == set(SOURCE_METRICS)
+    assert set(rows[rows.scope == "term"].metric) == set(TERM_METRICS) and set(
+        rows[rows.scope == "source"].metric
+    ) == set(SOURCE_METRICS)
 
 
 def _constructed_rows():
@@ -126,24 +151,53 @@ def _constructed_rows():
     for d, n in enumerate([1, 4, 2, 3, 2]):
         for p in range(n):
             base = rng.normal(0.3, 0.1)
-            for metric, rho, ranking in (("raw_attention", base, "r1"), ("value_weighted", base + 0.2, "r2"), ("random", base, "r1")):
-                rows.append(dict(document=d, position=p, layer=0, query=8, scope="term", outcome="kl", metric=metric,
-                                 n_terms=9, excluded=False, spearman=rho, top5=0.4, ranking=ranking))  # fmt: skip
+            for metric, rho, ranking in (
+                ("raw_attention", base, "r1"),
+                ("value_weighted", base + 0.2, "r2"),
+                ("random", base, "r1"),
+            ):
+                rows.append(
+                    dict(
+                        document=d,
+                        position=p,
+                        layer=0,
+                        query=8,
+                        scope="term",
+                        outcome="kl",
+                        metric=metric,
+                        n_terms=9,
+                        excluded=False,
+                        spearman=rho,
+                        top5=0.4,
+                        ranking=ranking,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
 def test_summary_resamples_whole_documents_and_forms_one_holm_family():
     rows = _constructed_rows()
-    summary = ground_truth_summary(rows, [("raw_attention", "value_weighted"), ("random", "raw_attention")], n_boot=300, seed=4)
-    table = rows.pivot_table(index=["document", "position"], columns="metric", values="spearman")[["raw_attention", "value_weighted", "random"]]
+    summary = ground_truth_summary(
+        rows, [("raw_attention", "value_weighted"), ("random", "raw_attention")], n_boot=300, seed=4
+    )
+    table = rows.pivot_table(index=["document", "position"], columns="metric", values="spearman")[
+        ["raw_attention", "value_weighted", "random"]
+    ]
     indices = cluster_bootstrap_indices(table.index.get_level_values("document").to_numpy(), 300, 4)
     lo, hi = percentile_ci(resample_means(table.to_numpy(), indices), 0.95)
     got = {m["metric"]: m for m in summary["metrics"]}
-    assert got["value_weighted"]["ci_low"] == pytest.approx(lo[1]) and got["value_weighted"]["ci_high"] == pytest.approx(hi[1])
+    assert got["value_weighted"]["ci_low"] == pytest.approx(lo[1]) and got["value_weighted"][
+        "ci_high"
+    ] == pytest.approx(hi[1])
     assert got["raw_attention"]["n_positions"] == 12 and got["raw_attention"]["n_documents"] == 5
     pairs = {(p["a"], p["b"]): p for p in summary["pairs"]}
     vw = pairs[("raw_attention", "value_weighted")]
-    assert vw["estimate"] == pytest.approx(0.2) and vw["verdict"] == "holds" and vw["p_adj"] is not None and vw["rank"] == 1
+    assert (
+        vw["estimate"] == pytest.approx(0.2)
+        and vw["verdict"] == "holds"
+        and vw["p_adj"] is not None
+        and vw["rank"] == 1
+    )
     same = pairs[("random", "raw_attention")]  # identical rankings at every position: out of the family
     assert same["verdict"] == "not testable" and same["p_adj"] is None
     assert summary["multiple_comparison"] == "holm"
@@ -156,14 +210,18 @@ def test_single_term_effects_are_medians_by_hand():
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
     g = np.random.default_rng(3)
-    positions = pd.DataFrame(dict(kl_term_max=g.exponential(size=7), kl_term_sum=g.exponential(size=7), clean_top_prob=g.uniform(size=7)))
+    positions = pd.DataFrame(
+        dict(kl_term_max=g.exponential(size=7), kl_term_sum=g.exponential(size=7), clean_top_prob=g.uniform(size=7))
+    )
     got = single_term_effects(positions)
     assert got["n_positions"] == 7
     assert got["median_kl_of_largest_term"] == naive_median(positions.kl_term_max.tolist())
     assert got["median_kl_of_all_terms_summed"] == naive_median(positions.kl_term_sum.tolist())
     assert got["median_clean_top_prob"] == naive_median(positions.clean_top_prob.tolist())
     even = single_term_effects(positions.iloc[:4])
-    assert even["median_clean_top_prob"] == pytest.approx(naive_median(positions.clean_top_prob.iloc[:4].tolist()), rel=1e-15)
+    assert even["median_clean_top_prob"] == pytest.approx(
+        naive_median(positions.clean_top_prob.iloc[:4].tolist()), rel=1e-15
+    )
 
 
 def test_cluster_draws_take_every_position_of_a_drawn_document():
@@ -193,7 +251,21 @@ def test_command_runs_resumes_and_labels_a_small_run_exploratory(tmp_path, capsy
     from geolens.cli import main
 
     out = tmp_path / "run"
-    args = ["faithfulness", "--protocol", str(PROTOCOL), "--model", "tiny-gqa", "--corpus", corpus, "--max-documents", "1", "--stage", "per_term", "--out", str(out)]
+    args = [
+        "faithfulness",
+        "--protocol",
+        str(PROTOCOL),
+        "--model",
+        "tiny-gqa",
+        "--corpus",
+        corpus,
+        "--max-documents",
+        "1",
+        "--stage",
+        "per_term",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["label"] == "exploratory" and any("1 documents" in d for d in summary["differences"])
@@ -237,7 +309,19 @@ def test_stages_run_separately_merge_into_one_summary(tmp_path, corpus):
     from geolens.cli import main
 
     out = tmp_path / "run"
-    base = ["faithfulness", "--protocol", str(PROTOCOL), "--model", "tiny-gqa", "--corpus", corpus, "--max-documents", "1", "--out", str(out)]
+    base = [
+        "faithfulness",
+        "--protocol",
+        str(PROTOCOL),
+        "--model",
+        "tiny-gqa",
+        "--corpus",
+        corpus,
+        "--max-documents",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(base + ["--stage", "masking"]) == 0
     first = json.loads((out / "summary.json").read_text())
     assert first["stages"] == {"per_term": "not run", "masking": "complete"} and "ceiling_check" in first
@@ -257,7 +341,19 @@ def test_merged_summary_keeps_each_stage_time_and_lists_the_untestable_pairs(tmp
     from geolens.cli import main
 
     out = tmp_path / "run"
-    base = ["faithfulness", "--protocol", str(PROTOCOL), "--model", "tiny-gqa", "--corpus", corpus, "--max-documents", "1", "--out", str(out)]
+    base = [
+        "faithfulness",
+        "--protocol",
+        str(PROTOCOL),
+        "--model",
+        "tiny-gqa",
+        "--corpus",
+        corpus,
+        "--max-documents",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(base + ["--stage", "masking"]) == 0
     assert main(base + ["--stage", "per_term", "--resume"]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -274,7 +370,9 @@ def test_merged_summary_keeps_each_stage_time_and_lists_the_untestable_pairs(tmp
     merged = json.loads((out / "summary.json").read_text())
     assert merged["stage_seconds"]["masking"] == 1234.5 and merged["seconds"] != 1234.5
     protocol = json.loads(PROTOCOL.read_text())
-    assert [(p["a"], p["b"]) for p in merged["not_testable"]] == [tuple(e["pair"]) for e in protocol["not_testable_by_construction"]]
+    assert [(p["a"], p["b"]) for p in merged["not_testable"]] == [
+        tuple(e["pair"]) for e in protocol["not_testable_by_construction"]
+    ]
     assert all(p["verdict"] == "not testable" and p["why"] for p in merged["not_testable"])
     # a pair untestable under every ranking scope is in no family (value-weighted → output-normalised
     # intra is untestable only when a whole row is ranked; the protocol ranks per query, where it differs)

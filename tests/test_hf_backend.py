@@ -171,7 +171,9 @@ def test_z_is_pattern_times_v(fam):
         z = cache[f"blocks.{l}.attn.hook_z"].double()
         for h in range(view.n_heads):
             for i in range(N_POS):
-                torch.testing.assert_close(z[:, i, h], (view.pattern[:, h, i, :, None] * view.v[:, :, h]).sum(1), rtol=0, atol=1e-6)
+                torch.testing.assert_close(
+                    z[:, i, h], (view.pattern[:, h, i, :, None] * view.v[:, :, h]).sum(1), rtol=0, atol=1e-6
+                )
 
 
 def test_value_weights_give_v_from_the_attention_input(fam):
@@ -195,7 +197,9 @@ def test_residual_stream_and_block_rebuild(fam):
     torch.testing.assert_close(cache[adapter.resid_post_hook(0)], cache[adapter.resid_pre_hook(1)], rtol=0, atol=0)
     for l in range(2):
         with torch.no_grad():
-            rebuilt = adapter.block_after_attention(l, cache[adapter.resid_pre_hook(l)], cache[adapter.attn_out_hook(l)])
+            rebuilt = adapter.block_after_attention(
+                l, cache[adapter.resid_pre_hook(l)], cache[adapter.attn_out_hook(l)]
+            )
         torch.testing.assert_close(rebuilt, cache[adapter.resid_post_hook(l)], rtol=0, atol=1e-5)
     with torch.no_grad():
         final = adapter.final_norm(cache[adapter.resid_post_hook(1)])
@@ -206,7 +210,13 @@ def test_sliding_windows_read_from_the_model(fam):
     family, model, tokens, cache = fam
     adapter = adapter_for(model)
     windows = [adapter.sliding_window(l) for l in range(2)]
-    expected = {"mistral": [WINDOW, WINDOW], "phi3": [WINDOW, WINDOW], "qwen2": [None, WINDOW], "gemma2": [WINDOW, None], "gemma3": [WINDOW, None]}
+    expected = {
+        "mistral": [WINDOW, WINDOW],
+        "phi3": [WINDOW, WINDOW],
+        "qwen2": [None, WINDOW],
+        "gemma2": [WINDOW, None],
+        "gemma3": [WINDOW, None],
+    }
     assert windows == expected.get(family, [None, None])
     for l, w in enumerate(windows):  # the pattern agrees: zero outside the window, some mass inside
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]
@@ -236,7 +246,9 @@ def test_contributions_against_the_naive_reference(fam):
         group = adapter.group_size
         for b in range(2):
             for i in (0, 5, N_POS - 1):
-                terms = torch.stack([pattern[b, h, i, :, None] * (v[b, :, h // group] @ W_O[h]) for h in range(adapter.n_heads)])  # [h, j, m]
+                terms = torch.stack(
+                    [pattern[b, h, i, :, None] * (v[b, :, h // group] @ W_O[h]) for h in range(adapter.n_heads)]
+                )  # [h, j, m]
                 heads = terms.sum(1)  # o_i^h
                 total = heads.sum(0)  # o_i (without b_O)
                 for h in range(adapter.n_heads):
@@ -262,9 +274,13 @@ def test_streamed_layers_equal_the_cached_forward(fam):
         torch.testing.assert_close(streamed[l], geolens.contribution_weights(model, cache, l), rtol=0, atol=1e-6)
     mask = torch.ones_like(tokens)
     mask[0, :3] = 0  # left padding on row 0, given with its mask
-    padded = stream_layers(model, tokens, lambda layer: geolens.layer_metrics(layer).contribution, layers=[1], attention_mask=mask)
+    padded = stream_layers(
+        model, tokens, lambda layer: geolens.layer_metrics(layer).contribution, layers=[1], attention_mask=mask
+    )
     _, masked = geolens.run_with_cache(model, tokens, attention_mask=mask, names_filter=geolens.names_filter(model))
-    torch.testing.assert_close(padded[1], geolens.contribution_weights(model, masked, 1, attention_mask=mask), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        padded[1], geolens.contribution_weights(model, masked, 1, attention_mask=mask), rtol=0, atol=1e-6
+    )
 
 
 def _live_patterns(shape) -> int:
@@ -272,7 +288,9 @@ def _live_patterns(shape) -> int:
     import gc
 
     gc.collect()
-    return len({t.data_ptr() for t in gc.get_objects() if issubclass(type(t), torch.Tensor) and tuple(t.shape) == shape})
+    return len(
+        {t.data_ptr() for t in gc.get_objects() if issubclass(type(t), torch.Tensor) and tuple(t.shape) == shape}
+    )
 
 
 def test_streamed_mode_holds_one_layer_pattern_at_a_time():
@@ -292,7 +310,15 @@ def test_stream_corpus_accumulates_every_batch_and_layer():
     model = prepare(tiny_family("gemma2"))
     tokens = _tokens(5)
     sink = torch.zeros(2, 4, dtype=torch.float64)
-    assert stream_corpus(model, tokens, lambda layer: sink[layer.layer].add_(layer.pattern[:, :, 1:, 0].double().sum((0, 2))), batch_size=2) == 3
+    assert (
+        stream_corpus(
+            model,
+            tokens,
+            lambda layer: sink[layer.layer].add_(layer.pattern[:, :, 1:, 0].double().sum((0, 2))),
+            batch_size=2,
+        )
+        == 3
+    )
     expected = torch.zeros(2, 4, dtype=torch.float64)
     for rows in (slice(0, 2), slice(2, 4), slice(4, 5)):
         _, cache = geolens.run_with_cache(model, tokens[rows])
@@ -316,7 +342,9 @@ def test_an_edited_attention_module_is_refused_naming_family_and_layer(family):
         return out + 0.01, weights
 
     attn.forward = shifted
-    with pytest.raises(AttentionCheckError, match=rf"hf-{family.replace('_', '-')}: layer 1: the attention output rebuilt"):
+    with pytest.raises(
+        AttentionCheckError, match=rf"hf-{family.replace('_', '-')}: layer 1: the attention output rebuilt"
+    ):
         prepare(model)
     with pytest.raises(AttentionCheckError, match="layer 1"):  # no analysis runs on it either
         geolens.run_with_cache(model, _tokens())
@@ -379,7 +407,9 @@ def test_a_z_hook_edits_the_forward():
             _, edited = model.run_with_cache(tokens, names_filter=[adapter.attn_out_hook(0)])
     W_O = adapter.output_weights(0)[0].double()
     head = clean[adapter.z_hook(0)][:, :, 2].double() @ W_O[2]
-    torch.testing.assert_close(edited[adapter.attn_out_hook(0)].double(), clean[adapter.attn_out_hook(0)].double() - head, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        edited[adapter.attn_out_hook(0)].double(), clean[adapter.attn_out_hook(0)].double() - head, rtol=0, atol=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,12 +431,14 @@ def test_tiny_models_agree_with_the_bridge(kind):
         with torch.no_grad():
             _, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
         m = geolens.attention_metrics(model, cache, 1)
-        results.append(dict(
-            contributions=geolens.contribution_weights(model, cache, None, mode="both"),
-            **m.as_dict(),
-            vz=geolens.value_zeroing(model, tokens, layers=[0, 1]),
-            sinks=geolens.sink_geometry(model, tokens, batch_size=2).heads,
-        ))  # fmt: skip
+        results.append(
+            dict(
+                contributions=geolens.contribution_weights(model, cache, None, mode="both"),
+                **m.as_dict(),
+                vz=geolens.value_zeroing(model, tokens, layers=[0, 1]),
+                sinks=geolens.sink_geometry(model, tokens, batch_size=2).heads,
+            )
+        )
     a, b = results
     for key in (*geolens.contributions.AttentionMetrics.METRIC_NAMES, "vz"):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
@@ -434,10 +466,28 @@ def _report(tmp_path, kind: str, backend: str) -> dict:
     from geolens.cli import main
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"The cat number {i} sat on the mat and looked at the dog far away." * 3 for i in range(6)), encoding="utf-8")
+    corpus.write_text(
+        "\n\n".join(f"The cat number {i} sat on the mat and looked at the dog far away." * 3 for i in range(6)),
+        encoding="utf-8",
+    )
     out = tmp_path / backend
-    argv = ["report", "--quick", "--backend", backend, "--model", f"tiny-{kind}", "--corpus", str(corpus),
-            "--n-sequences", "3", "--seq-len", "24", "--no-progress", "--out", str(out)]  # fmt: skip
+    argv = [
+        "report",
+        "--quick",
+        "--backend",
+        backend,
+        "--model",
+        f"tiny-{kind}",
+        "--corpus",
+        str(corpus),
+        "--n-sequences",
+        "3",
+        "--seq-len",
+        "24",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     return json.loads((out / "report.json").read_text(encoding="utf-8"))
 
@@ -457,8 +507,10 @@ def _report_differences(a, b, path: str = "", skip: tuple[str, ...] = ()) -> lis
             return [f"{path}: {len(a)} against {len(b)} items"]
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in _report_differences(x, y, f"{path}[{i}]", skip)]
     if isinstance(a, float) or isinstance(b, float):
-        same = isinstance(a, (int, float)) and isinstance(b, (int, float)) and (
-            (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=_REL, abs_tol=_ABS)
+        same = (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and ((math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=_REL, abs_tol=_ABS))
         )
         return [] if same else [f"{path}: {a!r} against {b!r}"]
     if isinstance(a, str) and isinstance(b, str):
@@ -480,7 +532,10 @@ def test_report_command_on_the_hf_backend(kind, tmp_path):
     if HAS_BRIDGE:
         tl = _report(tmp_path, kind, "tl")
         assert tl["versions"]["model_mode"] == "bridge"
-        for config in (hf["params"]["model_config"], tl["params"]["model_config"]):  # TransformerLens: None = one per head
+        for config in (
+            hf["params"]["model_config"],
+            tl["params"]["model_config"],
+        ):  # TransformerLens: None = one per head
             config["n_key_value_heads"] = config["n_key_value_heads"] or config["n_heads"]
         # Llama and Gemma run bit for bit the same on both backends. GPT-2's logits differ by a few
         # ulps, which the per-term endpoint's rank statistics amplify (Spearman ρ over near-tied
@@ -521,7 +576,9 @@ def test_analyze_command_on_the_hf_backend(tmp_path, capsys):
     rows = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s+[-\d.]+\s", line)][: len(attentions)]
     assert [int(r[0]) for r in rows] == list(range(len(attentions)))
     for row, attention in zip(rows, attentions):
-        assert float(row[1]) == pytest.approx(attention[0, :, 1:, 0].double().mean().item(), abs=6e-4)  # printed to 3 decimals
+        assert float(row[1]) == pytest.approx(
+            attention[0, :, 1:, 0].double().mean().item(), abs=6e-4
+        )  # printed to 3 decimals
 
 
 @pytest.mark.slow
@@ -529,16 +586,34 @@ def test_report_command_on_smollm2_with_the_hf_backend(tmp_path, monkeypatch):
     """``geolens report --quick --backend hf`` on the shipped SmolLM2 (2 windows of 32 tokens, 1
     held out): every section, and the per-head sink attention of its contributions section equal
     to transformers' own attention weights (``output_attentions=True``) on the same windows."""
+    from transformers import PreTrainedModel
+
     import geolens.models
     from geolens.cli import main
     from geolens.data import corpus_windows
     from geolens.report import available_sections
-    from transformers import PreTrainedModel
 
     loaded, load = [], geolens.models.load_model
     monkeypatch.setattr(geolens.models, "load_model", lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
     out = tmp_path / "report"
-    assert main(["report", "--quick", "--backend", "hf", "--n-sequences", "2", "--seq-len", "32", "--no-progress", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--quick",
+                "--backend",
+                "hf",
+                "--n-sequences",
+                "2",
+                "--seq-len",
+                "32",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "report.json").read_text(encoding="utf-8"))
     (model,) = loaded
     assert isinstance(model, PreTrainedModel) and data["versions"]["model_mode"] == "hf"

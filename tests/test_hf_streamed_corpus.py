@@ -66,7 +66,9 @@ def _streamable(model, seq_len: int) -> dict:
         "geometry": SinkGeometry(L, H),
         "norm_curve": NormCurve(L, H, n_bins=10),
         "decomposition": TokenTypeDecomposition(L, H),
-        "decomposition_cut": TokenTypeDecomposition(L, H, max_sequences=1),  # a batch crossing the limit reads every layer at once
+        "decomposition_cut": TokenTypeDecomposition(
+            L, H, max_sequences=1
+        ),  # a batch crossing the limit reads every layer at once
         "taxonomy": TaxonomyAnalysis.for_model(model),
         "taxonomy_final": TaxonomyAnalysis.for_model(model, space="projected", queries="final"),
         "regime": RegimeAnalysis.for_model(model, seq_len),
@@ -146,13 +148,27 @@ def test_left_padded_batches_stream_to_the_cached_numbers_and_to_each_prompt_alo
 
         def make():
             L, H = model.cfg.n_layers, model.cfg.n_heads
-            return [AttentionEntropy(L, H), MeanHeadZ.for_model(model), ContributionContrast.for_model(model), SinkGeometry(L, H),
-                    NormCurve(L, H, n_bins=10), TokenTypeDecomposition(L, H), TaxonomyAnalysis.for_model(model, prefix_lengths=(4,))]  # fmt: skip
+            return [
+                AttentionEntropy(L, H),
+                MeanHeadZ.for_model(model),
+                ContributionContrast.for_model(model),
+                SinkGeometry(L, H),
+                NormCurve(L, H, n_bins=10),
+                TokenTypeDecomposition(L, H),
+                TaxonomyAnalysis.for_model(model, prefix_lengths=(4,)),
+            ]
 
         n_calls = len(spy)
         live = run_corpus(model, tokens, make(), batch_size=4, attention_mask=mask, progress=False)
         assert spy[n_calls:] == [7, 7, 7]  # one batch, three real lengths: 12, 7 (two rows) and 9
-        cached = run_corpus(model, tokens, list(_cached(dict(enumerate(make()))).values()), batch_size=4, attention_mask=mask, progress=False)
+        cached = run_corpus(
+            model,
+            tokens,
+            list(_cached(dict(enumerate(make()))).values()),
+            batch_size=4,
+            attention_mask=mask,
+            progress=False,
+        )
         for a, b in zip(live, cached):
             _assert_same(_state(a), _state(b), f"{family} {type(a).__name__}")
         alone = make()
@@ -160,7 +176,9 @@ def test_left_padded_batches_stream_to_the_cached_numbers_and_to_each_prompt_alo
             run_corpus(model, tokens[row : row + 1, N_POS - n :], alone, progress=False)
         for a, b in zip(live, alone):  # other batch shapes: float32 rounding differs, not the numbers
             for x, y in zip(_tensors(_state(a)), _tensors(_state(b))):
-                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{family} {type(a).__name__}")
+                torch.testing.assert_close(
+                    x, y, rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{family} {type(a).__name__}"
+                )
 
 
 def _tensors(state) -> list[torch.Tensor]:
@@ -206,7 +224,9 @@ def test_transformer_lens_models_never_stream(tiny_gqa, monkeypatch):
     model, tokens, _ = tiny_gqa
     monkeypatch.setattr(streamed, "update_layerwise", refuse)
     assert not streamed.hf_native(model)
-    [entropy] = run_corpus(model, tokens, [AttentionEntropy(model.cfg.n_layers, model.cfg.n_heads)], batch_size=1, progress=False)
+    [entropy] = run_corpus(
+        model, tokens, [AttentionEntropy(model.cfg.n_layers, model.cfg.n_heads)], batch_size=1, progress=False
+    )
     assert int(entropy.moments.count[0, 0]) == tokens.shape[0] * (tokens.shape[1] - 1)
 
 
@@ -222,7 +242,9 @@ def _hf_reference(model, tokens):
     d_head = layers[0].self_attn.o_proj.in_features // n_heads
     z, handles = {}, []
     for l, layer in enumerate(layers):
-        keep = lambda mod, args, l=l: z.__setitem__(l, args[0].detach().double().reshape(*args[0].shape[:2], n_heads, d_head))
+        keep = lambda mod, args, l=l: z.__setitem__(
+            l, args[0].detach().double().reshape(*args[0].shape[:2], n_heads, d_head)
+        )
         handles.append(layer.self_attn.o_proj.register_forward_pre_hook(keep))
     try:
         with torch.no_grad():
@@ -237,7 +259,11 @@ def _hf_reference(model, tokens):
 def _sink_visible(model, layer: int, query: int) -> bool:
     """Whether ``query`` sees key 0, from the HF config (a sliding layer sees the last WINDOW keys)."""
     types = getattr(model.config, "layer_types", None)
-    sliding = types[layer] == "sliding_attention" if types is not None else getattr(model.config, "sliding_window", None) is not None
+    sliding = (
+        types[layer] == "sliding_attention"
+        if types is not None
+        else getattr(model.config, "sliding_window", None) is not None
+    )
     return not sliding or query < WINDOW
 
 
@@ -246,13 +272,23 @@ def test_streamed_entropy_mean_z_and_norm_curve_equal_explicit_loops(family):
     model = prepare(tiny_family(family))
     tokens = _tokens(3)
     L, H, n_bins = 2, 4, 10
-    entropy, mean_z, curve = run_corpus(model, tokens, [AttentionEntropy(L, H), MeanHeadZ.for_model(model), NormCurve(L, H, n_bins=n_bins)],
-                                        batch_size=2, progress=False)  # fmt: skip
+    entropy, mean_z, curve = run_corpus(
+        model,
+        tokens,
+        [AttentionEntropy(L, H), MeanHeadZ.for_model(model), NormCurve(L, H, n_bins=n_bins)],
+        batch_size=2,
+        progress=False,
+    )
     patterns, z, W_O = _hf_reference(model, tokens)
     edges = curve.per_head.edges
     for l in range(L):
         for h in range(H):
-            ent, counts, norm_sums, n_unseen = 0.0, torch.zeros(n_bins, dtype=torch.float64), torch.zeros(n_bins, dtype=torch.float64), 0
+            ent, counts, norm_sums, n_unseen = (
+                0.0,
+                torch.zeros(n_bins, dtype=torch.float64),
+                torch.zeros(n_bins, dtype=torch.float64),
+                0,
+            )
             for b in range(3):
                 for i in range(1, N_POS):
                     row = patterns[l][b, h, i]
@@ -262,7 +298,11 @@ def test_streamed_entropy_mean_z_and_norm_curve_equal_explicit_loops(family):
                         n_unseen += 1
                         continue
                     rate = float(row[0])
-                    k = next(k for k in range(n_bins) if edges[k] <= rate < edges[k + 1] or (k == n_bins - 1 and rate == edges[-1]))
+                    k = next(
+                        k
+                        for k in range(n_bins)
+                        if edges[k] <= rate < edges[k + 1] or (k == n_bins - 1 and rate == edges[-1])
+                    )
                     counts[k] += 1
                     norm_sums[k] += float((z[l][b, i, h] @ W_O[l][h]).norm())
             assert entropy.result()[l, h].item() == pytest.approx(ent / (3 * (N_POS - 1)), rel=1e-6)
@@ -314,11 +354,16 @@ def test_builtin_analyses_hold_as_many_patterns_at_the_last_layer_as_at_the_thir
     L = 6
     model = prepare(tiny_family("llama", n_layers=L))
     makers = [
-        lambda T: AttentionEntropy(L, 4), lambda T: MeanHeadZ.for_model(model), lambda T: ContributionContrast.for_model(model),
-        lambda T: SinkGeometry(L, 4), lambda T: NormCurve(L, 4), lambda T: TokenTypeDecomposition(L, 4),
-        lambda T: TaxonomyAnalysis.for_model(model), lambda T: RegimeAnalysis.for_model(model, T),
+        lambda T: AttentionEntropy(L, 4),
+        lambda T: MeanHeadZ.for_model(model),
+        lambda T: ContributionContrast.for_model(model),
+        lambda T: SinkGeometry(L, 4),
+        lambda T: NormCurve(L, 4),
+        lambda T: TokenTypeDecomposition(L, 4),
+        lambda T: TaxonomyAnalysis.for_model(model),
+        lambda T: RegimeAnalysis.for_model(model, T),
         lambda T: SelectionAnalysis.for_model(model, T, n_random=2),
-    ]  # fmt: skip
+    ]
     runs = [(make, True) for make in makers] + [(makers[0], False)]
     gc.collect()
     gc.disable()  # no collection inside a run: the counts depend on references only
@@ -328,7 +373,9 @@ def test_builtin_analyses_hold_as_many_patterns_at_the_last_layer_as_at_the_thir
             shape, counts = (2, 4, T, T), {}
 
             def count(x, site):
-                counts[site.layer()] = len({t.data_ptr() for t in gc.get_objects() if type(t) is torch.Tensor and t.shape == shape})
+                counts[site.layer()] = len(
+                    {t.data_ptr() for t in gc.get_objects() if type(t) is torch.Tensor and t.shape == shape}
+                )
 
             analysis = make(T)
             analysis.layerwise = layerwise
@@ -412,7 +459,9 @@ def test_reading_an_earlier_layer_is_refused_unless_the_analysis_is_cached():
     model = prepare(tiny_family("mistral"))
     tokens = _tokens(3)
     before = _hook_state(model)
-    with pytest.raises(RuntimeError, match=r"'blocks\.0\.attn\.hook_pattern' was read after layer 0.*layerwise = False"):
+    with pytest.raises(
+        RuntimeError, match=r"'blocks\.0\.attn\.hook_pattern' was read after layer 0.*layerwise = False"
+    ):
         run_corpus(model, tokens, [_Backwards()], batch_size=3, progress=False)
     assert _hook_state(model) == before and _analysis_threads() == []
 
@@ -443,7 +492,11 @@ def test_the_streamed_cache_has_the_run_names_and_answers_lookups_at_once():
     run_corpus(model, _tokens(2), [Looks(), AttentionEntropy(2, 4)], batch_size=2, progress=False)
     assert seen == {
         "type": "LayerCache",
-        "keys": ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_v"],  # both analyses' names, by layer
+        "keys": [
+            "blocks.0.attn.hook_pattern",
+            "blocks.1.attn.hook_pattern",
+            "blocks.1.attn.hook_v",
+        ],  # both analyses' names, by layer
         "in": (True, False),
         "missing": None,
         "v": (2, N_POS, 2, 8),

@@ -22,14 +22,48 @@ PACKAGE = Path(__file__).resolve().parent.parent / "geolens"
 # Layers, lowest first: a module may import its own layer and the layers below it, never above.
 # A module's layer is that of its first name under geolens/ (geolens.sinks.drift: "sinks").
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core maths": ("_version", "errors", "layout", "validation", "stats", "files", "streaming", "visibility", "adapter", "geometry", "contributions"),
-    "corpus engine": ("data", "checkpoint", "runner", "distributed", "model_cache", "models", "testing", "hf", "claims"),
+    "core maths": (
+        "_version",
+        "errors",
+        "layout",
+        "validation",
+        "stats",
+        "files",
+        "streaming",
+        "visibility",
+        "adapter",
+        "geometry",
+        "contributions",
+    ),
+    "corpus engine": (
+        "data",
+        "checkpoint",
+        "runner",
+        "distributed",
+        "model_cache",
+        "models",
+        "testing",
+        "hf",
+        "claims",
+    ),
     "topics": (
-        "interventions", "metrics", "sinks", "selection", "taxonomy", "faithfulness", "flow", "flow_erasure", "flow_erasure_summary", "flow_routes",
-        "per_term", "pruning", "multiple_choice", "viz",
+        "interventions",
+        "metrics",
+        "sinks",
+        "selection",
+        "taxonomy",
+        "faithfulness",
+        "flow",
+        "flow_erasure",
+        "flow_erasure_summary",
+        "flow_routes",
+        "per_term",
+        "pruning",
+        "multiple_choice",
+        "viz",
     ),
     "interfaces": ("pipelines", "report", "commands", "run_folder", "cli", "__main__", "__init__"),
-}  # fmt: skip
+}
 
 # Edges allowed to close a cycle or point up the layers while another change reshapes their code,
 # (importer, imported) → the reason; remove an entry when its edge goes (the test fails on an entry
@@ -159,14 +193,17 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_reader_finds_every_kind_of_import_and_the_cycles(tmp_path):
-    package = _write(tmp_path, {
-        "pkg/__init__.py": "from pkg import a\n",
-        "pkg/a.py": "import os\nfrom pkg.sub import b\n",
-        "pkg/sub/__init__.py": "from . import b\n",
-        "pkg/sub/b.py": "def f():\n    from ..c import g  # function level, relative\n",
-        "pkg/c.py": '"""from pkg import a (a docstring, not an import)"""\ndef g():\n    import pkg.a\n',
-        "pkg/d.py": "from pkg.sub.b import f\nfrom pkg.c import g\n",
-    })  # fmt: skip
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg import a\n",
+            "pkg/a.py": "import os\nfrom pkg.sub import b\n",
+            "pkg/sub/__init__.py": "from . import b\n",
+            "pkg/sub/b.py": "def f():\n    from ..c import g  # function level, relative\n",
+            "pkg/c.py": '"""from pkg import a (a docstring, not an import)"""\ndef g():\n    import pkg.a\n',
+            "pkg/d.py": "from pkg.sub.b import f\nfrom pkg.c import g\n",
+        },
+    )
     g = import_graph(package)
     assert g["pkg"] == {"pkg.a"}
     assert g["pkg.a"] == {"pkg.sub.b", "pkg.sub"}  # entering pkg.sub from outside runs its __init__
@@ -219,7 +256,9 @@ def test_imports_run_down_the_layers(graph):
         for b in sorted(targets)
         if layer_of(b) > layer_of(a)
     ]
-    assert not up, "imports that point up the layers (core maths → corpus engine → topics → interfaces):\n" + "\n".join(up)
+    assert not up, "imports that point up the layers (core maths → corpus engine → topics → interfaces):\n" + "\n".join(
+        up
+    )
 
 
 def test_pipelines_do_not_import_the_report(graph):
@@ -243,7 +282,15 @@ def _source_files() -> dict[str, int]:
 
 def test_no_source_file_over_600_lines():
     files = _source_files()
-    long = {rel: n for rel, n in files.items() if n > MAX_LINES and not any(fnmatch.fnmatch(rel, p) for p in LONG_FILES_ALLOWED)}
+    long = {
+        rel: n
+        for rel, n in files.items()
+        if n > MAX_LINES and not any(fnmatch.fnmatch(rel, p) for p in LONG_FILES_ALLOWED)
+    }
     assert not long, f"files over {MAX_LINES} lines (split them by idea): {long}"
-    stale = [p for p in LONG_FILES_ALLOWED if not any(fnmatch.fnmatch(rel, p) and n > MAX_LINES for rel, n in files.items())]
-    assert not stale, f"no file over {MAX_LINES} lines matches these entries any more: remove them from LONG_FILES_ALLOWED: {stale}"
+    stale = [
+        p for p in LONG_FILES_ALLOWED if not any(fnmatch.fnmatch(rel, p) and n > MAX_LINES for rel, n in files.items())
+    ]
+    assert not stale, (
+        f"no file over {MAX_LINES} lines matches these entries any more: remove them from LONG_FILES_ALLOWED: {stale}"
+    )

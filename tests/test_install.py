@@ -11,8 +11,8 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-import geolens
-from geolens import models
+import geolens  # noqa: E402
+from geolens import models  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -54,8 +54,7 @@ class _NoGGUF(importlib.abc.MetaPathFinder):
 def test_import_geolens_works_without_gguf():
     code = (
         "import sys\n"
-        "sys.path.insert(0, %r)\n" % str(Path(__file__).parent)
-        + "from test_install import _NoGGUF\n"
+        "sys.path.insert(0, %r)\n" % str(Path(__file__).parent) + "from test_install import _NoGGUF\n"
         "sys.meta_path.insert(0, _NoGGUF())\n"
         "for m in [m for m in sys.modules if m.startswith('gguf')]: del sys.modules[m]\n"
         "import geolens, geolens.cli, geolens.report.build, geolens.viz\n"

@@ -167,7 +167,9 @@ def document(request):
     model = make_tiny(request.param, n_layers=3)
     tokens = tiny_tokens(model, length=N_POS)[:1]
     protocol = _protocol()
-    unigram = torch.log_softmax(torch.randn(model.cfg.d_vocab, generator=torch.Generator().manual_seed(1), dtype=torch.float64), -1)
+    unigram = torch.log_softmax(
+        torch.randn(model.cfg.d_vocab, generator=torch.Generator().manual_seed(1), dtype=torch.float64), -1
+    )
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
     before = active_hook_count(model)  # transformers keeps hooks of its own after a first forward
@@ -227,7 +229,9 @@ def test_a_masked_condition_equals_a_hand_built_full_forward(document):
             if scores is None:
                 scores = random_scores(tuple(alpha.shape), seed=masking_random_seed(4, layer))
             mask = _naive_masks(scores, terms, k, direction == "comprehensiveness")
-            row = rows[(rows.layer == layer) & (rows.metric == metric) & (rows.direction == direction) & (rows.k == k)].iloc[0]
+            row = rows[
+                (rows.layer == layer) & (rows.metric == metric) & (rows.direction == direction) & (rows.k == k)
+            ].iloc[0]
             assert row.mask_hash == mask_hash(mask)
             assert row.n_removed == int(mask.sum())
             kl, dp, nll = _by_hand(model, tokens, layer, mask.nonzero().tolist(), positions, clean)
@@ -257,20 +261,27 @@ def test_every_metric_ranks_its_reference_scores(document):
             rel_inter, _ = factors(model, cache, layer, "inter")
             c = contributions(model, cache, layer, "inter")[0]
             ref = {
-                "raw_attention": alpha, "value_weighted": alpha * vt_norm[:, None, :],
-                "output_normalized_intra": alpha * rel_intra[0], "output_normalized_inter": alpha * rel_inter[0],
-                "contribution": c, "contribution_abs": c.abs(),
-            }  # fmt: skip
+                "raw_attention": alpha,
+                "value_weighted": alpha * vt_norm[:, None, :],
+                "output_normalized_intra": alpha * rel_intra[0],
+                "output_normalized_inter": alpha * rel_inter[0],
+                "contribution": c,
+                "contribution_abs": c.abs(),
+            }
             for name, r in ref.items():
                 torch.testing.assert_close(scores[name].double()[ok], r[ok], rtol=2e-4, atol=1e-6, msg=name)
         torch.testing.assert_close(scores["value_zeroing"][0], vz_all[n, 0])
-        torch.testing.assert_close(scores["random"], random_scores(tuple(alpha.shape), seed=masking_random_seed(4, layer)))
+        torch.testing.assert_close(
+            scores["random"], random_scores(tuple(alpha.shape), seed=masking_random_seed(4, layer))
+        )
         terms = view.pattern[0] != 0
         for metric in metrics:
             for direction in ("comprehensiveness", "sufficiency"):
                 for k in fractions if n == 1 else (fractions[0], fractions[-1]):
                     mask = _naive_masks(scores[metric], terms, k, direction == "comprehensiveness")
-                    row = rows[(rows.layer == layer) & (rows.metric == metric) & (rows.direction == direction) & (rows.k == k)]
+                    row = rows[
+                        (rows.layer == layer) & (rows.metric == metric) & (rows.direction == direction) & (rows.k == k)
+                    ]
                     assert row.mask_hash.iloc[0] == mask_hash(mask), (metric, direction, k)
 
 
@@ -292,7 +303,16 @@ def test_start_at_layer_equals_recomputing_from_layer_zero(document):
     for layer in sorted(set(rows.layer)):
         terms = get_attention_layer(model, cache, layer).pattern[0] != 0
         masks = torch.stack(query_masks(torch.rand(terms.shape, generator=g), terms, [0.05, 0.2, 0.5]) + [terms])
-        fast = masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions], resid_pre=cache[adapter.resid_pre_hook(layer)], batch_size=3)
+        fast = masked_outcomes(
+            model,
+            tokens,
+            layer,
+            masks,
+            positions,
+            logits[0, positions],
+            resid_pre=cache[adapter.resid_pre_hook(layer)],
+            batch_size=3,
+        )
         slow = masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions], batch_size=2)
         for key in ("kl", "delta_p", "nll"):
             torch.testing.assert_close(fast[key], slow[key], rtol=1e-5, atol=1e-7)
@@ -311,7 +331,9 @@ def test_all_removed_equals_removing_the_attention_output(document):
         def only_bias(out, hook, b_O=b_O):
             return torch.zeros_like(out) + b_O.detach().to(out.dtype)
 
-        kl, dp, nll = _by_hand(model, tokens, layer, [], positions, logits[0, positions], adapter.attn_out_hook(layer), only_bias)
+        kl, dp, nll = _by_hand(
+            model, tokens, layer, [], positions, logits[0, positions], adapter.attn_out_hook(layer), only_bias
+        )
         row = rows[(rows.layer == layer) & (rows.metric == ALL_REMOVED)].iloc[0]
         assert row.kl == pytest.approx(kl, rel=1e-4, abs=1e-7)
         assert row.delta_p == pytest.approx(dp, abs=1e-6)
@@ -326,7 +348,15 @@ def test_a_wrong_clean_reference_raises_and_leaves_no_hook(document):
     masks = torch.ones(1, model.cfg.n_heads, N_POS, N_POS, dtype=torch.bool).tril()
     before = active_hook_count(model)
     with pytest.raises(RuntimeError, match="differs from the clean forward"):
-        masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions] + 1.0, resid_pre=cache[adapter_for(model).resid_pre_hook(layer)])
+        masked_outcomes(
+            model,
+            tokens,
+            layer,
+            masks,
+            positions,
+            logits[0, positions] + 1.0,
+            resid_pre=cache[adapter_for(model).resid_pre_hook(layer)],
+        )
     assert active_hook_count(model) == before
 
 
@@ -398,15 +428,47 @@ def _rows(values, *, all_kl, nll=None, unigram=5.0, hashes=None) -> pd.DataFrame
                 kls = values(d, l, metric, direction)
                 for n, k in enumerate(FRACTIONS):
                     h = hashes(d, l, metric, direction, k) if hashes else f"{metric}-{direction}-{d}-{l}-{k}"
-                    out.append(dict(document=d, layer=l, metric=metric, direction=direction, k=k, kl=kls[n], delta_p=-kls[n] / 10,
-                                    nll=(nll or {}).get((d, l, metric), 3.0), unigram_ce=unigram, mask_hash=h))  # fmt: skip
-        out.append(dict(document=d, layer=l, metric=ALL_REMOVED, direction=ALL_REMOVED, k=1.0, kl=kl_all, delta_p=-kl_all / 10,
-                        nll=(nll or {}).get((d, l, ALL_REMOVED), 3.5), unigram_ce=unigram, mask_hash=f"all-{d}-{l}"))  # fmt: skip
+                    out.append(
+                        dict(
+                            document=d,
+                            layer=l,
+                            metric=metric,
+                            direction=direction,
+                            k=k,
+                            kl=kls[n],
+                            delta_p=-kls[n] / 10,
+                            nll=(nll or {}).get((d, l, metric), 3.0),
+                            unigram_ce=unigram,
+                            mask_hash=h,
+                        )
+                    )
+        out.append(
+            dict(
+                document=d,
+                layer=l,
+                metric=ALL_REMOVED,
+                direction=ALL_REMOVED,
+                k=1.0,
+                kl=kl_all,
+                delta_p=-kl_all / 10,
+                nll=(nll or {}).get((d, l, ALL_REMOVED), 3.5),
+                unigram_ce=unigram,
+                mask_hash=f"all-{d}-{l}",
+            )
+        )
     return pd.DataFrame(out)
 
 
-METRICS = ["raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter", "contribution",
-           "contribution_abs", "value_zeroing", "random"]  # fmt: skip
+METRICS = [
+    "raw_attention",
+    "value_weighted",
+    "output_normalized_intra",
+    "output_normalized_inter",
+    "contribution",
+    "contribution_abs",
+    "value_zeroing",
+    "random",
+]
 
 
 def _kls(d, l, metric, direction):
@@ -422,7 +484,9 @@ def test_naopc_range_and_ceiling_exclusions_by_hand():
     s = masking_summary(rows, _summary_protocol(), n_boot=300, seed=1)
     assert s["range_check"]["n_document_layers_excluded"] == 1 and s["range_check"]["excluded"] == [[1, 2]]
     c = s["ceiling_check"]
-    assert c["n_conditions"] == len(rows) and c["n_off_distribution"] == 10 + 1  # 2 directions × 5 k, and one all-removed
+    assert (
+        c["n_conditions"] == len(rows) and c["n_off_distribution"] == 10 + 1
+    )  # 2 directions × 5 k, and one all-removed
     assert c["share"] == pytest.approx(11 / len(rows))
     assert c["n_document_layers_excluded"] == 2 and sorted(c["excluded"]) == [[2, 0], [3, 1]]
     assert c["n_all_removed_off_distribution"] == 1
@@ -463,9 +527,15 @@ def test_the_document_bootstrap_resamples_whole_documents():
 
     s = masking_summary(_rows(values, all_kl=all_kl), _summary_protocol(), n_boot=500, seed=3)
     raw = next(m for m in s["metrics"] if m["metric"] == "raw_attention" and m["direction"] == "comprehensiveness")
-    assert raw["naopc"] == pytest.approx(1.0) and raw["ci_low"] == pytest.approx(1.0) and raw["ci_high"] == pytest.approx(1.0)
+    assert (
+        raw["naopc"] == pytest.approx(1.0)
+        and raw["ci_low"] == pytest.approx(1.0)
+        and raw["ci_high"] == pytest.approx(1.0)
+    )
     cont = next(m for m in s["metrics"] if m["metric"] == "contribution" and m["direction"] == "sufficiency")
-    per_doc = np.array([np.mean([np.mean(_kls(d, l, "contribution", "sufficiency")) for l in (0, 1)]) for d in range(8)])
+    per_doc = np.array(
+        [np.mean([np.mean(_kls(d, l, "contribution", "sufficiency")) for l in (0, 1)]) for d in range(8)]
+    )
     boot = resample_means(per_doc, cluster_bootstrap_indices(np.arange(8), 500, 3))
     lo, hi = percentile_ci(boot, 0.95)
     assert (cont["ci_low"], cont["ci_high"]) == pytest.approx((float(lo), float(hi)), rel=1e-12)
@@ -476,8 +546,16 @@ def test_pairs_one_holm_family_signed_by_direction_and_not_testable_when_masks_c
 
     def values(d, l, metric, direction):
         base = 0.2 + 0.01 * ((d * 7 + l * 3) % 5)
-        step = {"random": 0.0, "raw_attention": 0.1, "value_weighted": 0.3, "output_normalized_intra": 0.3,
-                "output_normalized_inter": 0.3, "contribution": 0.6, "contribution_abs": 0.5, "value_zeroing": 0.5}[metric]  # fmt: skip
+        step = {
+            "random": 0.0,
+            "raw_attention": 0.1,
+            "value_weighted": 0.3,
+            "output_normalized_intra": 0.3,
+            "output_normalized_inter": 0.3,
+            "contribution": 0.6,
+            "contribution_abs": 0.5,
+            "value_zeroing": 0.5,
+        }[metric]
         return [base + step] * 5  # larger for better metrics: holds under comprehensiveness, reversed under sufficiency
 
     def hashes(d, l, metric, direction, k):
@@ -491,7 +569,21 @@ def test_pairs_one_holm_family_signed_by_direction_and_not_testable_when_masks_c
     formed = [tuple(p) for p in protocol["pairs"] if "grad_x_act" not in p]
     assert [(p["a"], p["b"]) for p in pairs] == formed * 2
     assert [p["direction"] for p in pairs] == ["comprehensiveness"] * len(formed) + ["sufficiency"] * len(formed)
-    keys = ("a", "b", "direction", "estimate", "ci_low", "ci_high", "level", "p", "p_adj", "rank", "verdict", "holm_stopped_at", "rules_differ")
+    keys = (
+        "a",
+        "b",
+        "direction",
+        "estimate",
+        "ci_low",
+        "ci_high",
+        "level",
+        "p",
+        "p_adj",
+        "rank",
+        "verdict",
+        "holm_stopped_at",
+        "rules_differ",
+    )
     for p in pairs:
         assert all(k in p for k in keys)
     vw = [p for p in pairs if (p["a"], p["b"]) == ("value_weighted", "output_normalized_intra")]
@@ -540,13 +632,17 @@ def test_smollm2_start_at_layer_equals_from_layer_zero(smollm2):
     layers = [3, 25]
     wanted = names_filter(model, layers)
     with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: wanted(n) or n in {adapter.resid_pre_hook(l) for l in layers})
+        logits, cache = model.run_with_cache(
+            tokens, names_filter=lambda n: wanted(n) or n in {adapter.resid_pre_hook(l) for l in layers}
+        )
     for layer in layers:
         view = get_attention_layer(model, cache, layer)
         terms = view.pattern[0] != 0
         scores = masking_scores(view, ["contribution"])["contribution"]
         masks = torch.stack(query_masks(scores, terms, [0.02, 0.2]) + [terms])
-        fast = masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions], resid_pre=cache[adapter.resid_pre_hook(layer)])
+        fast = masked_outcomes(
+            model, tokens, layer, masks, positions, logits[0, positions], resid_pre=cache[adapter.resid_pre_hook(layer)]
+        )
         slow = masked_outcomes(model, tokens, layer, masks, positions, logits[0, positions])
         # float32 rounding: the earlier blocks run on a batch of 1 (the cache) or of n rows
         for key in ("kl", "delta_p", "nll"):

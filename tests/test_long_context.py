@@ -33,10 +33,21 @@ def long_model():
         from geolens.testing import tiny_tokenizer
 
         cfg = HookedTransformerConfig(
-            n_layers=1, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=64, n_ctx=LONG, seed=0,
-            n_key_value_heads=2, act_fn="silu", normalization_type="RMS",
-            positional_embedding_type="rotary", rotary_dim=8, gated_mlp=True,
-        )  # fmt: skip
+            n_layers=1,
+            d_model=32,
+            n_heads=4,
+            d_head=8,
+            d_mlp=64,
+            d_vocab=64,
+            n_ctx=LONG,
+            seed=0,
+            n_key_value_heads=2,
+            act_fn="silu",
+            normalization_type="RMS",
+            positional_embedding_type="rotary",
+            rotary_dim=8,
+            gated_mlp=True,
+        )
         return HookedTransformer(cfg, tokenizer=tiny_tokenizer()).eval()
 
 

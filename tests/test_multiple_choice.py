@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import geolens.multiple_choice as mc
-from geolens.faithfulness import Protocol
+from geolens.faithfulness import MaskingConfig
 from geolens.multiple_choice import (
     DEFAULT_TASKS,
     MC_TASKS,
@@ -64,7 +64,10 @@ def test_shipped_tasks_load_without_the_bigbench_package():
 def test_shipped_data_is_small_and_licensed():
     files = [p for p in SHIPPED_BIGBENCH.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) < 5_000_000
-    assert "Apache License" in (SHIPPED_BIGBENCH / "LICENSE").read_text() and "Version 2.0" in (SHIPPED_BIGBENCH / "LICENSE").read_text()
+    assert (
+        "Apache License" in (SHIPPED_BIGBENCH / "LICENSE").read_text()
+        and "Version 2.0" in (SHIPPED_BIGBENCH / "LICENSE").read_text()
+    )
     readme = (SHIPPED_BIGBENCH / "README.md").read_text()
     assert all(t in readme for t in DEFAULT_TASKS) and "Apache" in readme
 
@@ -109,7 +112,9 @@ def test_choice_normalised_scores_prediction_and_margin_equal_naive_loop(tiny):
 
 def test_answer_margin_and_choice_scores_by_hand():
     assert answer_margin([-2.0, -1.0, -4.0], 1) == 1.0 and answer_margin([-2.0, -1.0, -4.0], 0) == -1.0
-    assert choice_scores([-6.0, -2.0], [3, 2], "mean") == [-2.0, -1.0] and choice_scores([-6.0, -2.0], [3, 2], "sum") == [-6.0, -2.0]
+    assert choice_scores([-6.0, -2.0], [3, 2], "mean") == [-2.0, -1.0] and choice_scores(
+        [-6.0, -2.0], [3, 2], "sum"
+    ) == [-6.0, -2.0]
     with pytest.raises(ValueError, match="two choices"):
         answer_margin([-1.0], 0)
     with pytest.raises(ValueError, match="normalize"):
@@ -147,11 +152,16 @@ def test_score_questions_table(tiny_gqa):
         ll = _naive_logliks(model, q)
         assert row.predicted == int(np.argmax(ll)) and row.correct == (row.predicted == q.answer)
         assert row.logprob_correct == pytest.approx(ll[q.answer], rel=1e-5)
-        assert row.logprob_correct_norm == pytest.approx(ll[q.answer] - math.log(sum(math.exp(x) for x in ll)), rel=1e-5)
+        assert row.logprob_correct_norm == pytest.approx(
+            ll[q.answer] - math.log(sum(math.exp(x) for x in ll)), rel=1e-5
+        )
         assert row.chance == pytest.approx(1 / len(q.choices))
     mean = score_questions(model, QUESTIONS, normalize="mean")
     for (_, row), q in zip(mean.iterrows(), QUESTIONS):
-        ll, n = _naive_logliks(model, q), [len(model.tokenizer(" " + c, add_special_tokens=False)["input_ids"]) for c in q.choices]
+        ll, n = (
+            _naive_logliks(model, q),
+            [len(model.tokenizer(" " + c, add_special_tokens=False)["input_ids"]) for c in q.choices],
+        )
         assert row.predicted == int(np.argmax([a / b for a, b in zip(ll, n)]))
     with pytest.raises(ValueError, match="normalize"):
         score_questions(model, QUESTIONS, normalize="median")
@@ -162,8 +172,16 @@ def test_score_questions_table(tiny_gqa):
 def _synthetic(n, p, seed, task="x"):
     rng = np.random.default_rng(seed)
     c = rng.random(n) < p
-    return pd.DataFrame(dict(task=task, qid=np.arange(n), correct=c, logprob_correct=rng.normal(-3, 1, n),
-                             logprob_correct_norm=rng.normal(-1, 0.3, n), chance=0.25))  # fmt: skip
+    return pd.DataFrame(
+        dict(
+            task=task,
+            qid=np.arange(n),
+            correct=c,
+            logprob_correct=rng.normal(-3, 1, n),
+            logprob_correct_norm=rng.normal(-1, 0.3, n),
+            chance=0.25,
+        )
+    )
 
 
 def test_mc_summary_means_and_bootstrap_widths():
@@ -200,7 +218,7 @@ def test_paired_difference_is_paired_and_checks_questions():
 
 def test_masked_per_question_clean_rows_match_the_batched_scorer(tiny_gqa):
     model, _, _ = tiny_gqa
-    protocol = Protocol(layers=(0, 1), fractions=(0.0, 0.5))
+    protocol = MaskingConfig(layers=(0, 1), fractions=(0.0, 0.5))
     per_q = mc_under_masks_per_question(model, QUESTIONS, protocol, ["raw_attention", "random"], progress=False)
     clean = per_q[per_q.metric == "clean"].reset_index(drop=True)
     ref = score_questions(model, QUESTIONS)
@@ -209,6 +227,8 @@ def test_masked_per_question_clean_rows_match_the_batched_scorer(tiny_gqa):
     zero = per_q[(per_q.metric != "clean") & (per_q.fraction == 0.0)]
     for metric in ("raw_attention", "random"):
         for d in zero.direction.unique():
-            z = zero[(zero.metric == metric) & (zero.direction == d)].reset_index(drop=True)  # removing nothing changes nothing
+            z = zero[(zero.metric == metric) & (zero.direction == d)].reset_index(
+                drop=True
+            )  # removing nothing changes nothing
             np.testing.assert_allclose(z.logprob_correct, ref.logprob_correct, rtol=1e-4, atol=1e-4)
     assert len(per_q) == len(QUESTIONS) * (1 + 2 * 2 * 2)

@@ -34,7 +34,7 @@ def _pad(prompts, side: str):
         rows.append(torch.cat([fill, p]) if side == "left" else torch.cat([p, fill]))
         m = torch.zeros(n, dtype=torch.long)
         if side == "left":
-            m[n - len(p):] = 1
+            m[n - len(p) :] = 1
         else:
             m[: len(p)] = 1
         masks.append(m)

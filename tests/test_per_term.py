@@ -60,8 +60,13 @@ def close(a, b, scale):
 
 
 CASES = [  # (layer, query, head, source): the sink, the current token, query 0, the last layer
-    (0, 23, 0, 0), (0, 23, 1, 23), (1, 23, 3, 20), (-1, 10, 2, 0), (1, 0, 1, 0), (0, 5, 3, 2),
-]  # fmt: skip
+    (0, 23, 0, 0),
+    (0, 23, 1, 23),
+    (1, 23, 3, 20),
+    (-1, 10, 2, 0),
+    (1, 0, 1, 0),
+    (0, 5, 3, 2),
+]
 
 
 @pytest.mark.parametrize("layer, query, head, source", CASES)
@@ -90,7 +95,9 @@ def test_source_scope_equals_the_removal_summed_over_heads(text, layer, query):
     with torch.no_grad():
         clean = model(tokens)[0, query]
     for j in (0, query // 2, query):
-        kl, dp = kl_and_delta_p(clean, hand_removed_logits(model, tokens, layer, query, [(h, j) for h in range(model.cfg.n_heads)]))
+        kl, dp = kl_and_delta_p(
+            clean, hand_removed_logits(model, tokens, layer, query, [(h, j) for h in range(model.cfg.n_heads)])
+        )
         close(float(effects.kl[j]), kl, effects.kl.max())
         close(float(effects.delta_p[j]), dp, effects.delta_p.abs().max())
 
@@ -121,7 +128,9 @@ def test_removing_every_term_removes_the_whole_attention_output(text):
 
         with applied(model, [(adapter.attn_out_hook(layer), only_bias)]):
             whole = model(tokens)[0, query]
-        every_term = hand_removed_logits(model, tokens, layer, query, [(h, j) for h in range(model.cfg.n_heads) for j in range(query + 1)])
+        every_term = hand_removed_logits(
+            model, tokens, layer, query, [(h, j) for h in range(model.cfg.n_heads) for j in range(query + 1)]
+        )
     torch.testing.assert_close(fast[0], clean.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast[1], whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(every_term, whole, atol=1e-5, rtol=1e-5)
@@ -153,7 +162,9 @@ def test_fast_path_equals_naive_path_for_every_term(text, scope):
         assert fast.method == "fast" and naive.method == "naive"
         assert torch.equal(fast.ran, naive.ran) and fast.clean_token == naive.clean_token
         torch.testing.assert_close(fast.kl, naive.kl, atol=1e-3 * float(naive.kl.max()) + 1e-10, rtol=0)
-        torch.testing.assert_close(fast.delta_p, naive.delta_p, atol=1e-3 * float(naive.delta_p.abs().max()) + 1e-9, rtol=0)
+        torch.testing.assert_close(
+            fast.delta_p, naive.delta_p, atol=1e-3 * float(naive.delta_p.abs().max()) + 1e-9, rtol=0
+        )
         assert (fast.kl >= -1e-12).all()
 
 

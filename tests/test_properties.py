@@ -92,8 +92,12 @@ def test_chunked_equals_unchunked(s, chunk, mode):
 
 
 @settings(max_examples=100, deadline=None)
-@given(shapes, st.lists(st.integers(0, 11), min_size=3, max_size=3), st.sampled_from(["left", "right"]),
-       st.sampled_from(["intra", "inter"]))
+@given(
+    shapes,
+    st.lists(st.integers(0, 11), min_size=3, max_size=3),
+    st.sampled_from(["left", "right"]),
+    st.sampled_from(["intra", "inter"]),
+)
 def test_padded_equals_unpadded(s, pads, side, mode):
     """Row r keeps the causal prefix of its first n − pads[r] tokens (its own unpadded result is
     the same prefix of the full one) and is padded back to n on the left or right, with garbage α

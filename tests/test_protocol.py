@@ -37,7 +37,11 @@ def test_primary_protocol_is_per_layer_bounded_and_corrected():
     assert p["data"]["n_documents"] >= p["primary"]["min_documents"] >= 100
     stats = p["statistics"]
     assert stats["multiple_comparison"] == "holm" and stats["verdicts"] == ["holds", "reversed", "tie", "not testable"]
-    assert p["sink_controls"]["rotation_seeds"] >= 20 and p["sink_controls"]["n_windows"] >= 100 and p["sink_controls"]["n_documents"] >= 50
+    assert (
+        p["sink_controls"]["rotation_seeds"] >= 20
+        and p["sink_controls"]["n_windows"] >= 100
+        and p["sink_controls"]["n_documents"] >= 50
+    )
 
 
 def test_the_text_states_what_the_twin_says():
@@ -49,10 +53,16 @@ def test_the_text_states_what_the_twin_says():
     assert f"B = {p['statistics']['n_boot']}" in text
     assert "Holm" in text and "not testable" in text
     labels = {
-        "raw_attention": "raw attention", "value_weighted": "value-weighted", "contribution": "contribution (signed)",
-        "contribution_abs": "|contribution|", "value_zeroing": "Value Zeroing", "grad_x_act": "gradient × activation",
-        "random": "random", "output_normalized_intra": "output-normalised", "output_normalized_inter": "output-normalised",
-    }  # fmt: skip
+        "raw_attention": "raw attention",
+        "value_weighted": "value-weighted",
+        "contribution": "contribution (signed)",
+        "contribution_abs": "|contribution|",
+        "value_zeroing": "Value Zeroing",
+        "grad_x_act": "gradient × activation",
+        "random": "random",
+        "output_normalized_intra": "output-normalised",
+        "output_normalized_inter": "output-normalised",
+    }
     for a, b in p["pairs"]:
         assert any(labels[a] in line and labels[b] in line and "→" in line for line in text.splitlines()), (a, b)
     # every metric the twin names exists in the metric registry or is named by the protocol itself

@@ -92,7 +92,9 @@ TEXTS = ("the cat sat on the mat.", "a dog ran far away!!", "one two three")
 def _tiny_inputs(model):
     """The tiny report's windows and configuration (2 corpus windows, 1 held out, 16 tokens)."""
     tokens = tiny_tokens(model, TEXTS, length=16)
-    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
+    config = ReportConfig(
+        model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True
+    )
     return tokens, config
 
 
@@ -158,7 +160,9 @@ def test_report_example_heatmaps_hold_the_prompt_contributions(tiny_report):
     import geolens
 
     section = next(s for s in report.sections if s.key == "contributions")
-    heat = next(f for f in section.figures if getattr(f, "components", None) and f.components[0].name == "AttentionHeads")
+    heat = next(
+        f for f in section.figures if getattr(f, "components", None) and f.components[0].name == "AttentionHeads"
+    )
     prompt = model.to_tokens("the cat sat on the mat", prepend_bos=True)
     _, cache = model.run_with_cache(prompt)
     c = geolens.contribution_weights(model, cache, heat.data["layer"], mode="intra")[0]
@@ -206,7 +210,9 @@ def test_sink_claims_follow_the_sink_numbers(tiny_report):
     [drift_claim] = [c for c in sec["claims"] if "semantic cone" in c["claim"]]
     rows = {r["lambda"]: r for r in sec["numbers"]["drift_summary"]["rows"]}
     assert drift_claim["numbers"]["delta_ppl"] == pytest.approx(rows[0.0]["delta_ppl"])
-    assert drift_claim["criterion_met"] == (rows[0.0]["delta_ppl"] > 0 and rows[0.0]["cos_cone_low_norm"] > rows[1.0]["cos_cone_low_norm"])
+    assert drift_claim["criterion_met"] == (
+        rows[0.0]["delta_ppl"] > 0 and rows[0.0]["cos_cone_low_norm"] > rows[1.0]["cos_cone_low_norm"]
+    )
 
 
 def test_every_claim_carries_its_numbers_and_a_criterion(tiny_report):
@@ -248,8 +254,13 @@ def test_quick_corpus_pass_bar_advances_per_batch(tiny_gqa, capsys):
     quick = ReportConfig.quick_defaults()
     assert n_batches(quick.n_sequences, quick.batch_size) >= 4
     tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!") * 4, length=8)
-    run_corpus(model, tokens[: quick.n_sequences], [NormCurve(model.cfg.n_layers, model.cfg.n_heads)],
-               batch_size=quick.batch_size, desc="corpus pass")  # fmt: skip
+    run_corpus(
+        model,
+        tokens[: quick.n_sequences],
+        [NormCurve(model.cfg.n_layers, model.cfg.n_heads)],
+        batch_size=quick.batch_size,
+        desc="corpus pass",
+    )
     err = capsys.readouterr().err
     steps = {int(m) for m in re.findall(r"corpus pass:.*?\| *(\d+)/4", err)}
     assert {1, 2, 3, 4} <= steps, err[-500:]
@@ -273,24 +284,44 @@ def test_every_verdict_shows_its_sample_size(tiny_report):
     data = json.loads(paths["json"].read_text())
     for c in data["claims"]:
         sample = c["numbers"]["sample"]
-        assert sample["n_windows"] >= 1 and sample["low_power"] == (sample["n_windows"] < sample["minimum"] or sample["n_seeds"] == 1
-                                                                     or "exploratory run" in sample["low_power_reason"])  # fmt: skip
+        assert sample["n_windows"] >= 1 and sample["low_power"] == (
+            sample["n_windows"] < sample["minimum"]
+            or sample["n_seeds"] == 1
+            or "exploratory run" in sample["low_power_reason"]
+        )
         assert "[n = " not in c["measured"]  # the sample goes with the verdict, not into the measurement
         if c["decision"] != "descriptive":
             assert c["verdict"] == f"{c['decision']} (n = {sample['n_windows']} {sample['windows']}" + (
-                f", {sample['n_seeds']} seed{'s' if sample['n_seeds'] != 1 else ''})" if sample["n_seeds"] is not None else ")")
+                f", {sample['n_seeds']} seed{'s' if sample['n_seeds'] != 1 else ''})"
+                if sample["n_seeds"] is not None
+                else ")"
+            )
         superseded = "protocol 1" in c["claim"]  # the all-layer curves, on the held-out windows
         if c["section"] == "pruning" or superseded:
             assert sample["windows"] == "held-out windows" and sample["n_windows"] == 1
         elif c["section"] == "faithfulness":  # the per-term endpoint, on the corpus windows
-            assert sample == {"n_windows": 2, "windows": "corpus windows", "n_seeds": None, "minimum": 100, "low_power": True,
-                              "low_power_reason": "2 < 100 corpus windows"}  # fmt: skip
+            assert sample == {
+                "n_windows": 2,
+                "windows": "corpus windows",
+                "n_seeds": None,
+                "minimum": 100,
+                "low_power": True,
+                "low_power_reason": "2 < 100 corpus windows",
+            }
         elif c["section"] == "flow":  # windows with a prediction in range; an exploratory run of the erasure protocol
             assert sample["windows"] == "corpus windows" and sample["minimum"] == 100 and sample["n_windows"] <= 2
-            assert sample["low_power"] and sample["low_power_reason"].endswith("exploratory run: settings differ from the protocol")
+            assert sample["low_power"] and sample["low_power_reason"].endswith(
+                "exploratory run: settings differ from the protocol"
+            )
         elif "semantic cone" not in c["claim"]:
-            assert sample == {"n_windows": 2, "windows": "corpus windows", "n_seeds": None, "minimum": 20, "low_power": True,
-                              "low_power_reason": "2 < 20 corpus windows"}  # fmt: skip
+            assert sample == {
+                "n_windows": 2,
+                "windows": "corpus windows",
+                "n_seeds": None,
+                "minimum": 20,
+                "low_power": True,
+                "low_power_reason": "2 < 20 corpus windows",
+            }
         if superseded:  # the faithfulness protocol's minimum (docs/faithfulness/protocol.json)
             assert sample["minimum"] == 100 and sample["low_power_reason"] == "1 < 100 held-out windows"
         if c["section"] == "pruning":
@@ -318,7 +349,9 @@ def test_no_verdict_without_a_confidence_interval_in_the_page(tiny_report):
     assert len(cells) == len(report.claims) and cells
     assert not [c for c in cells if VERDICT.search(c)], cells
     indicative = [c for c in cells if c.startswith("indicative (n = ")]
-    assert "indicative (n = 2 corpus windows)" in cells and len(indicative) == sum(c.holds is not None or c.ci for c in report.claims)
+    assert "indicative (n = 2 corpus windows)" in cells and len(indicative) == sum(
+        c.holds is not None or c.ci for c in report.claims
+    )
     assert {c for c in cells if not c.startswith("indicative (n = ")} <= {"descriptive"}
 
 
@@ -329,16 +362,47 @@ def test_a_claim_decided_by_intervals_on_enough_windows_reads_its_verdict(tiny_r
 
     _, report, _ = tiny_report
     claims = [
-        Claim("A is above B", "paper A §3.1", "Δ = +0.3 [+0.1, +0.5]", True, "95% CI above 0", {"sample": sample_size(64)}, ci=True),
-        Claim("C is above D", "paper A §3.1", "Δ = −0.2 [−0.4, +0.1]", False, "95% CI above 0", {"sample": sample_size(64)}, ci=True),
+        Claim(
+            "A is above B",
+            "paper A §3.1",
+            "Δ = +0.3 [+0.1, +0.5]",
+            True,
+            "95% CI above 0",
+            {"sample": sample_size(64)},
+            ci=True,
+        ),
+        Claim(
+            "C is above D",
+            "paper A §3.1",
+            "Δ = −0.2 [−0.4, +0.1]",
+            False,
+            "95% CI above 0",
+            {"sample": sample_size(64)},
+            ci=True,
+        ),
         Claim("E is above F", "paper A §3.1", "Δ = +0.3", True, "Δ > 0", {"sample": sample_size(64)}),  # no CI
-        Claim("G is above H", "paper A §3.1", "Δ = +0.3 [+0.1, +0.5]", True, "95% CI above 0", {"sample": sample_size(19)}, ci=True),
+        Claim(
+            "G is above H",
+            "paper A §3.1",
+            "Δ = +0.3 [+0.1, +0.5]",
+            True,
+            "95% CI above 0",
+            {"sample": sample_size(19)},
+            ci=True,
+        ),
     ]
     page = render_html(Report([Section("s", "S", "intro", claims=claims)], dict(report.params), dict(report.versions)))
-    assert _verdict_cells(page) == ["holds (n = 64 corpus windows)", "does not hold (n = 64 corpus windows)",
-                                    "indicative (n = 64 corpus windows)", "indicative (n = 19 corpus windows)"]  # fmt: skip
+    assert _verdict_cells(page) == [
+        "holds (n = 64 corpus windows)",
+        "does not hold (n = 64 corpus windows)",
+        "indicative (n = 64 corpus windows)",
+        "indicative (n = 19 corpus windows)",
+    ]
     assert '<span class="holds">holds (n = 64' in page and '<span class="fails">does not hold (n = 64' in page
-    assert 'title="no confidence interval">indicative (n = 64' in page and 'title="below the minimum sample: 19 &lt; 20 corpus windows"' in page
+    assert (
+        'title="no confidence interval">indicative (n = 64' in page
+        and 'title="below the minimum sample: 19 &lt; 20 corpus windows"' in page
+    )
 
 
 def test_quick_report_command_prints_no_verdict_without_a_ci(tmp_path, capsys):
@@ -347,9 +411,26 @@ def test_quick_report_command_prints_no_verdict_without_a_ci(tmp_path, capsys):
     from geolens.cli import main
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"The cat number {i} sat on the mat and looked at the dog far away." * 3 for i in range(6)), encoding="utf-8")
+    corpus.write_text(
+        "\n\n".join(f"The cat number {i} sat on the mat and looked at the dog far away." * 3 for i in range(6)),
+        encoding="utf-8",
+    )
     out = tmp_path / "out"
-    args = ["report", "--quick", "--model", "tiny-gqa", "--corpus", str(corpus), "--n-sequences", "3", "--seq-len", "24", "--no-progress", "--out", str(out)]
+    args = [
+        "report",
+        "--quick",
+        "--model",
+        "tiny-gqa",
+        "--corpus",
+        str(corpus),
+        "--n-sequences",
+        "3",
+        "--seq-len",
+        "24",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out.split("paper claim → measured", 1)[1]
     lines = [line.strip() for line in printed.splitlines() if line.startswith("  [")]
@@ -362,7 +443,9 @@ def test_quick_report_command_prints_no_verdict_without_a_ci(tmp_path, capsys):
     # the contribution-flow claims and the per-term endpoint's claims, decided by intervals, read indicative with their n
     flow = [line for line in lines if "Contribution flow attributes" in line]
     per_term = [line for line in lines if "measured effect" in line]
-    assert flow and len(per_term) == 2 and all(line.startswith("[indicative (n = ") for line in flow + per_term), flow + per_term
+    assert flow and len(per_term) == 2 and all(line.startswith("[indicative (n = ") for line in flow + per_term), (
+        flow + per_term
+    )
     cells = _verdict_cells((out / "report.html").read_text(encoding="utf-8"))
     assert [f"[{c}]" for c in cells] == verdicts
 
@@ -388,13 +471,17 @@ def test_flow_section_shows_the_pipelines_own_numbers(tiny_report):
     sec = _section(report, "flow")
     ctx = _context(model)
     params = section_module.params(ctx)
-    assert params.erasure.positions == (15,) and params.erasure.replacements == ("space",)  # the quick size on 16-token windows
+    assert params.erasure.positions == (15,) and params.erasure.replacements == (
+        "space",
+    )  # the quick size on 16-token windows
     assert not set(section_module.QUICK_LEFT_OUT) & set(params.erasure.methods)
     run = run_flow(model, ctx.tokens[: section_module.n_windows(ctx)], params, progress=False)
     assert sec.params["n_windows"] == ctx.tokens.shape[0] == run.summary["n_documents"] == 2
     for name in ("naopc", "pairs", "curves"):
         pd.testing.assert_frame_equal(sec.numbers[name], run.tables[name])
-    assert [(c.claim, c.measured, c.verdict) for c in sec.claims] == [(c.claim, c.measured, c.verdict) for c in run.claims(windows="corpus windows")]
+    assert [(c.claim, c.measured, c.verdict) for c in sec.claims] == [
+        (c.claim, c.measured, c.verdict) for c in run.claims(windows="corpus windows")
+    ]
     # the prompt's last prediction, by each listed method
     prompt = model.to_tokens(ctx.config.prompt, prepend_bos=True)
     _, cache = model.run_with_cache(prompt, names_filter=flow_names_filter(model))
@@ -413,17 +500,24 @@ def test_flow_section_in_report_json_and_page(tiny_report):
     data = json.loads(paths["json"].read_text())
     flow = data["sections"]["flow"]
     assert {"prompt", "erasure", "naopc", "pairs", "curves", "sample"} <= set(flow["numbers"])
-    assert {"families", "range_check", "n_documents", "n_predictions", "most_faithful"} <= set(flow["numbers"]["erasure"])
+    assert {"families", "range_check", "n_documents", "n_predictions", "most_faithful"} <= set(
+        flow["numbers"]["erasure"]
+    )
     assert flow["params"]["status"] == "exploratory" and flow["params"]["erasure"]["positions"] == [15]
-    assert any(f["kind"] == "HTMLView" and f["data"]["position"] == flow["numbers"]["prompt"]["position"] for f in flow["figures"])
+    assert any(
+        f["kind"] == "HTMLView" and f["data"]["position"] == flow["numbers"]["prompt"]["position"]
+        for f in flow["figures"]
+    )
     page = paths["html"].read_text(encoding="utf-8")
     assert '<section id="flow">' in page and page.count('class="gl-flow-node') >= 1  # the routes view, embedded
     # the sample is stated, and no table verdict is shown without the protocol's sample
     sample = flow["numbers"]["sample"]
     assert f"n = {sample['n_windows']} corpus windows" in flow["claims"][0]["verdict"]
     [pairs] = [rows for caption, rows in flow["tables"].items() if caption.startswith("paired differences")]
-    assert pairs["rows"] and all(r["verdict"] == f"indicative (n = {sample['n_windows']} corpus windows)" or r["verdict"] == "not testable"
-                                 for r in pairs["rows"])  # fmt: skip
+    assert pairs["rows"] and all(
+        r["verdict"] == f"indicative (n = {sample['n_windows']} corpus windows)" or r["verdict"] == "not testable"
+        for r in pairs["rows"]
+    )
 
 
 def test_faithfulness_section_per_term_numbers_are_the_pipelines_own(tiny_report):
@@ -445,7 +539,10 @@ def test_faithfulness_section_per_term_numbers_are_the_pipelines_own(tiny_report
     run = run_per_term(model, section_module.per_term_windows(ctx), params, progress=False)
     summary = sec.numbers["per_term"]
     assert json.dumps(summary, sort_keys=True, default=str) == json.dumps(run.summary, sort_keys=True, default=str)
-    parts = [ground_truth_document(model, ctx.tokens[d : d + 1], d, n_positions=1, queries=(8, 14)) for d in range(ctx.tokens.shape[0])]
+    parts = [
+        ground_truth_document(model, ctx.tokens[d : d + 1], d, n_positions=1, queries=(8, 14))
+        for d in range(ctx.tokens.shape[0])
+    ]
     rows = pd.concat([r for r, _ in parts], ignore_index=True)
     positions = pd.concat([p for _, p in parts], ignore_index=True)
     expected = ground_truth_summary(rows, PER_TERM_PAIRS, n_boot=params.n_boot, seed=params.seed, alpha=params.alpha)
@@ -458,12 +555,25 @@ def test_faithfulness_section_per_term_numbers_are_the_pipelines_own(tiny_report
     # report.json: the endpoint's numbers, and its tables with verdicts under the claims rule
     data = json.loads(paths["json"].read_text())["sections"]["faithfulness"]
     assert {"per_term", "per_term_sample", "curves", "auc", "pairs", "range_check"} <= set(data["numbers"])
-    assert data["numbers"]["per_term_sample"]["minimum"] == 100 and data["params"]["per_term"]["n_positions_per_document"] == 1
-    [table] = [rows for caption, rows in data["tables"].items() if caption.startswith("per-term endpoint: pre-registered pairs")]
-    assert table["rows"] and all(r["verdict"] in ("indicative (n = 2 corpus windows)", "not testable") for r in table["rows"])
-    [means] = [rows for caption, rows in data["tables"].items() if caption.startswith("per-term endpoint: mean Spearman")]
+    assert (
+        data["numbers"]["per_term_sample"]["minimum"] == 100
+        and data["params"]["per_term"]["n_positions_per_document"] == 1
+    )
+    [table] = [
+        rows
+        for caption, rows in data["tables"].items()
+        if caption.startswith("per-term endpoint: pre-registered pairs")
+    ]
+    assert table["rows"] and all(
+        r["verdict"] in ("indicative (n = 2 corpus windows)", "not testable") for r in table["rows"]
+    )
+    [means] = [
+        rows for caption, rows in data["tables"].items() if caption.startswith("per-term endpoint: mean Spearman")
+    ]
     kl = [m for m in summary["metrics"] if m["outcome"] == "kl"]
-    assert [(r["scope"], r["metric"], r["spearman"]) for r in means["rows"]] == [(m["scope"], m["metric"], pytest.approx(m["spearman"])) for m in kl]
+    assert [(r["scope"], r["metric"], r["spearman"]) for r in means["rows"]] == [
+        (m["scope"], m["metric"], pytest.approx(m["spearman"])) for m in kl
+    ]
     # protocol 1's curves stay, labelled as the superseded secondary protocol
     assert all("superseded" in caption for caption in data["tables"] if "AUC" in caption or "area under" in caption)
     assert "superseded" in data["figures"][0]["title"]
@@ -478,13 +588,22 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
     from geolens.report.sections import flow
 
     config = ReportConfig.quick_defaults()
-    ctx = SimpleNamespace(tokens=torch.zeros(config.n_sequences, config.seq_len, dtype=torch.long), config=config)  # the corpus windows
+    ctx = SimpleNamespace(
+        tokens=torch.zeros(config.n_sequences, config.seq_len, dtype=torch.long), config=config
+    )  # the corpus windows
     p = flow.params(ctx)
     assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 8
     full = flow.params(SimpleNamespace(tokens=ctx.tokens, config=ReportConfig()))
-    assert full.erasure.positions == (15, 31, 63) and set(full.erasure.methods) >= {"integrated_gradients", "value_zeroing_rollout"}
+    assert full.erasure.positions == (15, 31, 63) and set(full.erasure.methods) >= {
+        "integrated_gradients",
+        "value_zeroing_rollout",
+    }
     many = SimpleNamespace(tokens=torch.zeros(63, 128, dtype=torch.long), config=ReportConfig())
-    assert flow.n_windows(many) == 16 and flow.params(many).erasure.positions == (15, 31, 63) and faith.per_term_windows(many).shape[0] == 32
+    assert (
+        flow.n_windows(many) == 16
+        and flow.params(many).erasure.positions == (15, 31, 63)
+        and faith.per_term_windows(many).shape[0] == 32
+    )
     assert faith.per_term_params(ctx).n_positions == 1 and faith.per_term_windows(ctx).shape[0] == 8
     assert faith.per_term_params(ctx).query_range(config.seq_len) == (8, 62)
 

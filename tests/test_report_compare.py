@@ -32,8 +32,25 @@ def two_models(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compare")
     corpus = write_corpus(tmp / "corpus.txt")
     out = tmp / "out"
-    args = ["report", "--model", MODELS[0], "--model", MODELS[1], "--corpus", corpus, "--quick", "--no-progress",
-            "--sections", "sinks,taxonomy,selection", "--n-sequences", "3", "--seq-len", "24", "--out", str(out)]  # fmt: skip
+    args = [
+        "report",
+        "--model",
+        MODELS[0],
+        "--model",
+        MODELS[1],
+        "--corpus",
+        corpus,
+        "--quick",
+        "--no-progress",
+        "--sections",
+        "sinks,taxonomy,selection",
+        "--n-sequences",
+        "3",
+        "--seq-len",
+        "24",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     return out
 
@@ -58,8 +75,14 @@ def test_one_claim_table_with_a_column_per_model(two_models):
                 continue
             assert got["measured"] == c["measured"] and got["verdict"] == c["verdict"] and got["holds"] == c["holds"]
             assert (got["decision"], got["why"]) == (c["decision"], c["why"])
-            assert got["sample"] == c["numbers"]["sample"] and got["sample"]["n_windows"] == 3 or "semantic cone" in row["claim"]
-        assert row["agree"] == (len({row["models"][m]["decision"] for m in MODELS if row["models"][m]}) == 1 and all(row["models"].values()))
+            assert (
+                got["sample"] == c["numbers"]["sample"]
+                and got["sample"]["n_windows"] == 3
+                or "semantic cone" in row["claim"]
+            )
+        assert row["agree"] == (
+            len({row["models"][m]["decision"] for m in MODELS if row["models"][m]}) == 1 and all(row["models"].values())
+        )
 
 
 def test_figures_share_their_axes(two_models):
@@ -69,7 +92,7 @@ def test_figures_share_their_axes(two_models):
     report = json.loads((two_models / "tiny-gemma" / "report.json").read_text())
     rows = report["sections"]["sinks"]["numbers"]["geometry_heads"]["rows"]
     for m in MODELS:
-        depth, mean = sink["series"][m]["relative_depth"], sink["series"][m]["mean"]
+        depth = sink["series"][m]["relative_depth"]
         assert depth[0] == 0 and depth[-1] == 1  # 2 layers → relative depths 0 and 1
     # the Gemma curve is the mean over heads of its own report's per-head sink rate
     for l in (0, 1):
@@ -80,8 +103,19 @@ def test_figures_share_their_axes(two_models):
     dist = report["sections"]["taxonomy"]["numbers"]["distribution"]
     assert tax["shares"]["tiny-gemma"]["Reset"] == pytest.approx(dist["Reset"])
     sel = next(v for k, v in figs.items() if k.startswith("Selection"))
-    comp = sorted((r for r in report["sections"]["selection"]["numbers"]["comparison"]["rows"] if r["condition"] == sel["condition"]), key=lambda r: r["N"])
-    assert comp and sel["series"]["tiny-gemma"] == {"N": [r["N"] for r in comp], "top": [r["top"] for r in comp], "random": [r["random"] for r in comp]}
+    comp = sorted(
+        (
+            r
+            for r in report["sections"]["selection"]["numbers"]["comparison"]["rows"]
+            if r["condition"] == sel["condition"]
+        ),
+        key=lambda r: r["N"],
+    )
+    assert comp and sel["series"]["tiny-gemma"] == {
+        "N": [r["N"] for r in comp],
+        "top": [r["top"] for r in comp],
+        "random": [r["random"] for r in comp],
+    }
 
 
 def test_page_is_self_contained_and_reads_no_verdict_without_a_ci(two_models):
@@ -107,7 +141,10 @@ def test_compare_saved_runs_gives_the_same_table(two_models, tmp_path, capsys):
     a, b = two_models / "tiny-gqa" / "report.json", two_models / "tiny-gemma"  # a file or a run folder
     assert main(["report", "--compare", str(a), str(b), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "tiny-gqa | tiny-gemma" in out and "indicative (n = 3 corpus windows) | indicative (n = 3 corpus windows)" in out
+    assert (
+        "tiny-gqa | tiny-gemma" in out
+        and "indicative (n = 3 corpus windows) | indicative (n = 3 corpus windows)" in out
+    )
     assert not re.search(r"\bholds\b|does not hold|low power", out.split("per model", 1)[1].split("wrote", 1)[0])
     again = json.loads((tmp_path / "compare.json").read_text())
     first = json.loads((two_models / "compare.json").read_text())
@@ -125,7 +162,11 @@ def test_bad_comparisons_are_refused(two_models, tmp_path, capsys):
     one = str(two_models / "tiny-gqa" / "report.json")
     _usage_error(capsys, ["report", "--compare", one, "--out", str(tmp_path)], "at least two")
     _usage_error(capsys, ["report", "--compare", one, one, "--model", "tiny-gqa", "--out", str(tmp_path)], "not both")
-    _usage_error(capsys, ["report", "--compare", one, str(tmp_path / "missing.json"), "--out", str(tmp_path)], "no such report.json")
+    _usage_error(
+        capsys,
+        ["report", "--compare", one, str(tmp_path / "missing.json"), "--out", str(tmp_path)],
+        "no such report.json",
+    )
     with pytest.raises(FileNotFoundError, match="no report.json"):
         load_report(tmp_path / "nothing")
     (tmp_path / "x.json").write_text('{"a": 1}')
@@ -176,17 +217,32 @@ def test_the_verdict_rule_is_applied_to_every_run(two_models):
     [top_a] = [c for c in a["claims"] if c["claim"].startswith("Top-N sets")]
     [top_b] = [c for c in b["claims"] if c["claim"].startswith("Top-N sets")]
     assert top_a["ci"] and top_a["decision"] == "indicative"  # decided by CIs, but on 3 windows
-    top_a["numbers"]["sample"] = {**top_a["numbers"]["sample"], "n_windows": 64, "low_power": False, "low_power_reason": ""}
+    top_a["numbers"]["sample"] = {
+        **top_a["numbers"]["sample"],
+        "n_windows": 64,
+        "low_power": False,
+        "low_power_reason": "",
+    }
     top_a["criterion_met"] = True
-    old = {k: top_b[k] for k in ("claim", "source", "measured", "criterion", "section")}  # the old format: no ci, no criterion_met
-    old.update(holds=True, verdict="holds", measured=top_b["measured"] + " [n = 64 corpus windows]",
-               numbers={"sample": {"n_windows": 64, "windows": "corpus windows", "n_seeds": None, "low_power": False}})
+    old = {
+        k: top_b[k] for k in ("claim", "source", "measured", "criterion", "section")
+    }  # the old format: no ci, no criterion_met
+    old.update(
+        holds=True,
+        verdict="holds",
+        measured=top_b["measured"] + " [n = 64 corpus windows]",
+        numbers={"sample": {"n_windows": 64, "windows": "corpus windows", "n_seeds": None, "low_power": False}},
+    )
     b["claims"] = [old if c is top_b else c for c in b["claims"]]
     cmp = compare_reports([a, b])
     [row] = [r for r in cmp["data"]["claims"] if r["claim"].startswith("Top-N sets")]
     ma, mb = row["models"]["tiny-gqa"], row["models"]["tiny-gemma"]
     assert (ma["verdict"], ma["holds"]) == ("holds (n = 64 corpus windows)", True)
-    assert (mb["verdict"], mb["holds"], mb["why"]) == ("indicative (n = 64 corpus windows)", None, "no confidence interval")
+    assert (mb["verdict"], mb["holds"], mb["why"]) == (
+        "indicative (n = 64 corpus windows)",
+        None,
+        "no confidence interval",
+    )
     assert mb["measured"] == top_b["measured"] and not row["agree"]
     page = render_compare_html(cmp)
     assert page.count('<span class="holds">holds (n = 64 corpus windows)</span>') == 1

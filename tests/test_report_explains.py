@@ -70,7 +70,9 @@ def report_files(tmp_path_factory):
 
     model = make_tiny("gqa")
     tokens = tiny_tokens(model, ("the cat sat on the mat.", "a dog ran far away!!", "one two three"), length=16)
-    config = ReportConfig(model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True)
+    config = ReportConfig(
+        model="tiny-gqa", corpus="tiny", batch_size=2, n_heldout=1, prompt="the cat sat on the mat", quick=True
+    )
     report = build_report(model, tokens, config, progress=False)
     paths = write_report(report, tmp_path_factory.mktemp("explains"))
     return report, paths["html"].read_text(encoding="utf-8"), json.loads(paths["json"].read_text())
@@ -84,10 +86,21 @@ def test_no_table_header_is_a_raw_identifier(report_files):
     assert not raw, f"raw column names shown as headers: {raw}"
     # metric and quantity names in the cells read as labels too
     cells = re.findall(r"<td>([^<]*)</td>", page.split("</head>", 1)[1])
-    assert "raw attention α" in cells and "Δ log-prob" in cells and "gradient × activation" in cells  # a per-term metric
-    assert not {"raw_attention", "delta_logprob", "delta_ppl", "random_0", "output_normalized_intra", "grad_x_act"} & set(cells)
+    assert (
+        "raw attention α" in cells and "Δ log-prob" in cells and "gradient × activation" in cells
+    )  # a per-term metric
+    assert not {
+        "raw_attention",
+        "delta_logprob",
+        "delta_ppl",
+        "random_0",
+        "output_normalized_intra",
+        "grad_x_act",
+    } & set(cells)
     assert "contribution flow" in cells and "attention rollout" in cells  # the flow methods by name
-    assert not {c for c in cells if IDENTIFIER.match(c.strip())}, sorted({c for c in cells if IDENTIFIER.match(c.strip())})
+    assert not {c for c in cells if IDENTIFIER.match(c.strip())}, sorted(
+        {c for c in cells if IDENTIFIER.match(c.strip())}
+    )
 
 
 def test_every_table_has_a_legend_line(report_files):
@@ -153,7 +166,10 @@ def test_json_keeps_the_machine_source_and_carries_the_citation(report_files):
 def test_cite_text_replaces_every_nickname_form():
     assert cite_text("paper A §2.2–3.1") == "Cunningham & Muça Cirone 2026 §2.2–3.1"
     assert cite_text("papers A §3.2 and B") == "Cunningham & Muça Cirone 2026 §3.2 and Mudarisov et al. 2026"
-    assert cite_text("French summary of paper B (docs/method.md §5; unverified)") == "French summary of Mudarisov et al. 2026 (docs/method.md §5; unverified)"
+    assert (
+        cite_text("French summary of paper B (docs/method.md §5; unverified)")
+        == "French summary of Mudarisov et al. 2026 (docs/method.md §5; unverified)"
+    )
     assert cite_text("Paper A's claim") == "Cunningham & Muça Cirone 2026's claim"
     assert cite_text("none given by the paper") == "none given by the paper"
     assert [r.key for r in references_of("papers A §3.2 and B")] == [PAPER_A.key, PAPER_B.key]
@@ -166,7 +182,9 @@ def test_cite_text_replaces_every_nickname_form():
 def test_contribution_heatmap_caption_matches_its_colour_scale(report_files):
     report, _, _ = report_files
     section = next(s for s in report.sections if s.key == "contributions")
-    heat = next(f for f in section.figures if getattr(f, "components", None) and f.components[0].name == "AttentionHeads")
+    heat = next(
+        f for f in section.figures if getattr(f, "components", None) and f.components[0].name == "AttentionHeads"
+    )
     contrib = heat.components[1]
     scale = heat.data["contribution_scale"]
     assert contrib.props["minValue"] == scale["min"] and contrib.props["maxValue"] == scale["max"]
@@ -192,9 +210,19 @@ def test_faithfulness_legend_is_outside_the_panels_and_ticks_do_not_overlap():
     from geolens.faithfulness import FRACTIONS
     from geolens.viz.faithfulness import faithfulness_curves_plot
 
-    rows = [dict(metric=m, direction=d, fraction=k, delta_logprob=-(i + 1) * k, delta_logprob_lo=-(i + 1) * k - 0.1, delta_logprob_hi=-(i + 1) * k + 0.1)
-            for i, m in enumerate(["raw_attention", "value_weighted", "contribution", "random"]) for d in ("comprehensiveness", "sufficiency")
-            for k in FRACTIONS]  # fmt: skip
+    rows = [
+        dict(
+            metric=m,
+            direction=d,
+            fraction=k,
+            delta_logprob=-(i + 1) * k,
+            delta_logprob_lo=-(i + 1) * k - 0.1,
+            delta_logprob_hi=-(i + 1) * k + 0.1,
+        )
+        for i, m in enumerate(["raw_attention", "value_weighted", "contribution", "random"])
+        for d in ("comprehensiveness", "sufficiency")
+        for k in FRACTIONS
+    ]
     view = faithfulness_curves_plot(pd.DataFrame(rows), "delta_logprob")
     r = _renderer(view.figure)
     legend = view.figure.axes[0].get_legend()
@@ -212,8 +240,13 @@ def test_faithfulness_legend_is_outside_the_panels_and_ticks_do_not_overlap():
 def test_pruning_axis_fits_the_data_and_the_legend_is_outside():
     from geolens.viz.faithfulness import pruning_curves_plot
 
-    pr = pd.DataFrame([dict(order=o, retention=r, delta_ppl=(1.05 - r) * s) for o, s in (("regime", 500), ("weight", 800), ("random_0", 600), ("random_1", 650))
-                       for r in (0.9, 0.7, 0.5, 0.3, 0.1)])  # fmt: skip
+    pr = pd.DataFrame(
+        [
+            dict(order=o, retention=r, delta_ppl=(1.05 - r) * s)
+            for o, s in (("regime", 500), ("weight", 800), ("random_0", 600), ("random_1", 650))
+            for r in (0.9, 0.7, 0.5, 0.3, 0.1)
+        ]
+    )
     view = pruning_curves_plot(pr)
     ax = view.figure.axes[0]
     lo, hi = ax.get_ylim()
@@ -222,7 +255,9 @@ def test_pruning_axis_fits_the_data_and_the_legend_is_outside():
     r = _renderer(view.figure)
     assert not _overlaps(ax.get_legend().get_window_extent(r), ax.get_window_extent(r))
     view.close()
-    mixed = pruning_curves_plot(pd.DataFrame([dict(order="regime", retention=r, delta_ppl=v) for r, v in ((0.9, -0.2), (0.5, 3.0))]))
+    mixed = pruning_curves_plot(
+        pd.DataFrame([dict(order="regime", retention=r, delta_ppl=v) for r, v in ((0.9, -0.2), (0.5, 3.0))])
+    )
     lo, hi = mixed.figure.axes[0].get_ylim()
     assert mixed.figure.axes[0].get_yscale() == "linear" and lo < -0.2 and hi > 3.0
     mixed.close()
@@ -237,12 +272,29 @@ def test_the_two_random_selection_curves_are_drawn_apart():
             for n, base in zip((1, 2, 4, 8), (1.0, 0.5, 0.3, 0.2)):
                 v = base if kind == "random" else min(1.0, base + 0.2)
                 v += 0.002 if (kind, sink) == ("random", "exclude") else 0.0
-                rows.append(dict(metric="f", space="value", by="attention", distance="cosine", kind=kind, sink=sink, N=n, mean=v, lo=v - 0.01, hi=v + 0.01))
+                rows.append(
+                    dict(
+                        metric="f",
+                        space="value",
+                        by="attention",
+                        distance="cosine",
+                        kind=kind,
+                        sink=sink,
+                        N=n,
+                        mean=v,
+                        lo=v - 0.01,
+                        hi=v + 0.01,
+                    )
+                )
     view = f_vs_n_plot(pd.DataFrame(rows))
     ax = view.figure.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}
     keep, excl = lines["random N-set, sink kept"], lines["random N-set, sink excluded"]
-    assert (keep.get_linestyle(), keep.get_marker(), keep.get_linewidth()) != (excl.get_linestyle(), excl.get_marker(), excl.get_linewidth())
+    assert (keep.get_linestyle(), keep.get_marker(), keep.get_linewidth()) != (
+        excl.get_linestyle(),
+        excl.get_marker(),
+        excl.get_linewidth(),
+    )
     assert keep.get_marker() != excl.get_marker() and keep.get_linewidth() > 2 * excl.get_linewidth()
     assert view.data["random_coincide"]["cosine"] == pytest.approx(0.002)
     assert any("same random rankings" in t.get_text() for t in view.figure.texts)

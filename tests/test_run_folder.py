@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,9 @@ def run_cli(argv, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     progress = ("it/s]", "s/it]", "%|")  # tqdm bars share stderr
-    return rc, [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not any(p in line for p in progress)]
+    return rc, [
+        line for line in err.replace("\r", "\n").splitlines() if line.strip() and not any(p in line for p in progress)
+    ]
 
 
 @pytest.fixture
@@ -109,11 +110,11 @@ def test_readers_refuse_incomplete_and_damaged_folders(tmp_path):
 
 def test_overwrite_removes_the_previous_runs_files_only(tmp_path):
     out = tmp_path / "out"
-    folder = run_folder.open_run_folder(out, command="test")
+    run_folder.open_run_folder(out, command="test")
     (out / "old.csv").write_text("old")
     run_folder.complete_all()
     (out / "notes.txt").write_text("the user's own file")  # not part of the run
-    folder = run_folder.open_run_folder(out, command="test", overwrite=True)
+    run_folder.open_run_folder(out, command="test", overwrite=True)
     assert not (out / "old.csv").exists() and (out / "notes.txt").exists()
     (out / "new.csv").write_text("new")
     run_folder.complete_all()
@@ -215,7 +216,9 @@ def test_overwrite_never_deletes_files_geolens_did_not_write(tmp_path, interrupt
 
 def test_a_usage_error_after_opening_leaves_nothing(tmp_path, capsys):
     out = tmp_path / "a" / "b"
-    rc, err = run_cli(["taxonomy", "--model", "tiny-gqa", "--corpora", str(tmp_path / "missing.txt"), "--out", str(out)], capsys)
+    rc, err = run_cli(
+        ["taxonomy", "--model", "tiny-gqa", "--corpora", str(tmp_path / "missing.txt"), "--out", str(out)], capsys
+    )
     assert rc == 2 and len(err) == 1 and not (tmp_path / "a").exists()
 
 
@@ -236,12 +239,35 @@ def test_every_command_with_its_defaults_leaves_a_clone_clean(tmp_path, monkeypa
         "cache": ["cache", "path"],
         "taxonomy": ["taxonomy", "--model", "tiny-gqa", "--corpora", corpus, *small, "--prefix-lengths", "8"],
         "selection": ["selection", "--model", "tiny-gqa", "--corpora", corpus, *small, "--nstar-sequences", "0"],
-        "sinks": ["sinks", "--corpus", corpus, *small, "--drift-sequences", "0", "--controls-sequences", "0", "--min-count", "1"],
+        "sinks": [
+            "sinks",
+            "--corpus",
+            corpus,
+            *small,
+            "--drift-sequences",
+            "0",
+            "--controls-sequences",
+            "0",
+            "--min-count",
+            "1",
+        ],
         "pruning": ["pruning", "--corpus", corpus, *small],
         "faithfulness": ["faithfulness", "--corpus", corpus, *small, "--fractions", "0.5", "--n-boot", "20"],
         "mc": ["mc", "--tasks", str(questions), "--n-boot", "20"],
         "flow": ["flow", "the cat sat", "--model", "tiny-gqa", "--name", "default"],  # writes only with --out / --name
-        "report": ["report", "--model", "tiny-gqa", "--quick", "--corpus", corpus, "--n-sequences", "2", "--seq-len", "16", "--no-progress"],
+        "report": [
+            "report",
+            "--model",
+            "tiny-gqa",
+            "--quick",
+            "--corpus",
+            corpus,
+            "--n-sequences",
+            "2",
+            "--seq-len",
+            "16",
+            "--no-progress",
+        ],
     }
     from geolens.cli import build_parser
 
@@ -251,7 +277,9 @@ def test_every_command_with_its_defaults_leaves_a_clone_clean(tmp_path, monkeypa
     for name, argv in commands.items():
         rc, err = run_cli(argv, capsys)
         assert rc == 0, (name, err)
-    status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], cwd=clone, capture_output=True, text=True, check=True)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored=no"], cwd=clone, capture_output=True, text=True, check=True
+    )
     assert status.stdout == "", status.stdout
     runs = sorted(p.relative_to(clone / "geolens-runs").parts[0] for p in (clone / "geolens-runs").glob("*/*"))
     assert runs == sorted(set(commands) - {"analyze", "cache"})
@@ -291,7 +319,21 @@ def _interrupt_at(monkeypatch, target: str, attribute: str, *, after_calls: int 
 
 def _taxonomy(tmp_path, out):
     corpus = write_corpus(tmp_path / "c.txt")
-    return ["taxonomy", "--model", "tiny-gqa", "--corpora", corpus, "--n-sequences", "2", "--seq-len", "16", "--prefix-lengths", "8", "--out", str(out)]
+    return [
+        "taxonomy",
+        "--model",
+        "tiny-gqa",
+        "--corpora",
+        corpus,
+        "--n-sequences",
+        "2",
+        "--seq-len",
+        "16",
+        "--prefix-lengths",
+        "8",
+        "--out",
+        str(out),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -334,7 +376,7 @@ def test_interrupt_once_the_results_are_complete_exits_0(tmp_path, monkeypatch, 
     real = run_folder.complete_all
 
     def complete_then_interrupt():
-        done = real()
+        real()
         from geolens.cli import Interrupted
 
         raise Interrupted(signal.SIGINT)
@@ -359,7 +401,9 @@ def test_real_signal_to_a_running_command(tmp_path, signum, code):
         "from geolens.cli import main\n"
         f"sys.exit(main({_taxonomy(tmp_path, out)!r}))\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip() == "wrote", (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -368,9 +412,15 @@ def test_real_signal_to_a_running_command(tmp_path, signum, code):
     finally:
         if proc.poll() is None:
             proc.kill()
-    lines = [l for l in err.replace("\r", "\n").splitlines() if l.strip() and not any(p in l for p in ("it/s]", "s/it]", "%|"))]
+    lines = [
+        l
+        for l in err.replace("\r", "\n").splitlines()
+        if l.strip() and not any(p in l for p in ("it/s]", "s/it]", "%|"))
+    ]
     assert proc.returncode == code, err
-    assert "Traceback" not in err and lines == [f"geolens taxonomy: interrupted; partial results in {out} (incomplete)"], err
+    assert "Traceback" not in err and lines == [
+        f"geolens taxonomy: interrupted; partial results in {out} (incomplete)"
+    ], err
     assert folder_state(out) == "incomplete"
 
 
@@ -387,7 +437,9 @@ def test_full_disk_while_writing_results_is_one_line(tmp_path, monkeypatch, caps
     out = tmp_path / "tax"
     rc, err = run_cli(_taxonomy(tmp_path, out), capsys)
     assert rc == 1 and len(err) == 1 and "Traceback" not in err[0]
-    assert "No space left on device" in err[0] and str(out / "heads_c.csv") in err[0] and "free some disk space" in err[0]
+    assert (
+        "No space left on device" in err[0] and str(out / "heads_c.csv") in err[0] and "free some disk space" in err[0]
+    )
 
 
 def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(tmp_path, monkeypatch):
@@ -432,7 +484,9 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no temporary file left
     assert ckpt.load_checkpoint(path)["next_batch"] == 1
     monkeypatch.setattr(ckpt.os, "fdopen", real_fdopen)
-    resumed = run_corpus(model, tokens, [NormCurve(2, 4)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False)[0]
+    resumed = run_corpus(
+        model, tokens, [NormCurve(2, 4)], batch_size=2, checkpoint=path, checkpoint_every=1, progress=False
+    )[0]
     got = resumed.state_dict()
     assert got.keys() == whole.keys()
     for key in ("per_head", "per_layer", "out_of_window"):

@@ -7,13 +7,12 @@ from functools import partial
 import pandas as pd
 import pytest
 import torch
-
 from conftest import make_tiny, random_corpus
+
 from geolens.data import n_batches
 from geolens.runner import run_corpus, shard_bounds
 from geolens.sinks.norm_curve import NormCurve
 from geolens.streaming import CorpusAnalysis
-
 
 corpus_tokens = partial(random_corpus, n=11, seq=14, seed=0)  # this file's corpus; keywords override
 
@@ -40,7 +39,9 @@ def test_batch_size_does_not_change_results(gqa):
         torch.testing.assert_close(a.per_head.payload_sum, whole.per_head.payload_sum, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(a.per_head.payload_sq, whole.per_head.payload_sq, rtol=1e-5, atol=1e-9)
         assert torch.equal(a.per_layer.counts, whole.per_layer.counts)
-        assert torch.equal(a.per_head.counts.sum(-1), torch.full((2, 4), 11.0 * 13, dtype=torch.float64))  # queries 1..13
+        assert torch.equal(
+            a.per_head.counts.sum(-1), torch.full((2, 4), 11.0 * 13, dtype=torch.float64)
+        )  # queries 1..13
 
 
 class _Recorder(CorpusAnalysis):
@@ -106,7 +107,9 @@ def test_numpy_memmap_tokens(gqa, tmp_path):
     ro = np.load(tmp_path / "tokens.npy", mmap_mode="r")
     [a] = run_corpus(gqa, ro, [norm_curve(gqa)], batch_size=4, progress=False)
     [b] = run_corpus(gqa, tokens, [norm_curve(gqa)], batch_size=4, progress=False)
-    assert torch.equal(a.per_head.counts, b.per_head.counts) and torch.equal(a.per_head.payload_sum, b.per_head.payload_sum)
+    assert torch.equal(a.per_head.counts, b.per_head.counts) and torch.equal(
+        a.per_head.payload_sum, b.per_head.payload_sum
+    )
 
 
 def test_forward_stops_after_the_last_layer_read_with_identical_results():

@@ -12,8 +12,8 @@ from functools import partial
 
 import pytest
 import torch
-
 from conftest import make_tiny, random_corpus
+
 from geolens.distributed import analysis_factory, merge_states
 from geolens.runner import run_corpus, shard_bounds
 from geolens.streaming import CorpusAnalysis

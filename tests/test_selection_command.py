@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from geolens.cli import main
 from geolens.selection.effective_set import effective_set_size
@@ -18,10 +17,29 @@ def test_selection_command_writes_tables_and_figures(tmp_path):
     from test_taxonomy_command import write_corpus
 
     lee = write_corpus(tmp_path / "lee.txt", 0)
-    rc = main([
-        "selection", "--model", "tiny-gqa", "--corpora", lee, "--nstar-corpus", lee, "--n-sequences", "3", "--seq-len", "16",
-        "--n-random", "4", "--n-boot", "50", "--nstar-sequences", "2", "--out", str(out),
-    ])  # fmt: skip
+    rc = main(
+        [
+            "selection",
+            "--model",
+            "tiny-gqa",
+            "--corpora",
+            lee,
+            "--nstar-corpus",
+            lee,
+            "--n-sequences",
+            "3",
+            "--seq-len",
+            "16",
+            "--n-random",
+            "4",
+            "--n-boot",
+            "50",
+            "--nstar-sequences",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     cmp = pd.read_csv(out / "comparison_lee.csv")
     assert set(cmp.N) == {1, 2, 4, 8} and (cmp.n_docs == 3).all()

@@ -24,14 +24,18 @@ CONDS = [Condition("value", "euclidean", "attention", "keep"), Condition("value"
 
 
 def corpus(model):
-    return torch.cat([tiny_tokens(model, length=12), tiny_tokens(model, ("hello there my friend", "zz top 123"), length=12)])
+    return torch.cat(
+        [tiny_tokens(model, length=12), tiny_tokens(model, ("hello there my friend", "zz top 123"), length=12)]
+    )
 
 
 def test_selection_analysis_follows_the_averaging_protocol(tiny_gqa):
     model, _, _ = tiny_gqa
     tokens = corpus(model)
     sizes = [1, 2, 4, 8]
-    a = SelectionAnalysis(model.cfg.n_layers, model.cfg.n_heads, sizes, conditions=CONDS, n_random=5, random_bounds=True)
+    a = SelectionAnalysis(
+        model.cfg.n_layers, model.cfg.n_heads, sizes, conditions=CONDS, n_random=5, random_bounds=True
+    )
     run_corpus(model, tokens, [a], batch_size=3, progress=False)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
@@ -111,7 +115,11 @@ def test_document_means_ci_against_explicit_loop():
     m, l, h = document_means_ci(np.full(10, 0.3))
     assert m[0] == pytest.approx(0.3) and l[0] == pytest.approx(0.3) and h[0] == pytest.approx(0.3)
     t = paired_comparison(x[:, :1] + 1, x[:, :1], np.ones((30, 1)), [4], n_boot=200)
-    assert t.loc[0, "diff"] == pytest.approx(1.0) and t.loc[0, "diff_lo"] == pytest.approx(1.0) and t.loc[0, "win_share"] == 1
+    assert (
+        t.loc[0, "diff"] == pytest.approx(1.0)
+        and t.loc[0, "diff_lo"] == pytest.approx(1.0)
+        and t.loc[0, "win_share"] == 1
+    )
     with pytest.raises(ValueError, match="per-document"):
         paired_comparison(x, x[:, :1], x, [1, 2])
 
@@ -146,7 +154,9 @@ def test_window_regime_matches_loops(tiny, space):
             assert float(got["norm_spread"][bi, hi]) == pytest.approx(spread, rel=1e-8)
             assert float(got["coherence"][bi, hi]) == pytest.approx(float(unit_mean.norm()), rel=1e-8)
             assert float(got["sink_norm_ratio"][bi, hi]) == pytest.approx(float(u[bi, hi, 0].norm()) / mean, rel=1e-8)
-            assert float(got["sink_alignment"][bi, hi]) == pytest.approx(sum(cos(u[bi, hi, 0], u[bi, hi, j]) for j in range(1, K)) / (K - 1), abs=1e-8)
+            assert float(got["sink_alignment"][bi, hi]) == pytest.approx(
+                sum(cos(u[bi, hi, 0], u[bi, hi, j]) for j in range(1, K)) / (K - 1), abs=1e-8
+            )
             for lag in (1, 3, K - 2):
                 pairs = [cos(u[bi, hi, i], u[bi, hi, i - lag]) for i in range(1 + lag, K)]
                 assert float(got["lag_sim"][bi, hi, lag - 1]) == pytest.approx(sum(pairs) / len(pairs), abs=1e-8)
@@ -157,7 +167,11 @@ def test_exponential_decay_fit_recovers_parameters():
     lam = np.geomspace(0.25, 160, 120)[60]
     sim = np.stack([0.1 + 0.6 * np.exp(-delta / lam), 0.3 * np.ones(40) + 0.0 * delta])
     fit = fit_exponential_decay(sim)
-    assert fit["length"][0] == pytest.approx(lam) and fit["amplitude"][0] == pytest.approx(0.6) and fit["offset"][0] == pytest.approx(0.1)
+    assert (
+        fit["length"][0] == pytest.approx(lam)
+        and fit["amplitude"][0] == pytest.approx(0.6)
+        and fit["offset"][0] == pytest.approx(0.1)
+    )
     assert fit["rmse"][0] < 1e-10 and fit["r2"][0] == pytest.approx(1.0)
     assert np.isnan(fit["r2"][1]) and fit["rmse"][1] < 1e-10  # a flat curve has no variance to explain
 
@@ -211,7 +225,9 @@ def test_keep_top_n_hooks_edit_the_head_sum(tiny, by):
     for bi in range(b):
         for hi in range(h):
             for i in range(q):
-                score = [float(pattern[bi, hi, i, j] * (v[bi, j, hi].norm() if by == "norm" else 1)) for j in range(i + 1)]
+                score = [
+                    float(pattern[bi, hi, i, j] * (v[bi, j, hi].norm() if by == "norm" else 1)) for j in range(i + 1)
+                ]
                 keep = sorted(range(i + 1), key=lambda j: (-score[j], j))[:n]
                 want = sum(pattern[bi, hi, i, j] * v[bi, j, hi] for j in keep)
                 torch.testing.assert_close(z[bi, i, hi], want, atol=1e-5, rtol=1e-4)

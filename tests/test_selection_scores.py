@@ -59,7 +59,9 @@ def test_random_data_matches_brute_force_for_every_n(kind, sink):
     sep = selection_scores(y, ranking, visible, sizes, distance=kind, sink=sink)
     assert sep.f.shape == (B, Q, K)
     for b, q in itertools.product(range(B), range(Q)):
-        check_against_reference(sep, y[b, q].tolist(), ranking[b, q].tolist(), visible[q].tolist(), sizes, kind, sink, (b, q))
+        check_against_reference(
+            sep, y[b, q].tolist(), ranking[b, q].tolist(), visible[q].tolist(), sizes, kind, sink, (b, q)
+        )
     v = assert_bound_property(sep)
     assert v["n_cases"] > 0
 
@@ -160,12 +162,17 @@ def test_tiny_model_all_queries_match_brute_force(tiny, space, kind):
     sizes = [1, 2, 3, 4, 8]
     for by in ("attention", "norm"):
         for sink in ("keep", "exclude", "force"):
-            sep = head_selection_scores(layer, sizes, space=space, distance=kind, by=by, sink=sink, queries="all", query_chunk_size=5)
+            sep = head_selection_scores(
+                layer, sizes, space=space, distance=kind, by=by, sink=sink, queries="all", query_chunk_size=5
+            )
             assert sep.f.shape == (b, h, q, len(sizes))
             assert_bound_property(sep)
             for bi, hi, i in itertools.product(range(b), sorted({0, h - 1}), [1, 5, q - 1]):
                 ys = [(pattern[bi, hi, i, j] * u[bi, hi, j]).tolist() for j in range(k)]
-                ranks = [float(pattern[bi, hi, i, j]) if by == "attention" else float(torch.tensor(ys[j]).norm()) for j in range(k)]
+                ranks = [
+                    float(pattern[bi, hi, i, j]) if by == "attention" else float(torch.tensor(ys[j]).norm())
+                    for j in range(k)
+                ]
                 visible = [j <= i for j in range(k)]
                 for kk, n in enumerate(sizes):
                     want, D_ref, S = ref.scores(ys, ranks, visible, n, kind, sink)
@@ -177,9 +184,13 @@ def test_tiny_model_all_queries_match_brute_force(tiny, space, kind):
                     y_t = pattern[bi, hi, i, :, None] * layer.v[bi, :, hi]
                     gram = None if space == "value" else layer.W_O[hi] @ layer.W_O[hi].T
                     D = distances(y_t, sel, kind, gram)
-                    torch.testing.assert_close(D, torch.tensor(D_ref, dtype=torch.float64), rtol=1e-7, atol=1e-7)  # d² expansion
+                    torch.testing.assert_close(
+                        D, torch.tensor(D_ref, dtype=torch.float64), rtol=1e-7, atol=1e-7
+                    )  # d² expansion
                     got_mask = top_n_mask(
-                        torch.tensor(ranks).masked_fill(torch.tensor([sink == "force" and j == 0 for j in range(k)]), float("inf")),
+                        torch.tensor(ranks).masked_fill(
+                            torch.tensor([sink == "force" and j == 0 for j in range(k)]), float("inf")
+                        ),
                         vis,
                         n,
                     )
@@ -189,7 +200,12 @@ def test_tiny_model_all_queries_match_brute_force(tiny, space, kind):
                         assert math.isnan(float(sep.f[bi, hi, i, kk]))
                         continue
                     for f in FIELDS:
-                        assert float(getattr(sep, f)[bi, hi, i, kk]) == pytest.approx(exact[f], abs=1e-7), (f, by, sink, n)
+                        assert float(getattr(sep, f)[bi, hi, i, kk]) == pytest.approx(exact[f], abs=1e-7), (
+                            f,
+                            by,
+                            sink,
+                            n,
+                        )
 
 
 def test_final_query_protocol_is_the_last_row_of_all_queries(tiny_gqa):
@@ -216,12 +232,18 @@ def test_random_rankings_broadcast_against_shared_y():
 @pytest.mark.slow
 def test_smollm2_real_cache_bound_property(smollm2, smollm2_tokens):
     with torch.no_grad():
-        _, cache = smollm2.run_with_cache(smollm2_tokens[:2], names_filter=geolens.names_filter(smollm2, layers=[0, 5, 29]))
+        _, cache = smollm2.run_with_cache(
+            smollm2_tokens[:2], names_filter=geolens.names_filter(smollm2, layers=[0, 5, 29])
+        )
     total = 0
     for l in (0, 5, 29):
         layer = geolens.get_attention_layer(smollm2, cache, l)
-        for space, kind, sink in itertools.product(["value", "projected"], ["euclidean", "cosine"], ["keep", "exclude"]):
-            sep = head_selection_scores(layer, [1, 2, 4, 8, 16, 32], space=space, distance=kind, sink=sink, queries="all", query_chunk_size=16)
+        for space, kind, sink in itertools.product(
+            ["value", "projected"], ["euclidean", "cosine"], ["keep", "exclude"]
+        ):
+            sep = head_selection_scores(
+                layer, [1, 2, 4, 8, 16, 32], space=space, distance=kind, sink=sink, queries="all", query_chunk_size=16
+            )
             total += assert_bound_property(sep)["n_cases"]
             if kind == "euclidean" and sink == "keep":
                 f1 = sep.f[..., 0]

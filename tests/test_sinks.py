@@ -59,18 +59,27 @@ def test_sink_geometry_matches_naive_loops(corpus):
             rates = [float(pattern[b, h, i, 0]) for b in range(B) for i in range(1, T)]
             gu = [sum(float(pattern[b, h, i, 0]) for i in range(T)) / T for b in range(B)]
             vr = [float(v[b, 0, h].norm()) / np.mean([float(v[b, j, h].norm()) for j in range(1, T)]) for b in range(B)]
-            pr = [float(vt[b, h, 0].norm()) / np.mean([float(vt[b, h, j].norm()) for j in range(1, T)]) for b in range(B)]
+            pr = [
+                float(vt[b, h, 0].norm()) / np.mean([float(vt[b, h, j].norm()) for j in range(1, T)]) for b in range(B)
+            ]
             vc = [_cos(v[b, 0, h], v[b, j, h]) for b in range(B) for j in range(1, T)]
             pc = [_cos(vt[b, h, 0], vt[b, h, j]) for b in range(B) for j in range(1, T)]
             vm = [_cos(v[b, 0, h], sum(v[b, j, h] for j in range(1, T)) / (T - 1)) for b in range(B)]
             pm = [_cos(vt[b, h, 0], sum(vt[b, h, j] for j in range(1, T)) / (T - 1)) for b in range(B)]
             expected = {
-                "sink_rate": np.mean(rates), "sink_rate_std": np.std(rates, ddof=1), "gu_score": np.mean(gu),
-                "gu_sink_share": np.mean([g > 0.3 for g in gu]), "value_norm_ratio": np.mean(vr),
-                "proj_norm_ratio": np.mean(pr), "value_cos_tail": np.mean(vc), "proj_cos_tail": np.mean(pc),
-                "value_cos_negative": np.mean([c < 0 for c in vc]), "proj_cos_negative": np.mean([c < 0 for c in pc]),
-                "value_cos_mean_dir": np.mean(vm), "proj_cos_mean_dir": np.mean(pm),
-            }  # fmt: skip
+                "sink_rate": np.mean(rates),
+                "sink_rate_std": np.std(rates, ddof=1),
+                "gu_score": np.mean(gu),
+                "gu_sink_share": np.mean([g > 0.3 for g in gu]),
+                "value_norm_ratio": np.mean(vr),
+                "proj_norm_ratio": np.mean(pr),
+                "value_cos_tail": np.mean(vc),
+                "proj_cos_tail": np.mean(pc),
+                "value_cos_negative": np.mean([c < 0 for c in vc]),
+                "proj_cos_negative": np.mean([c < 0 for c in pc]),
+                "value_cos_mean_dir": np.mean(vm),
+                "proj_cos_mean_dir": np.mean(pm),
+            }
             for key, value in expected.items():
                 assert row[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (layer, h, key)
             assert row.kv_head == h // (model.cfg.n_heads // cache[f"blocks.{layer}.attn.hook_v"].shape[2])
@@ -104,7 +113,11 @@ def test_sink_geometry_state_round_trip_and_merge(corpus):
     restored = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads).load_state_dict(a.state_dict())
     restored.merge(b)
     x, y = whole.result().heads, restored.result().heads
-    assert np.allclose(x.drop(columns=["sink_rate_std"]).to_numpy(float), y.drop(columns=["sink_rate_std"]).to_numpy(float), equal_nan=True)
+    assert np.allclose(
+        x.drop(columns=["sink_rate_std"]).to_numpy(float),
+        y.drop(columns=["sink_rate_std"]).to_numpy(float),
+        equal_nan=True,
+    )
 
 
 def _naive_decomposition(model, cache, layer):
@@ -133,7 +146,9 @@ def test_decomposition_matches_naive_covariances(corpus):
         for (h, source), rows in samples.items():
             x = np.array(rows)
             cov = np.cov(x.T, ddof=1)
-            row = res.heads[(res.heads.layer == layer) & (res.heads["head"] == h) & (res.heads.source == source)].iloc[0]
+            row = res.heads[(res.heads.layer == layer) & (res.heads["head"] == h) & (res.heads.source == source)].iloc[
+                0
+            ]
             assert row.n == len(rows)
             assert row.var_log_c == pytest.approx(cov[0, 0], rel=1e-6)
             for f, name in enumerate(("attention", "relnorm", "cosine"), start=1):
@@ -220,6 +235,7 @@ def test_quadratic_fit_recovers_a_parabola_and_its_minimum():
     w[0] = 10_000
     y2 = y.copy()
     y2[0] += 1.0
+
     def value_at_x0(fit):
         return np.polyval([fit["curvature"], fit["slope"], fit["intercept"]], x[0])
 

@@ -20,13 +20,41 @@ def test_sinks_command_writes_tables_and_figures(tmp_path, monkeypatch):
     model = make_tiny("gqa")
     texts = ("the cat sat on the mat.", "a dog ran far away!!", "it is 42, or 7? no.", "one two three four")
     monkeypatch.setattr(geolens.models, "load_model", lambda name, compatibility_mode=False: model)
-    monkeypatch.setattr(geolens.data, "corpus_windows", lambda m, corpus, seq_len, n: tiny_tokens(m, texts[:n], length=seq_len))
+    monkeypatch.setattr(
+        geolens.data, "corpus_windows", lambda m, corpus, seq_len, n: tiny_tokens(m, texts[:n], length=seq_len)
+    )
     out = tmp_path / "sinks"
-    rc = main(["sinks", "--n-sequences", "4", "--seq-len", "12", "--batch-size", "2", "--drift-sequences", "2",
-               "--lambdas", "0,2", "--min-count", "1", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "sinks",
+            "--n-sequences",
+            "4",
+            "--seq-len",
+            "12",
+            "--batch-size",
+            "2",
+            "--drift-sequences",
+            "2",
+            "--lambdas",
+            "0,2",
+            "--min-count",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
-    for name in ("geometry_heads.csv", "geometry_layers.csv", "decomposition_layers.csv", "norm_fits.csv", "drift_summary.csv",
-                 "sink_layers.png", "decomposition.png", "norm_curve_layers.png", "drift.png"):  # fmt: skip
+    for name in (
+        "geometry_heads.csv",
+        "geometry_layers.csv",
+        "decomposition_layers.csv",
+        "norm_fits.csv",
+        "drift_summary.csv",
+        "sink_layers.png",
+        "decomposition.png",
+        "norm_curve_layers.png",
+        "drift.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     heads = pd.read_csv(out / "geometry_heads.csv")
     assert len(heads) == model.cfg.n_layers * model.cfg.n_heads

@@ -188,7 +188,12 @@ def _naive_window_stats(model, window, spec, layers, *, corpus_means, position):
 def test_edited_window_matches_naive_statistics(model_tokens, layers):
     model, tokens = model_tokens
     window = tokens[2:3]
-    specs = [SinkEditSpec("scale", 0.0), SinkEditSpec("rescale_mean_norm"), SinkEditSpec("rotate", seed=1), SinkEditSpec("random_token", 0.0)]
+    specs = [
+        SinkEditSpec("scale", 0.0),
+        SinkEditSpec("rescale_mean_norm"),
+        SinkEditSpec("rotate", seed=1),
+        SinkEditSpec("random_token", 0.0),
+    ]
     before = active_hook_count(model)
     nll, norm, cos = edited_window(model, window, specs, layers, position=5)
     for r, s in enumerate(specs):
@@ -220,9 +225,16 @@ def test_sink_controls_tables_follow_their_definitions(model_tokens):
         means[l] = cache[hook_name(l, V)][:, 0].double().mean(0).float()
     for s in (SinkEditSpec("scale", 2.0), SinkEditSpec("rotate", seed=1), SinkEditSpec("random_token", 0.0)):
         for scope, layers in ((ALL, [0, 1]), ("1", [1])):
-            nlls = [_naive_window_stats(model, tokens[w : w + 1], s, layers, corpus_means=means, position=int(positions[w]))[0] for w in range(W)]
+            nlls = [
+                _naive_window_stats(
+                    model, tokens[w : w + 1], s, layers, corpus_means=means, position=int(positions[w])
+                )[0]
+                for w in range(W)
+            ]
             row = res.conditions[(res.conditions.scope == scope) & (res.conditions.edit == s.label)].iloc[0]
-            assert row.delta_ppl == pytest.approx(math.exp(np.mean(nlls)) - math.exp(np.mean(clean)), rel=1e-4, abs=1e-6)
+            assert row.delta_ppl == pytest.approx(
+                math.exp(np.mean(nlls)) - math.exp(np.mean(clean)), rel=1e-4, abs=1e-6
+            )
             assert row.delta_ppl_lo <= row.delta_ppl_hi
     # BOS at position 0 sees no other token: the corpus mean of v_0 is v_0 itself, so no effect
     cm = res.conditions[res.conditions.edit == "corpus_mean"]
@@ -230,9 +242,13 @@ def test_sink_controls_tables_follow_their_definitions(model_tokens):
     # the pooled rotation is the mean of the seeds
     for scope in (ALL, "1"):
         c = res.conditions[res.conditions.scope == scope].set_index("edit")
-        assert c.loc[ROTATE_POOLED, "delta_ppl"] == pytest.approx((c.loc["rotate seed=0", "delta_ppl"] + c.loc["rotate seed=1", "delta_ppl"]) / 2)
+        assert c.loc[ROTATE_POOLED, "delta_ppl"] == pytest.approx(
+            (c.loc["rotate seed=0", "delta_ppl"] + c.loc["rotate seed=1", "delta_ppl"]) / 2
+        )
         # the scale λ=0 head-output norm ratio is the edited over the clean mean
-        assert c.loc["scale λ=0", "out_norm_ratio"] == pytest.approx(c.loc["scale λ=0", "out_norm"] / c.loc["scale λ=0", "out_norm_clean"])
+        assert c.loc["scale λ=0", "out_norm_ratio"] == pytest.approx(
+            c.loc["scale λ=0", "out_norm"] / c.loc["scale λ=0", "out_norm_clean"]
+        )
     # verdicts agree with their CIs, and the scope claim with its pairs
     p = res.pairs
     assert set(p.control) >= {ROTATE_POOLED, "corpus_mean", "random_token λ=0", "random_token λ=2"}
@@ -241,7 +257,9 @@ def test_sink_controls_tables_follow_their_definitions(model_tokens):
         assert r.verdict == expected
     for _, r in res.scopes.iterrows():
         v = p.loc[p.scope == r.scope, "verdict"]
-        assert r.claim == ("holds" if (v == "norm edit larger").all() else "fails" if (v == "control larger").any() else "undecided")
+        assert r.claim == (
+            "holds" if (v == "norm edit larger").all() else "fails" if (v == "control larger").any() else "undecided"
+        )
     assert res.summary()["n_windows"] == W
 
 
@@ -268,7 +286,10 @@ def test_bad_inputs_raise_one_line_errors():
         with sink_edit_applied(model, SinkEditSpec("random_token", 0.0), position=0, layers=[1]):
             model(tokens)
     with pytest.raises(ValueError, match="corpus mean of layer 1 has shape"):
-        with torch.no_grad(), sink_edit_applied(model, SinkEditSpec("corpus_mean"), corpus_means={1: torch.zeros(3, 3)}, layers=[1]):
+        with (
+            torch.no_grad(),
+            sink_edit_applied(model, SinkEditSpec("corpus_mean"), corpus_means={1: torch.zeros(3, 3)}, layers=[1]),
+        ):
             model(tokens)
     assert active_hook_count(model) == before
 
@@ -289,7 +310,9 @@ def test_controls_on_smollm2(smollm2, smollm2_tokens):
     c = res.conditions.set_index("edit")
     assert abs(c.loc["corpus_mean", "delta_ppl"]) < 1e-3 * res.clean_ppl
     assert c.loc["scale λ=0", "delta_ppl"] != 0
-    _, rotated = _values(model, tokens, sink_edit(model, SinkEditSpec("rotate", seed=0), layers=[29]).fwd_hooks, layer=29)
+    _, rotated = _values(
+        model, tokens, sink_edit(model, SinkEditSpec("rotate", seed=0), layers=[29]).fwd_hooks, layer=29
+    )
     assert rotated.shape[2] == 3  # SmolLM2: 3 kv heads for 9 query heads
     torch.testing.assert_close(rotated[:, 0].norm(dim=-1), v0.norm(dim=-1), rtol=1e-4, atol=1e-5)
 
@@ -299,10 +322,10 @@ def test_controls_on_smollm2(smollm2, smollm2_tokens):
 # the windows, the sink heads, the two-stage bootstrap, Holm, the checkpoint.
 
 import json  # noqa: E402
-import pandas as pd  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import pandas as pd  # noqa: E402
 from conftest import TINY_KINDS  # noqa: E402
 
 from geolens.interventions.sink_values import sink_edit_query_heads  # noqa: E402
@@ -320,10 +343,18 @@ from geolens.sinks.controls_summary import dose_summary, two_stage_means  # noqa
 from geolens.stats import holm  # noqa: E402
 
 PROTOCOL_DIR = Path(__file__).resolve().parents[1] / "docs" / "faithfulness"
-SMALL = DoseProtocol(lambdas=(0.0, 0.5, 2.0), seeds_by_angle=((60.0, 3), (180.0, 2)), n_documents=2, seq_len=12, n_boot=300)
+SMALL = DoseProtocol(
+    lambdas=(0.0, 0.5, 2.0), seeds_by_angle=((60.0, 3), (180.0, 2)), n_documents=2, seq_len=12, n_boot=300
+)
 ONE = replace(SMALL, scopes=("all_heads",))
-DOCS = ["the cat sat on the mat, then it ran off.", "no", "a dog ran far away!! it came back at noon.", "one two three four five six seven",
-        "big red boxes fly high over the hills.", "short"]  # fmt: skip
+DOCS = [
+    "the cat sat on the mat, then it ran off.",
+    "no",
+    "a dog ran far away!! it came back at noon.",
+    "one two three four five six seven",
+    "big red boxes fly high over the hills.",
+    "short",
+]
 
 
 def _naive_v0(v0, spec, layer, kv, n_kv):
@@ -349,7 +380,9 @@ def test_rotation_by_theta_keeps_the_norm_and_moves_v0_by_2_sin_half_theta(model
     n0 = v0.norm(dim=-1)
     torch.testing.assert_close(r0.norm(dim=-1), n0, rtol=1e-5, atol=1e-6)
     moved = (r0 - v0).norm(dim=-1) / n0
-    torch.testing.assert_close(moved, torch.full_like(moved, 2 * math.sin(math.radians(degrees) / 2)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        moved, torch.full_like(moved, 2 * math.sin(math.radians(degrees) / 2)), rtol=1e-5, atol=1e-6
+    )
     assert edit_dose(spec) == pytest.approx(2 * math.sin(math.radians(degrees) / 2), abs=1e-12)
     # the plane contains v_0 and the seeded direction g: v_0' has no component outside span{v_0, g}
     g = rotation_direction(4, 1, v.shape[2], v.shape[3]).to(v0)
@@ -368,7 +401,9 @@ def test_rotation_by_theta_keeps_the_norm_and_moves_v0_by_2_sin_half_theta(model
 def test_doses_of_the_protocol_match_at_one():
     p = DoseProtocol()
     assert [edit_dose(SinkEditSpec("scale", x)) for x in p.lambdas] == [1.0, 0.5, 0.5, 1.0]
-    assert [edit_dose(SinkEditSpec("rotate", degrees=a)) for a in p.degrees] == pytest.approx([0.517638090205, 1.0, 1.414213562373, 2.0])
+    assert [edit_dose(SinkEditSpec("rotate", degrees=a)) for a in p.degrees] == pytest.approx(
+        [0.517638090205, 1.0, 1.414213562373, 2.0]
+    )
     assert p.matched_lambdas == (0.0, 2.0) and p.matched_degrees == (60.0,)
     assert [len(p.seeds(a)) for a in p.degrees] == [5, 20, 5, 5] and p.seeds(60.0) == tuple(range(20))
     assert len(p.edits()) == 4 + 35 and p.layers(18) == [0, 6, 12]
@@ -421,7 +456,14 @@ def test_query_head_edit_changes_only_the_chosen_heads_exactly(kind):
         k = h // group
         for b in range(tokens.shape[0]):
             v0_new = _naive_v0(v1[b, 0, k], spec, 1, k, v1.shape[2]) if h in (2, 3) else v1[b, 0, k].double()
-            ref = torch.stack([sum(float(pattern1[b, h, i, j]) * (v0_new if j == 0 else v1[b, j, k].double()) for j in range(i + 1)) for i in range(T)])
+            ref = torch.stack(
+                [
+                    sum(
+                        float(pattern1[b, h, i, j]) * (v0_new if j == 0 else v1[b, j, k].double()) for j in range(i + 1)
+                    )
+                    for i in range(T)
+                ]
+            )
             torch.testing.assert_close(z1[b, :, h].double(), ref, rtol=1e-5, atol=1e-6)
     assert active_hook_count(model) == before
 
@@ -459,14 +501,18 @@ def _hand_built(model, window, spec, layers, heads):
                 k = h // group
                 v0_new = _naive_v0(v[0, 0, k], spec, layer, k, v.shape[2])
                 for i in range(z.shape[1]):
-                    out[0, i, h] = sum(float(p[0, h, i, j]) * (v0_new if j == 0 else v[0, j, k].double()) for j in range(i + 1)).to(z.dtype)
+                    out[0, i, h] = sum(
+                        float(p[0, h, i, j]) * (v0_new if j == 0 else v[0, j, k].double()) for j in range(i + 1)
+                    ).to(z.dtype)
             return out
 
         return hook
 
     hooks = [(hook_name(l, V), v_hook(l)) for l in layers]
     if heads is not None:
-        hooks += [(hook_name(l, "attn.hook_pattern"), p_hook(l)) for l in layers] + [(hook_name(l, "attn.hook_z"), z_hook(l)) for l in layers]
+        hooks += [(hook_name(l, "attn.hook_pattern"), p_hook(l)) for l in layers] + [
+            (hook_name(l, "attn.hook_z"), z_hook(l)) for l in layers
+        ]
     with torch.no_grad():
         clean = model(window, return_type="logits")[0].double()
         with applied(model, hooks):
@@ -488,10 +534,17 @@ def _hand_built(model, window, spec, layers, heads):
 def test_dose_window_equals_hand_built_forwards(kind, scope):
     model = make_tiny(kind, n_layers=7)  # edited layers 0 and 6
     window = tiny_tokens(model, TEXTS[:1], length=10)
-    specs = [SinkEditSpec("scale", 0.0), SinkEditSpec("scale", 1.5), SinkEditSpec("rotate", seed=0, degrees=60.0),
-             SinkEditSpec("rotate", seed=3, degrees=180.0), SinkEditSpec("scale", 2.0)]  # fmt: skip
+    specs = [
+        SinkEditSpec("scale", 0.0),
+        SinkEditSpec("scale", 1.5),
+        SinkEditSpec("rotate", seed=0, degrees=60.0),
+        SinkEditSpec("rotate", seed=3, degrees=180.0),
+        SinkEditSpec("scale", 2.0),
+    ]
     heads = None if scope == "all_heads" else {0: (1,), 6: (0, 3)}
-    res = dose_window(model, window, specs, [0, 6], heads=heads, rows_per_forward=2)  # three batched forwards, one row alone
+    res = dose_window(
+        model, window, specs, [0, 6], heads=heads, rows_per_forward=2
+    )  # three batched forwards, one row alone
     for r, spec in enumerate(specs):
         nll_c, nll_e, kl = _hand_built(model, window, spec, [0, 6], heads)
         assert res.nll_clean == pytest.approx(nll_c, rel=1e-6)
@@ -544,13 +597,41 @@ def _constructed_table(doc_effect, seed_effect, *, norm=(0.0, 0.0), scopes=("all
             d = 10 + w // 2  # document labels need not start at 0
             for i, lam in enumerate(protocol.lambdas):
                 x = norm[i % len(norm)] + doc_effect[w // 2] + scope_i
-                rows.append(dict(window=w, document=d, scope=scope, edit="scale", lam=lam, degrees=np.nan, seed=pd.NA,
-                                 dose=abs(1 - lam), nll_clean=1.0, nll=1.0, delta_ppl=x, kl=x))  # fmt: skip
+                rows.append(
+                    dict(
+                        window=w,
+                        document=d,
+                        scope=scope,
+                        edit="scale",
+                        lam=lam,
+                        degrees=np.nan,
+                        seed=pd.NA,
+                        dose=abs(1 - lam),
+                        nll_clean=1.0,
+                        nll=1.0,
+                        delta_ppl=x,
+                        kl=x,
+                    )
+                )
             for a_i, a in enumerate(protocol.degrees):
                 for s in protocol.seeds(a):
                     x = doc_effect[w // 2] + seed_effect[s] + 0.1 * a_i
-                    rows.append(dict(window=w, document=d, scope=scope, edit="rotate", lam=np.nan, degrees=a, seed=s,
-                                     dose=edit_dose(SinkEditSpec("rotate", degrees=a)), nll_clean=1.0, nll=1.0, delta_ppl=x, kl=x))  # fmt: skip
+                    rows.append(
+                        dict(
+                            window=w,
+                            document=d,
+                            scope=scope,
+                            edit="rotate",
+                            lam=np.nan,
+                            degrees=a,
+                            seed=s,
+                            dose=edit_dose(SinkEditSpec("rotate", degrees=a)),
+                            nll_clean=1.0,
+                            nll=1.0,
+                            delta_ppl=x,
+                            kl=x,
+                        )
+                    )
     table = pd.DataFrame(rows)
     table["seed"] = table["seed"].astype("Int64")
     return table
@@ -569,7 +650,9 @@ def test_two_stage_bootstrap_resamples_documents_then_seeds():
     for a_i, a in enumerate(SMALL.degrees):
         means = []
         for b in range(SMALL.n_boot):
-            vals = [doc_effect[d] + seed_effect[s] + 0.1 * a_i for d in docs[b] for _window in range(2) for s in seeds[a][b]]
+            vals = [
+                doc_effect[d] + seed_effect[s] + 0.1 * a_i for d in docs[b] for _window in range(2) for s in seeds[a][b]
+            ]
             means.append(sum(vals) / len(vals))
         lo, hi = np.quantile(means, [0.025, 0.975])
         r = rows[("rotate", a)]
@@ -577,13 +660,21 @@ def test_two_stage_bootstrap_resamples_documents_then_seeds():
         assert r["n_seeds"] == len(SMALL.seeds(a)) and r["n_windows"] == 8 and r["n_documents"] == 4
         assert r["bootstrap"] == "documents, then seeds"
     norm_means = [np.mean([doc_effect[d] for d in docs[b]]) for b in range(SMALL.n_boot)]
-    assert (rows[("scale", 0.0)]["kl_low"], rows[("scale", 0.0)]["kl_high"]) == pytest.approx(tuple(np.quantile(norm_means, [0.025, 0.975])), rel=1e-12)
+    assert (rows[("scale", 0.0)]["kl_low"], rows[("scale", 0.0)]["kl_high"]) == pytest.approx(
+        tuple(np.quantile(norm_means, [0.025, 0.975])), rel=1e-12
+    )
     # seed variance alone widens a rotation's interval, never a norm edit's
-    only_seeds = {(r["edit"], r["lam"] or r["degrees"]): r for r in dose_summary(_constructed_table(np.zeros(4), seed_effect), ONE)["dose_response"]}
+    only_seeds = {
+        (r["edit"], r["lam"] or r["degrees"]): r
+        for r in dose_summary(_constructed_table(np.zeros(4), seed_effect), ONE)["dose_response"]
+    }
     assert only_seeds[("rotate", 60.0)]["kl_high"] - only_seeds[("rotate", 60.0)]["kl_low"] > 0.1
     assert only_seeds[("scale", 2.0)]["kl_high"] == only_seeds[("scale", 2.0)]["kl_low"]
     # and document variance alone widens both
-    only_docs = {(r["edit"], r["lam"] or r["degrees"]): r for r in dose_summary(_constructed_table(doc_effect, np.zeros(3)), ONE)["dose_response"]}
+    only_docs = {
+        (r["edit"], r["lam"] or r["degrees"]): r
+        for r in dose_summary(_constructed_table(doc_effect, np.zeros(3)), ONE)["dose_response"]
+    }
     assert only_docs[("rotate", 60.0)]["kl_high"] > only_docs[("rotate", 60.0)]["kl_low"]
     assert two_stage_means(np.ones((2, 3)), [np.array([0, 1])], np.array([[2, 2, 0]])).tolist() == [1.0]
 
@@ -594,24 +685,37 @@ def test_verdicts_form_one_holm_family_over_the_scopes():
     seed_effect = rng.normal(scale=0.01, size=3)
     # all_heads: the norm edits at dose 1 (λ = 0, 2) sit 1 above the 60° rotation; sink_heads: equal (scope_i adds 1)
     table = _constructed_table(doc_effect, seed_effect, norm=(1.0, 0.0, 1.0), scopes=("all_heads",))
-    sink = _constructed_table(doc_effect, seed_effect, norm=(-1.0, 0.0, -1.0), scopes=("all_heads",)).assign(scope="sink_heads")
-    sink.loc[sink.edit == "scale", ["kl", "delta_ppl"]] += 1.0  # sink: norm = doc effect, equal to the rotation on average
+    sink = _constructed_table(doc_effect, seed_effect, norm=(-1.0, 0.0, -1.0), scopes=("all_heads",)).assign(
+        scope="sink_heads"
+    )
+    sink.loc[sink.edit == "scale", ["kl", "delta_ppl"]] += (
+        1.0  # sink: norm = doc effect, equal to the rotation on average
+    )
     out = dose_summary(pd.concat([table, sink], ignore_index=True), SMALL)
     pairs = {p["scope"]: p for p in out["pairs"]}
     a, s = pairs["all_heads"], pairs["sink_heads"]
     assert a["estimate"] == pytest.approx(1.0 - np.mean(seed_effect), abs=1e-12)
-    assert a["norm_edit"] == pytest.approx(1.0 + doc_effect.mean()) and a["rotation"] == pytest.approx(doc_effect.mean() + seed_effect.mean())
+    assert a["norm_edit"] == pytest.approx(1.0 + doc_effect.mean()) and a["rotation"] == pytest.approx(
+        doc_effect.mean() + seed_effect.mean()
+    )
     assert a["verdict"] == "holds" and a["ci_low"] > 0 and a["rank"] == 1 and a["level"] == pytest.approx(1 - 0.05 / 2)
     assert [a["p_adj"], s["p_adj"]] == pytest.approx(holm([a["p"], s["p"]]).tolist())
     assert s["rank"] == 2 and s["level"] == pytest.approx(0.95)
     assert s["verdict"] == ("tie" if s["ci_low"] <= 0 <= s["ci_high"] else s["verdict"])
     assert a["lambdas"] == [0.0, 2.0] and a["degrees"] == [60.0] and a["n_seeds"] == 3
     assert all(p["verdict"] is None and p["outcome"] == "delta_ppl" for p in out["exploratory_pairs"])
-    assert all(p["verdict"] is None for p in dose_summary(table.assign(), SMALL, verdicts=False, not_testable={"sink_heads": "none"})["pairs"][:1])
+    assert all(
+        p["verdict"] is None
+        for p in dose_summary(table.assign(), SMALL, verdicts=False, not_testable={"sink_heads": "none"})["pairs"][:1]
+    )
     # a scope with nothing to edit is 'not testable', left out of the family (m = 1: the other test at full level 0.95)
     alone = dose_summary(table, SMALL, not_testable={"sink_heads": "no sink head"})
     nt = {p["scope"]: p for p in alone["pairs"]}
-    assert nt["sink_heads"]["verdict"] == "not testable" and nt["sink_heads"]["p"] is None and nt["sink_heads"]["note"] == "no sink head"
+    assert (
+        nt["sink_heads"]["verdict"] == "not testable"
+        and nt["sink_heads"]["p"] is None
+        and nt["sink_heads"]["note"] == "no sink head"
+    )
     assert nt["all_heads"]["level"] == pytest.approx(0.95) and nt["all_heads"]["p_adj"] == nt["all_heads"]["p"]
     with pytest.raises(ValueError, match="rows for 8 windows"):
         dose_summary(table.iloc[1:], SMALL, not_testable={"sink_heads": "none"})
@@ -641,7 +745,9 @@ def test_dose_controls_tables_follow_their_definitions(seven_layers, tmp_path):
     direct = dose_window(model, tokens[1:2], SMALL.edits(), [0, 6], heads={0: (1,), 6: (0, 3)})
     np.testing.assert_allclose(w1.kl.to_numpy(), direct.kl, rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(w1.delta_ppl.to_numpy(), direct.delta_ppl, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(res.windows.delta_ppl, np.exp(res.windows.nll) - np.exp(res.windows.nll_clean), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(
+        res.windows.delta_ppl, np.exp(res.windows.nll) - np.exp(res.windows.nll_clean), rtol=1e-13, atol=1e-13
+    )
     rows = res.dose_response
     assert len(rows) == 2 * (len(SMALL.lambdas) + len(SMALL.degrees))
     r = rows[(rows.scope == "all_heads") & (rows.edit == "rotate") & (rows.degrees == 60.0)].iloc[0]
@@ -649,7 +755,11 @@ def test_dose_controls_tables_follow_their_definitions(seven_layers, tmp_path):
     assert r.kl == pytest.approx(sub.kl.mean(), rel=1e-12) and r.n_seeds == 3 and r.dose == 1.0
     assert (rows.kl_low <= rows.kl).all() and (rows.kl <= rows.kl_high).all()
     summary = res.summary()
-    assert summary["sink_heads"] == {"0": [1], "6": [0, 3]} and summary["n_windows"] == W == 4 and summary["n_documents"] == 2
+    assert (
+        summary["sink_heads"] == {"0": [1], "6": [0, 3]}
+        and summary["n_windows"] == W == 4
+        and summary["n_documents"] == 2
+    )
     assert all(p["verdict"] is None for p in summary["pairs"])  # verdicts=False: an exploratory run
     # the summary recomputes exactly from the saved table
     write_windows(res.windows, tmp_path / "w.csv")
@@ -708,14 +818,22 @@ def test_read_protocol_reads_the_registered_block(tmp_path):
         "missing.json": None,
         "nojson.json": "{",
         "noblock.json": json.dumps({"version": 2}),
-        "nolayers.json": json.dumps({**raw, "sink_controls": {k: v for k, v in raw["sink_controls"].items() if k != "layers"}}),
+        "nolayers.json": json.dumps(
+            {**raw, "sink_controls": {k: v for k, v in raw["sink_controls"].items() if k != "layers"}}
+        ),
         "layers.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "layers": "some layers"}}),
         "windows.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "n_windows": 99}}),
         "lambdas.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "lambdas": [0.5, 1.5]}}),
     }
-    messages = {"missing.json": "no such file", "nojson.json": "not valid JSON", "noblock.json": "no \"sink_controls\" block",
-                "nolayers.json": "has no 'layers'", "layers.json": "every <ordinal> layer", "windows.json": "whole number of windows",
-                "lambdas.json": "norm edit and a rotation of dose 1"}  # fmt: skip
+    messages = {
+        "missing.json": "no such file",
+        "nojson.json": "not valid JSON",
+        "noblock.json": 'no "sink_controls" block',
+        "nolayers.json": "has no 'layers'",
+        "layers.json": "every <ordinal> layer",
+        "windows.json": "whole number of windows",
+        "lambdas.json": "norm edit and a rotation of dose 1",
+    }
     for name, text in bad.items():
         if text is not None:
             (tmp_path / name).write_text(text)

@@ -21,17 +21,41 @@ def patched(monkeypatch):
 
     model = make_tiny("gqa")
     monkeypatch.setattr(geolens.models, "load_model", lambda name, compatibility_mode=False: model)
-    monkeypatch.setattr(geolens.data, "corpus_windows", lambda m, corpus, seq_len, n: tiny_tokens(m, TEXTS[:n], length=seq_len))
+    monkeypatch.setattr(
+        geolens.data, "corpus_windows", lambda m, corpus, seq_len, n: tiny_tokens(m, TEXTS[:n], length=seq_len)
+    )
     return model
 
 
 @pytest.mark.bridge_only
 def test_controls_only_writes_tables_figure_and_summary(tmp_path, patched):
     out = tmp_path / "sinks"
-    rc = main(["sinks", "--controls-only", "--controls-sequences", "3", "--seq-len", "10", "--controls-layers", "all",
-               "--controls-seeds", "0,1", "--n-boot", "200", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "sinks",
+            "--controls-only",
+            "--controls-sequences",
+            "3",
+            "--seq-len",
+            "10",
+            "--controls-layers",
+            "all",
+            "--controls-seeds",
+            "0,1",
+            "--n-boot",
+            "200",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
-    for name in ("controls_conditions.csv", "controls_pairs.csv", "controls_scopes.csv", "controls_windows.csv", "controls.png"):
+    for name in (
+        "controls_conditions.csv",
+        "controls_pairs.csv",
+        "controls_scopes.csv",
+        "controls_windows.csv",
+        "controls.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert not (out / "geometry_heads.csv").exists()  # --controls-only skips the corpus pass
     cond = pd.read_csv(out / "controls_conditions.csv")
@@ -58,7 +82,18 @@ def test_controls_only_writes_tables_figure_and_summary(tmp_path, patched):
 def test_bad_controls_arguments_are_one_line_errors(tmp_path, patched, argv, message, capsys):
     corpus = tmp_path / "docs.txt"  # a local corpus: the TL 2.x environment has no gensim (offline corpora)
     corpus.write_text("the cat sat on the mat. " * 50, encoding="utf-8")
-    base = ["sinks", "--controls-only", "--controls-sequences", "2", "--seq-len", "10", "--corpus", str(corpus), "--out", str(tmp_path / "o")]
+    base = [
+        "sinks",
+        "--controls-only",
+        "--controls-sequences",
+        "2",
+        "--seq-len",
+        "10",
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert main(base + argv) == 2  # the CLI convention: exit code 2, one line on stderr
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
@@ -87,10 +122,22 @@ def protocol_run(tmp_path, monkeypatch):
 
     model = make_tiny("gqa", n_layers=7)
     loads = []
-    monkeypatch.setattr(geolens.models, "load_model", lambda name, compatibility_mode=False: loads.append(name) or model)
+    monkeypatch.setattr(
+        geolens.models, "load_model", lambda name, compatibility_mode=False: loads.append(name) or model
+    )
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join(PARAGRAPHS), encoding="utf-8")
-    base = ["sinks", "--controls-protocol", str(PROTOCOL), "--corpus", str(corpus), "--controls-documents", "1", "--n-boot", "200"]
+    base = [
+        "sinks",
+        "--controls-protocol",
+        str(PROTOCOL),
+        "--corpus",
+        str(corpus),
+        "--controls-documents",
+        "1",
+        "--n-boot",
+        "200",
+    ]
     return model, base, loads
 
 
@@ -102,13 +149,21 @@ def test_controls_protocol_writes_a_summary_that_recomputes_from_its_windows(tmp
     model, base, _ = protocol_run
     out = tmp_path / "run"
     assert main(base + ["--out", str(out)]) == 0
-    for name in ("controls_summary.json", "controls_windows.csv", "controls_dose_response.csv", "controls_verdicts.csv", "controls_sink_heads.csv"):
+    for name in (
+        "controls_summary.json",
+        "controls_windows.csv",
+        "controls_dose_response.csv",
+        "controls_verdicts.csv",
+        "controls_sink_heads.csv",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert not (out / "controls_checkpoint.json").exists() and not (out / "geometry_heads.csv").exists()
     s = json.loads((out / "controls_summary.json").read_text())
     assert s["protocol_sha256"] == hashlib.sha256((PROTOCOL.parent / "PROTOCOL.md").read_bytes()).hexdigest()
     assert s["label"] == "exploratory" and s["verdicts"] is False and s["pre_registered_text"] is True
-    assert any("n_documents 1 instead of 50" in r for r in s["differences"]) and any("corpus" in r for r in s["differences"])
+    assert any("n_documents 1 instead of 50" in r for r in s["differences"]) and any(
+        "corpus" in r for r in s["differences"]
+    )
     assert s["n_windows"] == 2 and s["n_documents"] == 1 and s["layers"] == [0, 6] and s["settings"]["seq_len"] == 64
     assert s["seeds"] == {"30": [0, 1, 2, 3, 4], "60": list(range(20)), "90": [0, 1, 2, 3, 4], "180": [0, 1, 2, 3, 4]}
     assert all(p["verdict"] in (None, "not testable") for p in s["pairs"] + s["exploratory_pairs"])
@@ -117,11 +172,17 @@ def test_controls_protocol_writes_a_summary_that_recomputes_from_its_windows(tmp
     windows = read_windows(out / "controls_windows.csv")
     scopes = [x for x in ("all_heads", "sink_heads") if x not in s["not_testable"]]
     assert len(windows) == 2 * 39 * len(scopes) and sorted(set(windows.scope)) == scopes
-    again = dose_summary(windows, DoseProtocol.from_dict(s["settings"]), verdicts=s["verdicts"], not_testable=s["not_testable"])
+    again = dose_summary(
+        windows, DoseProtocol.from_dict(s["settings"]), verdicts=s["verdicts"], not_testable=s["not_testable"]
+    )
     for key in ("dose_response", "pairs", "exploratory_pairs", "n_windows", "n_documents", "seeds"):
         assert again[key] == s[key], key  # exactly, from the saved table
     for row in s["dose_response"]:
-        assert row["n_windows"] == 2 and row["n_documents"] == 1 and row["n_seeds"] == (0 if row["edit"] == "scale" else len(s["seeds"][f"{row['degrees']:g}"]))
+        assert (
+            row["n_windows"] == 2
+            and row["n_documents"] == 1
+            and row["n_seeds"] == (0 if row["edit"] == "scale" else len(s["seeds"][f"{row['degrees']:g}"]))
+        )
 
 
 def _interrupted(argv, monkeypatch) -> None:
@@ -148,12 +209,18 @@ def test_controls_protocol_resumes_an_interrupted_run(tmp_path, protocol_run, mo
     assert main(base + ["--out", str(tmp_path / "whole")]) == 0
     part = tmp_path / "part"
     _interrupted(base + ["--out", str(part)], monkeypatch)
-    assert list(json.loads((part / "controls_checkpoint.json").read_text())["windows"]) == ["0"] and (part / "INCOMPLETE").exists()
+    assert (
+        list(json.loads((part / "controls_checkpoint.json").read_text())["windows"]) == ["0"]
+        and (part / "INCOMPLETE").exists()
+    )
     real, calls = controls.clean_log_probs, []
     monkeypatch.setattr(controls, "clean_log_probs", lambda model, window: calls.append(1) or real(model, window))
     assert main(base + ["--out", str(part), "--resume"]) == 0
     assert len(calls) == 1  # only the window left
-    whole, resumed = pd.read_csv(tmp_path / "whole" / "controls_windows.csv"), pd.read_csv(part / "controls_windows.csv")
+    whole, resumed = (
+        pd.read_csv(tmp_path / "whole" / "controls_windows.csv"),
+        pd.read_csv(part / "controls_windows.csv"),
+    )
     pd.testing.assert_frame_equal(resumed, whole)
     s1, s2 = (json.loads((f / "controls_summary.json").read_text()) for f in (tmp_path / "whole", part))
     assert s1["dose_response"] == s2["dose_response"] and s1["pairs"] == s2["pairs"]
@@ -169,7 +236,9 @@ def test_controls_protocol_resumes_an_interrupted_run(tmp_path, protocol_run, mo
         (["--controls-documents", "0"], "must be at least 1"),
     ],
 )
-def test_bad_controls_protocol_arguments_are_one_line_errors_before_the_model_loads(protocol_run, argv, message, capsys):
+def test_bad_controls_protocol_arguments_are_one_line_errors_before_the_model_loads(
+    protocol_run, argv, message, capsys
+):
     _, base, loads = protocol_run
     if argv[0] == "--controls-protocol":
         base = [a for a in base if a != str(PROTOCOL)]

@@ -74,7 +74,9 @@ def test_drift_perplexity_is_the_model_loss_and_delta_zero_at_one(model_tokens):
     assert s.loc[1.0, "nll"] == pytest.approx(loss, rel=1e-5)
     assert s.loc[0.0, "nll"] == pytest.approx(loss0, rel=1e-5)
     assert s.loc[1.0, "delta_ppl"] == 0.0
-    assert s.loc[0.0, "delta_ppl"] == pytest.approx(np.exp(loss0) - np.exp(loss), abs=1e-5 * np.exp(loss))  # float32 losses
+    assert s.loc[0.0, "delta_ppl"] == pytest.approx(
+        np.exp(loss0) - np.exp(loss), abs=1e-5 * np.exp(loss)
+    )  # float32 losses
     assert active_hook_count(model) == before
 
 
@@ -93,7 +95,13 @@ def test_sink_removal_puts_the_output_in_the_cone_for_uniform_attention():
     model = make_tiny("gqa")
     tokens = tiny_tokens(model, TEXTS, length=10)
     # uniform causal attention: zero the attention scores (the pattern is then 1/(i+1) everywhere)
-    zero_scores = [(f"blocks.{l}.attn.hook_attn_scores", lambda x, hook: torch.where(torch.isfinite(x) & (x > -1e4), torch.zeros_like(x), x)) for l in range(2)]
+    zero_scores = [
+        (
+            f"blocks.{l}.attn.hook_attn_scores",
+            lambda x, hook: torch.where(torch.isfinite(x) & (x > -1e4), torch.zeros_like(x), x),
+        )
+        for l in range(2)
+    ]
     if not all(name in model.hook_dict for name, _ in zero_scores):
         pytest.skip("no hook_attn_scores on this model")
     with applied(model, zero_scores):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import make_tiny
 
-from geolens.adapter import attn_out_hook, hook_name, has_post_attention_norm, is_bridge
+from geolens.adapter import attn_out_hook, has_post_attention_norm, hook_name, is_bridge
 from geolens.interventions import active_hook_count, applied
 from geolens.interventions.sink_values import (
     PartialKVGroupError,
@@ -84,12 +84,16 @@ def test_scaled_sink_changes_attention_output_by_the_sink_term(model_tokens, lam
     expected = v_base.clone()
     expected[:, 0] *= lam
     if out_new is not None:
-        torch.testing.assert_close(out_new.double(), _expected_attn_out(model, p_base, expected, layer), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            out_new.double(), _expected_attn_out(model, p_base, expected, layer), atol=1e-5, rtol=1e-4
+        )
     if lam == 0.0:  # removing v_0 removes exactly the term α_i0 ṽ_0
         no_sink = p_base.clone()
         no_sink[..., 0] = 0
         if out_new is not None:
-            torch.testing.assert_close(out_new.double(), _expected_attn_out(model, no_sink, v_base, layer), atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                out_new.double(), _expected_attn_out(model, no_sink, v_base, layer), atol=1e-5, rtol=1e-4
+            )
 
 
 def test_gqa_kv_head_edit_touches_exactly_its_query_group():
@@ -143,7 +147,9 @@ def test_mean_sink_value_replaces_v0_by_the_mean_non_sink_value(model_tokens):
     expected = v_base.clone()
     expected[:, 0] = v_base[:, 1:].mean(1)
     if out_new is not None:
-        torch.testing.assert_close(out_new.double(), _expected_attn_out(model, pattern, expected, layer), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            out_new.double(), _expected_attn_out(model, pattern, expected, layer), atol=1e-5, rtol=1e-4
+        )
 
 
 @pytest.mark.parametrize("manager", ["scaled", "mean", "removed"])

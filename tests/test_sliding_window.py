@@ -19,11 +19,11 @@ from conftest import HAS_BRIDGE, make_tiny
 
 import geolens
 from geolens.adapter import sliding_window
+from geolens.runner import run_corpus
 from geolens.selection.scores import head_selection_scores, layer_contributions
 from geolens.sinks import sink_geometry, token_type_decomposition
 from geolens.sinks.drift import head_drift_statistics
 from geolens.sinks.norm_curve import NormCurve
-from geolens.runner import run_corpus
 from geolens.testing import tiny_tokens
 from geolens.visibility import check_window, sink_visible, sink_window_keys, visible_keys
 
@@ -95,10 +95,15 @@ def test_sink_geometry_uses_the_visible_set(gemma):
             pc = [_cos(vt[b, h, 0], vt[b, h, j]) for b in range(B) for j in tail]
             vm = [_cos(v[b, 0, h], sum(v[b, j, h] for j in tail) / len(tail)) for b in range(B)]
             expected = {
-                "sink_rate": np.mean(rates), "gu_score": np.mean(gu), "value_norm_ratio": np.mean(vr),
-                "proj_norm_ratio": np.mean(pr), "value_cos_tail": np.mean(vc), "proj_cos_tail": np.mean(pc),
-                "value_cos_negative": np.mean([c < 0 for c in vc]), "value_cos_mean_dir": np.mean(vm),
-            }  # fmt: skip
+                "sink_rate": np.mean(rates),
+                "gu_score": np.mean(gu),
+                "value_norm_ratio": np.mean(vr),
+                "proj_norm_ratio": np.mean(pr),
+                "value_cos_tail": np.mean(vc),
+                "proj_cos_tail": np.mean(pc),
+                "value_cos_negative": np.mean([c < 0 for c in vc]),
+                "value_cos_mean_dir": np.mean(vm),
+            }
             for key, value in expected.items():
                 assert row[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (layer, h, key)
             assert row.n_queries == len(rates)
@@ -132,7 +137,9 @@ def test_token_type_decomposition_counts_visible_pairs_only(gemma):
         c = geolens.contribution_weights(model, cache, layer, mode="intra", dtype=torch.float64)
         for h in range(model.cfg.n_heads):
             sink_n = sum(1 for b in range(B) for i in range(1, T) if lo(i, w) == 0 and c[b, h, i, 0] != 0)
-            tail_n = sum(1 for b in range(B) for i in range(1, T) for j in range(max(1, lo(i, w)), i + 1) if c[b, h, i, j] != 0)
+            tail_n = sum(
+                1 for b in range(B) for i in range(1, T) for j in range(max(1, lo(i, w)), i + 1) if c[b, h, i, j] != 0
+            )
             got = res.heads[(res.heads.layer == layer) & (res.heads["head"] == h)].set_index("source")["n"]
             assert got["sink"] == sink_n and got["tail"] == tail_n, (layer, h)
     assert res.heads[(res.heads.layer == 0) & (res.heads.source == "sink")].n.max() <= B * (W - 1)
@@ -144,7 +151,11 @@ def test_drift_statistics_skip_queries_the_edit_cannot_reach(gemma):
     norm, cos, vnorm = head_drift_statistics(layer, window=W)
     B, H = tokens.shape[0], model.cfg.n_heads
     norm, cos, vnorm = norm.reshape(B, T - 1, H), cos.reshape(B, T - 1, H), vnorm.reshape(B, T - 1, H)
-    assert torch.isnan(norm[:, W - 1 :]).all() and torch.isnan(cos[:, W - 1 :]).all() and not torch.isnan(norm[:, : W - 1]).any()
+    assert (
+        torch.isnan(norm[:, W - 1 :]).all()
+        and torch.isnan(cos[:, W - 1 :]).all()
+        and not torch.isnan(norm[:, : W - 1]).any()
+    )
     assert torch.isnan(vnorm[:, W - 1 :]).all()
     full_norm, full_cos, _ = head_drift_statistics(layer)
     # in-window queries: unchanged (their visible non-sink tokens are 1 … i anyway)
@@ -171,7 +182,9 @@ def test_selection_scores_use_the_window(gemma, kind):
         sep = head_selection_scores(layer, sizes, distance=kind, by=by, sink=sink, queries="all", window=W)
         for b, h, i in [(0, 0, 5), (1, 2, 20), (0, 3, 39)]:
             ys = [(pattern[b, h, i, j] * v[b, j, h]).tolist() for j in range(T)]
-            ranks = [float(pattern[b, h, i, j]) if by == "attention" else float(torch.tensor(ys[j]).norm()) for j in range(T)]
+            ranks = [
+                float(pattern[b, h, i, j]) if by == "attention" else float(torch.tensor(ys[j]).norm()) for j in range(T)
+            ]
             vis = [lo(i, W) <= j <= i for j in range(T)]
             for k, n in enumerate(sizes):
                 want, _, S = ref.scores(ys, ranks, vis, n, kind, sink)
@@ -188,7 +201,10 @@ def test_selection_analysis_sink_share_ignores_queries_without_sink(gemma):
     from geolens.selection.analysis import Condition, SelectionAnalysis
 
     model, tokens, cache, windows = gemma
-    conds = (Condition("value", "euclidean", "attention", "keep", random=False), Condition("value", "euclidean", "attention", "force", random=False))
+    conds = (
+        Condition("value", "euclidean", "attention", "keep", random=False),
+        Condition("value", "euclidean", "attention", "force", random=False),
+    )
     a = SelectionAnalysis(model.cfg.n_layers, model.cfg.n_heads, [1, 2, 4], conditions=conds, queries="all")
     a.update(model, cache, tokens)
     B, H = tokens.shape[0], model.cfg.n_heads
@@ -212,7 +228,11 @@ def test_report_contrast_leaves_the_invisible_sink_out(gemma):
         assert cc.sink_attention.count[0, h] == B * (W - 1) and cc.sink_attention.count[1, h] == B * (T - 1)
         rates = [float(pattern[b, h, i, 0]) for b in range(B) for i in range(1, W)]
         assert float(cc.sink_attention.mean[0, h]) == pytest.approx(np.mean(rates), rel=1e-5)
-        neg = [sum(float(c[b, h, i, j]) < 0 for j in range(lo(i, W), i + 1)) / (i + 1 - lo(i, W)) for b in range(B) for i in range(1, T)]
+        neg = [
+            sum(float(c[b, h, i, j]) < 0 for j in range(lo(i, W), i + 1)) / (i + 1 - lo(i, W))
+            for b in range(B)
+            for i in range(1, T)
+        ]
         assert float(cc.negative_share.mean[0, h]) == pytest.approx(np.mean(neg), abs=1e-6)
 
 

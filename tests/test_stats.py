@@ -82,7 +82,9 @@ def test_bootstrap_indices_is_the_generator_draw():
     g = np.random.default_rng(5)
     first, second = bootstrap_indices(4, 10, g), bootstrap_indices(4, 10, g)
     ref = np.random.default_rng(5)
-    assert np.array_equal(first, ref.integers(0, 4, size=(10, 4))) and np.array_equal(second, ref.integers(0, 4, size=(10, 4)))
+    assert np.array_equal(first, ref.integers(0, 4, size=(10, 4))) and np.array_equal(
+        second, ref.integers(0, 4, size=(10, 4))
+    )
     assert not np.array_equal(first, second)
     # every unit is drawn with probability 1/n: frequencies over many draws
     freq = np.bincount(bootstrap_indices(5, 4000, seed=0).ravel(), minlength=5) / 20000
@@ -170,7 +172,9 @@ def test_percentile_ci_is_numpys_percentile_and_the_type_7_quantile():
     assert all(np.isnan(v) for v in percentile_ci(s))
     lo, hi = percentile_ci(s, omit_nan=True)
     kept = [v for v in s if not np.isnan(v)]
-    assert lo == pytest.approx(naive_quantile(kept, 0.025), rel=1e-12) and hi == pytest.approx(naive_quantile(kept, 0.975), rel=1e-12)
+    assert lo == pytest.approx(naive_quantile(kept, 0.025), rel=1e-12) and hi == pytest.approx(
+        naive_quantile(kept, 0.975), rel=1e-12
+    )
     for bad in (0.0, 1.0, 95):
         with pytest.raises(ValueError, match="level"):
             percentile_ci(samples, bad)
@@ -181,7 +185,9 @@ def test_mean_ci_against_explicit_loops():
     m, lo, hi = mean_ci(x, n_boot=300, seed=7, level=0.9)
     boots = [naive_mean([x[i] for i in row]) for row in naive_draws(40, 300, 7)]
     assert m == pytest.approx(naive_mean(x), rel=1e-12)
-    assert lo == pytest.approx(naive_quantile(boots, 0.05), rel=1e-12) and hi == pytest.approx(naive_quantile(boots, 0.95), rel=1e-12)
+    assert lo == pytest.approx(naive_quantile(boots, 0.05), rel=1e-12) and hi == pytest.approx(
+        naive_quantile(boots, 0.95), rel=1e-12
+    )
     # columns: each column's own interval from the same resamples
     X = np.stack([x, 2 * x + 1], 1)
     M, LO, HI = mean_ci(X, n_boot=300, seed=7, level=0.9)
@@ -193,7 +199,9 @@ def test_mean_ci_against_explicit_loops():
     m, lo, hi = mean_ci(y, n_boot=200, seed=2, omit_nan=True)
     boots = [naive_mean([y[i] for i in row]) for row in naive_draws(40, 200, 2)]
     assert m == pytest.approx(naive_mean(y), rel=1e-12)
-    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(naive_quantile(boots, 0.975), rel=1e-12)
+    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(
+        naive_quantile(boots, 0.975), rel=1e-12
+    )
     # constant data: a zero-width interval at the value
     assert [float(v) for v in mean_ci(np.full(9, 0.25), n_boot=50)] == [0.25, 0.25, 0.25]
     with pytest.raises(ValueError, match="at least one unit"):
@@ -209,7 +217,9 @@ def test_mean_ci_with_groups_resamples_documents():
     m, lo, hi = mean_ci(x, n_boot=400, seed=1, groups=groups)
     boots = [naive_mean([x[i] for i in rows]) for rows in naive_cluster_resamples(list(groups), 400, 1)]
     assert m == pytest.approx(naive_mean(x), rel=1e-12)
-    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(naive_quantile(boots, 0.975), rel=1e-12)
+    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(
+        naive_quantile(boots, 0.975), rel=1e-12
+    )
     # windows of one document are not independent: the document bootstrap is wider than the window one
     _, wlo, whi = mean_ci(x, n_boot=400, seed=1)
     assert hi - lo > 1.3 * (whi - wlo)
@@ -225,11 +235,15 @@ def test_paired_bootstrap_difference_and_ratio_against_loops():
     d, lo, hi = paired_bootstrap(a, b, n_boot=250, seed=9)
     boots = [naive_mean([b[i] - a[i] for i in r]) for r in rows]
     assert d == pytest.approx(naive_mean(b) - naive_mean(a), rel=1e-12)
-    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(naive_quantile(boots, 0.975), rel=1e-12)
+    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(
+        naive_quantile(boots, 0.975), rel=1e-12
+    )
     r, lo, hi = paired_bootstrap(a, b, statistic="ratio", n_boot=250, seed=9)
     boots = [naive_mean([b[i] for i in s]) / naive_mean([a[i] for i in s]) for s in rows]
     assert r == pytest.approx(naive_mean(b) / naive_mean(a), rel=1e-12)
-    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(naive_quantile(boots, 0.975), rel=1e-12)
+    assert lo == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and hi == pytest.approx(
+        naive_quantile(boots, 0.975), rel=1e-12
+    )
     # paired: a constant shift has a zero-width interval, however noisy a is
     assert [round(float(v), 12) for v in paired_bootstrap(a, a + 0.5, n_boot=100)] == [0.5, 0.5, 0.5]
     # omit_nan: the rows where both are present
@@ -296,7 +310,12 @@ def test_bootstrap_pvalue_formula_and_agreement_with_the_interval():
 def test_verdict_sign_rules_and_not_testable():
     assert verdict(0.1, 0.5) == "holds" and verdict(1e-12, 1.0) == "holds"
     assert verdict(-0.5, -0.1) == "reversed" and verdict(-1.0, -1e-12) == "reversed"
-    assert verdict(-0.1, 0.1) == "tie" and verdict(0.0, 0.3) == "tie" and verdict(-0.3, 0.0) == "tie" and verdict(0.0, 0.0) == "tie"
+    assert (
+        verdict(-0.1, 0.1) == "tie"
+        and verdict(0.0, 0.3) == "tie"
+        and verdict(-0.3, 0.0) == "tie"
+        and verdict(0.0, 0.0) == "tie"
+    )
     # identical conditions by construction: never a tie, whatever the interval says
     for lo, hi in ((0.0, 0.0), (-0.1, 0.1), (0.2, 0.3), (np.nan, np.nan)):
         assert verdict(lo, hi, testable=False) == "not testable"
@@ -308,9 +327,13 @@ def test_verdict_sign_rules_and_not_testable():
     # the faithfulness verdict is this one, after its own range and sample-size checks
     from geolens.faithfulness import verdict as faithfulness_verdict
 
-    assert faithfulness_verdict(0.1, 0.2) == "holds" and faithfulness_verdict(-0.1, 0.2, testable=False) == "not testable"
+    assert (
+        faithfulness_verdict(0.1, 0.2) == "holds" and faithfulness_verdict(-0.1, 0.2, testable=False) == "not testable"
+    )
     assert faithfulness_verdict(0.1, 0.2, False) == "no range"
-    assert faithfulness_verdict(0.1, 0.2, False, testable=False) == "not testable"  # by construction, whatever the range
+    assert (
+        faithfulness_verdict(0.1, 0.2, False, testable=False) == "not testable"
+    )  # by construction, whatever the range
 
 
 def test_docstring_examples_run():
@@ -331,7 +354,10 @@ def test_no_other_module_draws_bootstrap_indices():
         ("faithfulness/ground_truth.py", "layer = int(rng.integers(0, n_layers))"),
         ("faithfulness/ground_truth.py", "out.append((layer, int(rng.integers(lo, hi + 1))))"),
         ("flow_erasure.py", "return torch.from_numpy(rng.choice(p.size, size=n_pos, p=p / p.sum())).to(torch.long)"),
-        ("flow_erasure.py", "ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)"),
+        (
+            "flow_erasure.py",
+            "ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)",
+        ),
         ("hf/check.py", "return torch.randint(0, cfg.d_vocab, (batch, n), generator=generator)"),  # check tokens
         ("hf/streamed.py", ">>> tokens = torch.randint(4, 64, (6, 10), generator=torch.Generator().manual_seed(0))"),
     }
@@ -342,7 +368,10 @@ def test_no_other_module_draws_bootstrap_indices():
         for line in path.read_text().splitlines():
             if re.search(r"def [a-z_]*boot", line) and not (rel == "models.py" and "def _boot(" in line):
                 defs.append((rel, line.strip()))
-            if re.search(r"\.integers\(|randint\(|\.choice\(|multinomial\(", line) and (rel, line.strip()) not in allowed_draws:
+            if (
+                re.search(r"\.integers\(|randint\(|\.choice\(|multinomial\(", line)
+                and (rel, line.strip()) not in allowed_draws
+            ):
                 draws.append((rel, line.strip()))
     assert not defs, defs
     assert not draws, draws
@@ -371,10 +400,14 @@ def _faithfulness_result(n_docs=12, seed=0):
 
     g = np.random.default_rng(seed)
     fr = (0.1, 0.5, 0.9)
-    clean = pd.DataFrame(dict(
-        sequence=np.arange(n_docs), nll=3 + 0.2 * g.normal(size=n_docs), n_scored=g.integers(20, 40, size=n_docs),
-        sink_nll=4 + g.normal(size=n_docs) * 0.1,
-    ))  # fmt: skip
+    clean = pd.DataFrame(
+        dict(
+            sequence=np.arange(n_docs),
+            nll=3 + 0.2 * g.normal(size=n_docs),
+            n_scored=g.integers(20, 40, size=n_docs),
+            sink_nll=4 + g.normal(size=n_docs) * 0.1,
+        )
+    )
     rows = []
     for m, shift in (("raw_attention", 0.5), ("contribution", 1.0), ("random", 0.3)):
         for d in ("comprehensiveness", "sufficiency"):
@@ -382,8 +415,16 @@ def _faithfulness_result(n_docs=12, seed=0):
                 for s in range(n_docs):
                     nll = float(clean.nll[s] + shift * k * (1 if d[0] == "c" else 0.2) + 0.05 * g.normal())
                     rows.append(dict(sequence=s, metric=m, direction=d, fraction=k, nll=nll, n_removed=1))
-    protocol = dict(layers=[0], masking_scope="all", ranking="query", allow_sink=True, allow_current=True, mode="inter",
-                    fractions=fr, skip_prefix=0)  # fmt: skip
+    protocol = dict(
+        layers=[0],
+        masking_scope="all",
+        ranking="query",
+        allow_sink=True,
+        allow_current=True,
+        mode="inter",
+        fractions=fr,
+        skip_prefix=0,
+    )
     return FaithfulnessResult(protocol=protocol, per_sequence=pd.DataFrame(rows), clean=clean, n_boot=300, seed=4)
 
 
@@ -410,10 +451,20 @@ def test_faithfulness_result_cis_are_the_former_formula_bit_for_bit():
     for d in ("comprehensiveness", "sufficiency"):
         x = area_under_curve(res.protocol["fractions"], curve("contribution", d))
         row = auc.loc[("contribution", d, "delta_logprob")]
-        assert (row.auc, row.ci_low, row.ci_high) == (float(x[0]), float(np.quantile(x[1:], a)), float(np.quantile(x[1:], 1 - a)))
-        diff = faithfulness_sign(d, "delta_logprob") * (x - area_under_curve(res.protocol["fractions"], curve("raw_attention", d)))
+        assert (row.auc, row.ci_low, row.ci_high) == (
+            float(x[0]),
+            float(np.quantile(x[1:], a)),
+            float(np.quantile(x[1:], 1 - a)),
+        )
+        diff = faithfulness_sign(d, "delta_logprob") * (
+            x - area_under_curve(res.protocol["fractions"], curve("raw_attention", d))
+        )
         row = pairs.loc[("raw_attention", "contribution", d, "delta_logprob")]
-        assert (row.auc_diff, row.ci_low, row.ci_high) == (float(diff[0]), float(np.quantile(diff[1:], a)), float(np.quantile(diff[1:], 1 - a)))
+        assert (row.auc_diff, row.ci_low, row.ci_high) == (
+            float(diff[0]),
+            float(np.quantile(diff[1:], a)),
+            float(np.quantile(diff[1:], 1 - a)),
+        )
         lo, hi = float(np.quantile(diff[1:], a)), float(np.quantile(diff[1:], 1 - a))
         assert row.verdict == ("holds" if lo > 0 else "reversed" if hi < 0 else "tie")
 
@@ -423,7 +474,16 @@ def _questions(n=60, seed=0, p=0.5):
     tasks = np.where(np.arange(n) < n // 3, "t1", "t2")
     qid = np.concatenate([np.arange((tasks == "t1").sum()), np.arange((tasks == "t2").sum())])
     lp = g.normal(-2, 1, size=n)
-    return pd.DataFrame(dict(task=tasks, qid=qid, correct=g.uniform(size=n) < p, logprob_correct=lp, logprob_correct_norm=lp / 3, chance=1 / 3))
+    return pd.DataFrame(
+        dict(
+            task=tasks,
+            qid=qid,
+            correct=g.uniform(size=n) < p,
+            logprob_correct=lp,
+            logprob_correct_norm=lp / 3,
+            chance=1 / 3,
+        )
+    )
 
 
 def _old_boot_mean(x, idx):
@@ -444,9 +504,15 @@ def test_mc_summary_and_paired_difference_are_the_former_formula():
     for (task, g), (_, row) in zip(groups, got.iterrows()):
         idx = rng.integers(0, len(g), size=(500, len(g)))
         assert row.task == task
-        for col, name in (("correct", "accuracy"), ("logprob_correct", "logprob_correct"), ("logprob_correct_norm", "logprob_correct_norm")):
+        for col, name in (
+            ("correct", "accuracy"),
+            ("logprob_correct", "logprob_correct"),
+            ("logprob_correct_norm", "logprob_correct_norm"),
+        ):
             m, lo, hi = _old_boot_mean(g[col].astype(float), idx)
-            assert row[name] == m and row[f"{name}_hi"] == hi and row[f"{name}_lo"] == pytest.approx(lo, rel=0, abs=1e-12)
+            assert (
+                row[name] == m and row[f"{name}_hi"] == hi and row[f"{name}_lo"] == pytest.approx(lo, rel=0, abs=1e-12)
+            )
     b = _questions(seed=1, p=0.7)
     got = paired_difference(q, b, n_boot=400, seed=2)
     rng = np.random.default_rng(2)
@@ -455,7 +521,11 @@ def test_mc_summary_and_paired_difference_are_the_former_formula():
         idx = rng.integers(0, len(g), size=(400, len(g)))
         d = g["correct_b"].astype(float).to_numpy() - g["correct_a"].astype(float).to_numpy()
         mean, lo, hi = _old_boot_mean(d, idx)
-        assert row.accuracy_diff == mean and row.accuracy_diff_hi == hi and row.accuracy_diff_lo == pytest.approx(lo, rel=0, abs=1e-12)
+        assert (
+            row.accuracy_diff == mean
+            and row.accuracy_diff_hi == hi
+            and row.accuracy_diff_lo == pytest.approx(lo, rel=0, abs=1e-12)
+        )
         assert row.verdict == ("b higher" if lo > 0 else "a higher" if hi < 0 else "tie")
 
 
@@ -471,7 +541,17 @@ def test_mc_pairs_is_the_former_formula():
             for d in ("comprehensiveness", "sufficiency"):
                 for k in (0.1, 0.5):
                     lp = base - s * k + 0.1 * g.normal()
-                    rows.append(dict(task="t", qid=qn, metric=m, direction=d, fraction=k, logprob_correct=lp, correct=int(g.uniform() < 0.5)))
+                    rows.append(
+                        dict(
+                            task="t",
+                            qid=qn,
+                            metric=m,
+                            direction=d,
+                            fraction=k,
+                            logprob_correct=lp,
+                            correct=int(g.uniform() < 0.5),
+                        )
+                    )
     per_q = pd.DataFrame(rows)
     got = mc_pairs(per_q, pairs=[("raw_attention", "contribution")], n_boot=300, seed=6)
     idx = np.random.default_rng(6).integers(0, 30, size=(300, 30))
@@ -504,7 +584,9 @@ def test_document_means_ci_is_the_former_document_bootstrap_bit_for_bit():
     groups = np.repeat(np.arange(5), 5)
     m, l, h = document_means_ci(x[:, 1], n_boot=300, seed=1, groups=groups)
     boots = [naive_mean([x[i, 1] for i in rows]) for rows in naive_cluster_resamples(list(groups), 300, 1)]
-    assert l[0] == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and h[0] == pytest.approx(naive_quantile(boots, 0.975), rel=1e-12)
+    assert l[0] == pytest.approx(naive_quantile(boots, 0.025), rel=1e-12) and h[0] == pytest.approx(
+        naive_quantile(boots, 0.975), rel=1e-12
+    )
 
 
 def test_sink_controls_cis_are_the_former_formula_bit_for_bit(monkeypatch):
@@ -513,13 +595,22 @@ def test_sink_controls_cis_are_the_former_formula_bit_for_bit(monkeypatch):
     from geolens.interventions.sink_values import SinkEditSpec
 
     W, L, T, n_boot, seed = 9, 3, 8, 400, 2
-    specs = [SinkEditSpec("scale", 0.0), SinkEditSpec("corpus_mean"), SinkEditSpec("rotate", seed=0), SinkEditSpec("rotate", seed=1)]
+    specs = [
+        SinkEditSpec("scale", 0.0),
+        SinkEditSpec("corpus_mean"),
+        SinkEditSpec("rotate", seed=0),
+        SinkEditSpec("rotate", seed=1),
+    ]
     scopes = ["all", "0", "2"]
     g = np.random.default_rng(0)
     nll = 3 + g.normal(size=(W, len(scopes), len(specs))) * 0.3
     norm = 5 + g.normal(size=(W, len(scopes), len(specs)))
     cos = g.uniform(0.2, 0.8, size=(W, len(scopes), len(specs)))
-    clean_nll, clean_norm, clean_cos = 3 + 0.1 * g.normal(size=W), 5 + g.normal(size=(W, L)), g.uniform(0.2, 0.8, size=(W, L))
+    clean_nll, clean_norm, clean_cos = (
+        3 + 0.1 * g.normal(size=W),
+        5 + g.normal(size=(W, L)),
+        g.uniform(0.2, 0.8, size=(W, L)),
+    )
 
     def edited(model, window, specs_, scope_layers, corpus_means=None, position=None):
         w = int(window[0, 0])
@@ -551,8 +642,13 @@ def test_sink_controls_cis_are_the_former_formula_bit_for_bit(monkeypatch):
     cond = res.conditions.set_index(["edit", "scope"])
     for lab, (db, nw, cw) in series.items():
         nb, cb = nw[boot].mean(1), cw[boot].mean(1)
-        expect = {"delta_ppl": pct(db), "out_norm": pct(nb), "out_norm_ratio": pct(nb / cn_s[boot].mean(1)),
-                  "cos_cone": pct(cb), "delta_cos": pct(cb - cc_s[boot].mean(1))}  # fmt: skip
+        expect = {
+            "delta_ppl": pct(db),
+            "out_norm": pct(nb),
+            "out_norm_ratio": pct(nb / cn_s[boot].mean(1)),
+            "cos_cone": pct(cb),
+            "delta_cos": pct(cb - cc_s[boot].mean(1)),
+        }
         for s, scope in enumerate(scopes):
             row = cond.loc[(lab, scope)]
             for name, (lo, hi) in expect.items():
@@ -583,7 +679,11 @@ def test_holm_family_levels_stop_and_not_testable():
     assert z.verdict == "not testable" and z.rank == 0 and np.isnan(z.p_adj)
     # m = 3 testable tests; strong and after tie at the smallest p and keep the input order
     assert (s.rank, a.rank, w.rank) == (1, 2, 3)
-    assert s.level == pytest.approx(1 - 0.05 / 3) and a.level == pytest.approx(1 - 0.05 / 2) and w.level == pytest.approx(0.95)
+    assert (
+        s.level == pytest.approx(1 - 0.05 / 3)
+        and a.level == pytest.approx(1 - 0.05 / 2)
+        and w.level == pytest.approx(0.95)
+    )
     assert (s.verdict, a.verdict, w.verdict) == ("holds", "reversed", "tie")
     assert w.holm_stopped_at == 3 and s.holm_stopped_at == 0
     # Holm's adjusted p of the family of 3 (not 4)

@@ -92,7 +92,9 @@ def test_histogram_matches_numpy_histogram_and_payload():
                 sel = p[inside & (idx == b)]
                 if len(sel) > 1:
                     np.testing.assert_allclose(h.payload_mean[i, j, b].item(), sel.mean(), rtol=1e-12)
-                    np.testing.assert_allclose(h.payload_sem[i, j, b].item(), sel.std(ddof=1) / np.sqrt(len(sel)), rtol=1e-9)
+                    np.testing.assert_allclose(
+                        h.payload_sem[i, j, b].item(), sel.std(ddof=1) / np.sqrt(len(sel)), rtol=1e-9
+                    )
                 elif len(sel) == 0:
                     assert torch.isnan(h.payload_mean[i, j, b])
 
@@ -100,7 +102,11 @@ def test_histogram_matches_numpy_histogram_and_payload():
 def test_histogram_merge_equals_concatenation_and_rejects_other_edges():
     x = torch.rand(40, 3, dtype=torch.float64)
     whole = Histogram(torch.linspace(0, 1, 5), (3,)).update(x)
-    merged = Histogram(torch.linspace(0, 1, 5), (3,)).update(x[:11]).merge(Histogram(torch.linspace(0, 1, 5), (3,)).update(x[11:]))
+    merged = (
+        Histogram(torch.linspace(0, 1, 5), (3,))
+        .update(x[:11])
+        .merge(Histogram(torch.linspace(0, 1, 5), (3,)).update(x[11:]))
+    )
     assert torch.equal(whole.counts, merged.counts)
     with pytest.raises(ValueError, match="different bin edges"):
         whole.merge(Histogram(torch.linspace(0, 1, 6), (3,)))
@@ -153,9 +159,9 @@ def test_default_merge_merges_every_accumulator():
     torch.testing.assert_close(merged.per_layer[0].mean, whole.per_layer[0].mean, rtol=1e-14, atol=0)
     torch.testing.assert_close(merged.named["a"].total, whole.named["a"].total, rtol=1e-14, atol=0)
     assert torch.equal(merged.named["b"].counts, whole.named["b"].counts)
+
     class Other(CorpusAnalysis):
         pass
 
     with pytest.raises(TypeError, match="cannot merge Other into _Nested"):
         merged.merge(Other())
-

@@ -47,10 +47,20 @@ def test_the_committed_matrix_covers_ten_families_all_passing_on_the_hf_backend(
     assert len(committed["families"]) >= 10
     assert list(committed["backends"]) == list(committed["versions"]) == ["hf", "tl4-bridge", "tl2-hooked"]
     assert committed["versions"]["tl2-hooked"]["transformer-lens"].startswith("2.")
-    assert set(committed["checks"]) == {"attention_rebuild", "contributions", "padding", "sinks", "value_zeroing", "per_term", "report"}
+    assert set(committed["checks"]) == {
+        "attention_rebuild",
+        "contributions",
+        "padding",
+        "sinks",
+        "value_zeroing",
+        "per_term",
+        "report",
+    }
     page = (DOCS / "support.md").read_text(encoding="utf-8")
     for family, per_backend in committed["results"].items():
-        assert {c: r["status"] for c, r in per_backend["hf"].items()} == dict.fromkeys(committed["checks"], "pass"), family
+        assert {c: r["status"] for c, r in per_backend["hf"].items()} == dict.fromkeys(committed["checks"], "pass"), (
+            family
+        )
         for backend, cells in per_backend.items():
             for check, r in cells.items():
                 assert (r["status"] == "pass") == (r["reason"] == ""), (family, backend, check)
@@ -87,7 +97,9 @@ def test_the_main_environment_computes_the_tl2_column_in_venvs_tl2(sm, committed
     in_venvs_tl2 = Path(sys.prefix).resolve() == sm.TL2_PYTHON.parent.parent.resolve()
     if not hosts_tl2(sm) or in_venvs_tl2:  # another TL 2.x environment (.venvs/min) has other versions
         assert got["versions"] == committed["versions"]["tl2-hooked"]
-    assert got["results"] == {f: {"attention_rebuild": committed["results"][f]["tl2-hooked"]["attention_rebuild"]} for f in families}
+    assert got["results"] == {
+        f: {"attention_rebuild": committed["results"][f]["tl2-hooked"]["attention_rebuild"]} for f in families
+    }
     assert got["results"]["gpt2"]["attention_rebuild"]["status"] == "pass"
     assert got["results"]["olmo2"]["attention_rebuild"]["status"] == "not hosted"
 
@@ -95,7 +107,9 @@ def test_the_main_environment_computes_the_tl2_column_in_venvs_tl2(sm, committed
 def test_without_venvs_tl2_the_matrix_stops_and_says_how_to_build_it(sm, monkeypatch, tmp_path):
     monkeypatch.setattr(sm, "TL2_PYTHON", tmp_path / "no-venv" / "bin" / "python")
     monkeypatch.setattr(sm, "available_backends", lambda: ["hf", "tl4-bridge"])
-    with pytest.raises(sm.MissingBackend, match=r"tl2-hooked column runs in \.venvs/tl2 .* `bash scripts/install\.sh --tl2`"):
+    with pytest.raises(
+        sm.MissingBackend, match=r"tl2-hooked column runs in \.venvs/tl2 .* `bash scripts/install\.sh --tl2`"
+    ):
         sm.support_matrix(families=["gpt2"])
 
 
@@ -105,7 +119,9 @@ def test_a_failing_tl2_run_is_reported_with_its_last_line(sm, monkeypatch):
     if hosts_tl2(sm):
         pytest.skip("needs a Python without TransformerLens 2.x (the main environment)")
     monkeypatch.setattr(sm, "TL2_PYTHON", Path(sys.executable))
-    with pytest.raises(sm.MissingBackend, match=r"failed in \.venvs/tl2 \(exit 2\): .*cannot run the tl2-hooked column"):
+    with pytest.raises(
+        sm.MissingBackend, match=r"failed in \.venvs/tl2 \(exit 2\): .*cannot run the tl2-hooked column"
+    ):
         sm.column("tl2-hooked", families=["gpt2"], checks=["attention_rebuild"])
 
 
@@ -192,5 +208,8 @@ def test_a_quantity_that_drifts_from_its_reference_fails_its_check(sm, monkeypat
 
     monkeypatch.setattr(geolens, "contribution_weights", drifted)
     cell = sm.run_cell("gpt2", "hf", checks=["contributions", "attention_rebuild"])
-    assert cell["contributions"]["status"] == "fail" and "contributions differ from the reference" in cell["contributions"]["reason"]
+    assert (
+        cell["contributions"]["status"] == "fail"
+        and "contributions differ from the reference" in cell["contributions"]["reason"]
+    )
     assert cell["attention_rebuild"]["status"] == "pass"

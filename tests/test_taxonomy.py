@@ -36,7 +36,11 @@ def brute_counts(model, cache, space="value", skip_first=True):
                     cos = lambda a, c: float(torch.dot(a, c) / (a.norm() * c.norm()))
                     sink_al[l][hi].append(cos(o, u[bi, hi, 0]))
                     cur_al[l][hi].append(cos(o, u[bi, hi, i]))
-    return counts, np.array([[np.mean(x) for x in row] for row in sink_al]), np.array([[np.mean(x) for x in row] for row in cur_al])
+    return (
+        counts,
+        np.array([[np.mean(x) for x in row] for row in sink_al]),
+        np.array([[np.mean(x) for x in row] for row in cur_al]),
+    )
 
 
 @pytest.mark.parametrize("space", ["value", "projected"])
@@ -96,7 +100,15 @@ def test_head_taxonomy_streams_merges_and_round_trips(tiny_gqa):
     np.testing.assert_allclose(merged.table.mean_sink_alignment, full.table.mean_sink_alignment, atol=1e-10)
     c = taxonomy.TaxonomyAnalysis.for_model(model).load_state_dict(a.state_dict())
     np.testing.assert_array_equal(c.counts.total.numpy(), a.counts.total.numpy())
-    assert list(full.table.columns[:7]) == ["layer", "head", "n_queries", "share_sink", "share_current", "share_other", "regime"]
+    assert list(full.table.columns[:7]) == [
+        "layer",
+        "head",
+        "n_queries",
+        "share_sink",
+        "share_current",
+        "share_other",
+        "regime",
+    ]
     assert full.regimes.shape == (model.cfg.n_layers, model.cfg.n_heads)
 
 

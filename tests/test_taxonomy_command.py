@@ -24,7 +24,22 @@ def write_corpus(path, seed):
 def test_taxonomy_command_writes_tables_and_figures(tmp_path):
     out = tmp_path / "tax"
     lee, enwiki = write_corpus(tmp_path / "lee.txt", 0), write_corpus(tmp_path / "enwiki.txt", 1)
-    rc = main(["taxonomy", "--model", "tiny-gqa", "--corpora", lee, enwiki, "--n-sequences", "4", "--seq-len", "16", "--out", str(out)])
+    rc = main(
+        [
+            "taxonomy",
+            "--model",
+            "tiny-gqa",
+            "--corpora",
+            lee,
+            enwiki,
+            "--n-sequences",
+            "4",
+            "--seq-len",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     heads = pd.read_csv(out / "heads_lee.csv")
     assert len(heads) == 2 * 4 and (heads.n_queries == 4 * 15).all()
@@ -36,7 +51,9 @@ def test_taxonomy_command_writes_tables_and_figures(tmp_path):
     assert list(side.columns) == ["lee", "enwiki"]
     assert (out / "regime_grid.png").stat().st_size > 1000
     # the offset statistic and the window-length dependence
-    assert {"top_offset", "top_offset_share", "top_offset_share_of_other", "offset_dominant", "label"} <= set(heads.columns)
+    assert {"top_offset", "top_offset_share", "top_offset_share_of_other", "offset_dominant", "label"} <= set(
+        heads.columns
+    )
     offsets = pd.read_csv(out / "offsets_lee.csv")
     assert list(offsets.columns) == ["layer", "head", "offset", "count", "share"] and (offsets.offset < 0).all()
     by_len = pd.read_csv(out / "by_length_lee.csv")
@@ -59,8 +76,26 @@ def test_regime_grid_views_show_the_regimes():
 def test_taxonomy_command_final_query_mode(tmp_path):
     out = tmp_path / "tax"
     lee = write_corpus(tmp_path / "lee.txt", 0)
-    rc = main(["taxonomy", "--model", "tiny-gqa", "--corpora", lee, "--n-sequences", "4", "--seq-len", "16",
-               "--queries", "final", "--prefix-lengths", "8", "16", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "taxonomy",
+            "--model",
+            "tiny-gqa",
+            "--corpora",
+            lee,
+            "--n-sequences",
+            "4",
+            "--seq-len",
+            "16",
+            "--queries",
+            "final",
+            "--prefix-lengths",
+            "8",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     heads = pd.read_csv(out / "heads_lee.csv")
     assert (heads.n_queries == 4).all()

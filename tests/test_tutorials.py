@@ -42,7 +42,9 @@ def test_stored_tutorial_shows_its_outputs(path):
     assert not [o for o in outputs if o.get("output_type") == "error"], f"{path.name} stores an error"
     assert sum(bool(c.get("outputs")) for c in code) >= len(code) // 2, f"{path.name}: most cells have no output"
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} shows no figure"
-    assert path.stat().st_size < 1_500_000, f"{path.name} is {path.stat().st_size} bytes (an inlined circuitsvis bundle?)"
+    assert path.stat().st_size < 1_500_000, (
+        f"{path.name} is {path.stat().st_size} bytes (an inlined circuitsvis bundle?)"
+    )
 
 
 @pytest.mark.slow
@@ -53,28 +55,41 @@ def test_tutorial_runs(path, tmp_path):
 
     stored = path.read_bytes()
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name=_kernel_name(), resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name=_kernel_name(), resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"
+    ]
     assert not errors, errors
     assert path.read_bytes() == stored  # CI re-executes in memory; the stored outputs stay as they are
 
 
 def test_run_tutorials_cleans_stored_outputs():
     nbformat = pytest.importorskip("nbformat")
-    from nbformat.v4 import new_code_cell, new_notebook, new_output
-
     from conftest import load_script
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
 
     run_tutorials = load_script("run_tutorials")
     bundle = "x" * 200_000
     cell = new_code_cell("view", execution_count=1, metadata={"execution": {"iopub.status.busy": "2026-01-01"}})
     cell.outputs = [
-        new_output("stream", name="stderr", text="/tqdm/auto.py:21: TqdmWarning: IProgress not found. Please update\n  from .autonotebook import tqdm as notebook_tqdm\n"),
+        new_output(
+            "stream",
+            name="stderr",
+            text="/tqdm/auto.py:21: TqdmWarning: IProgress not found. Please update\n  from .autonotebook import tqdm as notebook_tqdm\n",
+        ),
         new_output("stream", name="stderr", text="\rbar:   0%|  | 0/4"),
         new_output("stream", name="stderr", text="\rbar: 100%|##| 4/4\n"),
         new_output("stream", name="stdout", text="result 42\n"),
-        new_output("display_data", data={"text/html": f"<script>{bundle}</script><script>CircuitsVis.render(\"id1\", CircuitsVis.AttentionHeads, {{}});</script>", "text/plain": "HTMLView"}),
+        new_output(
+            "display_data",
+            data={
+                "text/html": f'<script>{bundle}</script><script>CircuitsVis.render("id1", CircuitsVis.AttentionHeads, {{}});</script>',
+                "text/plain": "HTMLView",
+            },
+        ),
         new_output("display_data", data={"text/html": "<table></table>", "text/plain": "df"}),
     ]
     nb = new_notebook(cells=[cell])

@@ -47,8 +47,10 @@ def test_negative_layer_works_everywhere(gqa, fn):
         torch.testing.assert_close(a, b)
     else:
         assert a.layer == b.layer == last
-        torch.testing.assert_close(a.attention if hasattr(a, "attention") else a.contribution,
-                                   b.attention if hasattr(b, "attention") else b.contribution)
+        torch.testing.assert_close(
+            a.attention if hasattr(a, "attention") else a.contribution,
+            b.attention if hasattr(b, "attention") else b.contribution,
+        )
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
@@ -121,7 +123,12 @@ def test_sequences_longer_than_the_context_are_refused_where_geolens_runs_the_mo
     with pytest.raises(ValueError, match=rf"{n_ctx + 1} tokens is longer than the model's context \(n_ctx = {n_ctx}\)"):
         check_context(model, n_ctx + 1)
     with pytest.raises(ValueError, match="longer than the model's context"):
-        run_corpus(model, tiny_tokens(model, length=n_ctx + 8), [NormCurve(model.cfg.n_layers, model.cfg.n_heads)], progress=False)
+        run_corpus(
+            model,
+            tiny_tokens(model, length=n_ctx + 8),
+            [NormCurve(model.cfg.n_layers, model.cfg.n_heads)],
+            progress=False,
+        )
     with pytest.raises(ValueError, match=f"seq_len {n_ctx + 1}: a window"):
         token_windows(model, ["a b c " * 200], n_ctx + 1)
 
@@ -132,7 +139,9 @@ def test_check_choice_names_the_argument_and_every_choice():
         with pytest.raises(ValueError) as err:
             check_choice(bad, ("intra", "inter"), name="mode")
         assert str(err.value) == f"mode must be one of 'intra', 'inter', got {bad!r}"
-    with pytest.raises(ValueError, match=r"^queries must be one of 'all' \(every query\), 'final' \(the last one\), got 'first'$"):
+    with pytest.raises(
+        ValueError, match=r"^queries must be one of 'all' \(every query\), 'final' \(the last one\), got 'first'$"
+    ):
         check_choice("first", {"all": "every query", "final": "the last one"}, name="queries")
     # every function that takes a choice refuses a bad one with this message
     from geolens.selection.scores import rankings

@@ -29,7 +29,9 @@ def test_contribution_heatmaps_show_the_reference_values_with_negatives(tiny):
     shown = torch.tensor(_props(contrib)["attention"], dtype=torch.float64)
     torch.testing.assert_close(shown, ref, atol=2e-5, rtol=1e-4)
     pattern, _, _ = reference.raw_tensors(model, cache, 1)
-    torch.testing.assert_close(torch.tensor(_props(attn)["attention"], dtype=torch.float64), pattern[1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(_props(attn)["attention"], dtype=torch.float64), pattern[1], atol=1e-6, rtol=0
+    )
     # each sign has its own scale (queries ≥ 1): full red at the most negative weight, full blue at the
     # largest positive one, so that negatives much smaller than the positives are still visibly red
     visible = torch.tril(torch.ones(ref.shape[-1], ref.shape[-1], dtype=torch.bool))
@@ -37,14 +39,19 @@ def test_contribution_heatmaps_show_the_reference_values_with_negatives(tiny):
     assert p["negativeColor"] == "red" and p["positiveColor"] == "blue"
     assert p["maxValue"] == pytest.approx(ref[:, 1:].max().item(), rel=1e-4)
     lowest = ref[:, 1:].min().item()
-    assert p["minValue"] == (pytest.approx(lowest, rel=1e-4) if lowest < 0 else -p["maxValue"])  # no negative: symmetric
+    assert p["minValue"] == (
+        pytest.approx(lowest, rel=1e-4) if lowest < 0 else -p["maxValue"]
+    )  # no negative: symmetric
     kind = "per_sign" if lowest < 0 else "symmetric"
     assert view.data["contribution_scale"] == {"kind": kind, "min": p["minValue"], "max": p["maxValue"]}
     assert f"full blue {p['maxValue']:+.3g}" in contrib.caption
     assert (f"full red {p['minValue']:+.3g}" if lowest < 0 else "no negative value") in contrib.caption
     # what each heatmap shows is named as the metric registry names it
     assert contrib.caption.startswith("contribution weights c, c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j)")
-    assert attn.caption.startswith("raw attention α, α_ij (intra-head): white 0 … full blue") and "no negative value" in attn.caption
+    assert (
+        attn.caption.startswith("raw attention α, α_ij (intra-head): white 0 … full blue")
+        and "no negative value" in attn.caption
+    )
     # attention keeps the symmetric scale
     assert _props(attn)["minValue"] == -_props(attn)["maxValue"]
     share = (ref[:, visible] < 0).double().mean().item()
@@ -83,8 +90,12 @@ def test_source_colors_per_head_and_per_layer(tiny):
     c_intra = reference.contributions(model, cache, 1, "intra")[0, 2, i, : i + 1]
     attn_c, contrib_c = head.components
     assert attn_c.name == "ColoredTokens"
-    torch.testing.assert_close(torch.tensor(_props(attn_c)["values"], dtype=torch.float64), pattern[0, 2, i, : i + 1], atol=1e-6, rtol=0)
-    torch.testing.assert_close(torch.tensor(_props(contrib_c)["values"], dtype=torch.float64), c_intra, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor(_props(attn_c)["values"], dtype=torch.float64), pattern[0, 2, i, : i + 1], atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(_props(contrib_c)["values"], dtype=torch.float64), c_intra, atol=2e-5, rtol=1e-4
+    )
     assert len(_props(contrib_c)["tokens"]) == i + 1
 
     layer = viz.source_colors(model, cache, tokens, 1, query=-1)
@@ -143,7 +154,7 @@ def test_html_view_saves_a_self_contained_page(tiny_gqa, tmp_path):
 
 def test_script_json_cannot_close_the_script_element():
     comp = Component("ColoredTokens", {"tokens": ["</script><b>x"], "values": [1.0]})
-    assert "</script><b>" not in comp.markup().split("<script>", 1)[1][:-len("</script>")]
+    assert "</script><b>" not in comp.markup().split("<script>", 1)[1][: -len("</script>")]
     assert _props(comp)["tokens"] == ["</script><b>x"]
 
 
@@ -183,8 +194,8 @@ def test_html_view_needs_components():
 
 def test_variance_share_chart_draws_signed_shares_that_add_up_to_one():
     import numpy as np
-
     from conftest import make_tiny
+
     from geolens.sinks import token_type_decomposition
     from geolens.testing import tiny_tokens
     from geolens.viz.sinks import decomposition_bars

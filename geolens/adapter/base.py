@@ -151,7 +151,9 @@ class ModelAdapter:
     z_hook = _block_hook(Z, "The attention-weighted values of block ``layer``, ``[batch, pos, head, d_head]``.")
     resid_pre_hook = _block_hook(RESID_PRE, "The residual stream entering block ``layer``.")
     resid_post_hook = _block_hook(RESID_POST, "The residual stream leaving block ``layer``.")
-    block_attn_out_hook = _block_hook(ATTN_OUT, "What block ``layer`` adds to the residual stream from attention (after any post-attention norm).")
+    block_attn_out_hook = _block_hook(
+        ATTN_OUT, "What block ``layer`` adds to the residual stream from attention (after any post-attention norm)."
+    )
 
     def attn_out_hook(self, layer: int) -> str:
         """The hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O."""
@@ -304,7 +306,9 @@ class ModelAdapter:
         """An empty KV cache of this family, for one sequence."""
         raise NotImplementedError
 
-    def forward_from_layer(self, resid: Float[Tensor, "batch pos d_model"], layer: int, **kwargs) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward_from_layer(
+        self, resid: Float[Tensor, "batch pos d_model"], layer: int, **kwargs
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """The logits of the model run from ``resid``, the residual stream entering ``layer``
         (TransformerLens' ``start_at_layer``), without running the blocks before ``layer``.
         ``kwargs`` go to the model's forward (``past_kv_cache`` / ``past_key_values``,

@@ -17,13 +17,17 @@ from geolens.adapter.cache import _cache_get
 from geolens.layout import hook_name
 
 
-def transformer_bridge(path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool = False, device="cpu", **boot_kwargs):
+def transformer_bridge(
+    path_or_name: str, hf_model, tokenizer, *, compatibility_mode: bool = False, device="cpu", **boot_kwargs
+):
     """``TransformerBridge.boot_transformers`` over ``hf_model`` (or, when it is None, over the model
     it loads itself from ``path_or_name``), then compatibility mode if asked, in eval mode.
     ``boot_kwargs`` go to ``boot_transformers`` (``dtype``, ``device_map``, ``n_devices``, ...)."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_transformers(path_or_name, hf_model=hf_model, tokenizer=tokenizer, device=device, **boot_kwargs)
+    bridge = TransformerBridge.boot_transformers(
+        path_or_name, hf_model=hf_model, tokenizer=tokenizer, device=device, **boot_kwargs
+    )
     if compatibility_mode:
         bridge.enable_compatibility_mode(disable_warnings=True)
     bridge.eval()
@@ -161,7 +165,11 @@ class BridgeAdapter(ModelAdapter):
             kv_cache = copy.copy(kv_cache)
             kv_cache.layers = [copy.copy(entry) for entry in kv_cache.layers]
         types = getattr(self.hf_config, "layer_types", None)
-        windows = {name: self.sliding_window(l) for l, name in enumerate(types)} if types else {"full_attention": self.sliding_window(0)}
+        windows = (
+            {name: self.sliding_window(l) for l, name in enumerate(types)}
+            if types
+            else {"full_attention": self.sliding_window(0)}
+        )
         masks = {}
         for name, window in windows.items():
             seen = torch.ones(rows, query, dtype=torch.bool, device=resid.device)
@@ -171,4 +179,6 @@ class BridgeAdapter(ModelAdapter):
             masks[name] = torch.cat([seen, own], dim=1)[None, None]
         mask = masks if types else masks["full_attention"]  # one mask per layer type, as the model's forward takes them
         positions = torch.full((1, rows), query, dtype=torch.long, device=resid.device)
-        return self.forward_from_layer(resid[None], layer, past_key_values=kv_cache, attention_mask=mask, position_ids=positions)[0]
+        return self.forward_from_layer(
+            resid[None], layer, past_key_values=kv_cache, attention_mask=mask, position_ids=positions
+        )[0]

@@ -37,4 +37,6 @@ class GemmaBridgeAdapter(BridgeAdapter):
         if getattr(model.cfg, "use_normalization_before_and_after", False):
             return True
         block = model.blocks[0]
-        return any(n in getattr(block, "_modules", {}) for n in ("ln1_post", "post_attention_layernorm")) and not post_norms_only(model)
+        return any(
+            n in getattr(block, "_modules", {}) for n in ("ln1_post", "post_attention_layernorm")
+        ) and not post_norms_only(model)

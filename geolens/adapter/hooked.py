@@ -95,22 +95,35 @@ class HookedAdapter(ModelAdapter):
         return HookedTransformerKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, 1)
 
     def crop_kv_cache(self, kv_cache, n_pos):
-        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+        from transformer_lens.past_key_value_caching import (
+            HookedTransformerKeyValueCache,
+            HookedTransformerKeyValueCacheEntry,
+        )
 
         if kv_cache is None or n_pos == 0:
             return None
-        entries = [HookedTransformerKeyValueCacheEntry(e.past_keys[:, :n_pos], e.past_values[:, :n_pos], frozen=True) for e in kv_cache.entries]
-        return HookedTransformerKeyValueCache(entries=entries, previous_attention_mask=kv_cache.previous_attention_mask[:, :n_pos], frozen=True)
+        entries = [
+            HookedTransformerKeyValueCacheEntry(e.past_keys[:, :n_pos], e.past_values[:, :n_pos], frozen=True)
+            for e in kv_cache.entries
+        ]
+        return HookedTransformerKeyValueCache(
+            entries=entries, previous_attention_mask=kv_cache.previous_attention_mask[:, :n_pos], frozen=True
+        )
 
     def single_position_logits(self, resid, layer, query, kv_cache):
         """The rows are a batch over a frozen copy of the cache, expanded (as views) over the
         batch; ``start_at_layer`` skips the blocks before ``layer``."""
-        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+        from transformer_lens.past_key_value_caching import (
+            HookedTransformerKeyValueCache,
+            HookedTransformerKeyValueCacheEntry,
+        )
 
         rows = resid.shape[0]
         if kv_cache is not None:
             entries = [
-                HookedTransformerKeyValueCacheEntry(e.past_keys.expand(rows, -1, -1, -1), e.past_values.expand(rows, -1, -1, -1), frozen=True)
+                HookedTransformerKeyValueCacheEntry(
+                    e.past_keys.expand(rows, -1, -1, -1), e.past_values.expand(rows, -1, -1, -1), frozen=True
+                )
                 for e in kv_cache.entries
             ]
             mask = kv_cache.previous_attention_mask.expand(rows, -1)

@@ -21,8 +21,8 @@ from torch import Tensor
 
 from geolens.adapter.base import TLModel
 from geolens.adapter.cache import _cache_get, _cache_lookup
-from geolens.layout import expand_kv_heads
 from geolens.adapter.registry import adapter_for
+from geolens.layout import expand_kv_heads
 from geolens.validation import check_attention_mask, check_cache_layers, check_dtype, check_layer
 
 # query blocks of a causal layer (AttentionLayer.query_blocks): at least CAUSAL_BLOCKS, of at most
@@ -71,7 +71,9 @@ class AttentionLayer:
         if not self.causal:
             return [(slice(0, n_q), n_k)]
         size = -(-n_q // max(CAUSAL_BLOCKS, -(-n_q // CAUSAL_BLOCK_ROWS))) if n_q >= 4 * CAUSAL_BLOCKS else n_q
-        return [(slice(s, min(s + size, n_q)), min(n_k, self.query_start + min(s + size, n_q))) for s in range(0, n_q, size)]
+        return [
+            (slice(s, min(s + size, n_q)), min(n_k, self.query_start + min(s + size, n_q))) for s in range(0, n_q, size)
+        ]
 
     @cached_property
     def z(self) -> Float[Tensor, "batch query head d_head"]:
@@ -125,7 +127,9 @@ class AttentionLayer:
     @cached_property
     def _z_probe(self) -> Tensor:
         generator = torch.Generator().manual_seed(0)
-        return torch.randn(self.v.shape[-1], generator=generator, dtype=torch.float64).to(self.v.dtype).to(self.v.device)
+        return (
+            torch.randn(self.v.shape[-1], generator=generator, dtype=torch.float64).to(self.v.dtype).to(self.v.device)
+        )
 
     @cached_property
     def _z_probe_keys(self) -> Tensor:
@@ -213,7 +217,9 @@ def get_attention_layer(
     device = pattern.device
     W_O, b_O = adapter.compute_output_weights(layer, dtype, device)
     if W_O.shape != (n_heads, v.shape[3], cfg.d_model):
-        raise ValueError(f"layer {layer}: W_O has shape {tuple(W_O.shape)}, expected {(n_heads, v.shape[3], cfg.d_model)}")
+        raise ValueError(
+            f"layer {layer}: W_O has shape {tuple(W_O.shape)}, expected {(n_heads, v.shape[3], cfg.d_model)}"
+        )
     device = pattern.device
     pattern = pattern.to(dtype)
     v = expand_kv_heads(v.to(dtype), n_heads)
@@ -250,7 +256,9 @@ def get_attention_layer(
         z_hint=z_hint,
     )
     # the config says causal; the pattern must agree, else every key is read (a bidirectional model)
-    if view.causal and any(_nonzero(view.pattern[..., queries, k_end:]) for queries, k_end in view.query_blocks() if k_end < n_k):
+    if view.causal and any(
+        _nonzero(view.pattern[..., queries, k_end:]) for queries, k_end in view.query_blocks() if k_end < n_k
+    ):
         view.causal = False
     return view
 
@@ -262,8 +270,9 @@ def _nonzero(x: Tensor) -> bool:
     return bool(low != 0) or bool(high != 0)
 
 
-
-def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: int | None = None, layer: int = 0) -> None:
+def check_unpadded(
+    pattern: Float[Tensor, "batch head query key"], *, window: int | None = None, layer: int = 0
+) -> None:
     """Refuse a padded batch given without its ``attention_mask``.
 
     The final query of a causal row sees every key (within its sliding window). A key it gives
@@ -272,7 +281,7 @@ def check_unpadded(pattern: Float[Tensor, "batch head query key"], *, window: in
     """
     last = pattern[:, :, -1, :]
     if window is not None:
-        last = last[..., max(0, last.shape[-1] - window):]
+        last = last[..., max(0, last.shape[-1] - window) :]
     masked = (last == 0).all(dim=1)
     if bool(masked.any()):
         rows = masked.any(dim=-1).nonzero().flatten().tolist()

@@ -20,7 +20,13 @@ from geolens.adapter.gemma import GemmaBridgeAdapter, GemmaHookedAdapter
 from geolens.adapter.hooked import HookedAdapter
 from geolens.adapter.olmo2 import Olmo2BridgeAdapter
 
-FAMILIES: list[type[ModelAdapter]] = [Olmo2BridgeAdapter, GemmaBridgeAdapter, BridgeAdapter, GemmaHookedAdapter, HookedAdapter]
+FAMILIES: list[type[ModelAdapter]] = [
+    Olmo2BridgeAdapter,
+    GemmaBridgeAdapter,
+    BridgeAdapter,
+    GemmaHookedAdapter,
+    HookedAdapter,
+]
 """Tried in order by :func:`adapter_for`; a specialised family comes before its parent. Add to it
 with :func:`register_family` (the HF-native backend registers its families when it is imported)."""
 
@@ -129,12 +135,16 @@ def has_post_attention_norm(model: TLModel) -> bool:
     return adapter_for(model).post_attention_norm
 
 
-def required_hook_names(model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> list[str]:
+def required_hook_names(
+    model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False
+) -> list[str]:
     """The cache entries geolens reads: pattern, v and z per layer (plus the attention output)."""
     return adapter_for(model).required_hook_names(layers, with_attn_out=with_attn_out)
 
 
-def names_filter(model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False) -> Callable[[str], bool]:
+def names_filter(
+    model: TLModel, layers: Iterable[int] | None = None, *, with_attn_out: bool = False
+) -> Callable[[str], bool]:
     """A ``names_filter`` for ``run_with_cache`` that keeps only what geolens reads.
 
     Example::
@@ -152,17 +162,17 @@ def names_filter(model: TLModel, layers: Iterable[int] | None = None, *, with_at
     return lambda name: name in wanted
 
 
-
 def output_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
     """(W_O, b_O) of one layer in TL layout; b_O is zeros when the model has none."""
     return adapter_for(model).output_weights(layer)
 
 
-def value_weights(model: TLModel, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
+def value_weights(
+    model: TLModel, layer: int
+) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
     """(W_V, b_V) of one layer in TL layout with kv heads expanded to query heads (see
     :meth:`ModelAdapter.value_weights`)."""
     return adapter_for(model).value_weights(layer)
-
 
 
 def sliding_window(model: TLModel, layer: int) -> int | None:
@@ -172,7 +182,6 @@ def sliding_window(model: TLModel, layer: int) -> int | None:
     window (docs/tl-notes.md), so the HF config's ``layer_types`` is read when the model is a bridge.
     """
     return adapter_for(model).sliding_window(layer)
-
 
 
 def logits_hook(model: TLModel) -> str:

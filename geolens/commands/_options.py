@@ -101,7 +101,9 @@ def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool
     return parse
 
 
-def float_list(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Callable[[str], list[float]]:
+def float_list(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False
+) -> Callable[[str], list[float]]:
     """argparse type: comma-separated finite numbers, each in [low, high] (``(low`` on request)."""
 
     def parse(text: str) -> list[float]:
@@ -111,7 +113,9 @@ def float_list(low: float | None = None, high: float | None = None, *, low_open:
         values = []
         for part in parts:
             value = _float(part)
-            if (low is not None and (value < low or (low_open and value == low))) or (high is not None and value > high):
+            if (low is not None and (value < low or (low_open and value == low))) or (
+                high is not None and value > high
+            ):
                 interval = f"{'(' if low_open else '['}{low:g}, {high:g}]" if high is not None else f"≥ {low:g}"
                 raise argparse.ArgumentTypeError(f"every value must be in {interval}, got {part}")
             values.append(value)
@@ -150,7 +154,9 @@ def layer_spec(text: str) -> str:
     if text.strip() not in ("all", "early", "middle", "late"):
         for part in text.split(","):
             if not _LAYER_ITEM.match(part.strip()):
-                raise argparse.ArgumentTypeError(f"expected 'all', early/middle/late or layers like '3', '-1', '2,5', '20-29', got {text!r}")
+                raise argparse.ArgumentTypeError(
+                    f"expected 'all', early/middle/late or layers like '3', '-1', '2,5', '20-29', got {text!r}"
+                )
     return text.strip()
 
 
@@ -159,7 +165,9 @@ def check_index(value: int, count: int, what: str, option: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{option} must be an integer, got {value!r}")
     if not -count <= value < count:
-        raise UsageError(f"{option} {value} is out of range: the model has {count} {what} (0…{count - 1}, or -{count}…-1 from the end)")
+        raise UsageError(
+            f"{option} {value} is out of range: the model has {count} {what} (0…{count - 1}, or -{count}…-1 from the end)"
+        )
     return value % count
 
 
@@ -254,7 +262,9 @@ def check_backend(backend: str, *, compat: bool = False) -> str:
     if backend not in BACKENDS:
         raise UsageError(f"--backend {backend!r}: choose tl or hf{did_you_mean(str(backend), BACKENDS)}")
     if compat and backend == "hf":
-        raise UsageError("--compat is TransformerLens' weight processing; --backend hf reads the raw transformers weights (drop one of them)")
+        raise UsageError(
+            "--compat is TransformerLens' weight processing; --backend hf reads the raw transformers weights (drop one of them)"
+        )
     return BACKENDS[backend]
 
 
@@ -325,9 +335,14 @@ def out_folder(args, command: str, *, resumable: bool = False) -> Path:
     from geolens.run_folder import open_run_folder
 
     folder = open_run_folder(
-        args.out or None, command=command, name=getattr(args, "name", None), overwrite=getattr(args, "overwrite", False),
-        resume=getattr(args, "resume", False), resumable=resumable, replot=getattr(args, "replot", False),
-    )  # fmt: skip
+        args.out or None,
+        command=command,
+        name=getattr(args, "name", None),
+        overwrite=getattr(args, "overwrite", False),
+        resume=getattr(args, "resume", False),
+        resumable=resumable,
+        replot=getattr(args, "replot", False),
+    )
     return folder.path
 
 
@@ -355,8 +370,13 @@ RUN_OPTIONS: dict[str, dict] = {
         "or hf (the transformers model itself, without TransformerLens; its attention reading is checked against its "
         "own forward when it loads); default {default}",
     ),
-    "corpus": dict(help="default {default}; lee (news) or enwiki, the offline corpora of the gensim wheel; a local .txt/.jsonl file; or hf:<dataset>[:<config>] (needs the network)"),
-    "corpora": dict(nargs="+", help="one or more corpora: lee, enwiki (offline, gensim wheel), local .txt/.jsonl files or hf:<dataset>"),
+    "corpus": dict(
+        help="default {default}; lee (news) or enwiki, the offline corpora of the gensim wheel; a local .txt/.jsonl file; or hf:<dataset>[:<config>] (needs the network)"
+    ),
+    "corpora": dict(
+        nargs="+",
+        help="one or more corpora: lee, enwiki (offline, gensim wheel), local .txt/.jsonl files or hf:<dataset>",
+    ),
     "n_sequences": dict(type=positive_int, help="corpus windows"),
     "seq_len": dict(type=seq_len_int, help="tokens per window, BOS included"),
     "batch_size": dict(type=positive_int, help="sequences per forward pass"),
@@ -379,7 +399,10 @@ def add_run_options(p, *, tiny: bool = False, own: dict[str, dict] | None = None
     for name, shared in RUN_OPTIONS.items():
         if name not in defaults:
             continue
-        shared = {**shared, "help": shared["help"].format(default=defaults[name], tiny=", " + "/".join(TINY_MODELS) if tiny else "")}
+        shared = {
+            **shared,
+            "help": shared["help"].format(default=defaults[name], tiny=", " + "/".join(TINY_MODELS) if tiny else ""),
+        }
         kwargs = {**shared, "default": defaults[name], **own.get(name, {})}
         p.add_argument("--" + name.replace("_", "-"), **kwargs)
 
@@ -389,8 +412,12 @@ def add_out(p, *, help: str = "output folder", resumable: bool = False, optional
     writes files only when ``--out`` or ``--name`` is given."""
     default = "write nothing" if optional else f"geolens-runs/{p.prog.split()[-1]}/<date-time>"
     p.add_argument("--out", default=None, help=f"{help} (default: {default})")
-    p.add_argument("--name", default=None, help="folder name under geolens-runs/<command>/ instead of the date and time")
     p.add_argument(
-        "--overwrite", action="store_true",
-        help="replace the results already in the output folder" + (" (--resume continues them instead)" if resumable else ""),
-    )  # fmt: skip
+        "--name", default=None, help="folder name under geolens-runs/<command>/ instead of the date and time"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results already in the output folder"
+        + (" (--resume continues them instead)" if resumable else ""),
+    )

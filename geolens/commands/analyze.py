@@ -12,8 +12,6 @@ and by per-source inter-head contribution C_ij = Σ_h c_ij^h.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from tqdm.auto import tqdm
 
@@ -64,7 +62,9 @@ def run(args) -> int:
         _, cache = model.run_with_cache(tokens, names_filter=names_filter(model))
     n_layers = model.cfg.n_layers
     print(f"model {args.model} ({model_mode(model)}), {tokens.shape[1]} tokens incl. BOS, {n_layers} layers")
-    rows = [sink_summary(get_attention_layer(model, cache, l)) for l in tqdm(range(n_layers), desc="layers", leave=False)]
+    rows = [
+        sink_summary(get_attention_layer(model, cache, l)) for l in tqdm(range(n_layers), desc="layers", leave=False)
+    ]
     print(f"{'layer':>5} {'sink rate':>10} {'‖ṽ0‖/‖ṽj‖':>11} {'cos(ṽ0,ṽj)':>11}")
     for l, s in enumerate(rows):
         print(f"{l:>5} {s['sink_rate']:>10.3f} {s['sink_norm_ratio']:>11.3f} {s['sink_cosine']:>11.3f}")
@@ -84,5 +84,9 @@ def register(subparsers) -> None:
     add_run_options(p, model="smollm2-135m", backend="tl")
     p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default -1: the last)")
     p.add_argument("--top", type=positive_int, default=5, help="how many sources to list")
-    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
+    p.add_argument(
+        "--compat",
+        action="store_true",
+        help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default",
+    )
     p.set_defaults(func=run)

@@ -49,6 +49,8 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("cache", help="the converted-model cache: path, verify, clear")
-    p.add_argument("action", choices=["path", "verify", "clear"], help="print the folder, check every file, or remove models")
+    p.add_argument(
+        "action", choices=["path", "verify", "clear"], help="print the folder, check every file, or remove models"
+    )
     p.add_argument("names", nargs="*", help="models to verify or clear (default: all)")
     p.set_defaults(func=run)

@@ -54,10 +54,14 @@ def run(args) -> int:
     from geolens.pipelines.flow import LISTED, prompt_flow
 
     methods = list(LISTED) + (["value_zeroing_rollout"] if args.value_zeroing else [])
-    found = prompt_flow(model, tokens, methods, threshold=args.threshold, route_method=args.method, routes=folder is not None)
+    found = prompt_flow(
+        model, tokens, methods, threshold=args.threshold, route_method=args.method, routes=folder is not None
+    )
     words, last, rows, graph = found.words, found.position, found.rows, found.routes
     print(f"model {args.model} ({model_mode(model)}), {tokens.shape[1]} tokens incl. BOS, {model.cfg.n_layers} layers")
-    print(f"last prediction: position {last} {words[last]!r}; top {args.top_k} input tokens of its residual stream after the last layer")
+    print(
+        f"last prediction: position {last} {words[last]!r}; top {args.top_k} input tokens of its residual stream after the last layer"
+    )
     top = found.top(args.top_k)
     for m in methods:
         print(f"  by {m}:")
@@ -74,15 +78,24 @@ def run(args) -> int:
             "model_mode": model_mode(model),
             "text": args.text,
             "tokens": words,
-            "parameters": {"top_k": args.top_k, "threshold": args.threshold, "method": args.method, "value_zeroing": args.value_zeroing},
+            "parameters": {
+                "top_k": args.top_k,
+                "threshold": args.threshold,
+                "method": args.method,
+                "value_zeroing": args.value_zeroing,
+            },
             "position": last,
             "top": top,
             "flow": {m: [float(v) for v in rows[m].tolist()] for m in methods},
             "routes": graph.to_dict(),
         }
         (folder / "flow.json").write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
-        (folder / "flow.html").write_text(flow_routes_page(graph, title=f"geolens flow: {args.text[:60]}"), encoding="utf-8")
-        print(f"routes ({args.method}, shares > {args.threshold:g}): {len(graph.nodes)} nodes, {len(graph.edges)} edges")
+        (folder / "flow.html").write_text(
+            flow_routes_page(graph, title=f"geolens flow: {args.text[:60]}"), encoding="utf-8"
+        )
+        print(
+            f"routes ({args.method}, shares > {args.threshold:g}): {len(graph.nodes)} nodes, {len(graph.edges)} edges"
+        )
         print(f"wrote {folder / 'flow.html'} and {folder / 'flow.json'}")
     return 0
 
@@ -98,7 +111,9 @@ def _erasure_protocol(args):
         protocol = load_protocol(args.protocol)
         settings = protocol.settings
         if settings.get("endpoint") != "input_token_erasure":
-            raise ValueError(f"protocol {args.protocol}: not an input-token erasure protocol (endpoint {settings.get('endpoint')!r})")
+            raise ValueError(
+                f"protocol {args.protocol}: not an input-token erasure protocol (endpoint {settings.get('endpoint')!r})"
+            )
         from geolens.flow_erasure import ErasureSettings
 
         ErasureSettings.from_protocol(settings)
@@ -164,14 +179,26 @@ def run_erasure(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     counts = unigram_counts(model, texts) if "unigram" in settings.replacements else None
-    print(f"input-token erasure under {protocol.path} (version {protocol.version}, sha256 {protocol.sha256[:12]}…): {status}"
-          + (f" ({'; '.join(differences)})" if differences else ""))  # fmt: skip
-    print(f"model {args.model} ({mode}), {n_documents} documents × {len(settings.positions)} predictions, methods {', '.join(settings.methods)}")
-    fingerprint = dict(protocol_sha256=protocol.sha256, protocol=protocol.settings, model=args.model, model_mode=mode,
-                       n_documents=n_documents, tokens=tokens_fingerprint(windows))  # fmt: skip
+    print(
+        f"input-token erasure under {protocol.path} (version {protocol.version}, sha256 {protocol.sha256[:12]}…): {status}"
+        + (f" ({'; '.join(differences)})" if differences else "")
+    )
+    print(
+        f"model {args.model} ({mode}), {n_documents} documents × {len(settings.positions)} predictions, methods {', '.join(settings.methods)}"
+    )
+    fingerprint = dict(
+        protocol_sha256=protocol.sha256,
+        protocol=protocol.settings,
+        model=args.model,
+        model_mode=mode,
+        n_documents=n_documents,
+        tokens=tokens_fingerprint(windows),
+    )
     measure = lambda d: measure_document(model, windows[d], d, settings, space_id=space_id, counts=counts)  # noqa: E731
     try:
-        tables = run_document_stage("erasure", folder, fingerprint, n_documents, measure, resume=args.resume, progress=print)
+        tables = run_document_stage(
+            "erasure", folder, fingerprint, n_documents, measure, resume=args.resume, progress=print
+        )
     except ValueError as err:
         if "--resume" in str(err):
             raise UsageError(str(err)) from None
@@ -179,45 +206,118 @@ def run_erasure(args) -> int:
     if "rankings" in tables:
         tables["rankings"]["order"] = tables["rankings"]["order"].astype(str)
     ic = protocol["induction_check"]
-    induction, skipped = checked_induction(model, n_tokens=int(ic["n_tokens"]), seed=int(ic["seed"]), methods=ic["methods"])
+    induction, skipped = checked_induction(
+        model, n_tokens=int(ic["n_tokens"]), seed=int(ic["seed"]), methods=ic["methods"]
+    )
     if skipped is not None:
         print(f"known-answer check skipped: {skipped}")
     run = FlowRun.of(tables, settings, induction=induction, status=status, induction_skipped=skipped)
     summary = dict(
-        command="geolens flow --erasure", model=args.model, model_mode=mode, status=status, differences=differences,
-        protocol_sha256=protocol.sha256, protocol_version=protocol.version, protocol_path=str(protocol.path),
-        protocol=dict(endpoint=protocol["endpoint"], fractions=list(settings.fractions), positions=list(settings.positions),
-                      replacements=list(settings.replacements), outcome=protocol["outcomes"]["primary"], masking_scope="input tokens"),
-        settings=settings.to_dict(), corpus_indices=sources, seconds=round(time.time() - started, 1),
+        command="geolens flow --erasure",
+        model=args.model,
+        model_mode=mode,
+        status=status,
+        differences=differences,
+        protocol_sha256=protocol.sha256,
+        protocol_version=protocol.version,
+        protocol_path=str(protocol.path),
+        protocol=dict(
+            endpoint=protocol["endpoint"],
+            fractions=list(settings.fractions),
+            positions=list(settings.positions),
+            replacements=list(settings.replacements),
+            outcome=protocol["outcomes"]["primary"],
+            masking_scope="input tokens",
+        ),
+        settings=settings.to_dict(),
+        corpus_indices=sources,
+        seconds=round(time.time() - started, 1),
         erasure_seconds=json.loads((folder / "erasure_progress.json").read_text(encoding="utf-8")).get("seconds"),
-        versions={"geolens": geolens.__version__, "torch": torch.__version__}, **run.summary,
-    )  # fmt: skip
-    atomic_write_bytes(folder / "summary.json", (json.dumps(to_jsonable(summary), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        versions={"geolens": geolens.__version__, "torch": torch.__version__},
+        **run.summary,
+    )
+    atomic_write_bytes(
+        folder / "summary.json", (json.dumps(to_jsonable(summary), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+    )
     write_tables(folder, run.tables, ["naopc", "pairs", "curves", "replacements", "induction"])
     save_figures(folder, run.figures, dpi=100)
-    command = f"geolens flow --erasure --protocol {args.protocol} --model {args.model} --out {args.out}" if args.out else "geolens flow --erasure"
-    atomic_write_bytes(folder / "README.md", erasure_markdown(summary, title=args.model, command=command).encode("utf-8"))
+    command = (
+        f"geolens flow --erasure --protocol {args.protocol} --model {args.model} --out {args.out}"
+        if args.out
+        else "geolens flow --erasure"
+    )
+    atomic_write_bytes(
+        folder / "README.md", erasure_markdown(summary, title=args.model, command=command).encode("utf-8")
+    )
     for d in ("comprehensiveness", "sufficiency"):
         best = summary["most_faithful"][d]
-        print(f"most faithful ({d}, KL, {settings.primary}): " + (f"{best['method']}, by ≥ {best['by']:+.3g} [{best['ci_low']:+.3g}, {best['ci_high']:+.3g}] over {best['against']}" if best else "no method beats every other"))
+        print(
+            f"most faithful ({d}, KL, {settings.primary}): "
+            + (
+                f"{best['method']}, by ≥ {best['by']:+.3g} [{best['ci_low']:+.3g}, {best['ci_high']:+.3g}] over {best['against']}"
+                if best
+                else "no method beats every other"
+            )
+        )
     decided = sum(p["verdict"] in ("holds", "reversed") for p in summary["families"]["primary"]["pairs"])
-    print(f"primary family: {decided} of {len(summary['families']['primary']['pairs'])} pairs decided (Holm); wrote {folder / 'summary.json'}")
+    print(
+        f"primary family: {decided} of {len(summary['families']['primary']['pairs'])} pairs decided (Holm); wrote {folder / 'summary.json'}"
+    )
     return 0
 
 
 def register(subparsers) -> None:
     from geolens.commands._options import add_out, float_in, positive_int
 
-    p = subparsers.add_parser("flow", help="the input tokens of the last prediction through all layers, and its information-flow routes")
-    p.add_argument("text", nargs="?", default=None, help="the prompt (BOS is prepended); its last token's prediction is attributed")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m, tiny-gqa/tiny-mha/tiny-gemma, a local folder or a cached HF name")
+    p = subparsers.add_parser(
+        "flow", help="the input tokens of the last prediction through all layers, and its information-flow routes"
+    )
+    p.add_argument(
+        "text", nargs="?", default=None, help="the prompt (BOS is prepended); its last token's prediction is attributed"
+    )
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="smollm2-135m (default), gemma3-270m, tiny-gqa/tiny-mha/tiny-gemma, a local folder or a cached HF name",
+    )
     p.add_argument("--top-k", type=positive_int, default=5, help="input tokens listed per method (default 5)")
-    p.add_argument("--threshold", type=float_in(0, 1, high_open=True), default=0.05, help="least share of an edge kept in the routes, in [0, 1) (default 0.05)")
-    p.add_argument("--method", choices=FLOW_METHODS, default="contribution", help="how the routes' edges are weighed (default contribution)")
-    p.add_argument("--value-zeroing", action="store_true", help="also list value_zeroing_rollout (reruns the model: slow)")
-    p.add_argument("--erasure", action="store_true", help="run the input-token erasure test of --protocol instead of one prompt")
-    p.add_argument("--protocol", default=None, help="with --erasure: the protocol's machine-readable twin, e.g. docs/flow/protocol.json")
-    p.add_argument("--n-documents", type=positive_int, default=None, help="with --erasure: fewer documents than the protocol's (an exploratory run)")
-    p.add_argument("--resume", action="store_true", help="with --erasure: continue the run already in --out after its last saved document")
-    add_out(p, help="write flow.html and flow.json here (with --erasure: the run's tables, default geolens-runs/flow/<date-time>)", optional=True)
+    p.add_argument(
+        "--threshold",
+        type=float_in(0, 1, high_open=True),
+        default=0.05,
+        help="least share of an edge kept in the routes, in [0, 1) (default 0.05)",
+    )
+    p.add_argument(
+        "--method",
+        choices=FLOW_METHODS,
+        default="contribution",
+        help="how the routes' edges are weighed (default contribution)",
+    )
+    p.add_argument(
+        "--value-zeroing", action="store_true", help="also list value_zeroing_rollout (reruns the model: slow)"
+    )
+    p.add_argument(
+        "--erasure", action="store_true", help="run the input-token erasure test of --protocol instead of one prompt"
+    )
+    p.add_argument(
+        "--protocol",
+        default=None,
+        help="with --erasure: the protocol's machine-readable twin, e.g. docs/flow/protocol.json",
+    )
+    p.add_argument(
+        "--n-documents",
+        type=positive_int,
+        default=None,
+        help="with --erasure: fewer documents than the protocol's (an exploratory run)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --erasure: continue the run already in --out after its last saved document",
+    )
+    add_out(
+        p,
+        help="write flow.html and flow.json here (with --erasure: the run's tables, default geolens-runs/flow/<date-time>)",
+        optional=True,
+    )
     p.set_defaults(func=run)

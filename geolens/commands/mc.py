@@ -51,9 +51,23 @@ def _plot(summary):
     x = np.arange(len(summary))
     acc = summary.accuracy.to_numpy()
     err = np.stack([acc - summary.ci_low.to_numpy(), summary.ci_high.to_numpy() - acc])
-    ax.bar(x, acc, yerr=err, capsize=3, color=["tab:blue" if e else "tab:gray" for e in summary.eligible], label="accuracy [95% CI]")
+    ax.bar(
+        x,
+        acc,
+        yerr=err,
+        capsize=3,
+        color=["tab:blue" if e else "tab:gray" for e in summary.eligible],
+        label="accuracy [95% CI]",
+    )
     ax.scatter(x, summary.chance, marker="_", s=400, color="k", zorder=3, label="chance (mean 1/n choices)")
-    ax.set_xticks(x, [f"{t}\n(n={n}{'' if e else ', excluded'})" for t, n, e in zip(summary.task, summary.n_questions, summary.eligible)], fontsize=7)
+    ax.set_xticks(
+        x,
+        [
+            f"{t}\n(n={n}{'' if e else ', excluded'})"
+            for t, n, e in zip(summary.task, summary.n_questions, summary.eligible)
+        ],
+        fontsize=7,
+    )
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
     ax.legend(fontsize=7)
@@ -72,7 +86,9 @@ def _settings(args):
         if args.compat:
             given.append("--compat")
         if given:
-            raise UsageError(f"--protocol fixes {', '.join(given)}: leave {'it' if len(given) == 1 else 'them'} out (or drop --protocol for an exploratory run)")
+            raise UsageError(
+                f"--protocol fixes {', '.join(given)}: leave {'it' if len(given) == 1 else 'them'} out (or drop --protocol for an exploratory run)"
+            )
         try:
             protocol = mc_protocol(args.protocol)
         except ValueError as err:
@@ -85,8 +101,14 @@ def _settings(args):
     if not tasks:
         raise UsageError("--tasks names no task")
     try:
-        settings = MCSettings(normalize=args.normalize, layer_step=args.layer_step, fractions=tuple(args.fractions),
-                              pairs=DEFAULT_PAIRS, n_boot=args.n_boot, seed=args.seed)  # fmt: skip
+        settings = MCSettings(
+            normalize=args.normalize,
+            layer_step=args.layer_step,
+            fractions=tuple(args.fractions),
+            pairs=DEFAULT_PAIRS,
+            n_boot=args.n_boot,
+            seed=args.seed,
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
     return None, tasks, args.max_questions, settings
@@ -99,7 +121,9 @@ def _questions(tasks, max_questions):
     questions = []
     for t in tasks:
         try:
-            qs = load_questions(t if ":" in t or t.endswith(".jsonl") else f"bigbench:{t}", max_questions=max_questions or None)
+            qs = load_questions(
+                t if ":" in t or t.endswith(".jsonl") else f"bigbench:{t}", max_questions=max_questions or None
+            )
         except (FileNotFoundError, ModuleNotFoundError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"--tasks: task {t!r}: {type(e).__name__}: {e}") from e
         questions += [q if q.task else dataclasses.replace(q, task=Path(t).stem) for q in qs]
@@ -119,7 +143,13 @@ def run(args) -> int:
     from geolens.checkpoint import json_default, model_fingerprint
     from geolens.commands._options import check_model_name, out_folder
     from geolens.errors import UsageError
-    from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, differences, labelled, run_multiple_choice
+    from geolens.faithfulness.multiple_choice import (
+        CHECKPOINT,
+        MCCheckpoint,
+        differences,
+        labelled,
+        run_multiple_choice,
+    )
     from geolens.faithfulness.result import ResumeError
     from geolens.models import load_model
 
@@ -145,13 +175,32 @@ def run(args) -> int:
     try:
         checkpoint.check_model(model_fingerprint(model))
         checkpoint.save()
-        result = run_multiple_choice(model, questions, settings, masks=masks, checkpoint=checkpoint, chunk_size=args.chunk_size, progress=True)
+        result = run_multiple_choice(
+            model, questions, settings, masks=masks, checkpoint=checkpoint, chunk_size=args.chunk_size, progress=True
+        )
     except ResumeError as err:
         raise UsageError(str(err)) from None
-    diff = differences(protocol, tasks=tasks, max_questions=max_questions, settings=settings, model=args.model, model_mode=model_mode(model),
-                     dtype=str(next(model.parameters()).dtype).removeprefix("torch.")) if protocol else []  # fmt: skip
+    diff = (
+        differences(
+            protocol,
+            tasks=tasks,
+            max_questions=max_questions,
+            settings=settings,
+            model=args.model,
+            model_mode=model_mode(model),
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        )
+        if protocol
+        else []
+    )
     info = labelled(result.summary(), protocol, diff)
-    info.update(model=args.model, model_mode=model_mode(model), masks=masks, commands=checkpoint.commands, seconds=round(time.time() - t0, 1))
+    info.update(
+        model=args.model,
+        model_mode=model_mode(model),
+        masks=masks,
+        commands=checkpoint.commands,
+        seconds=round(time.time() - t0, 1),
+    )
     _write(out / "mc_questions.csv", result.questions.to_csv(index=False, float_format="%.6g"))
     _write(out / "mc_summary.csv", result.tasks.to_csv(index=False, float_format="%.6g"))
     _write(out / "summary.json", json.dumps(info, indent=1, default=json_default))
@@ -169,7 +218,9 @@ def _report(info: dict, result) -> None:
     with pd.option_context("display.width", 200):
         print(result.tasks.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         for t in info["excluded_tasks"]:
-            print(f"excluded (at chance): {t['task']}, accuracy {t['accuracy']:.3f} [{t['ci_low']:.3f}, {t['ci_high']:.3f}], chance {t['chance']:.3f}, n = {t['n_questions']}")
+            print(
+                f"excluded (at chance): {t['task']}, accuracy {t['accuracy']:.3f} [{t['ci_low']:.3f}, {t['ci_high']:.3f}], chance {t['chance']:.3f}, n = {t['n_questions']}"
+            )
         if len(result.pairs):
             cols = ["a", "b", "estimate", "ci_low", "ci_high", "p", "p_adj", "verdict"]
             pairs = pd.DataFrame(info["pairs"])[cols]
@@ -183,20 +234,66 @@ def register(subparsers) -> None:
     from geolens.commands._options import add_out, add_run_options, float_list, non_negative_int, positive_int
     from geolens.multiple_choice import DEFAULT_TASKS
 
-    p = subparsers.add_parser("mc", help="multiple choice on the shipped BIG-bench tasks: clean accuracy, eligibility, masked margins and paired verdicts")
+    p = subparsers.add_parser(
+        "mc",
+        help="multiple choice on the shipped BIG-bench tasks: clean accuracy, eligibility, masked margins and paired verdicts",
+    )
     add_run_options(p, tiny=True, model="smollm2-135m")
-    p.add_argument("--protocol", default=None, metavar="PATH", help="run exactly the pre-registered protocol of this protocol.json (docs/faithfulness/protocol.json); refuses the options it fixes")
-    p.add_argument("--tasks", default=None, help=f"comma-separated BIG-bench tasks, hf:<name> or .jsonl files (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--max-questions", type=non_negative_int, default=None, help="first N questions of each task (default 0: all)")
-    p.add_argument("--normalize", choices=("mean", "sum"), default=None, help="choice score: mean per-token log-prob (default, choice-normalised) or summed (BIG-bench)")
-    p.add_argument("--masks", action="store_true", help="also mask the eligible tasks and test the metric pairs (always on with --protocol)")
-    p.add_argument("--layer-step", type=positive_int, default=None, help="with --masks: mask layers 0, N, 2N, ... one at a time (default 3)")
-    p.add_argument("--fractions", type=float_list(0.0, 1.0, low_open=True), default=None, help="with --masks: k, the share of each query's terms removed (default 0.05,0.2)")
-    p.add_argument("--n-boot", type=positive_int, default=None, help="bootstrap resamples over questions (default 2000)")
+    p.add_argument(
+        "--protocol",
+        default=None,
+        metavar="PATH",
+        help="run exactly the pre-registered protocol of this protocol.json (docs/faithfulness/protocol.json); refuses the options it fixes",
+    )
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help=f"comma-separated BIG-bench tasks, hf:<name> or .jsonl files (default {','.join(DEFAULT_TASKS)})",
+    )
+    p.add_argument(
+        "--max-questions", type=non_negative_int, default=None, help="first N questions of each task (default 0: all)"
+    )
+    p.add_argument(
+        "--normalize",
+        choices=("mean", "sum"),
+        default=None,
+        help="choice score: mean per-token log-prob (default, choice-normalised) or summed (BIG-bench)",
+    )
+    p.add_argument(
+        "--masks",
+        action="store_true",
+        help="also mask the eligible tasks and test the metric pairs (always on with --protocol)",
+    )
+    p.add_argument(
+        "--layer-step",
+        type=positive_int,
+        default=None,
+        help="with --masks: mask layers 0, N, 2N, ... one at a time (default 3)",
+    )
+    p.add_argument(
+        "--fractions",
+        type=float_list(0.0, 1.0, low_open=True),
+        default=None,
+        help="with --masks: k, the share of each query's terms removed (default 0.05,0.2)",
+    )
+    p.add_argument(
+        "--n-boot", type=positive_int, default=None, help="bootstrap resamples over questions (default 2000)"
+    )
     p.add_argument("--seed", type=non_negative_int, default=None, help="seed of the bootstrap draws (default 0)")
-    p.add_argument("--chunk-size", type=positive_int, default=16, help="masks per forward pass (memory only; results do not change)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (same settings)")
+    p.add_argument(
+        "--chunk-size",
+        type=positive_int,
+        default=16,
+        help="masks per forward pass (memory only; results do not change)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its checkpoint (same settings)"
+    )
     p.add_argument("--dpi", type=int, default=90)
-    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
+    p.add_argument(
+        "--compat",
+        action="store_true",
+        help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default",
+    )
     add_out(p, resumable=True)
     p.set_defaults(func=run)

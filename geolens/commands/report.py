@@ -39,7 +39,14 @@ def _compare(paths, out) -> int:
 
 
 def run(args) -> int:
-    from geolens.commands._options import check_backend, check_corpus, check_model_name, check_out_dir, did_you_mean, out_folder
+    from geolens.commands._options import (
+        check_backend,
+        check_corpus,
+        check_model_name,
+        check_out_dir,
+        did_you_mean,
+        out_folder,
+    )
     from geolens.errors import UsageError
     from geolens.report import SECTIONS, available_sections
     from geolens.run_folder import IncompleteResults, require_complete
@@ -70,7 +77,11 @@ def run(args) -> int:
         available = available_sections()
         for key in sections:
             if key not in available:
-                why = "needs geolens modules that are not installed" if key in {s.key for s in SECTIONS} else "unknown section" + did_you_mean(key, available)
+                why = (
+                    "needs geolens modules that are not installed"
+                    if key in {s.key for s in SECTIONS}
+                    else "unknown section" + did_you_mean(key, available)
+                )
                 raise UsageError(f"--sections: {key!r}: {why} (available: {', '.join(available)})")
         if not sections:
             raise UsageError(f"--sections is empty (available: {', '.join(available)})")
@@ -95,9 +106,16 @@ def _run_one(args, model_name: str, out: Path, sections, backend: str = "transfo
     from geolens.report.citations import cite_text
 
     options = dict(
-        model=model_name, corpus=args.corpus, n_sequences=args.n_sequences, n_heldout=args.n_heldout, seq_len=args.seq_len,
-        batch_size=args.batch_size, example_layer=args.example_layer, sections=sections, seed=args.seed,
-    )  # fmt: skip
+        model=model_name,
+        corpus=args.corpus,
+        n_sequences=args.n_sequences,
+        n_heldout=args.n_heldout,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        example_layer=args.example_layer,
+        sections=sections,
+        seed=args.seed,
+    )
     if args.prompt:
         options["prompt"] = args.prompt
     if args.quick:
@@ -124,27 +142,57 @@ def _run_one(args, model_name: str, out: Path, sections, backend: str = "transfo
     return 0
 
 
-
 def register(subparsers) -> None:
     from geolens.commands._options import add_out, add_run_options, positive_int
 
     p = subparsers.add_parser("report", help="the full HTML + JSON report (offline, SmolLM2 by default)")
-    add_run_options(p, model=None, backend="tl", corpus="lee", n_sequences=None, seq_len=None, batch_size=None, own={
-        "model": {"action": "append", "help": "smollm2-135m (default), gemma3-270m, a local folder or a cached HF name; repeat for a cross-model report"},
-        "n_sequences": {"help": "corpus windows (default 64; 8 with --quick)"},
-        "seq_len": {"help": "tokens per window incl. BOS (default 128; 64 with --quick)"},
-        "batch_size": {"help": "sequences per forward pass (default 8)"},
-    })  # fmt: skip
-    p.add_argument("--compare", nargs="+", default=None, metavar="REPORT_JSON",
-                   help="build the cross-model page from saved report.json files (or run folders) instead of running")
-    p.add_argument("--n-heldout", type=positive_int, default=None, help="extra windows for faithfulness and pruning (default 8; 1 with --quick)")
+    add_run_options(
+        p,
+        model=None,
+        backend="tl",
+        corpus="lee",
+        n_sequences=None,
+        seq_len=None,
+        batch_size=None,
+        own={
+            "model": {
+                "action": "append",
+                "help": "smollm2-135m (default), gemma3-270m, a local folder or a cached HF name; repeat for a cross-model report",
+            },
+            "n_sequences": {"help": "corpus windows (default 64; 8 with --quick)"},
+            "seq_len": {"help": "tokens per window incl. BOS (default 128; 64 with --quick)"},
+            "batch_size": {"help": "sequences per forward pass (default 8)"},
+        },
+    )
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="REPORT_JSON",
+        help="build the cross-model page from saved report.json files (or run folders) instead of running",
+    )
+    p.add_argument(
+        "--n-heldout",
+        type=positive_int,
+        default=None,
+        help="extra windows for faithfulness and pruning (default 8; 1 with --quick)",
+    )
     p.add_argument("--quick", action="store_true", help="small workload, under two minutes on a CPU")
     p.add_argument("--prompt", default=None, help="prompt of the example heatmaps")
-    p.add_argument("--example-layer", type=int, default=None, help="layer of the example heatmaps (-1: the last; default: most disagreement)")
+    p.add_argument(
+        "--example-layer",
+        type=int,
+        default=None,
+        help="layer of the example heatmaps (-1: the last; default: most disagreement)",
+    )
     p.add_argument("--sections", default=None, help="comma-separated subset of sections (see --list-sections)")
     p.add_argument("--list-sections", action="store_true", help="print the sections available in this install")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baselines")
-    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
+    p.add_argument(
+        "--compat",
+        action="store_true",
+        help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_out(p)
     p.set_defaults(func=run)

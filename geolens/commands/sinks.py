@@ -71,7 +71,16 @@ def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
 
     layers = _control_layers(args.controls_layers, model.cfg.n_layers)
     specs = default_conditions(lambdas=args.controls_lambdas, seeds=args.controls_seeds)
-    res = sink_controls(model, tokens, conditions=specs, layers=layers, n_boot=args.n_boot, seed=args.controls_seed, batch_size=args.batch_size, progress=True)
+    res = sink_controls(
+        model,
+        tokens,
+        conditions=specs,
+        layers=layers,
+        n_boot=args.n_boot,
+        seed=args.controls_seed,
+        batch_size=args.batch_size,
+        progress=True,
+    )
     res.conditions.to_csv(out / "controls_conditions.csv", index=False, float_format="%.6g")
     res.pairs.to_csv(out / "controls_pairs.csv", index=False, float_format="%.6g")
     res.scopes.to_csv(out / "controls_scopes.csv", index=False)
@@ -90,7 +99,11 @@ def run_controls(model, tokens, args, out: Path, t0: float) -> dict:
     a = res.conditions[res.conditions.scope == "all"]
     print(f"sink controls: {res.n_windows} windows × {res.seq_len} tokens, clean PPL {res.clean_ppl:.3f}")
     if len(a):
-        print(a[["edit", "delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "out_norm_ratio", "delta_cos"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        print(
+            a[["edit", "delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "out_norm_ratio", "delta_cos"]].to_string(
+                index=False, float_format=lambda x: f"{x:.4g}"
+            )
+        )
     print(res.scopes.to_string(index=False))
     return summary
 
@@ -104,7 +117,9 @@ def _protocol_options(args):
     from geolens.sinks.controls_protocol import read_protocol
 
     if args.controls_only or args.controls_sequences:
-        raise UsageError("--controls-protocol runs the protocol's own sample; leave out --controls-only and --controls-sequences")
+        raise UsageError(
+            "--controls-protocol runs the protocol's own sample; leave out --controls-only and --controls-sequences"
+        )
     if args.seq_len != CORPUS_SEQ_LEN:
         raise UsageError("--seq-len sets the corpus pass; --controls-protocol takes the protocol's window length")
     if args.resume and not args.out:
@@ -112,7 +127,12 @@ def _protocol_options(args):
     try:
         twin = load_protocol(args.controls_protocol)
         registered, info = read_protocol(twin)
-        protocol = replace(registered, n_documents=args.controls_documents or registered.n_documents, n_boot=args.n_boot, corpus=args.corpus)
+        protocol = replace(
+            registered,
+            n_documents=args.controls_documents or registered.n_documents,
+            n_boot=args.n_boot,
+            corpus=args.corpus,
+        )
     except ValueError as err:
         raise UsageError(f"--controls-protocol: {err}") from None
     return protocol, registered, info, twin
@@ -143,17 +163,35 @@ def run_dose_protocol(args) -> int:
     differences = protocol_deviations(protocol, registered, info, model=args.model, mode=model_mode(model), dtype=dtype)
     label = run_label(twin, differences)
     try:
-        tokens, documents = controls_sample(model, _documents(args.corpus), seq_len=protocol.seq_len, n_documents=protocol.n_documents,
-                                             per_document=protocol.windows_per_document)  # fmt: skip
+        tokens, documents = controls_sample(
+            model,
+            _documents(args.corpus),
+            seq_len=protocol.seq_len,
+            n_documents=protocol.n_documents,
+            per_document=protocol.windows_per_document,
+        )
     except ValueError as err:
         raise UsageError(f"--corpus {args.corpus}: {err}") from None
-    print(f"dose-matched sink controls, protocol v{info['protocol_version']} ({info['protocol_file']}, sha256 {info['protocol_sha256'][:12]}…): "
-          f"{tokens.shape[0]} windows of {tokens.shape[1]} tokens from {len(set(documents.tolist()))} documents; {label}; "
-          f"torch threads {torch.get_num_threads()}" + "".join(f"\n  differs: {d}" for d in differences), flush=True)  # fmt: skip
+    print(
+        f"dose-matched sink controls, protocol v{info['protocol_version']} ({info['protocol_file']}, sha256 {info['protocol_sha256'][:12]}…): "
+        f"{tokens.shape[0]} windows of {tokens.shape[1]} tokens from {len(set(documents.tolist()))} documents; {label}; "
+        f"torch threads {torch.get_num_threads()}" + "".join(f"\n  differs: {d}" for d in differences),
+        flush=True,
+    )
     checkpoint = out / "controls_checkpoint.json"
     try:
-        res = dose_controls(model, tokens, documents, protocol, checkpoint=checkpoint, resume=args.resume, rows_per_forward=args.controls_rows,
-                            verdicts=not differences, batch_size=args.batch_size, progress=True)  # fmt: skip
+        res = dose_controls(
+            model,
+            tokens,
+            documents,
+            protocol,
+            checkpoint=checkpoint,
+            resume=args.resume,
+            rows_per_forward=args.controls_rows,
+            verdicts=not differences,
+            batch_size=args.batch_size,
+            progress=True,
+        )
     except CheckpointMismatch as err:
         raise UsageError(f"--resume: {err}") from None
     write_windows(res.windows, out / "controls_windows.csv")
@@ -161,19 +199,47 @@ def run_dose_protocol(args) -> int:
     res.pairs.to_csv(out / "controls_verdicts.csv", index=False, float_format="%.17g")
     res.sink_heads.to_csv(out / "controls_sink_heads.csv", index=False, float_format="%.17g")
     summary = {
-        "command": " ".join(["geolens"] + sys.argv[1:]), "model": args.model, "corpus": args.corpus, "label": label,
-        "differences": differences, "protocol_sha256": info["protocol_sha256"], "protocol_version": info["protocol_version"],
-        "protocol_file": info["protocol_file"], "pre_registered_text": info["pre_registered"], "seconds": round(time.time() - t0, 1),
+        "command": " ".join(["geolens"] + sys.argv[1:]),
+        "model": args.model,
+        "corpus": args.corpus,
+        "label": label,
+        "differences": differences,
+        "protocol_sha256": info["protocol_sha256"],
+        "protocol_version": info["protocol_version"],
+        "protocol_file": info["protocol_file"],
+        "pre_registered_text": info["pre_registered"],
+        "seconds": round(time.time() - t0, 1),
         **res.summary(),
-    }  # fmt: skip
+    }
     (out / "controls_summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     checkpoint.unlink(missing_ok=True)
-    table = res.dose_response[["scope", "edit", "lam", "degrees", "dose", "n_seeds", "delta_ppl", "delta_ppl_low", "delta_ppl_high", "kl", "kl_low", "kl_high"]]
+    table = res.dose_response[
+        [
+            "scope",
+            "edit",
+            "lam",
+            "degrees",
+            "dose",
+            "n_seeds",
+            "delta_ppl",
+            "delta_ppl_low",
+            "delta_ppl_high",
+            "kl",
+            "kl_low",
+            "kl_high",
+        ]
+    ]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     for pair in summary["pairs"] + summary["exploratory_pairs"]:
-        ci = "" if pair["ci_low"] is None else f" [{pair['ci_low']:+.4g}, {pair['ci_high']:+.4g}] at {pair['level']:.4f}, p {pair['p']:.3g}, p_adj {pair['p_adj']:.3g}"
+        ci = (
+            ""
+            if pair["ci_low"] is None
+            else f" [{pair['ci_low']:+.4g}, {pair['ci_high']:+.4g}] at {pair['level']:.4f}, p {pair['p']:.3g}, p_adj {pair['p_adj']:.3g}"
+        )
         est = "" if pair["estimate"] is None else f" {pair['estimate']:+.4g}"
-        print(f"{pair['scope']}: {pair['statistic']}{est}{ci}: {pair['verdict'] or ('exploratory' if pair['outcome'] != 'kl' else label)}")
+        print(
+            f"{pair['scope']}: {pair['statistic']}{est}{ci}: {pair['verdict'] or ('exploratory' if pair['outcome'] != 'kl' else label)}"
+        )
     return 0
 
 
@@ -194,7 +260,9 @@ def headline(geometry, decomposition, norm_curve, drift=None) -> dict:
         "share_heads_proj_cos_tail_negative": float((h.proj_cos_tail < 0).mean()),
         "proj_cos_mean_dir_mean": float(h.proj_cos_mean_dir.mean()),
         "share_heads_proj_cos_mean_dir_negative": float((h.proj_cos_mean_dir < 0).mean()),
-        "decomposition_mean_head_shares": {r.source: {k: float(v) for k, v in r.items() if k != "source"} for _, r in decomposition.summary.iterrows()},
+        "decomposition_mean_head_shares": {
+            r.source: {k: float(v) for k, v in r.items() if k != "source"} for _, r in decomposition.summary.iterrows()
+        },
         "norm_curve": norm_curve.summary(),
     }
     # heads that really sink (Gu et al. in most sequences): the claims concern them
@@ -224,7 +292,15 @@ def run(args) -> int:
 
     if args.controls_protocol:
         return run_dose_protocol(args)
-    given = [o for o, v in (("--resume", args.resume), ("--controls-documents", args.controls_documents), ("--controls-rows", args.controls_rows)) if v]
+    given = [
+        o
+        for o, v in (
+            ("--resume", args.resume),
+            ("--controls-documents", args.controls_documents),
+            ("--controls-rows", args.controls_rows),
+        )
+        if v
+    ]
     if given:
         raise UsageError(f"{', '.join(given)} only apply to --controls-protocol")
     if args.controls_only and args.controls_sequences == 0:
@@ -242,18 +318,25 @@ def run(args) -> int:
         run_controls(model, tokens, args, out, t0)
         return 0
     params = SinksParams(
-        eps=args.eps, n_bins=args.n_bins, min_count=args.min_count, decomposition_sequences=args.decomposition_sequences or None,
-        drift_sequences=args.drift_sequences, lambdas=args.lambdas,
+        eps=args.eps,
+        n_bins=args.n_bins,
+        min_count=args.min_count,
+        decomposition_sequences=args.decomposition_sequences or None,
+        drift_sequences=args.drift_sequences,
+        lambdas=args.lambdas,
         drift_layers=check_indices(args.drift_layers, model.cfg.n_layers, "layers", "--drift-layers"),
         drift_kv_heads=check_indices(args.drift_kv_heads, n_kv_heads(model), "kv heads", "--drift-kv-heads"),
-        low_norm_quantile=args.low_norm_quantile, batch_size=args.batch_size,
-    )  # fmt: skip
+        low_norm_quantile=args.low_norm_quantile,
+        batch_size=args.batch_size,
+    )
     tokens = _windows(model, args.corpus, args.seq_len, args.n_sequences)
     result = run_sinks(model, tokens, params)
     g, d, n, drift = result.geometry, result.decomposition, result.norm_curve, result.drift
     write_tables(out, result.tables)
     save_figures(out, result.figures, dpi=args.dpi)
-    controls = run_controls(model, tokens[: args.controls_sequences], args, out, t0) if args.controls_sequences > 0 else None
+    controls = (
+        run_controls(model, tokens[: args.controls_sequences], args, out, t0) if args.controls_sequences > 0 else None
+    )
     summary = {
         "command": " ".join(["geolens"] + sys.argv[1:]),
         "settings": {k: v for k, v in vars(args).items() if k != "func"},
@@ -271,9 +354,13 @@ def run(args) -> int:
     print(f"wrote {out}/ in {hl['seconds']} s")
     print(f"Gu et al. sink rate (ε={args.eps}): {hl['gu_sink_rate']:.3f}; mean α_i0 {hl['mean_sink_rate']:.3f}")
     print(f"median ‖ṽ_0‖/‖ṽ_j‖ {hl['proj_norm_ratio_median']:.3f}, ‖v_0‖/‖v_j‖ {hl['value_norm_ratio_median']:.3f}")
-    print(f"mean cos(ṽ_0, ṽ_j) {hl['proj_cos_tail_mean']:+.3f}; heads with negative mean: {hl['share_heads_proj_cos_tail_negative']:.0%}")
+    print(
+        f"mean cos(ṽ_0, ṽ_j) {hl['proj_cos_tail_mean']:+.3f}; heads with negative mean: {hl['share_heads_proj_cos_tail_negative']:.0%}"
+    )
     nc = hl["norm_curve"]
-    print(f"norm curve: convex with argmin in (0,1) for {nc['head_share_convex_argmin_inside']:.0%} of {nc['head_n_fitted']} heads")
+    print(
+        f"norm curve: convex with argmin in (0,1) for {nc['head_share_convex_argmin_inside']:.0%} of {nc['head_n_fitted']} heads"
+    )
     if drift is not None:
         print(drift.summary.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     return 0
@@ -301,35 +388,132 @@ def _all_or_ints(text: str):
 
 
 def register(subparsers) -> None:
-    from geolens.commands._options import add_out, add_run_options, float_in, float_list, int_list, non_negative_int, positive_int
+    from geolens.commands._options import (
+        add_out,
+        add_run_options,
+        float_in,
+        float_list,
+        int_list,
+        non_negative_int,
+        positive_int,
+    )
     from geolens.sinks.drift import DEFAULT_LAMBDAS
 
-    p = subparsers.add_parser("sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)")
-    add_run_options(p, model="smollm2-135m", corpus="lee", n_sequences=200, seq_len=CORPUS_SEQ_LEN, batch_size=8, threads=0,
-                    own={"n_sequences": {"help": "windows for the corpus pass (default 200)"}})  # fmt: skip
+    p = subparsers.add_parser(
+        "sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)"
+    )
+    add_run_options(
+        p,
+        model="smollm2-135m",
+        corpus="lee",
+        n_sequences=200,
+        seq_len=CORPUS_SEQ_LEN,
+        batch_size=8,
+        threads=0,
+        own={"n_sequences": {"help": "windows for the corpus pass (default 200)"}},
+    )
     p.add_argument("--eps", type=float_in(0, 1), default=0.3, help="Gu et al. threshold on mean first-token attention")
     p.add_argument("--n-bins", type=positive_int, default=20, help="sink-rate bins on [0, 1]")
     p.add_argument("--min-count", type=positive_int, default=20, help="queries a bin needs to enter the quadratic fit")
-    p.add_argument("--decomposition-sequences", type=non_negative_int, default=0, help="use only the first N windows for the decomposition (0: all)")
-    p.add_argument("--lambdas", type=float_list(0), default=list(DEFAULT_LAMBDAS), help=f"λ grid for the drift experiment (default {','.join(f'{x:g}' for x in DEFAULT_LAMBDAS)})")
-    p.add_argument("--drift-sequences", type=non_negative_int, default=48, help="first N windows used by the drift experiment (0: skip it)")
-    p.add_argument("--drift-layers", type=_all_or_ints, default=None, help="comma-separated layers whose v_0 is scaled (default all, at once)")
-    p.add_argument("--drift-kv-heads", type=_all_or_ints, default=None, help="comma-separated kv heads whose v_0 is scaled (default all)")
-    p.add_argument("--low-norm-quantile", type=float_in(0, 1), default=0.25, help="low-norm heads: relative output norm at or below this quantile")
-    p.add_argument("--controls-sequences", type=non_negative_int, default=0, help="first N windows for the sink-intervention controls (0: skip them)")
-    p.add_argument("--controls-only", action="store_true", help="run only the controls (skip the corpus pass and the drift)")
-    p.add_argument("--controls-layers", default="every:3", help="layers edited one at a time: all, none, every:K (default every:3) or a comma list")
-    p.add_argument("--controls-lambdas", type=float_list(0), default=[0.0, 2.0], help="λ of the scale and random-token edits (default 0,2)")
-    p.add_argument("--controls-seeds", type=int_list(0), default=[0, 1, 2], help="seeds of the rotation control (default 0,1,2)")
-    p.add_argument("--controls-seed", type=non_negative_int, default=0, help="seed of the random non-sink positions and the bootstrap")
-    p.add_argument("--controls-protocol", default=None, metavar="PATH",
-                   help="run only the dose-matched sink controls of a pre-registered protocol (docs/faithfulness/protocol.json), on its own sample")
-    p.add_argument("--controls-documents", type=positive_int, default=None,
-                   help="--controls-protocol: documents of the sample (default: the protocol's; another number makes the run exploratory)")
-    p.add_argument("--controls-rows", type=positive_int, default=None, help="--controls-protocol: edited rows per batched forward (default: from the vocabulary size)")
-    p.add_argument("--resume", action="store_true", help="--controls-protocol: continue the interrupted run in --out from its checkpoint")
-    p.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples over windows (default 2000; --controls-protocol: another number makes the run exploratory)")
+    p.add_argument(
+        "--decomposition-sequences",
+        type=non_negative_int,
+        default=0,
+        help="use only the first N windows for the decomposition (0: all)",
+    )
+    p.add_argument(
+        "--lambdas",
+        type=float_list(0),
+        default=list(DEFAULT_LAMBDAS),
+        help=f"λ grid for the drift experiment (default {','.join(f'{x:g}' for x in DEFAULT_LAMBDAS)})",
+    )
+    p.add_argument(
+        "--drift-sequences",
+        type=non_negative_int,
+        default=48,
+        help="first N windows used by the drift experiment (0: skip it)",
+    )
+    p.add_argument(
+        "--drift-layers",
+        type=_all_or_ints,
+        default=None,
+        help="comma-separated layers whose v_0 is scaled (default all, at once)",
+    )
+    p.add_argument(
+        "--drift-kv-heads",
+        type=_all_or_ints,
+        default=None,
+        help="comma-separated kv heads whose v_0 is scaled (default all)",
+    )
+    p.add_argument(
+        "--low-norm-quantile",
+        type=float_in(0, 1),
+        default=0.25,
+        help="low-norm heads: relative output norm at or below this quantile",
+    )
+    p.add_argument(
+        "--controls-sequences",
+        type=non_negative_int,
+        default=0,
+        help="first N windows for the sink-intervention controls (0: skip them)",
+    )
+    p.add_argument(
+        "--controls-only", action="store_true", help="run only the controls (skip the corpus pass and the drift)"
+    )
+    p.add_argument(
+        "--controls-layers",
+        default="every:3",
+        help="layers edited one at a time: all, none, every:K (default every:3) or a comma list",
+    )
+    p.add_argument(
+        "--controls-lambdas",
+        type=float_list(0),
+        default=[0.0, 2.0],
+        help="λ of the scale and random-token edits (default 0,2)",
+    )
+    p.add_argument(
+        "--controls-seeds", type=int_list(0), default=[0, 1, 2], help="seeds of the rotation control (default 0,1,2)"
+    )
+    p.add_argument(
+        "--controls-seed",
+        type=non_negative_int,
+        default=0,
+        help="seed of the random non-sink positions and the bootstrap",
+    )
+    p.add_argument(
+        "--controls-protocol",
+        default=None,
+        metavar="PATH",
+        help="run only the dose-matched sink controls of a pre-registered protocol (docs/faithfulness/protocol.json), on its own sample",
+    )
+    p.add_argument(
+        "--controls-documents",
+        type=positive_int,
+        default=None,
+        help="--controls-protocol: documents of the sample (default: the protocol's; another number makes the run exploratory)",
+    )
+    p.add_argument(
+        "--controls-rows",
+        type=positive_int,
+        default=None,
+        help="--controls-protocol: edited rows per batched forward (default: from the vocabulary size)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="--controls-protocol: continue the interrupted run in --out from its checkpoint",
+    )
+    p.add_argument(
+        "--n-boot",
+        type=positive_int,
+        default=2000,
+        help="bootstrap resamples over windows (default 2000; --controls-protocol: another number makes the run exploratory)",
+    )
     p.add_argument("--dpi", type=positive_int, default=90)
-    p.add_argument("--compat", action="store_true", help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default")
+    p.add_argument(
+        "--compat",
+        action="store_true",
+        help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default",
+    )
     add_out(p, resumable=True)
     p.set_defaults(func=run)

@@ -2,7 +2,7 @@
 
 One module per idea:
 
-- :mod:`~geolens.faithfulness.protocol`: the masking :class:`Protocol` of the curves, its
+- :mod:`~geolens.faithfulness.protocol`: the masking :class:`MaskingConfig` of the curves, its
   constants and the verdict rule;
 - :mod:`~geolens.faithfulness.value_zeroing`: the Value Zeroing metric (Mohebbi et al. 2023);
 - :mod:`~geolens.faithfulness.masks`: each metric's scores on a sequence and the masks they give;
@@ -30,7 +30,7 @@ from geolens.faithfulness.protocol import (
     MODES,
     PAIRS,
     QUANTITIES,
-    Protocol,
+    MaskingConfig,
     faithfulness_sign,
     layer_group,
     layer_span,
@@ -49,9 +49,34 @@ from geolens.faithfulness.result import (
 from geolens.faithfulness.value_zeroing import value_zeroing
 
 __all__ = [
-    "ALL_METRICS", "CLAIMED_ORDER", "CLAIMED_STEPS", "DIRECTIONS", "FRACTIONS", "LAYER_GROUPS", "MIN_DOCUMENTS",
-    "MIN_RANGE", "MODES", "PAIRS", "PER_SEQUENCE", "QUANTITIES", "FaithfulnessResult", "Protocol", "area_under_curve",
-    "auc_ci", "claimed_order_holds", "curve_masks", "faithfulness_curves", "faithfulness_sign", "layer_group",
-    "layer_span", "masking_scope", "metric_scores", "per_sequence_path", "ranked_removals", "same_ranking_by_construction",
-    "sink_only_mask", "value_zeroing", "verdict",
-]  # fmt: skip
+    "ALL_METRICS",
+    "CLAIMED_ORDER",
+    "CLAIMED_STEPS",
+    "DIRECTIONS",
+    "FRACTIONS",
+    "LAYER_GROUPS",
+    "MIN_DOCUMENTS",
+    "MIN_RANGE",
+    "MODES",
+    "PAIRS",
+    "PER_SEQUENCE",
+    "QUANTITIES",
+    "FaithfulnessResult",
+    "MaskingConfig",
+    "area_under_curve",
+    "auc_ci",
+    "claimed_order_holds",
+    "curve_masks",
+    "faithfulness_curves",
+    "faithfulness_sign",
+    "layer_group",
+    "layer_span",
+    "masking_scope",
+    "metric_scores",
+    "per_sequence_path",
+    "ranked_removals",
+    "same_ranking_by_construction",
+    "sink_only_mask",
+    "value_zeroing",
+    "verdict",
+]

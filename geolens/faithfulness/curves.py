@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from geolens.adapter import names_filter
 from geolens.faithfulness.masks import metric_scores, ranked_removals, sink_only_mask
-from geolens.faithfulness.protocol import DIRECTIONS, Protocol, same_ranking_by_construction
+from geolens.faithfulness.protocol import DIRECTIONS, MaskingConfig, same_ranking_by_construction
 from geolens.faithfulness.result import FaithfulnessResult
 from geolens.interventions.masking import mask_from_ranks, masked_token_nll, require_pattern_hooks, token_nll
 from geolens.metrics import check_metric_names, get_metric, metric_names
@@ -21,7 +21,7 @@ from geolens.metrics import check_metric_names, get_metric, metric_names
 def faithfulness_curves(
     model,
     tokens: Int[Tensor, "n pos"],
-    protocol: Protocol = Protocol(),
+    protocol: MaskingConfig = MaskingConfig(),
     metrics: Sequence[str] | None = None,
     *,
     chunk_size: int = 12,
@@ -47,7 +47,7 @@ def faithfulness_curves(
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
-    >>> protocol = geolens.Protocol(fractions=(0.1, 0.5), skip_prefix=4)
+    >>> protocol = geolens.MaskingConfig(fractions=(0.1, 0.5), skip_prefix=4)
     >>> res = geolens.faithfulness_curves(model, tiny_tokens(model, length=16), protocol,
     ...                                   metrics=["raw_attention", "contribution", "random"], progress=False, n_boot=50)
     >>> res.range_check()["has_range"], sorted(set(res.pairs().verdict))  # a random 2-layer model moves PPL < 1 %
@@ -105,19 +105,41 @@ def faithfulness_curves(
             for (m, d, k), row_nll, r in zip(chunk, nll, removed):
                 results[m, d, k] = (float(row_nll.double().mean()), int(r))
             del remove, masks
-        clean_rows.append(dict(sequence=doc, nll=float(clean_nll.double().mean()), n_scored=int(clean_nll.numel()),
-                               sink_nll=results["sink_only", None, None][0]))  # fmt: skip
+        clean_rows.append(
+            dict(
+                sequence=doc,
+                nll=float(clean_nll.double().mean()),
+                n_scored=int(clean_nll.numel()),
+                sink_nll=results["sink_only", None, None][0],
+            )
+        )
         for m in metrics:
             src = alias.get(m, m)
             for d in DIRECTIONS:
                 for k in protocol.fractions:
                     v, r = results[src, d, k]
-                    rows.append(dict(sequence=doc, metric=m, direction=d, fraction=k, nll=v, n_removed=r, same_as=alias.get(m, "")))
+                    rows.append(
+                        dict(
+                            sequence=doc,
+                            metric=m,
+                            direction=d,
+                            fraction=k,
+                            nll=v,
+                            n_removed=r,
+                            same_as=alias.get(m, ""),
+                        )
+                    )
     meta = dict(
-        n_sequences=int(tokens.shape[0]), seq_len=int(n_pos), metrics=list(metrics), seed=seed,
+        n_sequences=int(tokens.shape[0]),
+        seq_len=int(n_pos),
+        metrics=list(metrics),
+        seed=seed,
         model=getattr(model.cfg, "model_name", "?"),
     )
     return FaithfulnessResult(
-        protocol=protocol.to_dict(model), per_sequence=pd.DataFrame(rows), clean=pd.DataFrame(clean_rows),
-        meta=meta, n_boot=n_boot,
+        protocol=protocol.to_dict(model),
+        per_sequence=pd.DataFrame(rows),
+        clean=pd.DataFrame(clean_rows),
+        meta=meta,
+        n_boot=n_boot,
     )

@@ -48,9 +48,15 @@ from geolens.stats import cluster_bootstrap_indices, holm_family, percentile_ci,
 
 OUTCOMES = ("kl", "delta_p")
 TERM_METRICS = (
-    "raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter",
-    "contribution", "contribution_abs", "grad_x_act", "random",
-)  # fmt: skip
+    "raw_attention",
+    "value_weighted",
+    "output_normalized_intra",
+    "output_normalized_inter",
+    "contribution",
+    "contribution_abs",
+    "grad_x_act",
+    "random",
+)
 SOURCE_METRICS = TERM_METRICS[:-1] + ("value_zeroing", "random")
 LABELS = {"grad_x_act": "gradient × activation"}
 """Labels of the metrics defined here; the others are registered metrics or their mode variants,
@@ -59,7 +65,9 @@ TOP_K = 5
 MIN_TERMS = 5
 
 
-def draw_positions(document_index: int, n_layers: int, n_positions: int, queries: tuple[int, int]) -> list[tuple[int, int]]:
+def draw_positions(
+    document_index: int, n_layers: int, n_positions: int, queries: tuple[int, int]
+) -> list[tuple[int, int]]:
     """The (layer, query) positions of one document (PROTOCOL.md §2): for each position in turn,
     the layer uniform in 0 … L−1, then the query uniform in ``queries`` (inclusive), from
     ``numpy.random.default_rng([2026, document_index])``.
@@ -120,7 +128,9 @@ def _ranking_key(scores: np.ndarray) -> str:
     return hashlib.blake2b(np.argsort(-scores, kind="stable").astype(np.int32).tobytes(), digest_size=8).hexdigest()
 
 
-def term_scores(inter: LayerInputs, intra: LayerInputs, effects: PositionEffects, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def term_scores(
+    inter: LayerInputs, intra: LayerInputs, effects: PositionEffects, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """Each term-scope metric's scores ``[head, source]`` (float64) of one position."""
     i = effects.term.query
     n = i + 1
@@ -172,12 +182,19 @@ def position_rows(
             excluded = e.size < MIN_TERMS or np.ptp(e) == 0
             for metric in names:
                 s = _oriented(metric, table[metric], outcome)[ran]
-                rows.append(dict(
-                    **ids, scope=scope, outcome=outcome, metric=metric, n_terms=int(e.size), excluded=bool(excluded),
-                    spearman=np.nan if excluded else spearman(s, e),
-                    top5=np.nan if excluded else top_overlap(s, e),
-                    ranking=_ranking_key(s),
-                ))  # fmt: skip
+                rows.append(
+                    dict(
+                        **ids,
+                        scope=scope,
+                        outcome=outcome,
+                        metric=metric,
+                        n_terms=int(e.size),
+                        excluded=bool(excluded),
+                        spearman=np.nan if excluded else spearman(s, e),
+                        top5=np.nan if excluded else top_overlap(s, e),
+                        ranking=_ranking_key(s),
+                    )
+                )
     return rows
 
 
@@ -223,17 +240,25 @@ def ground_truth_document(
     rows, positions = [], []
     for p, (l, q) in enumerate(drawn):
         if (l, q) not in measured:
-            measured[(l, q)] = position_effects(model, tokens, l, q, clean_run=(logits, cache), kv_cache=kv, batch_size=batch_size)
+            measured[(l, q)] = position_effects(
+                model, tokens, l, q, clean_run=(logits, cache), kv_cache=kv, batch_size=batch_size
+            )
         e = measured[(l, q)]
         rng = np.random.default_rng([2026, int(document_index), p, 1])
         scores = term_scores(*inputs[l], e, rng)
         ids = dict(document=int(document_index), position=p, layer=l, query=q)
         rows += position_rows(e, scores, vz[layers.index(l), 0, q, : q + 1].double().numpy(), ids)
-        positions.append(dict(
-            **ids, n_terms=int(e.term.ran.sum()), clean_top_prob=e.term.clean_prob,
-            kl_term_max=float(e.term.kl.max()), kl_term_sum=float(e.term.kl.sum()),
-            kl_source_max=float(e.source.kl.max()), delta_p_term_min=float(e.term.delta_p.min()),
-        ))  # fmt: skip
+        positions.append(
+            dict(
+                **ids,
+                n_terms=int(e.term.ran.sum()),
+                clean_top_prob=e.term.clean_prob,
+                kl_term_max=float(e.term.kl.max()),
+                kl_term_sum=float(e.term.kl.sum()),
+                kl_source_max=float(e.source.kl.max()),
+                delta_p_term_min=float(e.term.delta_p.min()),
+            )
+        )
     return pd.DataFrame(rows), pd.DataFrame(positions)
 
 
@@ -247,7 +272,9 @@ def _pivot(rows: pd.DataFrame, column: str) -> pd.DataFrame:
     return kept.pivot(index=["document", "position"], columns="metric", values=column)
 
 
-def ground_truth_summary(rows: pd.DataFrame, pairs: Sequence[Sequence[str]], *, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> dict:
+def ground_truth_summary(
+    rows: pd.DataFrame, pairs: Sequence[Sequence[str]], *, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05
+) -> dict:
     """Per (scope, outcome, metric): mean Spearman and top-5 overlap over positions, with 95%
     document-cluster bootstrap CIs (documents drawn with replacement, each bringing all its
     positions; the same draws for every metric of a (scope, outcome)); and the pre-registered
@@ -275,12 +302,22 @@ def ground_truth_summary(rows: pd.DataFrame, pairs: Sequence[Sequence[str]], *, 
         tlo, thi = percentile_ci(boot_top, 0.95)
         n_excluded = int(part[part.metric == part.metric.iloc[0]].excluded.sum())
         for k, metric in enumerate(table.columns):
-            metrics_out.append(dict(
-                scope=scope, outcome=outcome, metric=metric, spearman=float(table[metric].mean()),
-                ci_low=float(lo[k]), ci_high=float(hi[k]), top5=float(top[metric].mean()),
-                top5_ci_low=float(tlo[k]), top5_ci_high=float(thi[k]), n_positions=int(len(table)),
-                n_documents=int(len(np.unique(documents))), n_excluded_positions=n_excluded,
-            ))  # fmt: skip
+            metrics_out.append(
+                dict(
+                    scope=scope,
+                    outcome=outcome,
+                    metric=metric,
+                    spearman=float(table[metric].mean()),
+                    ci_low=float(lo[k]),
+                    ci_high=float(hi[k]),
+                    top5=float(top[metric].mean()),
+                    top5_ci_low=float(tlo[k]),
+                    top5_ci_high=float(thi[k]),
+                    n_positions=int(len(table)),
+                    n_documents=int(len(np.unique(documents))),
+                    n_excluded_positions=n_excluded,
+                )
+            )
         samples_by[(scope, outcome)] = (table, boot, part)
     tests = []
     for outcome in OUTCOMES:
@@ -296,19 +333,37 @@ def ground_truth_summary(rows: pd.DataFrame, pairs: Sequence[Sequence[str]], *, 
                 rank_a = part[part.metric == a].set_index(["document", "position"]).ranking
                 rank_b = part[part.metric == b].set_index(["document", "position"]).ranking
                 same = bool((rank_a == rank_b.reindex(rank_a.index)).all())
-                entry = dict(endpoint="per_term", scope=scope, outcome=outcome, a=a, b=b,
-                             n_positions=int(len(table)), n_documents=int(table.index.get_level_values("document").nunique()))  # fmt: skip
+                entry = dict(
+                    endpoint="per_term",
+                    scope=scope,
+                    outcome=outcome,
+                    a=a,
+                    b=b,
+                    n_positions=int(len(table)),
+                    n_documents=int(table.index.get_level_values("document").nunique()),
+                )
                 delta = boot[:, kb] - boot[:, ka]
                 estimate = float(table[b].mean() - table[a].mean())
                 if outcome == "kl":
                     tests.append((entry, estimate, delta, not same))
                 else:
                     lo, hi = percentile_ci(delta, 0.95)
-                    exploratory.append(dict(entry, estimate=estimate, ci_low=float(lo), ci_high=float(hi),
-                                            verdict="not testable" if same else None))  # fmt: skip
+                    exploratory.append(
+                        dict(
+                            entry,
+                            estimate=estimate,
+                            ci_low=float(lo),
+                            ci_high=float(hi),
+                            verdict="not testable" if same else None,
+                        )
+                    )
     decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
     for (entry, *_), result in zip(tests, decided):
-        family.append(dict(entry, **{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in result._asdict().items()}))
+        family.append(
+            dict(
+                entry, **{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in result._asdict().items()}
+            )
+        )
     for e in exploratory:
         if e["verdict"] is None:
             e["verdict"] = "holds" if e["ci_low"] > 0 else "reversed" if e["ci_high"] < 0 else "tie"
@@ -333,7 +388,8 @@ def single_term_effects(positions: pd.DataFrame) -> dict:
     :func:`ground_truth_document`: their count and the medians of the largest term's KL, of all
     terms' KLs summed and of the clean top-1 probability."""
     return dict(
-        n_positions=int(len(positions)), median_kl_of_largest_term=float(positions.kl_term_max.median()),
+        n_positions=int(len(positions)),
+        median_kl_of_largest_term=float(positions.kl_term_max.median()),
         median_kl_of_all_terms_summed=float(positions.kl_term_sum.median()),
         median_clean_top_prob=float(positions.clean_top_prob.median()),
-    )  # fmt: skip
+    )

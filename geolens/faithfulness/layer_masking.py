@@ -63,16 +63,33 @@ from geolens.metrics import LayerInputs, find_metric, mode_variant
 from geolens.validation import check_context, check_layer
 
 MASKING_METRICS: tuple[str, ...] = (
-    "raw_attention", "value_weighted", "output_normalized_intra", "output_normalized_inter",
-    "contribution", "contribution_abs", "value_zeroing", "random",
-)  # fmt: skip
+    "raw_attention",
+    "value_weighted",
+    "output_normalized_intra",
+    "output_normalized_inter",
+    "contribution",
+    "contribution_abs",
+    "value_zeroing",
+    "random",
+)
 ALL_REMOVED = "all_removed"  # metric and direction of the condition removing every term of the layer
 DIRECTIONS = ("comprehensiveness", "sufficiency")
 SECTION_2_ONLY = ("grad_x_act",)  # metrics of pairs that the masking endpoint does not form
 COLUMNS = (
-    "document", "layer", "metric", "direction", "k", "n_terms", "n_removed",
-    "kl", "delta_p", "nll", "clean_nll", "unigram_ce", "mask_hash",
-)  # fmt: skip
+    "document",
+    "layer",
+    "metric",
+    "direction",
+    "k",
+    "n_terms",
+    "n_removed",
+    "kl",
+    "delta_p",
+    "nll",
+    "clean_nll",
+    "unigram_ce",
+    "mask_hash",
+)
 
 
 class Condition(NamedTuple):
@@ -126,7 +143,9 @@ def scored_positions(protocol) -> list[int]:
     """
     first, last, step = (int(x) for x in protocol["secondary"]["scored_positions"])
     if first < 0 or last < first or step < 1:
-        raise ValueError(f"secondary.scored_positions must be [first, last, step] with 0 ≤ first ≤ last, step ≥ 1; got {[first, last, step]}")
+        raise ValueError(
+            f"secondary.scored_positions must be [first, last, step] with 0 ≤ first ≤ last, step ≥ 1; got {[first, last, step]}"
+        )
     return list(range(first, last + 1, step))
 
 
@@ -174,7 +193,9 @@ def query_masks(
     if terms.dtype != torch.bool or terms.ndim != 3:
         raise ValueError(f"terms must be a bool tensor [head, query, key], got {terms.dtype} {tuple(terms.shape)}")
     if scores.ndim != 3 or scores.shape[0] not in (1, terms.shape[0]) or scores.shape[1:] != terms.shape[1:]:
-        raise ValueError(f"scores {tuple(scores.shape)} must be [head, query, key] (head 1 or {terms.shape[0]}) like terms {tuple(terms.shape)}")
+        raise ValueError(
+            f"scores {tuple(scores.shape)} must be [head, query, key] (head 1 or {terms.shape[0]}) like terms {tuple(terms.shape)}"
+        )
     for k in fractions:
         if not 0.0 < float(k) <= 1.0:
             raise ValueError(f"fractions must be in (0, 1], got {k}")
@@ -281,7 +302,9 @@ def layer_conditions(
     return out
 
 
-def distinct_masks(conditions: Sequence[Condition]) -> tuple[list[str], Bool[Tensor, "n_distinct head query key"], list[int]]:
+def distinct_masks(
+    conditions: Sequence[Condition],
+) -> tuple[list[str], Bool[Tensor, "n_distinct head query key"], list[int]]:
     """``(hashes, masks, row)``: each condition's :func:`mask_hash`, its distinct masks stacked in
     order of first appearance, and the row of ``masks`` each condition reads (identical masks
     run once).
@@ -355,9 +378,13 @@ def masked_outcomes(
     layer = check_layer(layer, model.cfg.n_layers)
     positions = [int(p) for p in positions]
     if not positions or min(positions) < 0 or max(positions) > n_pos - 2:
-        raise ValueError(f"scored positions must lie in 0 … {n_pos - 2} (each predicts the next token), got {positions[:3]}…")
+        raise ValueError(
+            f"scored positions must lie in 0 … {n_pos - 2} (each predicts the next token), got {positions[:3]}…"
+        )
     if masks.dtype != torch.bool or masks.ndim != 4 or masks.shape[-2:] != (n_pos, n_pos):
-        raise ValueError(f"masks must be bool [n_masks, head, {n_pos}, {n_pos}], got {masks.dtype} {tuple(masks.shape)}")
+        raise ValueError(
+            f"masks must be bool [n_masks, head, {n_pos}, {n_pos}], got {masks.dtype} {tuple(masks.shape)}"
+        )
     if clean_logits.shape[0] != len(positions):
         raise ValueError(f"clean_logits has {clean_logits.shape[0]} rows for {len(positions)} scored positions")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -409,7 +436,9 @@ def _check_reference(row: Tensor, clean: Tensor, layer: int) -> None:
 
 def _check_tokens(model, tokens) -> Tensor:
     if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.ndim != 2 or tokens.shape[0] != 1:
-        raise ValueError(f"tokens must be one unpadded window, an integer tensor [1, pos]; got {getattr(tokens, 'shape', type(tokens))}")
+        raise ValueError(
+            f"tokens must be one unpadded window, an integer tensor [1, pos]; got {getattr(tokens, 'shape', type(tokens))}"
+        )
     check_context(model, tokens.shape[1])
     return tokens
 
@@ -449,7 +478,9 @@ def _check_protocol(protocol) -> dict:
         if second.get(key) != want
     }
     if wrong:
-        raise ValueError(f"layer masking implements protocol 2's per-layer query-ranked masking; this protocol has {wrong}")
+        raise ValueError(
+            f"layer masking implements protocol 2's per-layer query-ranked masking; this protocol has {wrong}"
+        )
     return second
 
 
@@ -515,7 +546,9 @@ def layer_masking_document(
     positions = scored_positions(protocol)
     n_pos = tokens.shape[1]
     if positions[-1] > n_pos - 2:
-        raise ValueError(f"the last scored position {positions[-1]} needs a window of at least {positions[-1] + 2} tokens, got {n_pos}")
+        raise ValueError(
+            f"the last scored position {positions[-1]} needs a window of at least {positions[-1] + 2} tokens, got {n_pos}"
+        )
     fractions = [float(k) for k in second["fractions"]]
     directions = list(second["directions"])
     metrics = protocol_metrics(protocol)
@@ -529,33 +562,60 @@ def layer_masking_document(
         logits, cache = model.run_with_cache(tokens, names_filter=lambda name: wanted(name) or name in resid_names)
     clean_logits = logits[0, positions]
     following = tokens[0, torch.tensor(positions) + 1]
-    clean_nll = float(-torch.log_softmax(clean_logits.to(torch.float64), -1)[torch.arange(len(positions)), following.to(clean_logits.device)].mean())
-    unigram_ce = float("nan") if unigram_logprobs is None else float(-unigram_logprobs.to(torch.float64)[following.cpu()].mean())
-    vz = value_zeroing(model, tokens, layers) if "value_zeroing" in metrics else None  # [layer, 1, query, key], layers sorted
+    clean_nll = float(
+        -torch.log_softmax(clean_logits.to(torch.float64), -1)[
+            torch.arange(len(positions)), following.to(clean_logits.device)
+        ].mean()
+    )
+    unigram_ce = (
+        float("nan") if unigram_logprobs is None else float(-unigram_logprobs.to(torch.float64)[following.cpu()].mean())
+    )
+    vz = (
+        value_zeroing(model, tokens, layers) if "value_zeroing" in metrics else None
+    )  # [layer, 1, query, key], layers sorted
     vz_layers = sorted(layers)
     rows = []
     for layer in layers:
         view = get_attention_layer(model, cache, layer)
         terms = view.pattern[0] != 0
         scores = masking_scores(
-            view, metrics,
+            view,
+            metrics,
             value_zeroing=None if vz is None else vz[vz_layers.index(layer), 0],
             random_seed=masking_random_seed(document_index, layer),
-        )  # fmt: skip
+        )
         conditions = layer_conditions(scores, terms, fractions, directions)
         hashes, masks, row_of = distinct_masks(conditions)
         measured = masked_outcomes(
-            model, tokens, layer, masks, positions, clean_logits,
-            resid_pre=cache[adapter.resid_pre_hook(layer)], batch_size=batch_size,
-        )  # fmt: skip
+            model,
+            tokens,
+            layer,
+            masks,
+            positions,
+            clean_logits,
+            resid_pre=cache[adapter.resid_pre_hook(layer)],
+            batch_size=batch_size,
+        )
         means = {k: v.mean(1) for k, v in measured.items()}
         n_terms = int(terms.sum())
         for c, h, u in zip(conditions, hashes, row_of):
-            rows.append(dict(
-                document=document_index, layer=int(layer), metric=c.metric, direction=c.direction, k=c.k,
-                n_terms=n_terms, n_removed=int(c.mask.sum()), kl=float(means["kl"][u]), delta_p=float(means["delta_p"][u]),
-                nll=float(means["nll"][u]), clean_nll=clean_nll, unigram_ce=unigram_ce, mask_hash=h,
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    document=document_index,
+                    layer=int(layer),
+                    metric=c.metric,
+                    direction=c.direction,
+                    k=c.k,
+                    n_terms=n_terms,
+                    n_removed=int(c.mask.sum()),
+                    kl=float(means["kl"][u]),
+                    delta_p=float(means["delta_p"][u]),
+                    nll=float(means["nll"][u]),
+                    clean_nll=clean_nll,
+                    unigram_ce=unigram_ce,
+                    mask_hash=h,
+                )
+            )
     del cache
     return pd.DataFrame(rows, columns=list(COLUMNS))
 

@@ -24,7 +24,11 @@ def _none_if_nan(d: dict) -> dict:
 
 
 def _check_rows(rows: pd.DataFrame) -> None:
-    missing = [c for c in ("document", "layer", "metric", "direction", "k", "kl", "delta_p", "nll", "unigram_ce", "mask_hash") if c not in rows.columns]
+    missing = [
+        c
+        for c in ("document", "layer", "metric", "direction", "k", "kl", "delta_p", "nll", "unigram_ce", "mask_hash")
+        if c not in rows.columns
+    ]
     if missing:
         raise ValueError(f"masking rows lack the columns {missing} (layer_masking_document writes them)")
     if rows.empty:
@@ -39,7 +43,9 @@ def _exclusions(rows: pd.DataFrame, min_kl: float) -> tuple[pd.DataFrame, dict, 
     doc_layers = rows[["document", "layer"]].drop_duplicates().set_index(["document", "layer"]).index
     if len(counts) != len(doc_layers) or (counts != 1).any():
         raise ValueError("every (document, layer) needs exactly one all-removed row")
-    table = all_removed.set_index(["document", "layer"])[["kl", "delta_p"]].rename(columns={"kl": "kl_all", "delta_p": "delta_p_all"})
+    table = all_removed.set_index(["document", "layer"])[["kl", "delta_p"]].rename(
+        columns={"kl": "kl_all", "delta_p": "delta_p_all"}
+    )
     table["range_excluded"] = table.kl_all < min_kl
     checked = rows.unigram_ce.notna()
     off = checked & (rows.nll > rows.unigram_ce)
@@ -48,7 +54,9 @@ def _exclusions(rows: pd.DataFrame, min_kl: float) -> tuple[pd.DataFrame, dict, 
     table["ceiling_checked"] = per.checked.all().reindex(table.index)
     table["excluded"] = table.range_excluded | table.ceiling_excluded
     n_cond = int(len(rows))
-    excluded_conditions = int(rows.set_index(["document", "layer"]).index.isin(table.index[table.ceiling_excluded]).sum())
+    excluded_conditions = int(
+        rows.set_index(["document", "layer"]).index.isin(table.index[table.ceiling_excluded]).sum()
+    )
     range_check = dict(
         min_kl_all_removed=float(min_kl),
         n_document_layers=int(len(table)),
@@ -75,13 +83,17 @@ def _exclusions(rows: pd.DataFrame, min_kl: float) -> tuple[pd.DataFrame, dict, 
 def _naopc(kept: pd.DataFrame, table: pd.DataFrame, outcome: str, fractions: list[float]) -> pd.DataFrame:
     """nAOPC per (document, layer, metric, direction): mean over k of outcome(k) / outcome(all removed)."""
     denominator = table[f"{outcome}_all"]
-    grid = kept.pivot_table(index=["document", "layer", "metric", "direction"], columns="k", values=outcome, aggfunc="first")
+    grid = kept.pivot_table(
+        index=["document", "layer", "metric", "direction"], columns="k", values=outcome, aggfunc="first"
+    )
     missing = [k for k in fractions if k not in grid.columns]
     if missing or grid[fractions].isna().any().any():
         raise ValueError(f"some (document, layer, metric, direction) lack fractions of the grid {fractions}")
     groups = grid.groupby(level=["document", "layer"]).size()
     if (groups != groups.max()).any():
-        raise ValueError("some (document, layer) lack conditions of a metric or direction that others have: the comparison must be paired")
+        raise ValueError(
+            "some (document, layer) lack conditions of a metric or direction that others have: the comparison must be paired"
+        )
     ratio = grid[fractions].div(denominator.reindex(grid.index.droplevel(["metric", "direction"])).to_numpy(), axis=0)
     return ratio
 
@@ -152,16 +164,31 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     kept = conditions[index.isin(used)]
     all_documents = sorted(set(rows.document))
     design = dict(
-        endpoint="normalized_aopc", outcome="kl", masking_scope="layer", ranking_scope="query", fractions=fractions, directions=directions,
-        n_document_layers=int(len(table)), range_check=range_check, ceiling_check=ceiling, multiple_comparison="holm", alpha=alpha,
-        n_boot=n_boot, seed=seed,
-    )  # fmt: skip
+        endpoint="normalized_aopc",
+        outcome="kl",
+        masking_scope="layer",
+        ranking_scope="query",
+        fractions=fractions,
+        directions=directions,
+        n_document_layers=int(len(table)),
+        range_check=range_check,
+        ceiling_check=ceiling,
+        multiple_comparison="holm",
+        alpha=alpha,
+        n_boot=n_boot,
+        seed=seed,
+    )
     if kept.empty:  # nothing to compare: the checks are the result, and no pair is formed
         return dict(
-            design, n_documents=0, n_documents_without_layers=len(all_documents), n_document_layers_used=0, metrics=[], pairs=[],
+            design,
+            n_documents=0,
+            n_documents_without_layers=len(all_documents),
+            n_document_layers_used=0,
+            metrics=[],
+            pairs=[],
             note=f"no (document, layer) is left after the range check ({range_check['n_document_layers_excluded']} excluded) "
             f"and the ceiling check ({ceiling['n_document_layers_excluded']} excluded): nothing to compare",
-        )  # fmt: skip
+        )
     present = set(kept.metric)
     naopc = _naopc(kept, table, "kl", fractions)
     per_doc = _per_document(naopc.mean(axis=1))
@@ -172,10 +199,17 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     lo, hi = percentile_ci(boot, 0.95)
     metrics_out = []
     for c, (direction, metric) in enumerate(columns):
-        metrics_out.append(dict(
-            direction=direction, metric=metric, naopc=float(per_doc.iloc[:, c].mean()), ci_low=float(lo[c]), ci_high=float(hi[c]),
-            n_documents=int(len(per_doc)), n_document_layers=int(naopc.xs((metric, direction), level=("metric", "direction")).shape[0]),
-        ))  # fmt: skip
+        metrics_out.append(
+            dict(
+                direction=direction,
+                metric=metric,
+                naopc=float(per_doc.iloc[:, c].mean()),
+                ci_low=float(lo[c]),
+                ci_high=float(hi[c]),
+                n_documents=int(len(per_doc)),
+                n_document_layers=int(naopc.xs((metric, direction), level=("metric", "direction")).shape[0]),
+            )
+        )
 
     formed, not_formed = _pair_list(protocol, present)
     hashes = kept.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
@@ -215,7 +249,9 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     )
 
 
-def _pair_intervals(per_doc: pd.DataFrame, boot: np.ndarray, formed, directions, extra: dict | None = None) -> list[dict]:
+def _pair_intervals(
+    per_doc: pd.DataFrame, boot: np.ndarray, formed, directions, extra: dict | None = None
+) -> list[dict]:
     """95% CIs of the exploratory pair differences (Δ > 0: b better), on given resamples."""
     columns = list(per_doc.columns)
     out = []
@@ -228,8 +264,20 @@ def _pair_intervals(per_doc: pd.DataFrame, boot: np.ndarray, formed, directions,
             delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
             samples = sign * (boot[:, cb] - boot[:, ca])
             lo, hi = percentile_ci(samples, 0.95, omit_nan=True)
-            out.append(_none_if_nan(dict(direction=direction, a=a, b=b, **(extra or {}), estimate=float(delta.mean()),
-                                         ci_low=float(lo), ci_high=float(hi), n_documents=int(delta.notna().sum()))))  # fmt: skip
+            out.append(
+                _none_if_nan(
+                    dict(
+                        direction=direction,
+                        a=a,
+                        b=b,
+                        **(extra or {}),
+                        estimate=float(delta.mean()),
+                        ci_low=float(lo),
+                        ci_high=float(hi),
+                        n_documents=int(delta.notna().sum()),
+                    )
+                )
+            )
     return out
 
 
@@ -238,13 +286,26 @@ def _delta_p_summary(kept, table, fractions, formed, directions, documents, indi
     part = kept[kept.set_index(["document", "layer"]).index.isin(usable)]
     n_left_out = int((~table.excluded).sum() - len(usable))
     if part.empty:
-        return dict(metrics=[], pairs=[], min_abs_delta_p_all_removed=MIN_DELTA_P_ALL_REMOVED, n_document_layers_left_out=n_left_out)
+        return dict(
+            metrics=[],
+            pairs=[],
+            min_abs_delta_p_all_removed=MIN_DELTA_P_ALL_REMOVED,
+            n_document_layers_left_out=n_left_out,
+        )
     per_doc = _per_document(_naopc(part, table, "delta_p", fractions).mean(axis=1)).reindex(documents)
     boot = resample_means(per_doc.to_numpy(), indices, omit_nan=True)
     lo, hi = percentile_ci(boot, 0.95, omit_nan=True)
     metrics = [
-        _none_if_nan(dict(direction=d, metric=m, naopc=float(per_doc.iloc[:, c].mean()), ci_low=float(lo[c]), ci_high=float(hi[c]),
-                          n_documents=int(per_doc.iloc[:, c].notna().sum())))  # fmt: skip
+        _none_if_nan(
+            dict(
+                direction=d,
+                metric=m,
+                naopc=float(per_doc.iloc[:, c].mean()),
+                ci_low=float(lo[c]),
+                ci_high=float(hi[c]),
+                n_documents=int(per_doc.iloc[:, c].notna().sum()),
+            )
+        )
         for c, (d, m) in enumerate(per_doc.columns)
     ]
     return dict(
@@ -263,7 +324,16 @@ def _per_k(kept, table, fractions, formed, directions, documents, indices) -> di
         boot = resample_means(per_doc.to_numpy(), indices)
         lo, hi = percentile_ci(boot, 0.95)
         for c, (d, m) in enumerate(per_doc.columns):
-            metrics.append(dict(direction=d, metric=m, k=k, normalized_kl=float(per_doc.iloc[:, c].mean()), ci_low=float(lo[c]), ci_high=float(hi[c])))
+            metrics.append(
+                dict(
+                    direction=d,
+                    metric=m,
+                    k=k,
+                    normalized_kl=float(per_doc.iloc[:, c].mean()),
+                    ci_low=float(lo[c]),
+                    ci_high=float(hi[c]),
+                )
+            )
         pairs += _pair_intervals(per_doc, boot, formed, directions, extra=dict(k=k))
     return dict(metrics=metrics, pairs=pairs)
 
@@ -272,8 +342,20 @@ def _per_layer(naopc: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
     values = naopc.mean(axis=1)
     out = []
     for (layer, metric, direction), part in values.groupby(level=["layer", "metric", "direction"]):
-        m, lo, hi = mean_ci(part.to_numpy(), n_boot=n_boot, seed=seed, groups=part.index.get_level_values("document").to_numpy())
-        out.append(dict(layer=int(layer), direction=direction, metric=metric, naopc=float(m), ci_low=float(lo), ci_high=float(hi), n_documents=int(len(part))))
+        m, lo, hi = mean_ci(
+            part.to_numpy(), n_boot=n_boot, seed=seed, groups=part.index.get_level_values("document").to_numpy()
+        )
+        out.append(
+            dict(
+                layer=int(layer),
+                direction=direction,
+                metric=metric,
+                naopc=float(m),
+                ci_low=float(lo),
+                ci_high=float(hi),
+                n_documents=int(len(part)),
+            )
+        )
     return out
 
 

@@ -1,4 +1,4 @@
-"""Each metric's scores on one sequence and the removal masks they give under a :class:`~geolens.faithfulness.protocol.Protocol`."""
+"""Each metric's scores on one sequence and the removal masks they give under a :class:`~geolens.faithfulness.protocol.MaskingConfig`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.adapter import get_attention_layer, names_filter
-from geolens.faithfulness.protocol import DIRECTIONS, Protocol
+from geolens.faithfulness.protocol import DIRECTIONS, MaskingConfig
 from geolens.interventions.masking import removal_masks, removal_ranks
 from geolens.metrics import LayerInputs, SequenceInputs, check_metric_names, get_metric, metric_names
 
@@ -17,7 +17,7 @@ from geolens.metrics import LayerInputs, SequenceInputs, check_metric_names, get
 def metric_scores(
     model,
     tokens: Int[Tensor, "1 pos"],
-    protocol: Protocol,
+    protocol: MaskingConfig,
     metrics: Sequence[str] | None = None,
     *,
     seed: int = 0,
@@ -58,25 +58,32 @@ def metric_scores(
     return {m: out[m] for m in metrics}
 
 
-def ranked_removals(scores: Tensor, protocol: Protocol) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+def ranked_removals(scores: Tensor, protocol: MaskingConfig) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
     """:func:`removal_ranks` of one metric's scores for each direction, under the protocol."""
     return {
         d: removal_ranks(
-            scores, scope=protocol.ranking, largest=d == "comprehensiveness",
-            allow_sink=protocol.allow_sink, allow_current=protocol.allow_current,
-        )  # fmt: skip
+            scores,
+            scope=protocol.ranking,
+            largest=d == "comprehensiveness",
+            allow_sink=protocol.allow_sink,
+            allow_current=protocol.allow_current,
+        )
         for d in DIRECTIONS
     }
 
 
-def curve_masks(scores: Float[Tensor, "layer 1 head query key"], protocol: Protocol) -> torch.Tensor:
+def curve_masks(scores: Float[Tensor, "layer 1 head query key"], protocol: MaskingConfig) -> torch.Tensor:
     """Masks ``[layer, 2·n_k, head, query, key]``: comprehensiveness for each k, then sufficiency.
 
     The head axis is the scores' (n_heads or 1) except under ``source`` ranking (always 1).
     """
     options = dict(scope=protocol.ranking, allow_sink=protocol.allow_sink, allow_current=protocol.allow_current)
     return torch.cat(
-        [m for d in DIRECTIONS for m in removal_masks(scores, protocol.fractions, largest=d == "comprehensiveness", **options)],
+        [
+            m
+            for d in DIRECTIONS
+            for m in removal_masks(scores, protocol.fractions, largest=d == "comprehensiveness", **options)
+        ],
         dim=1,
     )
 

@@ -53,14 +53,23 @@ from geolens.faithfulness.result import ResumeError
 from geolens.interventions.masking import pattern_mask_hooks
 from geolens.metrics import find_metric
 from geolens.multiple_choice import (
-    Question, choice_logliks, choice_scores, mc_summary, positions_from, prompt_and_choice_ids, question_row,
-)  # fmt: skip
+    Question,
+    choice_logliks,
+    choice_scores,
+    mc_summary,
+    positions_from,
+    prompt_and_choice_ids,
+    question_row,
+)
 from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
 
 DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
-    ("raw_attention", "value_weighted"), ("value_weighted", "output_normalized_intra"), ("output_normalized_inter", "contribution"),
-    ("raw_attention", "contribution"), ("contribution", "contribution_abs"),
-)  # fmt: skip
+    ("raw_attention", "value_weighted"),
+    ("value_weighted", "output_normalized_intra"),
+    ("output_normalized_inter", "contribution"),
+    ("raw_attention", "contribution"),
+    ("contribution", "contribution_abs"),
+)
 """Pairs 1–5 of docs/faithfulness/PROTOCOL.md §4, (a, b): "b is more faithful than a"."""
 SCORING = {"mean": "choice_normalized_mean_logprob", "sum": "summed_logprob"}
 CHECKPOINT = "mc_checkpoint.json"
@@ -108,7 +117,9 @@ class MCSettings:
         for name in self.metrics:
             metric = find_metric(name)
             if name not in MASKING_METRICS or (metric is not None and not metric.per_layer):
-                raise ValueError(f"metric {name!r}: multiple choice masks with the per-layer metrics of {list(MASKING_METRICS)}")
+                raise ValueError(
+                    f"metric {name!r}: multiple choice masks with the per-layer metrics of {list(MASKING_METRICS)}"
+                )
         if int(self.n_boot) < 1:
             raise ValueError(f"n_boot must be ≥ 1, got {self.n_boot}")
         if not 0.0 < self.alpha < 1.0:
@@ -125,7 +136,12 @@ class MCSettings:
 
     def fingerprint(self) -> dict:
         """What a checkpoint's records depend on (the statistics are recomputed on resume)."""
-        return dict(normalize=self.normalize, layer_step=int(self.layer_step), fractions=list(self.fractions), metrics=list(self.metrics))
+        return dict(
+            normalize=self.normalize,
+            layer_step=int(self.layer_step),
+            fractions=list(self.fractions),
+            metrics=list(self.metrics),
+        )
 
 
 @dataclass(frozen=True)
@@ -151,27 +167,53 @@ def mc_protocol(path) -> MCProtocol:
     pre = load_protocol(path)
     try:
         mc, spec = pre["multiple_choice"], pre.settings
-        fixed = {"scoring": "choice_normalized_mean_logprob", "outcome": "answer_margin_drop", "direction": "comprehensiveness",
-                 "multiple_comparison": "holm", "masking": "eligible tasks only", "layers": tuple(_LAYER_STEPS)}  # fmt: skip
+        fixed = {
+            "scoring": "choice_normalized_mean_logprob",
+            "outcome": "answer_margin_drop",
+            "direction": "comprehensiveness",
+            "multiple_comparison": "holm",
+            "masking": "eligible tasks only",
+            "layers": tuple(_LAYER_STEPS),
+        }
         for key, value in fixed.items():
             if mc.get(key) not in (value if isinstance(value, tuple) else (value,)):
                 raise ValueError(f"multiple_choice.{key} = {mc.get(key)!r}; this version of geolens runs {value!r}")
         match = re.fullmatch(r"pairs (\d+)-(\d+)", str(mc.get("pairs")))
-        if "task-stratified" not in str(mc.get("bootstrap")) or not match or not 1 <= int(match[1]) <= int(match[2]) <= len(spec["pairs"]):
-            raise ValueError(f"multiple_choice: bootstrap {mc.get('bootstrap')!r} and pairs {mc.get('pairs')!r}: expected a "
-                             f"task-stratified bootstrap and 'pairs i-j' of the protocol's {len(spec['pairs'])} pairs")  # fmt: skip
+        if (
+            "task-stratified" not in str(mc.get("bootstrap"))
+            or not match
+            or not 1 <= int(match[1]) <= int(match[2]) <= len(spec["pairs"])
+        ):
+            raise ValueError(
+                f"multiple_choice: bootstrap {mc.get('bootstrap')!r} and pairs {mc.get('pairs')!r}: expected a "
+                f"task-stratified bootstrap and 'pairs i-j' of the protocol's {len(spec['pairs'])} pairs"
+            )
         settings = MCSettings(
-            normalize="mean", layer_step=_LAYER_STEPS[mc["layers"]], fractions=tuple(mc["fractions"]),
-            pairs=tuple(tuple(p) for p in spec["pairs"][int(match[1]) - 1 : int(match[2])]), n_boot=int(mc["n_boot"]),
-            seed=int(spec["statistics"]["seed"]), alpha=float(spec["statistics"]["alpha"]),
-        )  # fmt: skip
+            normalize="mean",
+            layer_step=_LAYER_STEPS[mc["layers"]],
+            fractions=tuple(mc["fractions"]),
+            pairs=tuple(tuple(p) for p in spec["pairs"][int(match[1]) - 1 : int(match[2])]),
+            n_boot=int(mc["n_boot"]),
+            seed=int(spec["statistics"]["seed"]),
+            alpha=float(spec["statistics"]["alpha"]),
+        )
         return MCProtocol(pre, tuple(mc["tasks"]), settings)
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"protocol {path}: {err if isinstance(err, ValueError) else f'missing or malformed field {err}'}") from None
+        raise ValueError(
+            f"protocol {path}: {err if isinstance(err, ValueError) else f'missing or malformed field {err}'}"
+        ) from None
 
 
-def differences(protocol: MCProtocol, *, tasks: Sequence[str], max_questions: int, settings: MCSettings,
-                model: str, model_mode: str, dtype: str | None = None) -> list[str]:  # fmt: skip
+def differences(
+    protocol: MCProtocol,
+    *,
+    tasks: Sequence[str],
+    max_questions: int,
+    settings: MCSettings,
+    model: str,
+    model_mode: str,
+    dtype: str | None = None,
+) -> list[str]:
     """Where a run departs from ``protocol``, one line each (empty: the pre-registered run).
 
     >>> from pathlib import Path
@@ -252,15 +294,19 @@ def masked_scores(
             by_metric = masking_scores(view, metrics)
             terms = view.pattern[0] != 0
             conditions = [
-                Condition(m, "comprehensiveness", k, mask) for m in metrics for k, mask in zip(fractions, query_masks(by_metric[m], terms, fractions))
-            ]  # fmt: skip
+                Condition(m, "comprehensiveness", k, mask)
+                for m in metrics
+                for k, mask in zip(fractions, query_masks(by_metric[m], terms, fractions))
+            ]
             _, unique, which = distinct_masks(conditions)  # [distinct, head, query, key]; which: [metric·k]
             which = np.asarray(which)
             resid = cache[adapter.resid_pre_hook(layer)]
             logp = []
             for start in range(0, len(unique), chunk_size):
                 chunk = unique[start : start + chunk_size]
-                hooks = list(pattern_mask_hooks(model, chunk[None], [layer])) + [(unembed_input_hook(model), positions_from(len(row) - n))]
+                hooks = list(pattern_mask_hooks(model, chunk[None], [layer])) + [
+                    (unembed_input_hook(model), positions_from(len(row) - n))
+                ]
                 with torch.no_grad(), applied(model, hooks):
                     logits = adapter.forward_from_layer(resid.expand(len(chunk), -1, -1).contiguous(), layer)
                 logp.append(torch.log_softmax(logits.to(torch.float64), dim=-1).cpu())  # [chunk, n, vocab]
@@ -289,7 +335,9 @@ def eligibility(per_question: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0
     s = mc_summary(per_question, n_boot=n_boot, seed=seed)
     tasks = list(dict.fromkeys(per_question.task))
     s = s[s.task.isin(tasks)].set_index("task").loc[tasks].reset_index()
-    out = s[["task", "n_questions", "accuracy", "accuracy_lo", "accuracy_hi", "chance"]].rename(columns={"accuracy_lo": "ci_low", "accuracy_hi": "ci_high"})
+    out = s[["task", "n_questions", "accuracy", "accuracy_lo", "accuracy_hi", "chance"]].rename(
+        columns={"accuracy_lo": "ci_low", "accuracy_hi": "ci_high"}
+    )
     return out.assign(eligible=out.ci_low > out.chance).reset_index(drop=True)
 
 
@@ -346,7 +394,16 @@ def pair_tests(
     by_task = {str(t): int((tasks == t).sum()) for t in dict.fromkeys(tasks.tolist())}
     rows = []
     for (a, b), t, ok in zip(pairs, holm_family(estimates, samples, testable=testable, alpha=alpha), testable):
-        rows.append(dict(a=a, b=b, **t._asdict(), identical_masks=not ok, n_questions=int(tasks.size), n_questions_by_task=by_task))
+        rows.append(
+            dict(
+                a=a,
+                b=b,
+                **t._asdict(),
+                identical_masks=not ok,
+                n_questions=int(tasks.size),
+                n_questions_by_task=by_task,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -361,7 +418,9 @@ def question_key(question: Question, qid: int) -> str:
 
 def question_sha(question: Question) -> str:
     """SHA-256 (16 hex digits) of the prompt, choices and answer: a resumed record must match it."""
-    return hashlib.sha256(json.dumps([question.prompt, list(question.choices), question.answer]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([question.prompt, list(question.choices), question.answer]).encode()).hexdigest()[
+        :16
+    ]
 
 
 @dataclass
@@ -394,29 +453,44 @@ class MCCheckpoint:
             raise ResumeError(f"cannot resume from {path}: {err}") from None
         for key, value in settings.fingerprint().items():
             if saved.get(key) != value:
-                raise ResumeError(f"cannot resume from {path}: it was run with {key} = {saved.get(key)}, not {value} (--overwrite starts again)")
-        return cls(path, saved, data.get("model"), data.get("clean", {}), data.get("masked", {}), data.get("commands", []))
+                raise ResumeError(
+                    f"cannot resume from {path}: it was run with {key} = {saved.get(key)}, not {value} (--overwrite starts again)"
+                )
+        return cls(
+            path, saved, data.get("model"), data.get("clean", {}), data.get("masked", {}), data.get("commands", [])
+        )
 
     def check_model(self, fingerprint: dict) -> None:
         """Record the model, or refuse (:class:`ResumeError`) a checkpoint made with another one."""
         if self.model is None:
             self.model = fingerprint
         elif self.model != fingerprint:
-            raise ResumeError(f"cannot resume from {self.path}: it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')})")
+            raise ResumeError(
+                f"cannot resume from {self.path}: it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')})"
+            )
 
     def save(self) -> None:
         if self.path is None:
             return
         from geolens.checkpoint import atomic_write_bytes
 
-        data = dict(format=self.FORMAT, settings=self.settings, model=self.model, commands=self.commands, clean=self.clean, masked=self.masked)
+        data = dict(
+            format=self.FORMAT,
+            settings=self.settings,
+            model=self.model,
+            commands=self.commands,
+            clean=self.clean,
+            masked=self.masked,
+        )
         atomic_write_bytes(self.path, json.dumps(data).encode("utf-8"))
 
 
 def _record(store: dict, key: str, sha: str, compute):
     if key in store:
         if store[key].get("sha") != sha:
-            raise ResumeError(f"question {key} of the checkpoint is another question (prompt, choices or answer changed)")
+            raise ResumeError(
+                f"question {key} of the checkpoint is another question (prompt, choices or answer changed)"
+            )
         return store[key], False
     store[key] = dict(compute(), sha=sha)
     return store[key], True
@@ -438,16 +512,29 @@ class MCResult:
         s = self.settings
         tasks = self.tasks.to_dict(orient="records")
         return dict(
-            scoring=SCORING[s.normalize], outcome="answer_margin_drop", direction="comprehensiveness", ranking="query",
-            removed_per_query="ceil(k * n) of the query's n (head, source) terms", layers=list(self.layers),
-            fractions=list(s.fractions), metrics=list(s.metrics), n_questions=int(len(self.questions)),
-            n_questions_by_task={t["task"]: int(t["n_questions"]) for t in tasks}, tasks=tasks,
-            eligible_tasks=[t for t in tasks if t["eligible"]], excluded_tasks=[t for t in tasks if not t["eligible"]],
+            scoring=SCORING[s.normalize],
+            outcome="answer_margin_drop",
+            direction="comprehensiveness",
+            ranking="query",
+            removed_per_query="ceil(k * n) of the query's n (head, source) terms",
+            layers=list(self.layers),
+            fractions=list(s.fractions),
+            metrics=list(s.metrics),
+            n_questions=int(len(self.questions)),
+            n_questions_by_task={t["task"]: int(t["n_questions"]) for t in tasks},
+            tasks=tasks,
+            eligible_tasks=[t for t in tasks if t["eligible"]],
+            excluded_tasks=[t for t in tasks if not t["eligible"]],
             eligibility="clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)",
-            n_questions_masked=int(self.n_masked), bootstrap="task-stratified over questions", n_boot=int(s.n_boot),
-            seed=int(s.seed), alpha=float(s.alpha), multiple_comparison="holm",
-            metric_drops=self.metrics.to_dict(orient="records"), pairs=self.pairs.to_dict(orient="records"),
-        )  # fmt: skip
+            n_questions_masked=int(self.n_masked),
+            bootstrap="task-stratified over questions",
+            n_boot=int(s.n_boot),
+            seed=int(s.seed),
+            alpha=float(s.alpha),
+            multiple_comparison="holm",
+            metric_drops=self.metrics.to_dict(orient="records"),
+            pairs=self.pairs.to_dict(orient="records"),
+        )
 
 
 def run_multiple_choice(
@@ -479,7 +566,9 @@ def run_multiple_choice(
 
     def clean(q, qid):
         ll, lengths = choice_logliks(model, q)
-        return dict(question_row(q, qid, ll, lengths, settings.normalize), scores=choice_scores(ll, lengths, settings.normalize))
+        return dict(
+            question_row(q, qid, ll, lengths, settings.normalize), scores=choice_scores(ll, lengths, settings.normalize)
+        )
 
     rows = []
     for key, qid, q in tqdm(keyed, desc="multiple choice, clean", disable=not progress):
@@ -498,7 +587,9 @@ def run_multiple_choice(
     for i, key, q in tqdm(todo, desc="multiple choice, masked", disable=not progress):
 
         def compute(q=q):
-            s, same = masked_scores(model, q, layers, metrics, settings.fractions, normalize=settings.normalize, chunk_size=chunk_size)
+            s, same = masked_scores(
+                model, q, layers, metrics, settings.fractions, normalize=settings.normalize, chunk_size=chunk_size
+            )
             return dict(scores=s.tolist(), same=same.tolist())
 
         rec, new = _record(ckpt.masked, key, question_sha(q), compute)
@@ -513,13 +604,22 @@ def run_multiple_choice(
                 for ki, k in enumerate(settings.fractions):
                     margins.setdefault(f"margin:{name}:L{layer}:k{k:g}", np.full(len(keyed), np.nan))[i] = m[mi, li, ki]
     if todo:
-        table = pd.concat([table, pd.DataFrame(margins), pd.DataFrame({f"margin_drop:{m}": v for m, v in drops.items()})], axis=1)
+        table = pd.concat(
+            [table, pd.DataFrame(margins), pd.DataFrame({f"margin_drop:{m}": v for m, v in drops.items()})], axis=1
+        )
     idx = [i for i, _, _ in todo]
     same = {(a, b) for a, b in settings.pairs if identical[metrics.index(a), metrics.index(b)]}
     if idx:
         unit_tasks = table.task.to_numpy()[idx]
-        pairs = pair_tests({m: v[idx] for m, v in drops.items()}, unit_tasks, settings.pairs, identical=same,
-                           n_boot=settings.n_boot, seed=settings.seed, alpha=settings.alpha)  # fmt: skip
+        pairs = pair_tests(
+            {m: v[idx] for m, v in drops.items()},
+            unit_tasks,
+            settings.pairs,
+            identical=same,
+            n_boot=settings.n_boot,
+            seed=settings.seed,
+            alpha=settings.alpha,
+        )
         metric_rows = _metric_drops({m: v[idx] for m, v in drops.items()}, unit_tasks, settings)
     else:
         pairs, metric_rows = pd.DataFrame(), pd.DataFrame()
@@ -533,7 +633,16 @@ def _metric_drops(drops: Mapping[str, np.ndarray], tasks: np.ndarray, settings: 
     rows = []
     for m, d in drops.items():
         lo, hi = percentile_ci(resample_means(d, idx), 0.95)
-        rows.append(dict(metric=m, margin_drop=float(np.mean(d)), ci_low=float(lo), ci_high=float(hi), n_questions=int(len(d)), n_questions_by_task=by_task))
+        rows.append(
+            dict(
+                metric=m,
+                margin_drop=float(np.mean(d)),
+                ci_low=float(lo),
+                ci_high=float(hi),
+                n_questions=int(len(d)),
+                n_questions_by_task=by_task,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -544,8 +653,13 @@ def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[s
     verdicts (PROTOCOL.md): its pairs keep estimates, intervals and p-values, ``verdict`` None."""
     diff = list(differences) if protocol is not None else ["not run under a pre-registered protocol (--protocol)"]
     label = run_label(protocol.preregistered, diff) if protocol is not None else "exploratory"
-    out = dict(protocol_version=protocol.preregistered.version if protocol else None, protocol_sha256=protocol.preregistered.sha256 if protocol else None,
-               label=label, differences=diff, **summary)  # fmt: skip
+    out = dict(
+        protocol_version=protocol.preregistered.version if protocol else None,
+        protocol_sha256=protocol.preregistered.sha256 if protocol else None,
+        label=label,
+        differences=diff,
+        **summary,
+    )
     if label != "pre-registered":
         out["pairs"] = [dict(p, verdict=None) for p in out["pairs"]]
         out["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
@@ -553,7 +667,21 @@ def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[s
 
 
 __all__ = [
-    "CHECKPOINT", "DEFAULT_PAIRS", "MCCheckpoint", "MCProtocol", "MCResult", "MCSettings", "SCORING", "differences",
-    "eligibility", "labelled", "masked_scores", "mc_protocol", "pair_tests", "question_key", "question_sha",
-    "run_multiple_choice", "stratified_indices",
-]  # fmt: skip
+    "CHECKPOINT",
+    "DEFAULT_PAIRS",
+    "MCCheckpoint",
+    "MCProtocol",
+    "MCResult",
+    "MCSettings",
+    "SCORING",
+    "differences",
+    "eligibility",
+    "labelled",
+    "masked_scores",
+    "mc_protocol",
+    "pair_tests",
+    "question_key",
+    "question_sha",
+    "run_multiple_choice",
+    "stratified_indices",
+]

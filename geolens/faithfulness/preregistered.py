@@ -72,7 +72,9 @@ def run_label(protocol: Preregistered, differences: list[str]) -> str:
     return "exploratory" if differences else "pre-registered"
 
 
-def protocol_windows(model, protocol: Preregistered, texts: list[str], *, n_documents: int | None = None) -> tuple[torch.Tensor, list[int]]:
+def protocol_windows(
+    model, protocol: Preregistered, texts: list[str], *, n_documents: int | None = None
+) -> tuple[torch.Tensor, list[int]]:
     """``(tokens [n, seq_len], corpus indices)``: PROTOCOL.md §1's windows of ``texts``.
 
     Window d (the document index) is BOS + the first ``seq_len − 1`` tokens of the d-th document
@@ -95,7 +97,9 @@ def protocol_windows(model, protocol: Preregistered, texts: list[str], *, n_docu
         if len(windows) == n:
             break
     if len(windows) < n:
-        raise ValueError(f"the corpus has {len(windows)} documents of at least {need} tokens, fewer than the {n} the run needs")
+        raise ValueError(
+            f"the corpus has {len(windows)} documents of at least {need} tokens, fewer than the {n} the run needs"
+        )
     return torch.tensor(windows, dtype=torch.long), sources
 
 
@@ -119,10 +123,14 @@ def write_json(data: dict, path: Path) -> None:
     :func:`geolens.checkpoint.json_default`)."""
     from geolens.checkpoint import atomic_write_bytes, json_default
 
-    atomic_write_bytes(path, (json.dumps(data, indent=1, ensure_ascii=False, default=json_default) + "\n").encode("utf-8"))
+    atomic_write_bytes(
+        path, (json.dumps(data, indent=1, ensure_ascii=False, default=json_default) + "\n").encode("utf-8")
+    )
 
 
-def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: int, measure, *, resume: bool, progress=print):
+def run_document_stage(
+    stage: str, out: Path, fingerprint: dict, n_documents: int, measure, *, resume: bool, progress=print
+):
     """Run ``measure(d) -> {table name: DataFrame}`` for documents d = 0 … n_documents − 1, saving
     after each document (``<stage>_<table>.csv.gz`` and ``<stage>_progress.json``, each written
     atomically: an interrupt leaves the last complete document's tables). With ``resume`` the
@@ -157,8 +165,16 @@ def run_document_stage(stage: str, out: Path, fingerprint: dict, n_documents: in
         for name, frame in merged.items():
             write_table(frame, out / f"{stage}_{name}.csv.gz")
         seconds += time.perf_counter() - start
-        write_json(dict(fingerprint=fingerprint, documents_done=d + 1, n_documents=n_documents, tables=sorted(merged),
-                         seconds=round(seconds, 1)), progress_path)  # fmt: skip
+        write_json(
+            dict(
+                fingerprint=fingerprint,
+                documents_done=d + 1,
+                n_documents=n_documents,
+                tables=sorted(merged),
+                seconds=round(seconds, 1),
+            ),
+            progress_path,
+        )
         progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
     return {name: parts[0] for name, parts in tables.items()}
 
@@ -175,8 +191,17 @@ def previous_summary(out: Path, sha256: str, model_name: str) -> dict:
     return previous
 
 
-def masking_stage(model, windows: torch.Tensor, protocol: Preregistered, out: Path, *, corpus: str, model_name: str, resume: bool,
-                  progress=print) -> dict:  # fmt: skip
+def masking_stage(
+    model,
+    windows: torch.Tensor,
+    protocol: Preregistered,
+    out: Path,
+    *,
+    corpus: str,
+    model_name: str,
+    resume: bool,
+    progress=print,
+) -> dict:
     """The per-layer masking endpoint (PROTOCOL.md §3-4) on ``windows``, one document at a time
     (:func:`~geolens.faithfulness.layer_masking.layer_masking_document`, the unigram distribution of
     ``corpus`` for the ceiling check) through :func:`run_document_stage`, then its
@@ -186,17 +211,38 @@ def masking_stage(model, windows: torch.Tensor, protocol: Preregistered, out: Pa
     from geolens.faithfulness.masking_summary import masking_summary
 
     unigram = unigram_logprobs(model, load_corpus(corpus))
-    fingerprint = dict(stage="masking", protocol_sha256=protocol.sha256, model=model_name, corpus=corpus, n_documents=int(windows.shape[0]))
+    fingerprint = dict(
+        stage="masking",
+        protocol_sha256=protocol.sha256,
+        model=model_name,
+        corpus=corpus,
+        n_documents=int(windows.shape[0]),
+    )
 
     def measure(d: int) -> dict:
-        return {"rows": layer_masking_document(model, windows[d : d + 1], d, protocol=protocol.settings, unigram_logprobs=unigram)}
+        return {
+            "rows": layer_masking_document(
+                model, windows[d : d + 1], d, protocol=protocol.settings, unigram_logprobs=unigram
+            )
+        }
 
-    tables = run_document_stage("masking", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress)
+    tables = run_document_stage(
+        "masking", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress
+    )
     return masking_summary(tables["rows"], protocol.settings)
 
 
-def per_term_stage(model, windows: torch.Tensor, protocol: Preregistered, out: Path, *, corpus: str, model_name: str, resume: bool,
-                   progress=print) -> dict:  # fmt: skip
+def per_term_stage(
+    model,
+    windows: torch.Tensor,
+    protocol: Preregistered,
+    out: Path,
+    *,
+    corpus: str,
+    model_name: str,
+    resume: bool,
+    progress=print,
+) -> dict:
     """The per-term endpoint (PROTOCOL.md §2) on ``windows``, one document at a time
     (:func:`~geolens.faithfulness.ground_truth.ground_truth_document`) through
     :func:`run_document_stage`, then its :func:`~geolens.faithfulness.ground_truth.ground_truth_summary`
@@ -206,16 +252,27 @@ def per_term_stage(model, windows: torch.Tensor, protocol: Preregistered, out: P
     primary, stats = protocol["primary"], protocol["statistics"]
     queries = tuple(protocol["data"]["scored_positions"])
     n_positions = int(primary["positions_per_document"])
-    fingerprint = dict(stage="per_term", protocol_sha256=protocol.sha256, model=model_name, corpus=corpus,
-                       n_documents=int(windows.shape[0]), positions_per_document=n_positions, queries=list(queries))  # fmt: skip
+    fingerprint = dict(
+        stage="per_term",
+        protocol_sha256=protocol.sha256,
+        model=model_name,
+        corpus=corpus,
+        n_documents=int(windows.shape[0]),
+        positions_per_document=n_positions,
+        queries=list(queries),
+    )
 
     def measure(d: int) -> dict:
         rows, positions = ground_truth_document(model, windows[d : d + 1], d, n_positions=n_positions, queries=queries)
         return {"rows": rows, "positions": positions}
 
-    tables = run_document_stage("per_term", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress)
+    tables = run_document_stage(
+        "per_term", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress
+    )
     pairs = [tuple(pair) for pair in protocol["pairs"]]
-    part = ground_truth_summary(tables["rows"], pairs, n_boot=int(stats["n_boot"]), seed=int(stats["seed"]), alpha=float(stats["alpha"]))
+    part = ground_truth_summary(
+        tables["rows"], pairs, n_boot=int(stats["n_boot"]), seed=int(stats["seed"]), alpha=float(stats["alpha"])
+    )
     part["single_term_effects"] = single_term_effects(tables["positions"])
     return part
 
@@ -233,12 +290,24 @@ def not_testable_pairs(protocol: Preregistered) -> list[dict]:
     pairs = []
     for entry in protocol.settings.get("not_testable_by_construction", []):
         a, b = entry["pair"]
-        pairs.append(dict(a=a, b=b, ranking_scope=entry.get("ranking_scope", "any"), verdict="not testable", why=entry["why"]))
+        pairs.append(
+            dict(a=a, b=b, ranking_scope=entry.get("ranking_scope", "any"), verdict="not testable", why=entry["why"])
+        )
     return pairs
 
 
-def run_stages(model, windows: torch.Tensor, protocol: Preregistered, out: Path, stages, *, corpus: str, model_name: str,
-               resume: bool, progress=print) -> dict:  # fmt: skip
+def run_stages(
+    model,
+    windows: torch.Tensor,
+    protocol: Preregistered,
+    out: Path,
+    stages,
+    *,
+    corpus: str,
+    model_name: str,
+    resume: bool,
+    progress=print,
+) -> dict:
     """Run the endpoints named in ``stages`` (``per_term``: :func:`per_term_stage`; ``masking``:
     :func:`masking_stage`) into ``out``; returns the summary entries of the run folder.
 

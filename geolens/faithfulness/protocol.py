@@ -9,7 +9,7 @@ in every layer of the protocol at once.
   metric hurts the model more: larger ΔPPL, more negative Δ log-prob.
 - **Sufficiency** at fraction k: remove the bottom-k. A more faithful metric hurts it less.
 
-The :class:`Protocol` (recorded with every result) fixes
+The :class:`MaskingConfig` (recorded with every result) fixes
 
 - the **masking scope**: the layers masked together (all = the primary protocol; the thirds
   ``early`` / ``middle`` / ``late`` of the stack; one layer);
@@ -111,7 +111,7 @@ def masking_scope(layers: Sequence[int], n_layers: int) -> str:
 
 
 @dataclass(frozen=True)
-class Protocol:
+class MaskingConfig:
     """How sources are masked and scored; recorded with every result.
 
     Attributes:
@@ -130,7 +130,7 @@ class Protocol:
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
-    >>> p = geolens.Protocol(layers=(1,), ranking="row", allow_sink=False, fractions=(0.1, 0.5))
+    >>> p = geolens.MaskingConfig(layers=(1,), ranking="row", allow_sink=False, fractions=(0.1, 0.5))
     >>> p.resolved_layers(model), p.ranking
     ((1,), 'row')
     """
@@ -210,7 +210,7 @@ def layer_span(layers: Sequence[int]) -> str:
     return ",".join(map(str, layers))
 
 
-def same_ranking_by_construction(protocol: "Protocol | dict") -> bool:
+def same_ranking_by_construction(protocol: "MaskingConfig | dict") -> bool:
     """Whether output-normalised attention ranks exactly like value-weighted attention.
 
     α‖ṽ‖/‖o_i‖ divides every term of a ranking group by one positive number when ‖o_i‖ is
@@ -249,4 +249,3 @@ def verdict(
     if n_documents is not None and n_documents < MIN_DOCUMENTS:
         return "too few documents"
     return ci_verdict(ci_low, ci_high, testable=testable)
-

@@ -153,7 +153,17 @@ class FaithfulnessResult:
             for q in QUANTITIES:
                 a = area_under_curve(fr, v[q])
                 lo, hi = self._ci(a[1:])
-                rows.append(dict(metric=key[0], direction=key[1], quantity=q, auc=float(a[0]), ci_low=lo, ci_high=hi, n_sequences=b["n"]))
+                rows.append(
+                    dict(
+                        metric=key[0],
+                        direction=key[1],
+                        quantity=q,
+                        auc=float(a[0]),
+                        ci_low=lo,
+                        ci_high=hi,
+                        n_sequences=b["n"],
+                    )
+                )
         return pd.DataFrame(rows)
 
     def range_check(self) -> dict:
@@ -164,16 +174,25 @@ class FaithfulnessResult:
         if ("random", "comprehensiveness") in b:
             d = b["random", "comprehensiveness"]["delta_ppl"][:, -1]
             lo, hi = self._ci(d[1:])
-            out.update(random_delta_ppl_at_max_fraction=float(d[0]), random_delta_ppl_ci=[lo, hi],
-                       random_delta_ppl_rel_at_max_fraction=float(d[0]) / clean)  # fmt: skip
+            out.update(
+                random_delta_ppl_at_max_fraction=float(d[0]),
+                random_delta_ppl_ci=[lo, hi],
+                random_delta_ppl_rel_at_max_fraction=float(d[0]) / clean,
+            )
             out["has_range"] = bool(abs(float(d[0])) / clean >= MIN_RANGE)
         else:
-            out.update(random_delta_ppl_at_max_fraction=None, random_delta_ppl_rel_at_max_fraction=None, has_range=False)
+            out.update(
+                random_delta_ppl_at_max_fraction=None, random_delta_ppl_rel_at_max_fraction=None, has_range=False
+            )
             out["note"] = "the random ranking was not run: no range check, no verdict"
         if "sink_delta_ppl" in b:
             s = b["sink_delta_ppl"]
             lo, hi = self._ci(s[1:])
-            out.update(sink_only_delta_ppl=float(s[0]), sink_only_delta_ppl_ci=[lo, hi], sink_only_delta_ppl_rel=float(s[0]) / clean)
+            out.update(
+                sink_only_delta_ppl=float(s[0]),
+                sink_only_delta_ppl_ci=[lo, hi],
+                sink_only_delta_ppl_rel=float(s[0]) / clean,
+            )
         return out
 
     def pairs(self, pairs: Sequence[tuple[str, str]] = PAIRS) -> pd.DataFrame:
@@ -188,19 +207,36 @@ class FaithfulnessResult:
         b = self._resampled()
         fr = list(self.protocol["fractions"])
         has_range = self.range_check()["has_range"]
-        identical = {frozenset(("value_weighted", "output_normalized"))} if same_ranking_by_construction(self.protocol) else set()
+        identical = (
+            {frozenset(("value_weighted", "output_normalized"))}
+            if same_ranking_by_construction(self.protocol)
+            else set()
+        )
         rows = []
         for a, bb in pairs:
             for d in DIRECTIONS:
                 if (a, d) not in b or (bb, d) not in b:
                     continue
                 for q in QUANTITIES:
-                    diff = faithfulness_sign(d, q) * (area_under_curve(fr, b[bb, d][q]) - area_under_curve(fr, b[a, d][q]))
+                    diff = faithfulness_sign(d, q) * (
+                        area_under_curve(fr, b[bb, d][q]) - area_under_curve(fr, b[a, d][q])
+                    )
                     lo, hi = self._ci(diff[1:])
-                    rows.append(dict(a=a, b=bb, direction=d, quantity=q, auc_diff=float(diff[0]), ci_low=lo, ci_high=hi,
-                                     verdict=verdict(lo, hi, has_range, b["n"], testable=frozenset((a, bb)) not in identical),
-                                     claimed=(a, bb) in CLAIMED_STEPS,
-                                     n_sequences=b["n"], n_boot=self.n_boot))  # fmt: skip
+                    rows.append(
+                        dict(
+                            a=a,
+                            b=bb,
+                            direction=d,
+                            quantity=q,
+                            auc_diff=float(diff[0]),
+                            ci_low=lo,
+                            ci_high=hi,
+                            verdict=verdict(lo, hi, has_range, b["n"], testable=frozenset((a, bb)) not in identical),
+                            claimed=(a, bb) in CLAIMED_STEPS,
+                            n_sequences=b["n"],
+                            n_boot=self.n_boot,
+                        )
+                    )
         return pd.DataFrame(rows)
 
     # -- text and files ----------------------------------------------------------------------
@@ -219,27 +255,43 @@ class FaithfulnessResult:
     def summary(self) -> dict:
         p = self.protocol
         return dict(
-            protocol=dict(model=self.meta.get("model", "?"), layers=list(p["layers"]), masking_scope=p.get("masking_scope"),
-                          ranking_scope=p["ranking"], allow_sink=p["allow_sink"], allow_current=p["allow_current"],
-                          mode=p["mode"], fractions=list(p["fractions"]), skip_prefix=p["skip_prefix"],
-                          n_sequences=int(len(self.clean)), seq_len=self.meta.get("seq_len"), corpus=self.meta.get("corpus"),
-                          metrics=self.metrics, n_boot=self.n_boot, n_scored_tokens=int(self.clean.n_scored.sum())),
+            protocol=dict(
+                model=self.meta.get("model", "?"),
+                layers=list(p["layers"]),
+                masking_scope=p.get("masking_scope"),
+                ranking_scope=p["ranking"],
+                allow_sink=p["allow_sink"],
+                allow_current=p["allow_current"],
+                mode=p["mode"],
+                fractions=list(p["fractions"]),
+                skip_prefix=p["skip_prefix"],
+                n_sequences=int(len(self.clean)),
+                seq_len=self.meta.get("seq_len"),
+                corpus=self.meta.get("corpus"),
+                metrics=self.metrics,
+                n_boot=self.n_boot,
+                n_scored_tokens=int(self.clean.n_scored.sum()),
+            ),
             clean_ppl=self.clean_ppl,
             range_check=self.range_check(),
             auc=self.auc().to_dict("records"),
             pairs=self.pairs().to_dict("records"),
             meta=self.meta,
-        )  # fmt: skip
+        )
 
     def __str__(self) -> str:
         rc = self.range_check()
         lines = [self.protocol_text(), f"clean PPL {rc['clean_ppl']:.4f}"]
         if rc.get("random_delta_ppl_at_max_fraction") is not None:
-            lines.append(f"range check: random ranking at k = {rc['max_fraction']}: ΔPPL {rc['random_delta_ppl_at_max_fraction']:+.4f} "
-                         f"({100 * rc['random_delta_ppl_rel_at_max_fraction']:+.2f} %)"
-                         + ("" if rc["has_range"] else f" < {100 * MIN_RANGE:.0f} %: NO RANGE, no claim decided"))  # fmt: skip
+            lines.append(
+                f"range check: random ranking at k = {rc['max_fraction']}: ΔPPL {rc['random_delta_ppl_at_max_fraction']:+.4f} "
+                f"({100 * rc['random_delta_ppl_rel_at_max_fraction']:+.2f} %)"
+                + ("" if rc["has_range"] else f" < {100 * MIN_RANGE:.0f} %: NO RANGE, no claim decided")
+            )
         if "sink_only_delta_ppl" in rc:
-            lines.append(f"sink alone removed: ΔPPL {rc['sink_only_delta_ppl']:+.4f} ({100 * rc['sink_only_delta_ppl_rel']:+.2f} %)")
+            lines.append(
+                f"sink alone removed: ΔPPL {rc['sink_only_delta_ppl']:+.4f} ({100 * rc['sink_only_delta_ppl_rel']:+.2f} %)"
+            )
         table = self.auc().pivot_table(index="metric", columns=["direction", "quantity"], values="auc", sort=False)
         lines += ["AUC over k:", table.to_string(float_format=lambda v: f"{v:.4f}")]
         return "\n".join(lines)
@@ -263,12 +315,22 @@ class FaithfulnessResult:
         out = Path(out_dir)
         info = json.loads((out / "summary.json").read_text())
         p = info["protocol"]
-        protocol = dict(layers=p["layers"], masking_scope=p.get("masking_scope"), ranking=p["ranking_scope"],
-                        allow_sink=p["allow_sink"], allow_current=p["allow_current"], mode=p["mode"],
-                        fractions=tuple(p["fractions"]), skip_prefix=p["skip_prefix"])  # fmt: skip
+        protocol = dict(
+            layers=p["layers"],
+            masking_scope=p.get("masking_scope"),
+            ranking=p["ranking_scope"],
+            allow_sink=p["allow_sink"],
+            allow_current=p["allow_current"],
+            mode=p["mode"],
+            fractions=tuple(p["fractions"]),
+            skip_prefix=p["skip_prefix"],
+        )
         return cls(
-            protocol=protocol, per_sequence=pd.read_csv(per_sequence_path(out)), clean=pd.read_csv(out / "clean.csv"),
-            meta=info.get("meta", {}), n_boot=n_boot or p.get("n_boot", 1000),
+            protocol=protocol,
+            per_sequence=pd.read_csv(per_sequence_path(out)),
+            clean=pd.read_csv(out / "clean.csv"),
+            meta=info.get("meta", {}),
+            n_boot=n_boot or p.get("n_boot", 1000),
         )
 
 
@@ -290,17 +352,22 @@ def per_sequence_path(out_dir) -> Path:
 
 def resume_state(out_dir, protocol: dict) -> tuple[pd.DataFrame, pd.DataFrame] | tuple[None, None]:
     """``(per_sequence, clean)`` that a run saved in ``out_dir`` (:meth:`FaithfulnessResult.save`)
-    under the same ``protocol`` (:meth:`~geolens.faithfulness.protocol.Protocol.to_dict` of the
+    under the same ``protocol`` (:meth:`~geolens.faithfulness.protocol.MaskingConfig.to_dict` of the
     model), to continue after its documents; ``(None, None)`` when the folder holds no saved run.
     :class:`ResumeError` when the saved run used another protocol."""
     out = Path(out_dir)
     if not per_sequence_path(out).exists() or not (out / "summary.json").exists():
         return None, None
     p = json.loads((out / "summary.json").read_text())["protocol"]
-    same = (p["layers"] == protocol["layers"] and p["ranking_scope"] == protocol["ranking"]
-            and p["allow_sink"] == protocol["allow_sink"] and p["allow_current"] == protocol["allow_current"]
-            and p["mode"] == protocol["mode"] and list(p["fractions"]) == list(protocol["fractions"])
-            and p["skip_prefix"] == protocol["skip_prefix"])  # fmt: skip
+    same = (
+        p["layers"] == protocol["layers"]
+        and p["ranking_scope"] == protocol["ranking"]
+        and p["allow_sink"] == protocol["allow_sink"]
+        and p["allow_current"] == protocol["allow_current"]
+        and p["mode"] == protocol["mode"]
+        and list(p["fractions"]) == list(protocol["fractions"])
+        and p["skip_prefix"] == protocol["skip_prefix"]
+    )
     if not same:
         raise ResumeError(f"--resume: {out}/summary.json was made with another protocol; use a new --out")
     per, clean = pd.read_csv(per_sequence_path(out), keep_default_na=False), pd.read_csv(out / "clean.csv")
@@ -308,8 +375,21 @@ def resume_state(out_dir, protocol: dict) -> tuple[pd.DataFrame, pd.DataFrame] |
     return per, clean
 
 
-def questions_in_blocks(run_block, model, questions, protocol, metrics, out_dir, *, task: str, seed: int, chunk_size: int,
-                        block: int, resume: bool, progress=print) -> pd.DataFrame:  # fmt: skip
+def questions_in_blocks(
+    run_block,
+    model,
+    questions,
+    protocol,
+    metrics,
+    out_dir,
+    *,
+    task: str,
+    seed: int,
+    chunk_size: int,
+    block: int,
+    resume: bool,
+    progress=print,
+) -> pd.DataFrame:
     """Multiple choice under masks in blocks of ``block`` questions: ``run_block(model, questions,
     protocol, metrics, seed=, chunk_size=, first_question=, qids=)`` (as
     :func:`geolens.multiple_choice.mc_under_masks_per_question`) for each block, whose rows are
@@ -324,11 +404,15 @@ def questions_in_blocks(run_block, model, questions, protocol, metrics, out_dir,
         qids.append(seen.get(q.task, 0))
         seen[q.task] = qids[-1] + 1
     path, info_path = out / "mc_questions.csv", out / "mc_progress.json"
-    info = dict(task=task, n_questions=len(questions), protocol=protocol.to_dict(model), metrics=list(metrics), seed=seed)
+    info = dict(
+        task=task, n_questions=len(questions), protocol=protocol.to_dict(model), metrics=list(metrics), seed=seed
+    )
     done = pd.DataFrame()
     if resume and path.exists() and info_path.exists():
         if json.loads(info_path.read_text()) != plain_json(info):
-            raise ResumeError(f"--resume: {out}/mc_questions.csv was made with other tasks, metrics or protocol; use a new --out")
+            raise ResumeError(
+                f"--resume: {out}/mc_questions.csv was made with other tasks, metrics or protocol; use a new --out"
+            )
         done = pd.read_csv(path)
     atomic_write_bytes(info_path, json.dumps(info, indent=2).encode())
     n_done = done[done.metric == "clean"].shape[0] if len(done) else 0
@@ -337,8 +421,16 @@ def questions_in_blocks(run_block, model, questions, protocol, metrics, out_dir,
     parts = [done] if len(done) else []
     for start in range(n_done, len(questions), max(1, int(block))):
         stop = min(start + max(1, int(block)), len(questions))
-        part = run_block(model, questions[start:stop], protocol, metrics, seed=seed, chunk_size=chunk_size,
-                         first_question=start, qids=qids[start:stop])  # fmt: skip
+        part = run_block(
+            model,
+            questions[start:stop],
+            protocol,
+            metrics,
+            seed=seed,
+            chunk_size=chunk_size,
+            first_question=start,
+            qids=qids[start:stop],
+        )
         parts.append(part)
         write_table(pd.concat(parts, ignore_index=True), path)
         progress(f"  {stop} / {len(questions)} questions (saved)")
@@ -363,8 +455,17 @@ def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness
         r = sub[(sub.a == a) & (sub.b == b)] if len(sub) else sub
         if len(r):
             row = r.iloc[0]
-            steps[f"{a} < {b}"] = dict(verdict=row.verdict, auc_diff=float(row.auc_diff), ci=[float(row.ci_low), float(row.ci_high)])
+            steps[f"{a} < {b}"] = dict(
+                verdict=row.verdict, auc_diff=float(row.auc_diff), ci=[float(row.ci_low), float(row.ci_high)]
+            )
     verdicts = [v["verdict"] for v in steps.values() if v["verdict"] != "not testable"]
-    return dict(direction=direction, quantity=quantity, pairs={k: v["verdict"] for k, v in steps.items()}, steps=steps,
-                holds=bool(verdicts) and all(v == "holds" for v in verdicts),
-                decided=len(steps) == len(CLAIMED_STEPS) and bool(verdicts) and all(v in ("holds", "tie", "reversed") for v in verdicts))  # fmt: skip
+    return dict(
+        direction=direction,
+        quantity=quantity,
+        pairs={k: v["verdict"] for k, v in steps.items()},
+        steps=steps,
+        holds=bool(verdicts) and all(v == "holds" for v in verdicts),
+        decided=len(steps) == len(CLAIMED_STEPS)
+        and bool(verdicts)
+        and all(v in ("holds", "tie", "reversed") for v in verdicts),
+    )

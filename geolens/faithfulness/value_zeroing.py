@@ -78,11 +78,18 @@ def value_zeroing(
     adapter = adapter_for(model)
     wanted = set()
     for l in layers:
-        wanted |= {adapter.resid_pre_hook(l), adapter.resid_post_hook(l), adapter.pattern_hook(l), adapter.value_hook(l)}
+        wanted |= {
+            adapter.resid_pre_hook(l),
+            adapter.resid_post_hook(l),
+            adapter.pattern_hook(l),
+            adapter.value_hook(l),
+        }
     model_dtype = next(model.parameters()).dtype
     for b in range(tokens.shape[0]):
         with torch.no_grad():
-            _, cache = model.run_with_cache(tokens[b : b + 1], names_filter=lambda name: name in wanted, stop_at_layer=layers[-1] + 1)
+            _, cache = model.run_with_cache(
+                tokens[b : b + 1], names_filter=lambda name: name in wanted, stop_at_layer=layers[-1] + 1
+            )
         for n, l in enumerate(layers):
             view = get_attention_layer(model, cache, l)
             resid_pre = cache[adapter.resid_pre_hook(l)][0]
@@ -108,8 +115,12 @@ def value_zeroing(
                 reference = adapter.final_norm(rebuilt[None])[0] if last else rebuilt
                 for start in range(0, n_pos, chunk):
                     sources = torch.arange(start, min(start + chunk, n_pos), device=pattern.device)
-                    delta = torch.einsum("hqs,hsm->sqm", pattern[:, :, sources], v_tilde[:, sources])  # [source, query, d_model]
-                    visible = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]) & wanted_query[None]
+                    delta = torch.einsum(
+                        "hqs,hsm->sqm", pattern[:, :, sources], v_tilde[:, sources]
+                    )  # [source, query, d_model]
+                    visible = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]) & wanted_query[
+                        None
+                    ]
                     s_idx, q_idx = visible.nonzero(as_tuple=True)
                     if s_idx.numel() == 0:
                         continue
@@ -128,5 +139,14 @@ def _scores(x: SequenceInputs) -> Tensor:
     return value_zeroing(x.model, x.tokens, x.layers, chunk_size=x.value_zeroing_chunk)[:, :, None]
 
 
-register_metric("value_zeroing", label="Value Zeroing", colour="#9467bd", marker="v", linestyle=":", fn=_scores,
-                per_layer=False, default=False, description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row")  # fmt: skip
+register_metric(
+    "value_zeroing",
+    label="Value Zeroing",
+    colour="#9467bd",
+    marker="v",
+    linestyle=":",
+    fn=_scores,
+    per_layer=False,
+    default=False,
+    description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row",
+)

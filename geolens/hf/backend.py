@@ -62,7 +62,9 @@ def sites(model) -> Sites:
     try:
         return _STATE[model]
     except KeyError:
-        raise TypeError(f"{type(model).__name__} is not prepared for geolens: call geolens.adapter_for(model) first") from None
+        raise TypeError(
+            f"{type(model).__name__} is not prepared for geolens: call geolens.adapter_for(model) first"
+        ) from None
 
 
 def is_prepared(model) -> bool:
@@ -82,12 +84,18 @@ def attach(model, adapter, check: Callable[[Any], object]) -> None:
     hf = adapter.config
     n_ctx = getattr(hf, "max_position_embeddings", None)
     cfg = HFConfig(
-        n_layers=adapter.n_layers, n_heads=adapter.n_heads, n_key_value_heads=adapter.n_kv_heads,
-        d_head=adapter.d_head, d_model=adapter.d_model, d_vocab=int(hf.vocab_size),
+        n_layers=adapter.n_layers,
+        n_heads=adapter.n_heads,
+        n_key_value_heads=adapter.n_kv_heads,
+        d_head=adapter.d_head,
+        d_model=adapter.d_model,
+        d_vocab=int(hf.vocab_size),
         n_ctx=None if n_ctx is None else int(n_ctx),
         model_name=str(getattr(model, "name_or_path", "") or getattr(hf, "_name_or_path", "") or type(model).__name__),
-        architecture=type(model).__name__, attention_dir="causal", _model=weakref.ref(model),
-    )  # fmt: skip
+        architecture=type(model).__name__,
+        attention_dir="causal",
+        _model=weakref.ref(model),
+    )
     state = Sites(model, adapter, check)
     _STATE[model] = state
     if "forward" in vars(model):  # an instance forward of someone else's (accelerate's device hooks): kept
@@ -136,7 +144,13 @@ def _names_filter(names_filter) -> Callable[[str], bool] | None:
 
 
 @contextlib.contextmanager
-def hooks(model, fwd_hooks: Iterable = (), bwd_hooks: Iterable = (), reset_hooks_end: bool = True, clear_contexts: bool = False) -> Iterator:
+def hooks(
+    model,
+    fwd_hooks: Iterable = (),
+    bwd_hooks: Iterable = (),
+    reset_hooks_end: bool = True,
+    clear_contexts: bool = False,
+) -> Iterator:
     """``model.hooks(fwd_hooks=[(name, fn), ...])``: the hooks are active inside the block and
     removed on any exit (TransformerLens' context manager; backward hooks are not supported)."""
     if list(bwd_hooks):
@@ -180,10 +194,16 @@ def tl_forward(
     if return_type not in ("logits", None):
         raise ValueError(f"return_type must be 'logits' or None on the HF-native backend, got {return_type!r}")
     if not isinstance(tokens, Tensor):
-        raise TypeError("the HF-native backend takes token ids [batch, pos] (use model.to_tokens(text, prepend_bos=...))")
+        raise TypeError(
+            "the HF-native backend takes token ids [batch, pos] (use model.to_tokens(text, prepend_bos=...))"
+        )
     device = next(model.parameters()).device
     tokens = tokens.to(device)
-    inputs = {"inputs_embeds": tokens} if torch.is_floating_point(tokens) else {"input_ids": tokens if tokens.ndim == 2 else tokens[None]}
+    inputs = (
+        {"inputs_embeds": tokens}
+        if torch.is_floating_point(tokens)
+        else {"input_ids": tokens if tokens.ndim == 2 else tokens[None]}
+    )
     if attention_mask is not None:
         shape = tokens.shape[:2] if tokens.ndim >= 2 else (1, tokens.shape[0])
         mask = check_attention_mask(attention_mask, shape[0], shape[1]).to(device)
@@ -205,7 +225,15 @@ def tl_forward(
     return logits if return_type == "logits" else None
 
 
-def run_with_hooks(model, *args, fwd_hooks: Iterable = (), bwd_hooks: Iterable = (), reset_hooks_end: bool = True, clear_contexts: bool = False, **kwargs):
+def run_with_hooks(
+    model,
+    *args,
+    fwd_hooks: Iterable = (),
+    bwd_hooks: Iterable = (),
+    reset_hooks_end: bool = True,
+    clear_contexts: bool = False,
+    **kwargs,
+):
     """``model.run_with_hooks(tokens, fwd_hooks=[...], ...)``: :func:`tl_forward` with the hooks."""
     with hooks(model, fwd_hooks, bwd_hooks):
         return tl_forward(model, *args, **kwargs)
@@ -227,9 +255,13 @@ def cached_forward(
     run = Run(cache=cache, names_filter=_names_filter(names_filter))
     with sites(model).active(run):
         logits = tl_forward(
-            model, tokens, return_type=return_type, attention_mask=attention_mask,
-            stop_at_layer=stop_at_layer, position_ids=position_ids,
-        )  # fmt: skip
+            model,
+            tokens,
+            return_type=return_type,
+            attention_mask=attention_mask,
+            stop_at_layer=stop_at_layer,
+            position_ids=position_ids,
+        )
     return logits, cache
 
 
@@ -285,7 +317,14 @@ def run_with_cache(
     return cached_forward(model, tokens, attention_mask, names_filter)
 
 
-def to_tokens(model, text, prepend_bos: bool = True, padding_side: str | None = None, move_to_device: bool = True, truncate: bool = True) -> Tensor:
+def to_tokens(
+    model,
+    text,
+    prepend_bos: bool = True,
+    padding_side: str | None = None,
+    move_to_device: bool = True,
+    truncate: bool = True,
+) -> Tensor:
     """Token ids ``[batch, pos]`` of ``text`` (a string or a list of them, right-padded with the
     pad token), with the BOS token first when ``prepend_bos``."""
     tok = getattr(model, "tokenizer", None)

@@ -248,7 +248,9 @@ class Sites:
             value = self.fire(v_name, value.transpose(1, 2)).transpose(1, 2)
         z, pattern = eager(module, query, key, value, attention_mask, **kwargs)
         if pattern is None:
-            raise RuntimeError(f"layer {l}: the eager attention of {type(module).__name__} returned no attention weights")
+            raise RuntimeError(
+                f"layer {l}: the eager attention of {type(module).__name__} returned no attention weights"
+            )
         if self.wants(p_name):
             hooked = self.hooked(p_name)
             pattern = self.fire(p_name, pattern)

@@ -56,7 +56,12 @@ def check_attention(model, tokens: torch.Tensor | None = None) -> float:
         v = cache[adapter.value_hook(l)].double()
         out = cache[adapter.attn_out_hook(l)].double()
         b, n = tokens.shape
-        if tuple(pattern.shape) != (b, adapter.n_heads, n, n) or tuple(v.shape) != (b, n, adapter.n_kv_heads, adapter.d_head):
+        if tuple(pattern.shape) != (b, adapter.n_heads, n, n) or tuple(v.shape) != (
+            b,
+            n,
+            adapter.n_kv_heads,
+            adapter.d_head,
+        ):
             raise AttentionCheckError(
                 f"{where}: captured pattern {tuple(pattern.shape)} and v {tuple(v.shape)}, expected "
                 f"{(b, adapter.n_heads, n, n)} and {(b, n, adapter.n_kv_heads, adapter.d_head)}"

@@ -172,7 +172,11 @@ class HFAdapter(ModelAdapter):
             W_O = weight.reshape(self.n_heads, self.d_head, self.d_model)
         else:  # nn.Linear: [d_model, head·d_head]
             W_O = weight.T.reshape(self.n_heads, self.d_head, self.d_model)
-        b_O = proj.bias if getattr(proj, "bias", None) is not None else torch.zeros(self.d_model, dtype=W_O.dtype, device=W_O.device)
+        b_O = (
+            proj.bias
+            if getattr(proj, "bias", None) is not None
+            else torch.zeros(self.d_model, dtype=W_O.dtype, device=W_O.device)
+        )
         return W_O, b_O
 
     def value_weights(self, layer: int) -> tuple[Float[Tensor, "head d_model d_head"], Float[Tensor, "head d_head"]]:
@@ -227,7 +231,11 @@ class HFAdapter(ModelAdapter):
         """None for the required arguments of a decoder layer's forward besides the hidden
         states (its attention, which would read them, is answered)."""
         params = list(inspect.signature(block.forward).parameters.values())[1:]
-        return {p.name: None for p in params if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return {
+            p.name: None
+            for p in params
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
 
     def final_norm(self, resid):
         return getattr(self.decoder, self.final_norm_name)(resid)
@@ -398,7 +406,9 @@ class GPT2HF(HFAdapter):
 
     def __init__(self, model):
         if getattr(model.config, "reorder_and_upcast_attn", False):
-            raise ValueError("hf-gpt2: reorder_and_upcast_attn=True bypasses the attention interface; it is not supported")
+            raise ValueError(
+                "hf-gpt2: reorder_and_upcast_attn=True bypasses the attention interface; it is not supported"
+            )
         super().__init__(model)
 
 
@@ -415,7 +425,19 @@ class GPTNeoXHF(HFAdapter):
     value_layout = "per_head_qkv"
 
 
-HF_FAMILIES: list[type[ModelAdapter]] = [LlamaHF, MistralHF, Qwen2HF, Qwen3HF, Gemma2HF, Gemma3HF, Phi3HF, Olmo2HF, GPT2HF, GPTNeoXHF, HFAdapter]
+HF_FAMILIES: list[type[ModelAdapter]] = [
+    LlamaHF,
+    MistralHF,
+    Qwen2HF,
+    Qwen3HF,
+    Gemma2HF,
+    Gemma3HF,
+    Phi3HF,
+    Olmo2HF,
+    GPT2HF,
+    GPTNeoXHF,
+    HFAdapter,
+]
 """The HF-native families, tried in order by :func:`geolens.adapter.adapter_for` (the generic
 :class:`HFAdapter` last)."""
 

@@ -64,7 +64,9 @@ def stream_layers(
 
     adapter = adapter_for(model)
     if not isinstance(adapter, HFAdapter):
-        raise TypeError(f"streamed mode runs on the HF-native backend (a transformers model), got {type(model).__name__}")
+        raise TypeError(
+            f"streamed mode runs on the HF-native backend (a transformers model), got {type(model).__name__}"
+        )
     n_layers = adapter.n_layers
     wanted_layers = sorted({check_layer(l, n_layers) for l in (range(n_layers) if layers is None else layers)})
     if not wanted_layers:
@@ -83,7 +85,13 @@ def stream_layers(
     run = Run(cache=buffer, names_filter=lambda name: name in names, on_layer=on_layer)
     stop = wanted_layers[-1] + 1
     with torch.no_grad(), sites(model).active(run):
-        tl_forward(model, tokens, return_type=None, attention_mask=attention_mask, stop_at_layer=stop if stop < n_layers else None)
+        tl_forward(
+            model,
+            tokens,
+            return_type=None,
+            attention_mask=attention_mask,
+            stop_at_layer=stop if stop < n_layers else None,
+        )
     return results
 
 
@@ -153,7 +161,9 @@ def layerwise(analysis, model) -> bool:
     """Whether :func:`update_layerwise` can run ``analysis``: it declares ``layerwise``
     (:class:`~geolens.streaming.CorpusAnalysis`) and reads block hooks only (``blocks.{l}.…``;
     not the logits or the unembedding input, which exist only once the forward has ended)."""
-    return bool(getattr(analysis, "layerwise", False)) and all(hook_layer(name) is not None for name in analysis.hook_names(model))
+    return bool(getattr(analysis, "layerwise", False)) and all(
+        hook_layer(name) is not None for name in analysis.hook_names(model)
+    )
 
 
 _PRODUCER = -1  # the turn of the thread that runs the forward
@@ -241,7 +251,9 @@ class _Feed:
             raise KeyError(name)
         return found
 
-    def consume(self, i: int, analysis, model, tokens: Tensor, modes: Callable[[], contextlib.AbstractContextManager]) -> None:
+    def consume(
+        self, i: int, analysis, model, tokens: Tensor, modes: Callable[[], contextlib.AbstractContextManager]
+    ) -> None:
         """The body of analysis ``i``'s thread: its ``update`` over a :class:`LayerCache`."""
         with self.cond:
             self.cond.wait_for(lambda: self.turn == i)
@@ -307,7 +319,9 @@ def _caller_modes() -> Callable[[], contextlib.AbstractContextManager]:
     return modes
 
 
-def update_layerwise(model, tokens: Tensor, analyses: Sequence, names: Iterable[str], *, stop_at_layer: int | None = None) -> None:
+def update_layerwise(
+    model, tokens: Tensor, analyses: Sequence, names: Iterable[str], *, stop_at_layer: int | None = None
+) -> None:
     """Run one forward of ``tokens`` (unpadded ``[batch, seq]`` ids) and call every analysis's
     ``update(model, cache, tokens)`` inside it, layer by layer (module docstring). ``names``:
     the block hooks the analyses read (the keys of each analysis's :class:`LayerCache`);
@@ -330,17 +344,32 @@ def update_layerwise(model, tokens: Tensor, analyses: Sequence, names: Iterable[
     adapter = adapter_for(model)
     names = frozenset(names)
     if any(hook_layer(n) is None for n in names):
-        raise ValueError(f"a streamed forward hands out block hooks only, got {sorted(n for n in names if hook_layer(n) is None)[:4]}")
+        raise ValueError(
+            f"a streamed forward hands out block hooks only, got {sorted(n for n in names if hook_layer(n) is None)[:4]}"
+        )
     feed = _Feed(names, len(analyses))
     modes = _caller_modes()
     n = adapter.n_layers
-    last = n if stop_at_layer is None else min(n, max(0, int(stop_at_layer) + n if int(stop_at_layer) < 0 else int(stop_at_layer)))
+    last = (
+        n
+        if stop_at_layer is None
+        else min(n, max(0, int(stop_at_layer) + n if int(stop_at_layer) < 0 else int(stop_at_layer)))
+    )
     publish = [lambda x, site: feed.publish(site.layer())]
-    run = Run(hooks={adapter.resid_post_hook(l): publish for l in range(last)}, cache=feed.entries, names_filter=names.__contains__)
+    run = Run(
+        hooks={adapter.resid_post_hook(l): publish for l in range(last)},
+        cache=feed.entries,
+        names_filter=names.__contains__,
+    )
     threads = []
     try:
         for i, analysis in enumerate(analyses):
-            thread = threading.Thread(target=feed.consume, args=(i, analysis, model, tokens, modes), name=f"geolens-layerwise-{i}", daemon=True)
+            thread = threading.Thread(
+                target=feed.consume,
+                args=(i, analysis, model, tokens, modes),
+                name=f"geolens-layerwise-{i}",
+                daemon=True,
+            )
             thread.start()
             threads.append(thread)
         with torch.no_grad(), sites(model).active(run):

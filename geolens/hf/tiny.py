@@ -30,26 +30,41 @@ def _configs(n_layers: int, n_ctx: int) -> dict:
     from geolens.testing import VOCAB_SIZE
 
     common = dict(
-        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=n_ctx,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=VOCAB_SIZE,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=n_ctx,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
     alternating = ["sliding_attention", "full_attention"] * n_layers
     return {
         "llama": lambda: (T.LlamaConfig(**common), T.LlamaForCausalLM),
         "mistral": lambda: (T.MistralConfig(**common, sliding_window=WINDOW), T.MistralForCausalLM),
         "qwen2": lambda: (
-            T.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, layer_types=alternating[1 : n_layers + 1]),
+            T.Qwen2Config(
+                **common, use_sliding_window=True, sliding_window=WINDOW, layer_types=alternating[1 : n_layers + 1]
+            ),
             T.Qwen2ForCausalLM,
         ),
         "qwen3": lambda: (T.Qwen3Config(**common, head_dim=8), T.Qwen3ForCausalLM),
         "gemma2": lambda: (
             T.Gemma2Config(
-                **common, head_dim=8, sliding_window=WINDOW, layer_types=alternating[:n_layers],
-                attn_logit_softcapping=5.0, final_logit_softcapping=3.0, query_pre_attn_scalar=8,
+                **common,
+                head_dim=8,
+                sliding_window=WINDOW,
+                layer_types=alternating[:n_layers],
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=3.0,
+                query_pre_attn_scalar=8,
             ),
             T.Gemma2ForCausalLM,
-        ),  # fmt: skip
+        ),
         "gemma3": lambda: (
             T.Gemma3TextConfig(**common, head_dim=8, sliding_window=WINDOW, layer_types=alternating[:n_layers]),
             T.Gemma3ForCausalLM,
@@ -58,19 +73,38 @@ def _configs(n_layers: int, n_ctx: int) -> dict:
         "olmo2": lambda: (T.Olmo2Config(**common), T.Olmo2ForCausalLM),
         "gpt2": lambda: (
             T.GPT2Config(
-                vocab_size=VOCAB_SIZE, n_embd=32, n_layer=n_layers, n_head=4, n_positions=n_ctx, bos_token_id=0,
-                eos_token_id=1, pad_token_id=2, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                vocab_size=VOCAB_SIZE,
+                n_embd=32,
+                n_layer=n_layers,
+                n_head=4,
+                n_positions=n_ctx,
+                bos_token_id=0,
+                eos_token_id=1,
+                pad_token_id=2,
+                attn_pdrop=0.0,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
             ),
             T.GPT2LMHeadModel,
-        ),  # fmt: skip
+        ),
         "gpt_neox": lambda: (
             T.GPTNeoXConfig(
-                vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
-                num_attention_heads=4, max_position_embeddings=n_ctx, rotary_pct=0.5, use_parallel_residual=True,
-                attention_bias=True, bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
+                vocab_size=VOCAB_SIZE,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=n_layers,
+                num_attention_heads=4,
+                max_position_embeddings=n_ctx,
+                rotary_pct=0.5,
+                use_parallel_residual=True,
+                attention_bias=True,
+                bos_token_id=0,
+                eos_token_id=1,
+                pad_token_id=2,
+                tie_word_embeddings=False,
             ),
             T.GPTNeoXForCausalLM,
-        ),  # fmt: skip
+        ),
     }
 
 

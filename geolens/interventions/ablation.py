@@ -62,12 +62,16 @@ def head_ablation_hooks(
         if means is None:
             raise ValueError("mode='mean' needs the reference means of hook_z: means=mean_head_z(model, tokens)")
         if tuple(means.shape) != (cfg.n_layers, cfg.n_heads, cfg.d_head):
-            raise ValueError(f"means must be [n_layers, n_heads, d_head]={(cfg.n_layers, cfg.n_heads, cfg.d_head)}, got {tuple(means.shape)}")
+            raise ValueError(
+                f"means must be [n_layers, n_heads, d_head]={(cfg.n_layers, cfg.n_heads, cfg.d_head)}, got {tuple(means.shape)}"
+            )
     table = dict(heads) if isinstance(heads, Mapping) else heads_by_layer(heads, cfg.n_layers, cfg.n_heads)
 
     def make(layer: int, mask: Tensor):
         if mask.dtype != torch.bool or mask.shape[-1] != cfg.n_heads or mask.ndim not in (1, 2):
-            raise ValueError(f"layer {layer}: head mask must be bool [head] or [batch, head], got {mask.dtype} {tuple(mask.shape)}")
+            raise ValueError(
+                f"layer {layer}: head mask must be bool [head] or [batch, head], got {mask.dtype} {tuple(mask.shape)}"
+            )
 
         def hook(z: Tensor, hook) -> Tensor:
             m = mask.to(z.device)
@@ -123,8 +127,12 @@ class MeanHeadZ(CorpusAnalysis):
         return self.moments.mean.to(torch.float32)
 
 
-def mean_head_z(model, tokens: Tensor, *, batch_size: int = 8, progress: bool = False) -> Float[Tensor, "layer head d_head"]:
+def mean_head_z(
+    model, tokens: Tensor, *, batch_size: int = 8, progress: bool = False
+) -> Float[Tensor, "layer head d_head"]:
     """Reference means of z for mean ablation, streamed over ``tokens`` ``[n, seq]``."""
     from geolens.runner import run_analysis
 
-    return run_analysis(model, tokens, MeanHeadZ.for_model, model, batch_size=batch_size, progress=progress, desc="mean z")
+    return run_analysis(
+        model, tokens, MeanHeadZ.for_model, model, batch_size=batch_size, progress=progress, desc="mean z"
+    )

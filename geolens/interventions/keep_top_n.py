@@ -23,7 +23,9 @@ from geolens.adapter import PATTERN, VALUE, expand_kv_heads, hook_name
 def keep_top_n_mask(score: torch.Tensor, n: int) -> torch.Tensor:
     """[batch, head, query, key] bool: the n largest causal scores per row (ties: lower index)."""
     n_q, n_k = score.shape[-2:]
-    causal = torch.arange(n_k, device=score.device)[None, :] <= (torch.arange(n_q, device=score.device)[:, None] + n_k - n_q)
+    causal = torch.arange(n_k, device=score.device)[None, :] <= (
+        torch.arange(n_q, device=score.device)[:, None] + n_k - n_q
+    )
     masked = score.masked_fill(~causal, float("-inf"))
     order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order)

@@ -90,7 +90,12 @@ def removal_mask(
         raise ValueError(f"scores must end with [query, key] axes, got shape {tuple(scores.shape)}")
     # one group per (…, query i): the "row" scope of removal_masks with a head axis of 1
     [mask] = removal_masks(
-        scores[..., None, :, :], [fraction], scope="row", largest=largest, allow_sink=allow_sink, allow_current=allow_current
+        scores[..., None, :, :],
+        [fraction],
+        scope="row",
+        largest=largest,
+        allow_sink=allow_sink,
+        allow_current=allow_current,
     )
     return mask.expand(*scores.shape[:-2], 1, *scores.shape[-2:])[..., 0, :, :]
 
@@ -218,7 +223,11 @@ def mask_from_ranks(rank: Tensor, n_eligible: Tensor, eligible: Tensor, fraction
 def random_scores(shape: Sequence[int], *, seed: int, device=None) -> Float[Tensor, "..."]:
     """Uniform random scores: the ranking floor of a faithfulness curve (seeded, reproducible)."""
     g = torch.Generator(device="cpu").manual_seed(int(seed))
-    return torch.rand(tuple(shape), generator=g).to(device) if device is not None else torch.rand(tuple(shape), generator=g)
+    return (
+        torch.rand(tuple(shape), generator=g).to(device)
+        if device is not None
+        else torch.rand(tuple(shape), generator=g)
+    )
 
 
 def _check_remove(remove: Tensor, layers: Sequence[int], n_heads: int) -> None:
@@ -237,7 +246,9 @@ def _check_remove(remove: Tensor, layers: Sequence[int], n_heads: int) -> None:
 def require_pattern_hooks(model, layers: Sequence[int]) -> None:
     """A one-line ``ValueError`` unless every layer has ``blocks.{l}.attn.hook_pattern`` to edit."""
     hook_dict = getattr(model, "hook_dict", None)
-    missing = [hook_name(l, PATTERN) for l in layers if hook_dict is not None and hook_name(l, PATTERN) not in hook_dict]
+    missing = [
+        hook_name(l, PATTERN) for l in layers if hook_dict is not None and hook_name(l, PATTERN) not in hook_dict
+    ]
     if missing:
         raise ValueError(f"this model has no {missing[0]}: masking needs the attention-pattern hook (eager attention)")
 
@@ -265,9 +276,7 @@ def pattern_mask_hooks(
         def hook(pattern: Tensor, hook) -> Tensor:
             b, h, q, k = pattern.shape
             if mask.shape[0] not in (1, b) or mask.shape[-2:] != (q, k):
-                raise ValueError(
-                    f"{hook.name}: mask {tuple(mask.shape)} does not fit pattern {tuple(pattern.shape)}"
-                )
+                raise ValueError(f"{hook.name}: mask {tuple(mask.shape)} does not fit pattern {tuple(pattern.shape)}")
             return pattern.masked_fill(mask.to(pattern.device), 0.0)
 
         return hook
@@ -293,7 +302,9 @@ def branch_hook(model, layer: int, n_rows: int) -> tuple[str, callable]:
     return (adapter_for(model).resid_pre_hook(layer), hook)
 
 
-def token_nll(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
+def token_nll(
+    logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos_minus_1"]:
     """Next-token negative log-likelihood −log p(t_{i+1} | t_≤i), in float32."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
@@ -358,7 +369,9 @@ def masked_token_nll(
     return torch.cat(out) if out else torch.zeros(0, n_scored or n_pos - 1)
 
 
-def tail_nll(logits: Float[Tensor, "batch scored vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch scored"]:
+def tail_nll(
+    logits: Float[Tensor, "batch scored vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch scored"]:
     """NLL of the last ``scored`` tokens from logits of the positions that predict them
     (``scored = pos − 1`` is :func:`token_nll`)."""
     n_scored = logits.shape[1]

@@ -42,11 +42,10 @@ edits the head outputs instead, and can).
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, Mapping, Sequence, get_args
-
-import math
 
 import torch
 from jaxtyping import Float
@@ -158,7 +157,9 @@ def _edit_values(model, layers, heads, kv_heads, make) -> SinkValueEdit:
 
         return hook
 
-    return SinkValueEdit(layers, kv, affected_query_heads(model, kv), [(hook_name(l, VALUE), make_hook(l)) for l in layers])
+    return SinkValueEdit(
+        layers, kv, affected_query_heads(model, kv), [(hook_name(l, VALUE), make_hook(l)) for l in layers]
+    )
 
 
 def scale_sink_value(model, lam: float, *, layers=None, heads=None, kv_heads=None) -> SinkValueEdit:
@@ -253,7 +254,9 @@ def rotation_direction(seed: int, layer: int, n_kv: int, d_head: int) -> Tensor:
     return torch.randn(n_kv, d_head, generator=g, dtype=torch.float64)
 
 
-def _v0_edit(spec: SinkEditSpec, v: Tensor, layer: int, kv: tuple[int, ...], n_kv: int, corpus_means, position) -> Tensor:
+def _v0_edit(
+    spec: SinkEditSpec, v: Tensor, layer: int, kv: tuple[int, ...], n_kv: int, corpus_means, position
+) -> Tensor:
     """The edited ``v`` ``[batch, pos, len(kv), d_head]`` for one spec (computed in float64)."""
     x = v.to(torch.float64)
     out = x.clone()
@@ -276,10 +279,14 @@ def _v0_edit(spec: SinkEditSpec, v: Tensor, layer: int, kv: tuple[int, ...], n_k
         out[:, 0] = v0 / norm0 * x[:, 1:].norm(dim=-1).mean(1)[..., None]
     elif kind == "corpus_mean":
         if corpus_means is None or layer not in corpus_means:
-            raise ValueError(f"corpus_mean needs the corpus mean of v_0 for layer {layer} (corpus_means={{layer: [n_kv, d_head]}})")
+            raise ValueError(
+                f"corpus_mean needs the corpus mean of v_0 for layer {layer} (corpus_means={{layer: [n_kv, d_head]}})"
+            )
         mean = torch.as_tensor(corpus_means[layer], dtype=torch.float64, device=x.device)
         if mean.shape != (n_kv, x.shape[-1]):
-            raise ValueError(f"corpus mean of layer {layer} has shape {tuple(mean.shape)}, expected {(n_kv, x.shape[-1])}")
+            raise ValueError(
+                f"corpus mean of layer {layer} has shape {tuple(mean.shape)}, expected {(n_kv, x.shape[-1])}"
+            )
         out[:, 0] = mean[list(kv)]
     elif kind == "rotate":
         g = rotation_direction(spec.seed, layer, n_kv, x.shape[-1])[list(kv)].to(x.device)  # [k, d]
@@ -444,8 +451,11 @@ def sink_edit_query_heads(
     for l in layers:
         if not chosen[l]:
             continue
-        hooks += [(adapter.value_hook(l), keep("v", l)), (adapter.pattern_hook(l), keep("pattern", l)),
-                  (adapter.z_hook(l), edit_z(l, torch.tensor(chosen[l])))]  # fmt: skip
+        hooks += [
+            (adapter.value_hook(l), keep("v", l)),
+            (adapter.pattern_hook(l), keep("pattern", l)),
+            (adapter.z_hook(l), edit_z(l, torch.tensor(chosen[l]))),
+        ]
     query = tuple(sorted({h for hs in chosen.values() for h in hs}))
     kv = tuple(sorted({adapter.kv_head_of(h) for h in query}))
     return SinkValueEdit(tuple(l for l in layers if chosen[l]), kv, query, hooks)

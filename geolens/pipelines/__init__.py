@@ -56,7 +56,9 @@ class TopicRun:
         return []
 
 
-def streamed(model, tokens, analyses: dict | None, make: Callable[[], dict], *, batch_size: int, progress: bool, desc: str) -> dict:
+def streamed(
+    model, tokens, analyses: dict | None, make: Callable[[], dict], *, batch_size: int, progress: bool, desc: str
+) -> dict:
     """The topic's corpus analyses: ``analyses`` when the caller already ran them over ``tokens``
     (the report's shared pass), else ``make()`` run over ``tokens`` now."""
     if analyses is None:
@@ -65,8 +67,15 @@ def streamed(model, tokens, analyses: dict | None, make: Callable[[], dict], *, 
     return analyses
 
 
-def write_tables(out: Path, tables: dict[str, pd.DataFrame], names=None, *, suffix: str = "", float_format: str | None = "%.6g",
-                 index: bool = False) -> None:  # fmt: skip
+def write_tables(
+    out: Path,
+    tables: dict[str, pd.DataFrame],
+    names=None,
+    *,
+    suffix: str = "",
+    float_format: str | None = "%.6g",
+    index: bool = False,
+) -> None:
     """Write ``tables[name]`` to ``out/<name><suffix>.csv`` for each of ``names`` (default: all) in ``tables``."""
     for name in tables if names is None else names:
         if name in tables:

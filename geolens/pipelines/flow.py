@@ -47,7 +47,9 @@ CITED = {
     "grad_x_input": "gradient × input",
     "integrated_gradients": "integrated gradients (Sundararajan, Taly & Yan 2017)",
 }
-SOURCE = "geolens contribution flow; erasure test after DeYoung et al. 2020 (docs/method.md §10.1; docs/flow/PROTOCOL.md)"
+SOURCE = (
+    "geolens contribution flow; erasure test after DeYoung et al. 2020 (docs/method.md §10.1; docs/flow/PROTOCOL.md)"
+)
 PROTOCOL_MIN_DOCUMENTS = 100  # docs/flow/protocol.json, data.min_documents
 
 
@@ -72,7 +74,9 @@ class PromptFlow:
 
     def table(self, k: int) -> pd.DataFrame:
         """:meth:`top` as one table: method, rank (1 = largest), position, token, share."""
-        rows = [dict(method=m, rank=r + 1, **entry) for m, entries in self.top(k).items() for r, entry in enumerate(entries)]
+        rows = [
+            dict(method=m, rank=r + 1, **entry) for m, entries in self.top(k).items() for r, entry in enumerate(entries)
+        ]
         return pd.DataFrame(rows, columns=["method", "rank", "position", "token", "share"])
 
 
@@ -86,8 +90,15 @@ def top_tokens(row: torch.Tensor, words: list[str], k: int) -> list[dict]:
     return [{"position": j, "token": words[j], "share": float(row[j])} for j in idx]
 
 
-def prompt_flow(model, tokens: torch.Tensor, methods=LISTED, *, threshold: float = 0.05, route_method: str = "contribution",
-                routes: bool = True) -> PromptFlow:  # fmt: skip
+def prompt_flow(
+    model,
+    tokens: torch.Tensor,
+    methods=LISTED,
+    *,
+    threshold: float = 0.05,
+    route_method: str = "contribution",
+    routes: bool = True,
+) -> PromptFlow:
     """The last prediction of ``tokens`` ``[1, pos]`` (BOS first): each of ``methods``' row of
     :func:`geolens.contribution_flow` at the last position, and, with ``routes``, the
     information-flow routes of that prediction (:func:`geolens.flow_routes.flow_routes`, edges
@@ -111,6 +122,7 @@ def prompt_flow(model, tokens: torch.Tensor, methods=LISTED, *, threshold: float
         rows = {m: contribution_flow(model, cache, m, tokens=tokens)[0, last].detach().cpu() for m in methods}
         graph = flow_routes(model, cache, last, threshold, method=route_method, tokens=tokens) if routes else None
     return PromptFlow(words=words, position=last, rows=rows, routes=graph)
+
 
 @dataclass
 class FlowParams:
@@ -142,8 +154,16 @@ class FlowRun(TopicRun):
     status: str = "exploratory"
 
     @classmethod
-    def of(cls, tables: dict, settings: ErasureSettings, *, induction: pd.DataFrame | None = None, status: str = "exploratory",
-           parameters: dict | None = None, induction_skipped: str | None = None) -> "FlowRun":  # fmt: skip
+    def of(
+        cls,
+        tables: dict,
+        settings: ErasureSettings,
+        *,
+        induction: pd.DataFrame | None = None,
+        status: str = "exploratory",
+        parameters: dict | None = None,
+        induction_skipped: str | None = None,
+    ) -> "FlowRun":
         """The run from its per-document tables (``conditions``, ``predictions``, ``rankings``);
         ``induction_skipped``: why the known-answer check did not run (recorded in the summary)."""
         summary = erasure_summary(tables, settings)
@@ -152,11 +172,15 @@ class FlowRun(TopicRun):
         elif induction_skipped is not None:
             summary["induction_check"] = {"skipped": induction_skipped}
         all_tables = dict(tables)
-        all_tables.update(naopc=_naopc_rows(summary), pairs=_pair_rows(summary), curves=curves_table(tables["conditions"], settings))
+        all_tables.update(
+            naopc=_naopc_rows(summary), pairs=_pair_rows(summary), curves=curves_table(tables["conditions"], settings)
+        )
         summary["curves"] = all_tables["curves"].to_dict("records")
         moved = summary.get("replacement_differences")
         if moved is not None and moved["tests"]:
-            all_tables["replacements"] = pd.DataFrame(moved["tests"]).assign(primary=moved["primary"], robustness=moved["robustness"])
+            all_tables["replacements"] = pd.DataFrame(moved["tests"]).assign(
+                primary=moved["primary"], robustness=moved["robustness"]
+            )
         if induction is not None:
             all_tables["induction"] = induction
         params = {"erasure": settings.to_dict(), **(parameters or {})}
@@ -171,10 +195,18 @@ class FlowRun(TopicRun):
         folder = require_complete(Path(folder))
         saved = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         settings = ErasureSettings(**saved["settings"])
-        tables = {name: pd.read_csv(folder / f"erasure_{name}.csv.gz", dtype={"order": str} if name == "rankings" else None)
-                  for name in ("conditions", "predictions", "rankings")}  # fmt: skip
+        tables = {
+            name: pd.read_csv(folder / f"erasure_{name}.csv.gz", dtype={"order": str} if name == "rankings" else None)
+            for name in ("conditions", "predictions", "rankings")
+        }
         induction = pd.read_csv(folder / "induction.csv") if (folder / "induction.csv").is_file() else None
-        return cls.of(tables, settings, induction=induction, status=saved.get("status", "exploratory"), parameters={"folder": str(folder)})
+        return cls.of(
+            tables,
+            settings,
+            induction=induction,
+            status=saved.get("status", "exploratory"),
+            parameters={"folder": str(folder)},
+        )
 
     @property
     def figures(self) -> dict[str, Callable]:
@@ -182,7 +214,9 @@ class FlowRun(TopicRun):
 
         if not (self.tables["naopc"]["family"] == "primary").any():
             return {}  # no prediction passed the range check
-        subtitle = f"{self.summary['n_documents']} documents, {self.summary['n_predictions']} predictions ({self.status})"
+        subtitle = (
+            f"{self.summary['n_documents']} documents, {self.summary['n_predictions']} predictions ({self.status})"
+        )
         return {"naopc": partial(erasure_naopc_plot, self.tables["naopc"], labels=LABELS, subtitle=subtitle)}
 
     def claims(self, windows: str = "documents") -> list:
@@ -202,16 +236,23 @@ def run_flow(model, windows, params: FlowParams = FlowParams(), *, progress: boo
     from geolens.flow_erasure import space_token, unigram_counts
 
     s = params.erasure
-    counts = unigram_counts(model, load_corpus("lee") if texts is None else texts) if "unigram" in s.replacements else None
+    counts = (
+        unigram_counts(model, load_corpus("lee") if texts is None else texts) if "unigram" in s.replacements else None
+    )
     space_id = space_token(model) if "space" in s.replacements else None
     parts = []
     for d in tqdm(range(int(windows.shape[0])), desc="erasure", disable=not progress):
         parts.append(measure_document(model, windows[d], d, s, space_id=space_id, counts=counts))
-    tables = {name: pd.concat([p[name] for p in parts], ignore_index=True) for name in ("conditions", "predictions", "rankings")}
+    tables = {
+        name: pd.concat([p[name] for p in parts], ignore_index=True)
+        for name in ("conditions", "predictions", "rankings")
+    }
     flows = [m for m in s.methods if m in FLOW_METHODS]  # the known-answer check of the flows under test
     induction, skipped = None, None
     if params.induction and flows:
-        induction, skipped = checked_induction(model, n_tokens=params.induction_tokens, seed=params.induction_seed, methods=flows)
+        induction, skipped = checked_induction(
+            model, n_tokens=params.induction_tokens, seed=params.induction_seed, methods=flows
+        )
     parameters = {"n_documents": int(windows.shape[0]), "seq_len": int(windows.shape[1])}
     return FlowRun.of(tables, s, induction=induction, induction_skipped=skipped, parameters=parameters)
 
@@ -239,11 +280,14 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
         f"# Input-token erasure: {title}",
         "",
         f"Command: `{command}` ({summary.get('seconds', '?')} s in this invocation; the per-document stage "
-        f"{summary.get('erasure_seconds', '?')} s). Protocol: `{summary.get('protocol_path', 'docs/flow/protocol.json')}` "
+        f"{summary.get('erasure_seconds', '?')} s). MaskingConfig: `{summary.get('protocol_path', 'docs/flow/protocol.json')}` "
         f"(version {summary.get('protocol_version', '?')}, sha256 `{str(summary.get('protocol_sha256', '?'))[:12]}…`), {summary.get('status', '?')}.",
         "",
         f"Sample: {summary['n_documents']} documents, {summary['n_predictions']} predictions. Range check (PROTOCOL.md §4): "
-        + "; ".join(f"{r}: {c['excluded_kl']} of {c['n_predictions']} predictions excluded (KL)" for r, c in summary["range_check"].items())
+        + "; ".join(
+            f"{r}: {c['excluded_kl']} of {c['n_predictions']} predictions excluded (KL)"
+            for r, c in summary["range_check"].items()
+        )
         + f". Intervals: document-cluster bootstrap; pairs are one Holm family of {len(primary['pairs'])} tests per replacement, each interval at its Holm level.",
         "",
         "Normalised AOPC of KL (comprehensiveness: higher = more faithful; sufficiency: lower = more faithful; 95% intervals, "
@@ -259,52 +303,107 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
             by = {e["direction"]: e for e in fam["methods"] if e["method"] == m}
             cells += [ci(by[d]) if d in by else "–" for d in DIRECTIONS]
         lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
-    lines += ["", f"Primary family ({primary['replacement']} replacement, KL): Δ = nAOPC(b) − nAOPC(a), signed so that + favours b "
-              "in each direction; interval at the pair's Holm level.", "",
-              "| direction | a → b | Δ [interval] | level | p_adj | verdict |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        f"Primary family ({primary['replacement']} replacement, KL): Δ = nAOPC(b) − nAOPC(a), signed so that + favours b "
+        "in each direction; interval at the pair's Holm level.",
+        "",
+        "| direction | a → b | Δ [interval] | level | p_adj | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in primary["pairs"]:
-        lines.append(f"| {p['direction']} | {LABELS.get(p['a'], p['a'])} → {LABELS.get(p['b'], p['b'])} | {p['delta']:+.4f} "
-                     f"[{p['ci_low']:+.4f}, {p['ci_high']:+.4f}] | {p['level']:.4f} | {p['p_adj']:.3g} | {p['verdict']} |")  # fmt: skip
-    lines += ["", "Most faithful method (its pairs with every other method decided in its favour; its smallest margin):", ""]
+        lines.append(
+            f"| {p['direction']} | {LABELS.get(p['a'], p['a'])} → {LABELS.get(p['b'], p['b'])} | {p['delta']:+.4f} "
+            f"[{p['ci_low']:+.4f}, {p['ci_high']:+.4f}] | {p['level']:.4f} | {p['p_adj']:.3g} | {p['verdict']} |"
+        )
+    lines += [
+        "",
+        "Most faithful method (its pairs with every other method decided in its favour; its smallest margin):",
+        "",
+    ]
     for d in DIRECTIONS:
         b = summary.get("most_faithful", {}).get(d)
-        lines.append(f"- {d}: " + (f"**{LABELS.get(b['method'], b['method'])}**, by at least {b['by']:+.4f} [{b['ci_low']:+.4f}, {b['ci_high']:+.4f}] "
-                                   f"over {LABELS.get(b['against'], b['against'])}" if b else "no method beats every other"))  # fmt: skip
+        lines.append(
+            f"- {d}: "
+            + (
+                f"**{LABELS.get(b['method'], b['method'])}**, by at least {b['by']:+.4f} [{b['ci_low']:+.4f}, {b['ci_high']:+.4f}] "
+                f"over {LABELS.get(b['against'], b['against'])}"
+                if b
+                else "no method beats every other"
+            )
+        )
     changes = summary.get("verdict_changes")
     if changes is not None:
-        lines += ["", f"Verdicts that differ under the {robust['replacement'] if robust else 'second'} replacement: "
-                  + ("; ".join(f"{c['direction']} {LABELS.get(c['a'], c['a'])} → {LABELS.get(c['b'], c['b'])}: {c['primary']} vs {c['robustness']}" for c in changes) if changes else "none") + "."]  # fmt: skip
+        lines += [
+            "",
+            f"Verdicts that differ under the {robust['replacement'] if robust else 'second'} replacement: "
+            + (
+                "; ".join(
+                    f"{c['direction']} {LABELS.get(c['a'], c['a'])} → {LABELS.get(c['b'], c['b'])}: {c['primary']} vs {c['robustness']}"
+                    for c in changes
+                )
+                if changes
+                else "none"
+            )
+            + ".",
+        ]
     ig = summary.get("ig_completeness")
     if ig:
-        lines += ["", f"Integrated gradients ({ig['n_steps']} steps): median |completeness gap| {ig['median_abs_gap']:.3g} "
-                  f"(median relative {ig['median_rel_gap']:.3g}; within 5% for {100 * ig['share_rel_gap_within_5pct']:.0f}% of predictions)."]  # fmt: skip
+        lines += [
+            "",
+            f"Integrated gradients ({ig['n_steps']} steps): median |completeness gap| {ig['median_abs_gap']:.3g} "
+            f"(median relative {ig['median_rel_gap']:.3g}; within 5% for {100 * ig['share_rel_gap_within_5pct']:.0f}% of predictions).",
+        ]
     ic = summary.get("induction_check")
     if ic and "skipped" not in ic:
-        lines += ["", "Known-answer check (PROTOCOL.md §6; whole-model flow row of the second occurrence; pass = largest share outside "
-                  "the query on the token that followed the first occurrence):", "",
-                  "| method | pass | pass without BOS | median rank of that token | median gap when failing |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Known-answer check (PROTOCOL.md §6; whole-model flow row of the second occurrence; pass = largest share outside "
+            "the query on the token that followed the first occurrence):",
+            "",
+            "| method | pass | pass without BOS | median rank of that token | median gap when failing |",
+            "|---|---|---|---|---|",
+        ]
         for m, r in ic.items():
-            lines.append(f"| {LABELS.get(m, m)} | {r['passed']}/{r['n']} | {r['passed_no_bos']}/{r['n']} | {r['median_rank_target']:g} | {r['median_gap_when_failing']:.3g} |")
+            lines.append(
+                f"| {LABELS.get(m, m)} | {r['passed']}/{r['n']} | {r['passed_no_bos']}/{r['n']} | {r['median_rank_target']:g} | {r['median_gap_when_failing']:.3g} |"
+            )
     elif ic:
         lines += ["", f"Known-answer check skipped: {ic['skipped']}"]
-    lines += ["", "Files: `summary.json` (everything above), `naopc.csv`, `pairs.csv`, `curves.csv`, `replacements.csv`, `induction.csv`, "
-              "`naopc.png`; per document: `erasure_conditions.csv.gz`, `erasure_predictions.csv.gz`, `erasure_rankings.csv.gz`.", ""]  # fmt: skip
+    lines += [
+        "",
+        "Files: `summary.json` (everything above), `naopc.csv`, `pairs.csv`, `curves.csv`, `replacements.csv`, `induction.csv`, "
+        "`naopc.png`; per document: `erasure_conditions.csv.gz`, `erasure_predictions.csv.gz`, `erasure_rankings.csv.gz`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def _rows(summary: dict, key: str, columns: list[str]) -> pd.DataFrame:
     """The ``key`` entries ("methods" or "pairs") of every family of ``summary`` as one table."""
-    families = [(name, f) for name, f in summary["families"].items()] + [("exploratory", f) for f in summary["exploratory_delta_p"].values()]
-    rows = [dict(family=name, replacement=f["replacement"], outcome=f["outcome"], **entry) for name, f in families for entry in f[key]]
+    families = [(name, f) for name, f in summary["families"].items()] + [
+        ("exploratory", f) for f in summary["exploratory_delta_p"].values()
+    ]
+    rows = [
+        dict(family=name, replacement=f["replacement"], outcome=f["outcome"], **entry)
+        for name, f in families
+        for entry in f[key]
+    ]
     return pd.DataFrame(rows, columns=None if rows else columns)
 
 
 def _naopc_rows(summary: dict) -> pd.DataFrame:
-    return _rows(summary, "methods", ["family", "replacement", "outcome", "direction", "method", "naopc", "ci_low", "ci_high"])
+    return _rows(
+        summary, "methods", ["family", "replacement", "outcome", "direction", "method", "naopc", "ci_low", "ci_high"]
+    )
 
 
 def _pair_rows(summary: dict) -> pd.DataFrame:
-    return _rows(summary, "pairs", ["family", "replacement", "outcome", "direction", "a", "b", "delta", "ci_low", "ci_high", "verdict"])
+    return _rows(
+        summary,
+        "pairs",
+        ["family", "replacement", "outcome", "direction", "a", "b", "delta", "ci_low", "ci_high", "verdict"],
+    )
 
 
 def _favour(pair: dict | None, method: str) -> str:
@@ -349,8 +448,12 @@ def replacement_claim(moved: dict, *, windows: str = "documents", status: str = 
     (its sample is marked with that reason), and its numbers are reported as they are."""
     from geolens.claims import Claim, sample_size
 
-    sample = sample_size(moved["n_documents"], windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=status != "pre-registered")
-    sample = dict(sample, low_power=True, low_power_reason="; ".join(r for r in (sample["low_power_reason"], NO_RULE) if r))
+    sample = sample_size(
+        moved["n_documents"], windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=status != "pre-registered"
+    )
+    sample = dict(
+        sample, low_power=True, low_power_reason="; ".join(r for r in (sample["low_power_reason"], NO_RULE) if r)
+    )
     first, second = moved["primary"], moved["robustness"]
     tests = moved["tests"]
     if not tests:
@@ -363,18 +466,25 @@ def replacement_claim(moved: dict, *, windows: str = "documents", status: str = 
             f"nAOPC ({moved['outcome'].upper()}) under {second} minus under {first}, {moved['n_predictions']} predictions in range under both: "
             f"{len(apart)} of {len(tests)} intervals at their Holm level exclude 0"
             + ("" if apart else "; the largest difference")
-            + ": " + "; ".join(f"{LABELS[t['method']]} {t['direction'][:4]}. {t['delta']:+.3g} [{t['ci_low']:+.3g}, {t['ci_high']:+.3g}]"
-                               for t in shown[:6])
+            + ": "
+            + "; ".join(
+                f"{LABELS[t['method']]} {t['direction'][:4]}. {t['delta']:+.3g} [{t['ci_low']:+.3g}, {t['ci_high']:+.3g}]"
+                for t in shown[:6]
+            )
             + (f" (and {len(shown) - 6} more)" if len(shown) > 6 else "")
-        )  # fmt: skip
+        )
     if status != "pre-registered":
         measured += f"; {status} run"
     return Claim(
-        claim="The erasure outcomes do not depend on the replacement token", source=SOURCE, measured=measured, holds=None, ci=True,
+        claim="The erasure outcomes do not depend on the replacement token",
+        source=SOURCE,
+        measured=measured,
+        holds=None,
+        ci=True,
         criterion=f"indicative: {NO_RULE}; each method's paired nAOPC difference between the {second} and the {first} replacement, "
         "per direction, with its document-cluster bootstrap interval at its Holm level (one Holm family over methods and directions)",
         numbers={"sample": sample, "replacement_differences": moved},
-    )  # fmt: skip
+    )
 
 
 def flow_claims(summary: dict, settings: ErasureSettings, *, status: str, windows: str = "documents") -> list:
@@ -388,9 +498,13 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str, window
     primary = summary["families"]["primary"]
     pairs, methods = primary["pairs"], settings.methods
     decided = status == "pre-registered"
-    sample = sample_size(primary["n_documents"], windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=not decided)
+    sample = sample_size(
+        primary["n_documents"], windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=not decided
+    )
     rc = summary["range_check"][primary["replacement"]]
-    tail = f"; {rc['excluded_kl']} of {rc['n_predictions']} predictions out of range" + ("" if decided else f"; {status} run")
+    tail = f"; {rc['excluded_kl']} of {rc['n_predictions']} predictions out of range" + (
+        "" if decided else f"; {status} run"
+    )
     claims = []
 
     def decide(found: list[str]) -> bool | None:
@@ -405,13 +519,22 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str, window
                 p = _pair(pairs, d, "contribution", other)
                 found.append(_favour(p, "contribution"))
                 said.append(f"{d}: {_said(p, 'contribution')}")
-            claims.append(Claim(
-                claim=f"Contribution flow attributes next-token predictions to input tokens more faithfully than {CITED.get(other, LABELS[other])}",
-                source=SOURCE, measured="paired nAOPC difference in contribution flow's favour (KL, " + primary["replacement"] + " replacement) "
-                + "; ".join(said) + tail, holds=decide(found), ci=True,
-                criterion="in both directions the pair's interval at its Holm level (primary family) lies on contribution flow's side; "
-                "false when either lies on the other side", numbers={"sample": sample, "pairs": [_pair(pairs, d, "contribution", other) for d in DIRECTIONS]},
-            ))  # fmt: skip
+            claims.append(
+                Claim(
+                    claim=f"Contribution flow attributes next-token predictions to input tokens more faithfully than {CITED.get(other, LABELS[other])}",
+                    source=SOURCE,
+                    measured="paired nAOPC difference in contribution flow's favour (KL, "
+                    + primary["replacement"]
+                    + " replacement) "
+                    + "; ".join(said)
+                    + tail,
+                    holds=decide(found),
+                    ci=True,
+                    criterion="in both directions the pair's interval at its Holm level (primary family) lies on contribution flow's side; "
+                    "false when either lies on the other side",
+                    numbers={"sample": sample, "pairs": [_pair(pairs, d, "contribution", other) for d in DIRECTIONS]},
+                )
+            )
     if "random" in methods:
         found, said = [], []
         for m in [m for m in methods if m != "random"]:
@@ -419,37 +542,72 @@ def flow_claims(summary: dict, settings: ErasureSettings, *, status: str, window
                 p = _pair(pairs, d, "random", m)
                 found.append(_favour(p, m))
                 said.append(f"{LABELS[m]} {d[:4]}. {_said(p, m)}")
-        claims.append(Claim(
-            claim="Every attribution method erases more faithfully than a random ranking", source=SOURCE,
-            measured="; ".join(said) + tail, holds=decide(found), ci=True,
-            criterion="every method's pair with random, in both directions, is decided in the method's favour (primary family)",
-            numbers={"sample": sample},
-        ))  # fmt: skip
+        claims.append(
+            Claim(
+                claim="Every attribution method erases more faithfully than a random ranking",
+                source=SOURCE,
+                measured="; ".join(said) + tail,
+                holds=decide(found),
+                ci=True,
+                criterion="every method's pair with random, in both directions, is decided in the method's favour (primary family)",
+                numbers={"sample": sample},
+            )
+        )
     best = summary.get("most_faithful", {})
     said = []
     for d in DIRECTIONS:
         b = best.get(d)
-        said.append(f"{d}: " + (f"{LABELS[b['method']]}, by at least {b['by']:+.3g} [{b['ci_low']:+.3g}, {b['ci_high']:+.3g}] over {LABELS[b['against']]}" if b else "no method beats every other"))
-    claims.append(Claim(
-        claim="The most faithful method at input level", source=SOURCE, measured="; ".join(said) + tail, holds=None,
-        criterion="descriptive: the method whose pairs with every other method are decided in its favour (primary family)",
-        numbers={"sample": sample, "most_faithful": best},
-    ))  # fmt: skip
+        said.append(
+            f"{d}: "
+            + (
+                f"{LABELS[b['method']]}, by at least {b['by']:+.3g} [{b['ci_low']:+.3g}, {b['ci_high']:+.3g}] over {LABELS[b['against']]}"
+                if b
+                else "no method beats every other"
+            )
+        )
+    claims.append(
+        Claim(
+            claim="The most faithful method at input level",
+            source=SOURCE,
+            measured="; ".join(said) + tail,
+            holds=None,
+            criterion="descriptive: the method whose pairs with every other method are decided in its favour (primary family)",
+            numbers={"sample": sample, "most_faithful": best},
+        )
+    )
     moved = summary.get("replacement_differences")
     if moved is not None and moved["robustness"] is not None:
         claims.append(replacement_claim(moved, windows=windows, status=status))
     if "induction_check" in summary and "skipped" not in summary["induction_check"]:
         ic = summary["induction_check"]
-        said = [f"{LABELS.get(m, m)} {r['passed']}/{r['n']} (without BOS {r['passed_no_bos']}/{r['n']}; median rank of the copied source "
-                f"{r['median_rank_target']:g}, median gap {r['median_gap_when_failing']:.3g})" for m, r in ic.items()]  # fmt: skip
-        claims.append(Claim(
-            claim="Known answer: on a repeated random sequence the flow into the second occurrence of a token puts its largest share outside "
-            "the position itself on the token that followed the first occurrence", source="known-answer check (docs/flow/PROTOCOL.md §6)",
-            measured="queries that pass: " + "; ".join(said), holds=None,
-            criterion="descriptive: a check on one sequence, reported per method with the margin by which it misses",
-            numbers={"induction_check": ic},
-        ))  # fmt: skip
+        said = [
+            f"{LABELS.get(m, m)} {r['passed']}/{r['n']} (without BOS {r['passed_no_bos']}/{r['n']}; median rank of the copied source "
+            f"{r['median_rank_target']:g}, median gap {r['median_gap_when_failing']:.3g})"
+            for m, r in ic.items()
+        ]
+        claims.append(
+            Claim(
+                claim="Known answer: on a repeated random sequence the flow into the second occurrence of a token puts its largest share outside "
+                "the position itself on the token that followed the first occurrence",
+                source="known-answer check (docs/flow/PROTOCOL.md §6)",
+                measured="queries that pass: " + "; ".join(said),
+                holds=None,
+                criterion="descriptive: a check on one sequence, reported per method with the margin by which it misses",
+                numbers={"induction_check": ic},
+            )
+        )
     return claims
 
 
-__all__ = ["LISTED", "FlowParams", "FlowRun", "PromptFlow", "erasure_markdown", "flow_claims", "prompt_flow", "replacement_claim", "run_flow", "top_tokens"]
+__all__ = [
+    "LISTED",
+    "FlowParams",
+    "FlowRun",
+    "PromptFlow",
+    "erasure_markdown",
+    "flow_claims",
+    "prompt_flow",
+    "replacement_claim",
+    "run_flow",
+    "top_tokens",
+]

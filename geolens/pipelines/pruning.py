@@ -39,7 +39,11 @@ class PruningParams:
 def pruning_analyses(model, tokens, params: PruningParams) -> dict:
     """The reference analyses of the pruning pipeline (one pass over the reference windows)."""
     cfg = model.cfg
-    return {"taxonomy": TaxonomyAnalysis.for_model(model), "entropy": AttentionEntropy(cfg.n_layers, cfg.n_heads), "mean_z": MeanHeadZ.for_model(model)}
+    return {
+        "taxonomy": TaxonomyAnalysis.for_model(model),
+        "entropy": AttentionEntropy(cfg.n_layers, cfg.n_heads),
+        "mean_z": MeanHeadZ.for_model(model),
+    }
 
 
 @dataclass(kw_only=True)
@@ -61,7 +65,9 @@ class PruningRun(TopicRun):
         out = {"pruning": partial(pruning_curves_plot, self.curves, subtitle=self.parameters["description"])}
         if self.sensitivity is not None:
             sens = self.sensitivity
-            subtitle = f"{self.parameters['mode']}-ablation, one head at a time, {self.scan_windows} windows × {self.seq_len}"
+            subtitle = (
+                f"{self.parameters['mode']}-ablation, one head at a time, {self.scan_windows} windows × {self.seq_len}"
+            )
             out["sensitivity"] = partial(sensitivity_map_plot, sens.delta_ppl, sens.critical, subtitle=subtitle)
         return out
 
@@ -71,31 +77,73 @@ class PruningRun(TopicRun):
         return pruning_claims(self.curves, sample_size(n_eval, windows=windows, n_seeds=len(self.parameters["seeds"])))
 
 
-def run_pruning(model, reference, evaluation, params: PruningParams = PruningParams(), *, analyses: dict | None = None,
-                progress: bool = True) -> PruningRun:  # fmt: skip
+def run_pruning(
+    model,
+    reference,
+    evaluation,
+    params: PruningParams = PruningParams(),
+    *,
+    analyses: dict | None = None,
+    progress: bool = True,
+) -> PruningRun:
     """The pruning pipeline: references on the windows ``reference``, ΔPPL on ``evaluation``.
 
     ``analyses``: :func:`pruning_analyses` already run over ``reference`` (then no pass here).
     """
-    analyses = streamed(model, reference, analyses, lambda: pruning_analyses(model, reference, params),
-                        batch_size=params.batch_size, progress=progress, desc="references")  # fmt: skip
+    analyses = streamed(
+        model,
+        reference,
+        analyses,
+        lambda: pruning_analyses(model, reference, params),
+        batch_size=params.batch_size,
+        progress=progress,
+        desc="references",
+    )
     tax = analyses["taxonomy"].result()
     orders = pruning_orders(
-        model, reference, taxonomy_table=tax.table, entropy=analyses["entropy"].result(), seeds=params.seeds, batch_size=params.batch_size
+        model,
+        reference,
+        taxonomy_table=tax.table,
+        entropy=analyses["entropy"].result(),
+        seeds=params.seeds,
+        batch_size=params.batch_size,
     )
     means = analyses["mean_z"].result() if params.mode == "mean" else None
-    df = pruning_curves(model, evaluation, orders, params.retention, mode=params.mode, means=means, batch_size=params.batch_size,
-                        n_scored=params.n_scored, progress=progress)  # fmt: skip
+    df = pruning_curves(
+        model,
+        evaluation,
+        orders,
+        params.retention,
+        mode=params.mode,
+        means=means,
+        batch_size=params.batch_size,
+        n_scored=params.n_scored,
+        progress=progress,
+    )
     wide = df.pivot_table(index="order", columns="retention", values="delta_ppl", sort=False)
     tables = {"taxonomy": tax.table, "pruning": df, "pruning_wide": wide}
     sens, scan = None, evaluation[: params.scan_sequences]
     if params.scan_sequences > 0:
         sens = head_sensitivity(model, scan, mode=params.mode, means=means, n_scored=params.n_scored, progress=progress)
         tables["sensitivity"] = sens.table.merge(tax.table[["layer", "head", "regime"]], on=["layer", "head"])
-        tables["critical_heads"] = sens.critical.merge(tax.table[["layer", "head", "regime", "share_sink", "share_current", "share_other"]], on=["layer", "head"])
-    parameters = {**asdict(params), "eval_windows": int(evaluation.shape[0]), "reference_windows": int(reference.shape[0])}
-    return PruningRun(parameters=parameters, tables=tables, taxonomy=tax, orders=orders, curves=df, sensitivity=sens,
-                      scan_windows=int(scan.shape[0]), seq_len=int(evaluation.shape[1]))  # fmt: skip
+        tables["critical_heads"] = sens.critical.merge(
+            tax.table[["layer", "head", "regime", "share_sink", "share_current", "share_other"]], on=["layer", "head"]
+        )
+    parameters = {
+        **asdict(params),
+        "eval_windows": int(evaluation.shape[0]),
+        "reference_windows": int(reference.shape[0]),
+    }
+    return PruningRun(
+        parameters=parameters,
+        tables=tables,
+        taxonomy=tax,
+        orders=orders,
+        curves=df,
+        sensitivity=sens,
+        scan_windows=int(scan.shape[0]),
+        seq_len=int(evaluation.shape[1]),
+    )
 
 
 def pruning_claims(df, sample: dict | None = None) -> list:
@@ -106,9 +154,13 @@ def pruning_claims(df, sample: dict | None = None) -> list:
     regime, random_mean = float(mean["regime"]), float(rand.mean())
     others = {o: float(mean[o]) for o in ("weight", "entropy") if o in mean.index}
     return [
-        Claim(claim="Pruning heads in regime order (Reset first, Retrievers last) hurts less than pruning at random", source="paper B (docs/method.md §6)",
-              measured=f"mean ΔPPL over retention levels: regime {regime:.3g}, random {random_mean:.3g} "
-                       f"({len(rand)} seeds); " + ", ".join(f"{k} {v:.3g}" for k, v in others.items()),
-              holds=bool(regime < random_mean), criterion="regime-order mean ΔPPL < mean of the random orders",
-              numbers={"regime": regime, "random": random_mean, **others, **({"sample": sample} if sample else {})})
+        Claim(
+            claim="Pruning heads in regime order (Reset first, Retrievers last) hurts less than pruning at random",
+            source="paper B (docs/method.md §6)",
+            measured=f"mean ΔPPL over retention levels: regime {regime:.3g}, random {random_mean:.3g} "
+            f"({len(rand)} seeds); " + ", ".join(f"{k} {v:.3g}" for k, v in others.items()),
+            holds=bool(regime < random_mean),
+            criterion="regime-order mean ΔPPL < mean of the random orders",
+            numbers={"regime": regime, "random": random_mean, **others, **({"sample": sample} if sample else {})},
+        )
     ]

@@ -49,9 +49,14 @@ def selection_analyses(model, tokens, params: SelectionParams) -> dict:
     seq_len = int(tokens.shape[1])
     out = {
         "selection": SelectionAnalysis.for_model(
-            model, seq_len, max_n=params.max_n, conditions=params.conditions, n_random=params.n_random, queries=params.queries,
+            model,
+            seq_len,
+            max_n=params.max_n,
+            conditions=params.conditions,
+            n_random=params.n_random,
+            queries=params.queries,
             seed=params.seed,
-        )  # fmt: skip
+        )
     }
     if params.regime:
         out["regime"] = RegimeAnalysis.for_model(model, seq_len)
@@ -72,8 +77,12 @@ class SelectionRun(TopicRun):
 
         res, label = self.scores, self.parameters["label"]
         out = {
-            "f_vs_n": partial(f_vs_n_plot, res["scores"], space="value", by="attention", title=self.parameters["title"]),
-            "f_by_layer": partial(f_by_layer_plot, res["by_layer"], res["main_condition"], title=f"{label}: {res['main_condition']}"),
+            "f_vs_n": partial(
+                f_vs_n_plot, res["scores"], space="value", by="attention", title=self.parameters["title"]
+            ),
+            "f_by_layer": partial(
+                f_by_layer_plot, res["by_layer"], res["main_condition"], title=f"{label}: {res['main_condition']}"
+            ),
         }
         if self.regime is not None:
             out["similarity_decay"] = partial(similarity_decay_plot, self.regime["lag_sim"], self.regime["heads"])
@@ -83,14 +92,28 @@ class SelectionRun(TopicRun):
         return selection_claims(self.scores)
 
 
-def run_selection(model, tokens, params: SelectionParams = SelectionParams(), *, analyses: dict | None = None,
-                  progress: bool = True, desc: str = "selection") -> SelectionRun:  # fmt: skip
+def run_selection(
+    model,
+    tokens,
+    params: SelectionParams = SelectionParams(),
+    *,
+    analyses: dict | None = None,
+    progress: bool = True,
+    desc: str = "selection",
+) -> SelectionRun:
     """The selection pipeline over the windows ``tokens`` ``[n, seq]`` (BOS first, unpadded).
 
     ``analyses``: :func:`selection_analyses` already run over ``tokens`` (then no corpus pass here).
     """
-    analyses = streamed(model, tokens, analyses, lambda: selection_analyses(model, tokens, params),
-                        batch_size=params.batch_size, progress=progress, desc=desc)  # fmt: skip
+    analyses = streamed(
+        model,
+        tokens,
+        analyses,
+        lambda: selection_analyses(model, tokens, params),
+        batch_size=params.batch_size,
+        progress=progress,
+        desc=desc,
+    )
     res = analyses["selection"].result(n_boot=params.n_boot, seed=params.seed)
     regime = analyses["regime"].result() if "regime" in analyses else None
     tables = {key: res[key] for key in TABLES}
@@ -108,33 +131,55 @@ def selection_claims(res: dict) -> list:
     beats = bool((few.diff_lo > 0).all()) if len(few) else False
     best_n = int(main.loc[main["diff"].idxmax(), "N"])
     claims = [
-        Claim(claim="Top-N sets are more separable than random N-subsets", source="paper B",
-              measured="F_N top − random (cosine, value space): " + ", ".join(f"N={int(r.N)} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}]" for _, r in few.iterrows()),
-              holds=beats, criterion="95% CI of the difference above 0 for every N ≤ 4",
-              numbers={"comparison": main}, ci=True),
-        Claim(claim="The separation advantage is largest for few tokens (N ≈ 1–4)", source="paper B",
-              measured=f"largest top − random F_N difference at N = {best_n}",
-              holds=bool(best_n <= 4), criterion="argmax over N of the difference ≤ 4",
-              numbers={"best_n": best_n}),
+        Claim(
+            claim="Top-N sets are more separable than random N-subsets",
+            source="paper B",
+            measured="F_N top − random (cosine, value space): "
+            + ", ".join(
+                f"N={int(r.N)} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}]" for _, r in few.iterrows()
+            ),
+            holds=beats,
+            criterion="95% CI of the difference above 0 for every N ≤ 4",
+            numbers={"comparison": main},
+            ci=True,
+        ),
+        Claim(
+            claim="The separation advantage is largest for few tokens (N ≈ 1–4)",
+            source="paper B",
+            measured=f"largest top − random F_N difference at N = {best_n}",
+            holds=bool(best_n <= 4),
+            criterion="argmax over N of the difference ≤ 4",
+            numbers={"best_n": best_n},
+        ),
     ]
     corr = res["correlations"].set_index("N")
     n_c = 4 if 4 in corr.index else int(corr.index[0])
     r = float(corr.loc[n_c, "pooled_r_sink_alignment_recall"])
     if np.isfinite(r):
         claims.append(
-            Claim(claim="Sink similarity correlates with recall", source="paper B",
-                  measured=f"pooled Pearson r(mean cos(u_0, u_j), R_N) = {r:+.3f} at N = {n_c} (across heads Spearman {float(corr.loc[n_c, 'across_heads_spearman']):+.3f})",
-                  holds=bool(abs(r) >= 0.1), criterion="|r| ≥ 0.1",
-                  numbers={"N": n_c, "pooled_r": r})
+            Claim(
+                claim="Sink similarity correlates with recall",
+                source="paper B",
+                measured=f"pooled Pearson r(mean cos(u_0, u_j), R_N) = {r:+.3f} at N = {n_c} (across heads Spearman {float(corr.loc[n_c, 'across_heads_spearman']):+.3f})",
+                holds=bool(abs(r) >= 0.1),
+                criterion="|r| ≥ 0.1",
+                numbers={"N": n_c, "pooled_r": r},
+            )
         )
     scores = res["scores"]
     f = scores[(scores.metric == "f") & (scores.kind == "top") & (scores.N == n_c)].set_index("condition")["mean"]
     if MAIN in f.index and NO_SINK in f.index:
         keep, excl = float(f[MAIN]), float(f[NO_SINK])
         claims.append(
-            Claim(claim="F_N is about 2× lower when the sink is in the candidate set", source="French summary of paper B (docs/method.md §5; unverified)",
-                  measured=f"top-{n_c} F_N (cosine): with sink {keep:.3f}, without {excl:.3f} (ratio {keep / excl:.2f})" if excl else f"without sink F_N = 0",
-                  holds=bool(excl > 0 and keep <= 0.5 * excl), criterion="F_N with sink ≤ half of F_N without",
-                  numbers={"N": n_c, "with_sink": keep, "without_sink": excl})
+            Claim(
+                claim="F_N is about 2× lower when the sink is in the candidate set",
+                source="French summary of paper B (docs/method.md §5; unverified)",
+                measured=f"top-{n_c} F_N (cosine): with sink {keep:.3f}, without {excl:.3f} (ratio {keep / excl:.2f})"
+                if excl
+                else "without sink F_N = 0",
+                holds=bool(excl > 0 and keep <= 0.5 * excl),
+                criterion="F_N with sink ≤ half of F_N without",
+                numbers={"N": n_c, "with_sink": keep, "without_sink": excl},
+            )
         )
     return claims

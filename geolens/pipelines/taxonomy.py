@@ -37,7 +37,11 @@ class TaxonomyParams:
 
 def taxonomy_analyses(model, tokens, params: TaxonomyParams) -> dict:
     """The corpus analysis of the taxonomy pipeline (one pass over ``tokens``)."""
-    return {"taxonomy": TaxonomyAnalysis.for_model(model, space=params.space, queries=params.queries, prefix_lengths=params.prefix_lengths)}
+    return {
+        "taxonomy": TaxonomyAnalysis.for_model(
+            model, space=params.space, queries=params.queries, prefix_lengths=params.prefix_lengths
+        )
+    }
 
 
 @dataclass(kw_only=True)
@@ -50,22 +54,45 @@ class TaxonomyRun(TopicRun):
     def figures(self) -> dict:
         from geolens.viz.taxonomy import regime_grid_plot
 
-        return {"regime_grid": partial(regime_grid_plot, {self.parameters["label"]: self.taxonomy}, title=self.parameters["title"])}
+        return {
+            "regime_grid": partial(
+                regime_grid_plot, {self.parameters["label"]: self.taxonomy}, title=self.parameters["title"]
+            )
+        }
 
     def claims(self) -> list:
         return taxonomy_claims(self.taxonomy)
 
 
-def run_taxonomy(model, tokens, params: TaxonomyParams = TaxonomyParams(), *, analyses: dict | None = None, progress: bool = True,
-                 desc: str = "taxonomy") -> TaxonomyRun:  # fmt: skip
+def run_taxonomy(
+    model,
+    tokens,
+    params: TaxonomyParams = TaxonomyParams(),
+    *,
+    analyses: dict | None = None,
+    progress: bool = True,
+    desc: str = "taxonomy",
+) -> TaxonomyRun:
     """The taxonomy pipeline over the windows ``tokens`` ``[n, seq]`` (BOS first, unpadded).
 
     ``analyses``: :func:`taxonomy_analyses` already run over ``tokens`` (then no corpus pass here).
     """
-    analyses = streamed(model, tokens, analyses, lambda: taxonomy_analyses(model, tokens, params),
-                        batch_size=params.batch_size, progress=progress, desc=desc)  # fmt: skip
+    analyses = streamed(
+        model,
+        tokens,
+        analyses,
+        lambda: taxonomy_analyses(model, tokens, params),
+        batch_size=params.batch_size,
+        progress=progress,
+        desc=desc,
+    )
     tax = analyses["taxonomy"].result()
-    tables = {"heads": tax.table, "per_layer": tax.per_layer(), "offsets": tax.offset_table(), "by_length": tax.by_length()}
+    tables = {
+        "heads": tax.table,
+        "per_layer": tax.per_layer(),
+        "offsets": tax.offset_table(),
+        "by_length": tax.by_length(),
+    }
     return TaxonomyRun(parameters=asdict(params), tables=tables, taxonomy=tax)
 
 
@@ -78,12 +105,20 @@ def taxonomy_claims(tax) -> list:
     mixer, reset = float(dist["Mixer"]), float(dist["Reset"])
     dominant = "Mixer" if mixer > reset else "Reset" if reset > mixer else "neither"
     return [
-        Claim(claim=f"Retrievers are a minority of heads ({100 * lo:.1f}–{100 * hi:.1f}%)", source="paper B (docs/method.md §6; unconfirmed numbers)",
-              measured=f"Retriever {100 * retr:.1f}% of {tax.regimes.size} heads",
-              holds=bool(lo <= retr <= hi), criterion=f"share within [{100 * lo:.1f}%, {100 * hi:.1f}%]",
-              numbers={"retriever_share": retr}),
-        Claim(claim="Mixer- vs Reset-dominance depends on the architecture (LLaMA-3, Gemma: Mixer; LLaMA-2, Mistral: Reset)", source="paper B (docs/method.md §6; unconfirmed)",
-              measured=f"Mixer {100 * mixer:.1f}%, Reset {100 * reset:.1f}%: {dominant}-dominated",
-              holds=None, criterion="no prediction for this model's family is stated",
-              numbers={"mixer_share": mixer, "reset_share": reset, "dominant": dominant}),
+        Claim(
+            claim=f"Retrievers are a minority of heads ({100 * lo:.1f}–{100 * hi:.1f}%)",
+            source="paper B (docs/method.md §6; unconfirmed numbers)",
+            measured=f"Retriever {100 * retr:.1f}% of {tax.regimes.size} heads",
+            holds=bool(lo <= retr <= hi),
+            criterion=f"share within [{100 * lo:.1f}%, {100 * hi:.1f}%]",
+            numbers={"retriever_share": retr},
+        ),
+        Claim(
+            claim="Mixer- vs Reset-dominance depends on the architecture (LLaMA-3, Gemma: Mixer; LLaMA-2, Mistral: Reset)",
+            source="paper B (docs/method.md §6; unconfirmed)",
+            measured=f"Mixer {100 * mixer:.1f}%, Reset {100 * reset:.1f}%: {dominant}-dominated",
+            holds=None,
+            criterion="no prediction for this model's family is stated",
+            numbers={"mixer_share": mixer, "reset_share": reset, "dominant": dominant},
+        ),
     ]

@@ -112,8 +112,14 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec("contributions", "contributions"),
     SectionSpec("selection", "selection", requires=("geolens.selection.analysis", "geolens.viz.selection")),
     SectionSpec("taxonomy", "taxonomy", requires=("geolens.taxonomy", "geolens.viz.taxonomy")),
-    SectionSpec("faithfulness", "faithfulness", requires=("geolens.faithfulness", "geolens.faithfulness.ground_truth", "geolens.viz.faithfulness")),
-    SectionSpec("flow", "flow", requires=("geolens.flow", "geolens.flow_erasure", "geolens.flow_routes", "geolens.viz.flow")),
+    SectionSpec(
+        "faithfulness",
+        "faithfulness",
+        requires=("geolens.faithfulness", "geolens.faithfulness.ground_truth", "geolens.viz.faithfulness"),
+    ),
+    SectionSpec(
+        "flow", "flow", requires=("geolens.flow", "geolens.flow_erasure", "geolens.flow_routes", "geolens.viz.flow")
+    ),
     SectionSpec("pruning", "pruning", requires=("geolens.pruning", "geolens.taxonomy", "geolens.viz.faithfulness")),
 ]
 

@@ -28,7 +28,15 @@ class Reference:
         return f"{self.authors}. {self.title}. {self.venue}, {self.year}."
 
     def as_json(self) -> dict:
-        return {"key": self.key, "citation": self.short, "authors": self.authors, "title": self.title, "venue": self.venue, "year": self.year, "full": self.full}
+        return {
+            "key": self.key,
+            "citation": self.short,
+            "authors": self.authors,
+            "title": self.title,
+            "venue": self.venue,
+            "year": self.year,
+            "full": self.full,
+        }
 
 
 PAPER_A = Reference(
@@ -129,7 +137,20 @@ HOLM = Reference(
     year=1979,
 )
 
-REFERENCES: tuple[Reference, ...] = (PAPER_A, PAPER_B, KOBAYASHI, MOHEBBI, GU, SYED, ABNAR, FERRANDO, FERRANDO_VOITA, DEYOUNG, SUNDARARAJAN, HOLM)
+REFERENCES: tuple[Reference, ...] = (
+    PAPER_A,
+    PAPER_B,
+    KOBAYASHI,
+    MOHEBBI,
+    GU,
+    SYED,
+    ABNAR,
+    FERRANDO,
+    FERRANDO_VOITA,
+    DEYOUNG,
+    SUNDARARAJAN,
+    HOLM,
+)
 NICKNAMES = {"A": PAPER_A, "B": PAPER_B}
 
 # "papers A §3.2 and B", "paper A §2.2–3.1", "Paper B's", "paper B"

@@ -34,20 +34,32 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "sink_rate": ("sink rate α_i0", "mean attention to position 0 over queries i ≥ 1"),
     "sink_rate_std": ("sink rate SD", "standard deviation of α_i0 over queries"),
     "gu_score": ("first-token attention (Gu et al.)", "mean attention to the first token, query 0 included"),
-    "gu_sink_share": ("sink heads (share, ε = 0.3)", "share of heads whose first-token attention exceeds ε (Gu et al. 2024)"),
-    "value_norm_ratio": ("‖v_0‖ / mean‖v_j‖", "sink value norm over the mean non-sink value norm (value space; < 1: smaller sink)"),
+    "gu_sink_share": (
+        "sink heads (share, ε = 0.3)",
+        "share of heads whose first-token attention exceeds ε (Gu et al. 2024)",
+    ),
+    "value_norm_ratio": (
+        "‖v_0‖ / mean‖v_j‖",
+        "sink value norm over the mean non-sink value norm (value space; < 1: smaller sink)",
+    ),
     "proj_norm_ratio": ("‖ṽ_0‖ / mean‖ṽ_j‖", "the same ratio for projected values ṽ = v W_O"),
     "value_cos_tail": ("cos(v_0, v_j)", "mean cosine of the sink value with each non-sink value j > 0"),
     "proj_cos_tail": ("cos(ṽ_0, ṽ_j)", "the same cosine for projected values"),
     "value_cos_negative": ("cos(v_0, v_j) < 0 (share)", "share of non-sink values anti-aligned with the sink value"),
     "proj_cos_negative": ("cos(ṽ_0, ṽ_j) < 0 (share)", "the same share for projected values"),
-    "value_cos_mean_dir": ("cos(v_0, mean v_j)", "cosine of the sink value with the mean non-sink value (the semantic cone's direction)"),
+    "value_cos_mean_dir": (
+        "cos(v_0, mean v_j)",
+        "cosine of the sink value with the mean non-sink value (the semantic cone's direction)",
+    ),
     "proj_cos_mean_dir": ("cos(ṽ_0, mean ṽ_j)", "the same cosine for projected values"),
     # sinks: decomposition
     "source": ("source type", "sink (position 0) or tail (every other source)"),
     "share_attention": ("attention share of Var", "signed share of Var(log|c_ij|) due to log α_ij"),
     "share_relnorm": ("relative-norm share of Var", "signed share due to log ‖ṽ_j‖/‖o_i‖"),
-    "share_cosine": ("alignment share of Var", "signed share due to log |cos(o_i, ṽ_j)| (the three shares add up to 1)"),
+    "share_cosine": (
+        "alignment share of Var",
+        "signed share due to log |cos(o_i, ṽ_j)| (the three shares add up to 1)",
+    ),
     "mean_log_attention": ("mean log α_ij", "mean natural log of the attention factor"),
     "mean_log_relnorm": ("mean log ‖ṽ_j‖/‖o_i‖", "mean natural log of the relative-norm factor"),
     "mean_log_cosine": ("mean log |cos|", "mean natural log of the alignment factor"),
@@ -57,8 +69,14 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ppl": ("PPL", "perplexity exp(NLL)"),
     "delta_ppl": ("ΔPPL", "perplexity change against λ = 1"),
     "out_norm_low_norm": ("‖o_i^h‖, low-norm heads", "mean head-output norm over the low-norm heads"),
-    "cos_cone_low_norm": ("cos to cone, low-norm heads", "mean cosine of the head output with the semantic cone, low-norm heads"),
-    "relative_out_norm_low_norm": ("‖o_i^h‖/mean‖ṽ_j‖, low-norm heads", "head-output norm relative to the mean projected-value norm, low-norm heads"),
+    "cos_cone_low_norm": (
+        "cos to cone, low-norm heads",
+        "mean cosine of the head output with the semantic cone, low-norm heads",
+    ),
+    "relative_out_norm_low_norm": (
+        "‖o_i^h‖/mean‖ṽ_j‖, low-norm heads",
+        "head-output norm relative to the mean projected-value norm, low-norm heads",
+    ),
     "out_norm_other": ("‖o_i^h‖, other heads", "mean head-output norm over the other heads"),
     "cos_cone_other": ("cos to cone, other heads", "mean cosine with the semantic cone, other heads"),
     "relative_out_norm_other": ("‖o_i^h‖/mean‖ṽ_j‖, other heads", "relative head-output norm, other heads"),
@@ -84,7 +102,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "Reset": ("Reset", "heads (or share) whose winners are mostly other tokens"),
     "regime": ("regime", "largest winner share of the head"),
     "label": ("label", "regime with its dominant offset"),
-    "share_other": ("'other' winners (share)", "share of the head's queries won by neither the sink nor the current token"),
+    "share_other": (
+        "'other' winners (share)",
+        "share of the head's queries won by neither the sink nor the current token",
+    ),
     "top_offset": ("top offset w_i − i", "most frequent relative position of the 'other' winners"),
     "top_offset_share": ("top offset (share of queries)", "share of all the head's queries won at that offset"),
     "top_offset_share_of_other": ("top offset (share of 'other')", "share of the 'other' winners at that offset"),
@@ -98,16 +119,31 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "a": ("metric a", "first metric of the pair"),
     "b": ("metric b", "second metric of the pair"),
     "auc_diff": ("AUC difference b − a", "paired difference of the areas under the curves (+ = b more faithful)"),
-    "verdict": ("verdict", "holds / tie / reversed by the interval; not testable when both sides coincide by construction; "
-                "indicative (n = …) below the minimum sample of the claims rule"),
+    "verdict": (
+        "verdict",
+        "holds / tie / reversed by the interval; not testable when both sides coincide by construction; "
+        "indicative (n = …) below the minimum sample of the claims rule",
+    ),
     "claimed": ("in the claimed order", "whether the pair is a step of the claimed order"),
     "metric": ("metric", "attribution metric that ranks the terms"),
     "auc": ("AUC", "area under the curve over k (trapezoid rule)"),
     # faithfulness, per-term endpoint (protocol 2)
-    "scope": ("scope", "term: one head's term α_ij^h ṽ_j^h removed; source: source j removed from every head of the layer"),
-    "outcome": ("outcome", "KL(clean ‖ removed) of the next-token distribution, or the drop of the clean top-1 probability"),
-    "spearman": ("mean Spearman ρ", "mean over positions of the rank correlation between the metric's scores and the measured effects"),
-    "top5": ("top-5 overlap", "mean share of the 5 terms with the largest effect that the metric also ranks in its top 5"),
+    "scope": (
+        "scope",
+        "term: one head's term α_ij^h ṽ_j^h removed; source: source j removed from every head of the layer",
+    ),
+    "outcome": (
+        "outcome",
+        "KL(clean ‖ removed) of the next-token distribution, or the drop of the clean top-1 probability",
+    ),
+    "spearman": (
+        "mean Spearman ρ",
+        "mean over positions of the rank correlation between the metric's scores and the measured effects",
+    ),
+    "top5": (
+        "top-5 overlap",
+        "mean share of the 5 terms with the largest effect that the metric also ranks in its top 5",
+    ),
     "n_positions": ("positions", "(layer, query) positions behind the number"),
     "n_documents": ("documents", "documents (here: windows) behind the number, the clusters of the bootstrap"),
     "estimate": ("Δ b − a", "paired difference of the means (+ = b better)"),
@@ -118,18 +154,33 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "method": ("method", "attribution method ranking the input tokens"),
     "method_a": ("method a", "first method of the pair"),
     "method_b": ("method b", "second method of the pair"),
-    "erasure": ("erasure", "comprehensiveness erases the top-ranked input tokens, sufficiency every erasable token but those"),
-    "naopc": ("nAOPC", "normalised AOPC: mean over the fractions of KL(clean ‖ erased) / KL with every erasable token erased"),
+    "erasure": (
+        "erasure",
+        "comprehensiveness erases the top-ranked input tokens, sufficiency every erasable token but those",
+    ),
+    "naopc": (
+        "nAOPC",
+        "normalised AOPC: mean over the fractions of KL(clean ‖ erased) / KL with every erasable token erased",
+    ),
     "delta": ("Δ b − a", "paired nAOPC difference, signed so that + = b more faithful"),
     "rank": ("rank", "1 = the largest share"),
     "position": ("position", "input position (0 = BOS)"),
     "token": ("token", "the input token at that position"),
     "share": ("share", "share of the prediction's residual stream coming from that position (rows sum to 1)"),
     "queries_checked": ("queries", "second occurrences checked"),
-    "passed": ("passed", "queries whose largest share outside the query is on the token that followed the first occurrence"),
+    "passed": (
+        "passed",
+        "queries whose largest share outside the query is on the token that followed the first occurrence",
+    ),
     "passed_no_bos": ("passed without BOS", "the same, with BOS left out of the comparison"),
-    "median_rank_target": ("median rank of that token", "median rank of the expected source among the query's sources (1 = top)"),
-    "median_gap_when_failing": ("median miss", "median gap between the largest share and the expected source's share, over the failing queries"),
+    "median_rank_target": (
+        "median rank of that token",
+        "median rank of the expected source among the query's sources (1 = top)",
+    ),
+    "median_gap_when_failing": (
+        "median miss",
+        "median gap between the largest share and the expected source's share, over the failing queries",
+    ),
     # pruning
     "order": ("order", "pruning order (random: a random permutation of the heads with that seed)"),
 }
@@ -190,9 +241,13 @@ def humanise_values(df):
         if key == "quantity":
             out[col] = out[col].map(lambda v: QUANTITY_VALUES.get(v, v))
         elif key == "order":
-            out[col] = out[col].map(lambda v: re.sub(r"^random_(\d+)$", r"random (seed \1)", v) if isinstance(v, str) else v)
+            out[col] = out[col].map(
+                lambda v: re.sub(r"^random_(\d+)$", r"random (seed \1)", v) if isinstance(v, str) else v
+            )
         elif key in _METRIC_COLUMNS:
             out[col] = out[col].map(lambda v: _metric_label(v) if isinstance(v, str) else v)
         elif key == "claimed":
-            out[col] = out[col].map(lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, (bool, np.bool_)) else v)
+            out[col] = out[col].map(
+                lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, (bool, np.bool_)) else v
+            )
     return out

@@ -121,9 +121,24 @@ def compare_figures(reports: Sequence[dict], labels: Sequence[str]) -> list[Plot
             ax.plot(x, y, marker="o", ms=3, color=colors[i % len(colors)], label=lab)
         if ylim[0] < 0:
             ax.axhline(0, color="#999", lw=0.8)
-        ax.set(xlim=(0, 1), ylim=ylim, xlabel="relative depth l / (n_layers − 1)", ylabel=f"{header(column)} (mean over heads)", title=title)
+        ax.set(
+            xlim=(0, 1),
+            ylim=ylim,
+            xlabel="relative depth l / (n_layers − 1)",
+            ylabel=f"{header(column)} (mean over heads)",
+            title=title,
+        )
         _outside_legend(ax)
-        figs.append(PlotView(fig, title=title, data={"column": column, "series": {k: {"relative_depth": v[0], "mean": v[1]} for k, v in series.items()}}))
+        figs.append(
+            PlotView(
+                fig,
+                title=title,
+                data={
+                    "column": column,
+                    "series": {k: {"relative_depth": v[0], "mean": v[1]} for k, v in series.items()},
+                },
+            )
+        )
     tax = {lab: _taxonomy(r) for lab, r in zip(labels, reports)}
     tax = {k: v for k, v in tax.items() if v}
     if tax:
@@ -133,7 +148,9 @@ def compare_figures(reports: Sequence[dict], labels: Sequence[str]) -> list[Plot
         width = 0.8 / len(tax)
         for i, (lab, d) in enumerate(tax.items()):
             xs = np.arange(len(cats)) + (i - (len(tax) - 1) / 2) * width
-            ax.bar(xs, [d[c] if np.isfinite(d[c]) else 0 for c in cats], width, color=colors[i % len(colors)], label=lab)
+            ax.bar(
+                xs, [d[c] if np.isfinite(d[c]) else 0 for c in cats], width, color=colors[i % len(colors)], label=lab
+            )
         ax.set_xticks(np.arange(len(cats)), cats)
         ax.set(ylim=(0, 1), ylabel="share of heads", title="Head taxonomy: regime shares and offset-dominated heads")
         _outside_legend(ax)
@@ -148,9 +165,16 @@ def compare_figures(reports: Sequence[dict], labels: Sequence[str]) -> list[Plot
             ax.plot(d["N"], d["top"], marker="o", color=c, label=f"{lab}: top-N")
             ax.plot(d["N"], d["random"], marker="x", ls="--", color=c, label=f"{lab}: random N-set")
         ax.set_xscale("log", base=2)
-        ax.set(ylim=(0, 1), xlabel="N (log scale)", ylabel="F_N (document mean)", title=f"Selection separability ({SELECTION_MAIN})")
+        ax.set(
+            ylim=(0, 1),
+            xlabel="N (log scale)",
+            ylabel="F_N (document mean)",
+            title=f"Selection separability ({SELECTION_MAIN})",
+        )
         _outside_legend(ax)
-        figs.append(PlotView(fig, title="Selection separability F_N", data={"condition": SELECTION_MAIN, "series": sel}))
+        figs.append(
+            PlotView(fig, title="Selection separability F_N", data={"condition": SELECTION_MAIN, "series": sel})
+        )
     return figs
 
 
@@ -174,12 +198,28 @@ def compare_claims(reports: Sequence[dict], labels: Sequence[str]) -> list[dict]
         for c in rep.get("claims", []):
             key = (c.get("section", ""), c["claim"])
             source = c.get("source", "")
-            row = rows.setdefault(key, {"section": key[0], "claim": c["claim"], "source": source, "citation": c.get("citation") or cite_text(source),
-                                        "references": [r.full for r in references_of(source)], "criterion": c.get("criterion", ""), "models": {}})  # fmt: skip
+            row = rows.setdefault(
+                key,
+                {
+                    "section": key[0],
+                    "claim": c["claim"],
+                    "source": source,
+                    "citation": c.get("citation") or cite_text(source),
+                    "references": [r.full for r in references_of(source)],
+                    "criterion": c.get("criterion", ""),
+                    "models": {},
+                },
+            )
             claim = Claim.from_json(c)  # the verdict rule applied again: the same rule for every run
             decided = claim.decision in ("holds", "does not hold")
-            row["models"][lab] = {"measured": _measured(c["measured"]), "verdict": claim.verdict, "decision": claim.decision, "why": claim.why,
-                                  "holds": claim.holds if decided else None, "sample": claim.sample}  # fmt: skip
+            row["models"][lab] = {
+                "measured": _measured(c["measured"]),
+                "verdict": claim.verdict,
+                "decision": claim.decision,
+                "why": claim.why,
+                "holds": claim.holds if decided else None,
+                "sample": claim.sample,
+            }
     for row in rows.values():
         for lab in labels:
             row["models"].setdefault(lab, None)
@@ -199,7 +239,12 @@ def compare_reports(reports: Sequence[dict]) -> dict[str, Any]:
         "geolens_compare": 1,
         "models": labels,
         "runs": {
-            lab: {"path": r.get("_path"), "params": r.get("params", {}), "versions": r.get("versions", {}), "created": r.get("created")}
+            lab: {
+                "path": r.get("_path"),
+                "params": r.get("params", {}),
+                "versions": r.get("versions", {}),
+                "created": r.get("created"),
+            }
             for lab, r in zip(labels, reports)
         },
         "claims": claims,
@@ -222,22 +267,48 @@ def render_compare_html(cmp: dict) -> str:
     data, figs = cmp["data"], cmp["figures"]
     labels = data["models"]
     runs = [
-        dict(label=lab, corpus=str(r["params"].get("corpus")), n_sequences=r["params"].get("n_sequences"), seq_len=r["params"].get("seq_len"),
-             quick=bool(r["params"].get("quick")), model_mode=str(r["versions"].get("model_mode", "?")),
-             geolens=str(r["versions"].get("geolens", "?")), path=str(r.get("path")))
+        dict(
+            label=lab,
+            corpus=str(r["params"].get("corpus")),
+            n_sequences=r["params"].get("n_sequences"),
+            seq_len=r["params"].get("seq_len"),
+            quick=bool(r["params"].get("quick")),
+            model_mode=str(r["versions"].get("model_mode", "?")),
+            geolens=str(r["versions"].get("geolens", "?")),
+            path=str(r.get("path")),
+        )
         for lab, r in data["runs"].items()
-    ]  # fmt: skip
+    ]
     rows = [
-        dict(claim=cite_text(row["claim"]), section=row["section"], source=source_html(row["source"]), criterion=cite_text(row["criterion"]),
-             agree=row["agree"], cells=[None if row["models"][l] is None else dict(row["models"][l], measured=cite_text(row["models"][l]["measured"]))
-                                        for l in labels])
+        dict(
+            claim=cite_text(row["claim"]),
+            section=row["section"],
+            source=source_html(row["source"]),
+            criterion=cite_text(row["criterion"]),
+            agree=row["agree"],
+            cells=[
+                None
+                if row["models"][l] is None
+                else dict(row["models"][l], measured=cite_text(row["models"][l]["measured"]))
+                for l in labels
+            ],
+        )
         for row in data["claims"]
-    ]  # fmt: skip
-    n_indicative = sum(1 for row in data["claims"] for m in row["models"].values() if m and m["decision"] == "indicative")
+    ]
+    n_indicative = sum(
+        1 for row in data["claims"] for m in row["models"].values() if m and m["decision"] == "indicative"
+    )
     return render_page(
-        "compare.html.j2", page_class="compare", references=references_html(), labels=labels, runs=runs, rows=rows,
-        n_indicative=n_indicative, legend=COMPARE_LEGEND, figures=[{"title": f.title, "png": f.to_base64_png()} for f in figs],
-    )  # fmt: skip
+        "compare.html.j2",
+        page_class="compare",
+        references=references_html(),
+        labels=labels,
+        runs=runs,
+        rows=rows,
+        n_indicative=n_indicative,
+        legend=COMPARE_LEGEND,
+        figures=[{"title": f.title, "png": f.to_base64_png()} for f in figs],
+    )
 
 
 def write_comparison(reports: Sequence[dict], out: str | Path) -> dict[str, Path]:

@@ -34,14 +34,19 @@ MEASURES = ("sink_attention", "sink_contribution", "top1_agreement", "negative_s
 
 
 def contrast_samples(
-    pattern: Float[Tensor, "batch head query key"], contribution: Float[Tensor, "batch head query key"], *, window: int | None = None
+    pattern: Float[Tensor, "batch head query key"],
+    contribution: Float[Tensor, "batch head query key"],
+    *,
+    window: int | None = None,
 ) -> dict[str, Float[Tensor, "batch head query_minus_1"]]:
     """The four per-query measures of the module docstring for queries 1 … n−1, over the visible
     keys (within the sliding ``window`` of a local layer, :mod:`geolens.visibility`); the sink
     measures are NaN (left out) for a query that cannot see the sink."""
     n = pattern.shape[-1]
     if pattern.shape != contribution.shape or pattern.shape[-2] != n:
-        raise ValueError(f"pattern {tuple(pattern.shape)} and contribution {tuple(contribution.shape)} must be equal and square")
+        raise ValueError(
+            f"pattern {tuple(pattern.shape)} and contribution {tuple(contribution.shape)} must be equal and square"
+        )
     if n < 2:
         raise ValueError("need at least two positions (the sink and one query)")
     visible = visible_keys(n, n, window, device=pattern.device)
@@ -78,7 +83,9 @@ class ContributionContrast(CorpusAnalysis):
         per_layer = {name: [] for name in MEASURES}
         for l in range(self.n_layers):
             layer = get_attention_layer(model, cache, l)
-            samples = contrast_samples(layer.pattern, contribution_weights_from_layer(layer, "intra"), window=sliding_window(model, l))
+            samples = contrast_samples(
+                layer.pattern, contribution_weights_from_layer(layer, "intra"), window=sliding_window(model, l)
+            )
             for name, x in samples.items():  # [b, h, q-1] -> [b*(q-1), h]
                 per_layer[name].append(x.permute(0, 2, 1).reshape(-1, x.shape[1]))
         for name, xs in per_layer.items():

@@ -167,23 +167,52 @@ def render_html(report: Report) -> str:
     """One self-contained page: bundle inlined, PNGs embedded, no external resource."""
     p, v = report.params, report.versions
     claims = [
-        dict(claim=cite_text(c.claim), source=source_html(c.source), measured=cite_text(c.measured), verdict=c.verdict,
-             decision=c.decision, why=c.why, criterion=cite_text(c.criterion), section_key=s.key, section_title=s.title)
-        for s in report.sections for c in s.claims
-    ]  # fmt: skip
-    sections = [
-        dict(key=s.key, title=s.title, intro=cite_text(s.intro),  # intros are written by geolens (trusted markup)
-             params=json.dumps(to_jsonable(s.params)) if s.params else "", seconds=f"{s.seconds:.1f}",
-             figures=[_figure(f) for f in s.figures],
-             tables=[dict(caption=cite_text(caption), html=_table_html(df), legend=table_legend(df, *note)) for caption, df, *note in s.tables])
+        dict(
+            claim=cite_text(c.claim),
+            source=source_html(c.source),
+            measured=cite_text(c.measured),
+            verdict=c.verdict,
+            decision=c.decision,
+            why=c.why,
+            criterion=cite_text(c.criterion),
+            section_key=s.key,
+            section_title=s.title,
+        )
         for s in report.sections
-    ]  # fmt: skip
+        for c in s.claims
+    ]
+    sections = [
+        dict(
+            key=s.key,
+            title=s.title,
+            intro=cite_text(s.intro),  # intros are written by geolens (trusted markup)
+            params=json.dumps(to_jsonable(s.params)) if s.params else "",
+            seconds=f"{s.seconds:.1f}",
+            figures=[_figure(f) for f in s.figures],
+            tables=[
+                dict(caption=cite_text(caption), html=_table_html(df), legend=table_legend(df, *note))
+                for caption, df, *note in s.tables
+            ],
+        )
+        for s in report.sections
+    ]
     return render_page(
-        "report.html.j2", page_class="", bundle=bundle_script(), references=references_html(),
-        model=str(p.get("model")), model_mode=v.get("model_mode", "?"), corpus=str(p.get("corpus")),
-        n_sequences=p.get("n_sequences"), seq_len=p.get("seq_len"), quick=bool(p.get("quick")), created=report.created,
+        "report.html.j2",
+        page_class="",
+        bundle=bundle_script(),
+        references=references_html(),
+        model=str(p.get("model")),
+        model_mode=v.get("model_mode", "?"),
+        corpus=str(p.get("corpus")),
+        n_sequences=p.get("n_sequences"),
+        seq_len=p.get("seq_len"),
+        quick=bool(p.get("quick")),
+        created=report.created,
         versions=[(k, str(val)) for k, val in v.items() if k != "model_mode"],
-        cite_a=_ref_link("cunningham2026"), cite_b=_ref_link("mudarisov2026"),
-        claims=claims, n_indicative=sum(c["decision"] == "indicative" for c in claims), claims_legend=CLAIMS_LEGEND,
+        cite_a=_ref_link("cunningham2026"),
+        cite_b=_ref_link("mudarisov2026"),
+        claims=claims,
+        n_indicative=sum(c["decision"] == "indicative" for c in claims),
+        claims_legend=CLAIMS_LEGEND,
         sections=sections,
-    )  # fmt: skip
+    )

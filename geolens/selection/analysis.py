@@ -39,7 +39,13 @@ from torch import Tensor
 
 from geolens import geometry
 from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, model_mode, sliding_window
-from geolens.selection.baseline import document_means, document_means_ci, paired_comparison, random_rankings, win_tie_loss
+from geolens.selection.baseline import (
+    document_means,
+    document_means_ci,
+    paired_comparison,
+    random_rankings,
+    win_tie_loss,
+)
 from geolens.selection.bounds import bound_violations
 from geolens.selection.scores import Separation, _norms, aggregate, layer_contributions, selection_scores_multi
 from geolens.streaming import Accumulator, CorpusAnalysis, Moments, Sum
@@ -250,7 +256,16 @@ class SelectionAnalysis(CorpusAnalysis):
                 tops = selection_scores_multi(y, ranking, visible, self.sizes, distances=kinds, gram=gram, sink=sink)
                 rand_kinds = tuple(dict.fromkeys(c.distance for c in conds if c.random))
                 rnds = (
-                    selection_scores_multi(y, rand, visible, self.sizes, distances=rand_kinds, gram=gram, sink=sink, bounds=self.random_bounds)
+                    selection_scores_multi(
+                        y,
+                        rand,
+                        visible,
+                        self.sizes,
+                        distances=rand_kinds,
+                        gram=gram,
+                        sink=sink,
+                        bounds=self.random_bounds,
+                    )
                     if rand_kinds
                     else {}
                 )
@@ -314,9 +329,13 @@ class SelectionAnalysis(CorpusAnalysis):
 
     def _count_violations(self, key: str, sep: Separation) -> None:
         v = bound_violations(sep)
-        self.violations[key].update(torch.tensor([v["n_cases"], v["precision_bound"], v["recall_bound"], v["equivalence"]], dtype=torch.float64))
+        self.violations[key].update(
+            torch.tensor([v["n_cases"], v["precision_bound"], v["recall_bound"], v["equivalence"]], dtype=torch.float64)
+        )
 
-    def _head_stats(self, l: int, layer, y: Tensor, ranking: Tensor, visible: Tensor, top: Separation, window: int | None = None) -> None:
+    def _head_stats(
+        self, l: int, layer, y: Tensor, ranking: Tensor, visible: Tensor, top: Separation, window: int | None = None
+    ) -> None:
         nN = len(self.sizes)
         h = top.f.shape[1]
         for acc, x in ((self.head_recall, top.recall), (self.head_f, top.f)):
@@ -327,7 +346,9 @@ class SelectionAnalysis(CorpusAnalysis):
         tail = sink_window_keys(u.shape[1], window, device=u.device)[1:]  # keys sharing a window with the sink
         align = cos[:, tail].mean(1)  # [b, h]: signed sink alignment of the window
         _merge_slice(self.head_sink_alignment, l, Moments((h,)).update(align, dim=0))
-        self.corr_alignment.update(align[:, :, None, None].expand_as(top.recall).reshape(-1, nN), top.recall.reshape(-1, nN), dim=0)
+        self.corr_alignment.update(
+            align[:, :, None, None].expand_as(top.recall).reshape(-1, nN), top.recall.reshape(-1, nN), dim=0
+        )
         # cos(y_0, s_N): the sink's contribution against the top-N aggregate of the main condition
         sink = self.conditions[0].sink
         y0 = y[..., 0, :]
@@ -353,41 +374,83 @@ class SelectionAnalysis(CorpusAnalysis):
             kinds = ["top"] + (["random"] if c.random else [])
             if c.random:
                 t = paired_comparison(
-                    self.per_document(f"{c.name}|top|f"), self.per_document(f"{c.name}|random|f"),
-                    self.per_document(f"{c.name}|win"), self.sizes, n_boot=n_boot, seed=seed,
-                )  # fmt: skip
+                    self.per_document(f"{c.name}|top|f"),
+                    self.per_document(f"{c.name}|random|f"),
+                    self.per_document(f"{c.name}|win"),
+                    self.sizes,
+                    n_boot=n_boot,
+                    seed=seed,
+                )
                 t.insert(0, "condition", c.name)
                 t["tie_share"] = np.nanmean(self.per_document(f"{c.name}|tie"), axis=0)
                 comparison.append(t)
             for kind in kinds:
                 for m in METRICS:
-                    mean, lo, hi = document_means_ci(self.per_document(f"{c.name}|{kind}|{m}"), n_boot=n_boot, seed=seed)
+                    mean, lo, hi = document_means_ci(
+                        self.per_document(f"{c.name}|{kind}|{m}"), n_boot=n_boot, seed=seed
+                    )
                     for k, n in enumerate(self.sizes):
-                        scores.append(dict(condition=c.name, space=c.space, distance=c.distance, by=c.by, sink=c.sink, kind=kind, metric=m, N=n, mean=mean[k], lo=lo[k], hi=hi[k]))
+                        scores.append(
+                            dict(
+                                condition=c.name,
+                                space=c.space,
+                                distance=c.distance,
+                                by=c.by,
+                                sink=c.sink,
+                                kind=kind,
+                                metric=m,
+                                N=n,
+                                mean=mean[k],
+                                lo=lo[k],
+                                hi=hi[k],
+                            )
+                        )
                 lf = self.layer_f[f"{c.name}|{kind}"].mean
                 for l in range(self.n_layers):
                     for k, n in enumerate(self.sizes):
                         by_layer.append(dict(condition=c.name, kind=kind, layer=l, N=n, f=float(lf[l, k])))
                 v = self.violations[f"{c.name}|{kind}"].total.tolist()
-                viol.append(dict(condition=c.name, kind=kind, n_cases=int(v[0]), precision_bound=int(v[1]), recall_bound=int(v[2]), equivalence=int(v[3])))
+                viol.append(
+                    dict(
+                        condition=c.name,
+                        kind=kind,
+                        n_cases=int(v[0]),
+                        precision_bound=int(v[1]),
+                        recall_bound=int(v[2]),
+                        equivalence=int(v[3]),
+                    )
+                )
             for k, n in enumerate(self.sizes):
                 sink_rows.append(dict(condition=c.name, N=n, sink_in_top_share=float(self.sink_in_top[c.name].mean[k])))
         heads = []
         for l in range(self.n_layers):
             for h in range(self.n_heads):
                 for k, n in enumerate(self.sizes):
-                    heads.append(dict(layer=l, head=h, N=n, recall=float(self.head_recall.mean[l, h, k]), f=float(self.head_f.mean[l, h, k]), sink_alignment=float(self.head_sink_alignment.mean[l, h])))
+                    heads.append(
+                        dict(
+                            layer=l,
+                            head=h,
+                            N=n,
+                            recall=float(self.head_recall.mean[l, h, k]),
+                            f=float(self.head_f.mean[l, h, k]),
+                            sink_alignment=float(self.head_sink_alignment.mean[l, h]),
+                        )
+                    )
         heads = pd.DataFrame(heads)
         corr = []
         r_align = self.corr_alignment.pearson()
         r_agg = self.corr_sink_aggregate.pearson()
         for k, n in enumerate(self.sizes):
             hk = heads[heads.N == n]
-            corr.append(dict(
-                N=n, pooled_r_sink_alignment_recall=float(r_align[k]), pooled_r_sink_aggregate_recall=float(r_agg[k]),
-                across_heads_pearson=float(hk[["sink_alignment", "recall"]].corr().iloc[0, 1]),
-                across_heads_spearman=float(hk[["sink_alignment", "recall"]].corr(method="spearman").iloc[0, 1]),
-            ))  # fmt: skip
+            corr.append(
+                dict(
+                    N=n,
+                    pooled_r_sink_alignment_recall=float(r_align[k]),
+                    pooled_r_sink_aggregate_recall=float(r_agg[k]),
+                    across_heads_pearson=float(hk[["sink_alignment", "recall"]].corr().iloc[0, 1]),
+                    across_heads_spearman=float(hk[["sink_alignment", "recall"]].corr(method="spearman").iloc[0, 1]),
+                )
+            )
         return {
             "comparison": pd.concat(comparison, ignore_index=True) if comparison else pd.DataFrame(),
             "scores": pd.DataFrame(scores),

@@ -65,8 +65,6 @@ def document_means_ci(
     return mean, lo, hi
 
 
-
-
 def win_tie_loss(top: Tensor, rand_mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Boolean masks (win, tie, loss) of top-N against the random mean; NaN → all False."""
     valid = ~(torch.isnan(top) | torch.isnan(rand_mean))
@@ -93,7 +91,9 @@ def paired_comparison(
     rnd = np.asarray(random_per_doc, dtype=np.float64)
     win = np.asarray(win_per_doc, dtype=np.float64)
     if not (top.shape == rnd.shape == win.shape) or top.shape[1] != len(sizes):
-        raise ValueError(f"per-document arrays must all be [doc, {len(sizes)}], got {top.shape}, {rnd.shape}, {win.shape}")
+        raise ValueError(
+            f"per-document arrays must all be [doc, {len(sizes)}], got {top.shape}, {rnd.shape}, {win.shape}"
+        )
     rows = []
     for k, n in enumerate(sizes):
         # the same seed: the same document resamples for top-N, random, their difference and the wins
@@ -103,9 +103,20 @@ def paired_comparison(
         w, wl, wh = document_means_ci(win[:, k], n_boot=n_boot, seed=seed)
         rows.append(
             dict(
-                N=int(n), n_docs=int((~np.isnan(top[:, k])).sum()),
-                top=t[0], top_lo=tl[0], top_hi=th[0], random=r[0], random_lo=rl[0], random_hi=rh[0],
-                diff=d[0], diff_lo=dl[0], diff_hi=dh[0], win_share=w[0], win_lo=wl[0], win_hi=wh[0],
-            )  # fmt: skip
+                N=int(n),
+                n_docs=int((~np.isnan(top[:, k])).sum()),
+                top=t[0],
+                top_lo=tl[0],
+                top_hi=th[0],
+                random=r[0],
+                random_lo=rl[0],
+                random_hi=rh[0],
+                diff=d[0],
+                diff_lo=dl[0],
+                diff_hi=dh[0],
+                win_share=w[0],
+                win_lo=wl[0],
+                win_hi=wh[0],
+            )
         )
     return pd.DataFrame(rows)

@@ -61,7 +61,10 @@ def keep_top_n_nll(
             acc.update(torch.tensor([s, c], dtype=torch.float64))
             bar.update(1)
     bar.close()
-    rows = [dict(ranking=by, N=n, nll=float(acc.total[0] / acc.total[1]), n_tokens=int(acc.total[1])) for (by, n), acc in sums.items()]
+    rows = [
+        dict(ranking=by, N=n, nll=float(acc.total[0] / acc.total[1]), n_tokens=int(acc.total[1]))
+        for (by, n), acc in sums.items()
+    ]
     table = pd.DataFrame(rows)
     base = float(table.loc[table.ranking == "none", "nll"].iloc[0])
     table["relative_increase"] = (table["nll"] - base) / base

@@ -79,7 +79,9 @@ def window_regime(layer, space: str = "value", *, window: int | None = None) -> 
     }
 
 
-def attention_profile(pattern: Float[Tensor, "batch head query key"], *, window: int | None = None) -> Float[Tensor, "batch head distance"]:
+def attention_profile(
+    pattern: Float[Tensor, "batch head query key"], *, window: int | None = None
+) -> Float[Tensor, "batch head distance"]:
     """α_{t, t−δ} of the final query t for δ = 0 … t (δ = t is the sink); NaN for δ ≥ W, the
     keys outside a sliding ``window``."""
     prof = pattern[:, :, -1].flip(-1)
@@ -181,7 +183,15 @@ class RegimeAnalysis(CorpusAnalysis):
                 rows.append(row)
         heads = pd.DataFrame(rows)
         summary = heads.drop(columns=["layer", "head"]).median().to_dict()
-        return {"heads": heads, "lag_sim": lag, "profile": torch.where(self.profile.count > 0, self.profile.mean, torch.nan).numpy(), "summary": summary, "n_windows": int(self.n_windows.total), "space": self.space, "model_mode": self.model_mode}
+        return {
+            "heads": heads,
+            "lag_sim": lag,
+            "profile": torch.where(self.profile.count > 0, self.profile.mean, torch.nan).numpy(),
+            "summary": summary,
+            "n_windows": int(self.n_windows.total),
+            "space": self.space,
+            "model_mode": self.model_mode,
+        }
 
 
 def fit_exponential_decay(sim: np.ndarray, lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -68,9 +68,7 @@ def source_ranks(ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... k
     return rank
 
 
-def top_n_mask(
-    ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... key"], n: int
-) -> Bool[Tensor, "... key"]:
+def top_n_mask(ranking: Float[Tensor, "... key"], visible: Bool[Tensor, "... key"], n: int) -> Bool[Tensor, "... key"]:
     """S = the n visible sources with the largest ranking, ties broken by increasing index."""
     return (source_ranks(ranking, visible) < n) & visible
 
@@ -102,7 +100,9 @@ def distances(
     return _distances(y, selected, (distance,), gram, y_sq)[distance]
 
 
-def _distances(y: Tensor, selected: Tensor, kinds: Sequence[str], gram: Tensor | None, y_sq: Tensor | None) -> dict[str, Tensor]:
+def _distances(
+    y: Tensor, selected: Tensor, kinds: Sequence[str], gram: Tensor | None, y_sq: Tensor | None
+) -> dict[str, Tensor]:
     """:func:`distances` for several distance kinds sharing s_N and ⟨y_i, s_N⟩."""
     for kind in kinds:
         check_choice(kind, ("euclidean", "cosine"), name="distance")
@@ -165,7 +165,11 @@ class Separation:
 
 
 def separation_from_distances(
-    D: Float[Tensor, "... key"], selected: Bool[Tensor, "... key"], visible: Bool[Tensor, "... key"], *, bounds: bool = True
+    D: Float[Tensor, "... key"],
+    selected: Bool[Tensor, "... key"],
+    visible: Bool[Tensor, "... key"],
+    *,
+    bounds: bool = True,
 ) -> Separation:
     """P_N, R_N, F_N (docs/method.md §5) and the inversion bounds from distances and the selected set.
 
@@ -256,7 +260,9 @@ def apply_sink_mode(ranking: Tensor, visible: Tensor, sink: Sink) -> tuple[Tenso
     return ranking, visible
 
 
-def aggregate(y: Float[Tensor, "... key d"], ranking: Tensor, visible: Tensor, n: int, sink: Sink = "keep") -> Float[Tensor, "... d"]:
+def aggregate(
+    y: Float[Tensor, "... key d"], ranking: Tensor, visible: Tensor, n: int, sink: Sink = "keep"
+) -> Float[Tensor, "... d"]:
     """s_N = Σ_{i∈S} y_i for the top-n set under the sink rule."""
     ranking, visible = apply_sink_mode(ranking, visible, sink)
     selected = top_n_mask(ranking, visible, int(n))

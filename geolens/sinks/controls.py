@@ -55,7 +55,6 @@ from geolens.sinks.drift import head_cone_statistics, next_token_nll
 from geolens.stats import bootstrap_indices, percentile_ci, resample_means
 from geolens.stats import verdict as ci_verdict
 
-
 ALL = "all"
 ROTATE_POOLED = "rotate (pooled)"
 
@@ -77,9 +76,13 @@ def default_conditions(lambdas: Sequence[float] = (0.0, 2.0), seeds: Sequence[in
 def _window_layer_stats(model, cache, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """Per batch row: mean ‖o_i^h‖ and mean cos(o_i^h, s_i^h) over heads and queries i ≥ 1 that
     can see the sink (queries outside a sliding window are NaN and left out)."""
-    norm, cos, _ = head_cone_statistics(get_attention_layer(model, cache, layer, dtype=torch.float64), window=sliding_window(model, layer))
+    norm, cos, _ = head_cone_statistics(
+        get_attention_layer(model, cache, layer, dtype=torch.float64), window=sliding_window(model, layer)
+    )
     b = norm.shape[0]
-    return torch.nanmean(norm.reshape(b, -1), dim=1).cpu().numpy(), torch.nanmean(cos.reshape(b, -1), dim=1).cpu().numpy()
+    return torch.nanmean(norm.reshape(b, -1), dim=1).cpu().numpy(), torch.nanmean(
+        cos.reshape(b, -1), dim=1
+    ).cpu().numpy()
 
 
 def corpus_pass(model, tokens: torch.Tensor, *, batch_size: int = 8, progress: bool = False):
@@ -122,7 +125,15 @@ def _capture_hooks(layers, store: dict):
     return [(hook_name(l, n), make(hook_name(l, n))) for l in layers for n in (VALUE, PATTERN)]
 
 
-def edited_window(model, window: torch.Tensor, specs: Sequence[SinkEditSpec], layers: Sequence[int], *, corpus_means=None, position=None):
+def edited_window(
+    model,
+    window: torch.Tensor,
+    specs: Sequence[SinkEditSpec],
+    layers: Sequence[int],
+    *,
+    corpus_means=None,
+    position=None,
+):
     """One window ``[1, pos]`` under every spec (one row each, branched at the first edited layer).
 
     Returns per spec: mean next-token NLL, and mean ‖o_i^h‖ and cos(o_i^h, s_i^h) over the
@@ -180,15 +191,24 @@ class ControlsResult:
     def summary(self) -> dict:
         held = self.scopes[self.scopes.scope != ALL]
         out = {
-            "n_windows": self.n_windows, "seq_len": self.seq_len, "n_boot": self.n_boot, "ci": self.ci,
-            "clean_ppl": self.clean_ppl, "model_mode": self.model_mode, **self.settings,
+            "n_windows": self.n_windows,
+            "seq_len": self.seq_len,
+            "n_boot": self.n_boot,
+            "ci": self.ci,
+            "clean_ppl": self.clean_ppl,
+            "model_mode": self.model_mode,
+            **self.settings,
             "claim_by_scope": dict(zip(self.scopes.scope, self.scopes.claim)),
             "layers_claim_holds": [int(s) for s, c in zip(held.scope, held.claim) if c == "holds"],
             "layers_claim_fails": [int(s) for s, c in zip(held.scope, held.claim) if c == "fails"],
-        }  # fmt: skip
+        }
         all_rows = self.conditions[self.conditions.scope == ALL]
-        out["all_layers"] = all_rows[["edit", "delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "out_norm_ratio", "delta_cos"]].to_dict(orient="records")
-        out["all_layers_pairs"] = self.pairs[self.pairs.scope == ALL][["norm_edit", "control", "diff", "diff_lo", "diff_hi", "verdict"]].to_dict(orient="records")
+        out["all_layers"] = all_rows[
+            ["edit", "delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "out_norm_ratio", "delta_cos"]
+        ].to_dict(orient="records")
+        out["all_layers_pairs"] = self.pairs[self.pairs.scope == ALL][
+            ["norm_edit", "control", "diff", "diff_lo", "diff_hi", "verdict"]
+        ].to_dict(orient="records")
         return out
 
 
@@ -289,17 +309,34 @@ def sink_controls(
         dc_lo, dc_hi = _pct(dcos_b, ci)
         spec = specs[cols[lab]] if lab in cols else SinkEditSpec("rotate")
         for s, scope in enumerate(scopes):
-            rows.append(dict(
-                scope=scope, edit=lab, kind=spec.kind, lam=spec.lam if spec.kind in ("scale", "random_token") else np.nan,
-                seed=spec.seed if spec.kind == "rotate" and lab != ROTATE_POOLED else np.nan, n_windows=W,
-                ppl=float(np.exp(np.mean(clean_nll)) + d[s]), delta_ppl=float(d[s]), delta_ppl_lo=float(d_lo[s]), delta_ppl_hi=float(d_hi[s]),
-                out_norm=float(nw[:, s].mean()), out_norm_lo=float(n_lo[s]), out_norm_hi=float(n_hi[s]),
-                out_norm_clean=float(clean_norm_s[:, s].mean()), out_norm_ratio=float(nw[:, s].mean() / clean_norm_s[:, s].mean()),
-                out_norm_ratio_lo=float(r_lo[s]), out_norm_ratio_hi=float(r_hi[s]),
-                cos_cone=float(np.nanmean(cw[:, s])), cos_cone_lo=float(c_lo[s]), cos_cone_hi=float(c_hi[s]),
-                cos_cone_clean=float(np.nanmean(clean_cos_s[:, s])), delta_cos=float(np.nanmean(cw[:, s]) - np.nanmean(clean_cos_s[:, s])),
-                delta_cos_lo=float(dc_lo[s]), delta_cos_hi=float(dc_hi[s]),
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    scope=scope,
+                    edit=lab,
+                    kind=spec.kind,
+                    lam=spec.lam if spec.kind in ("scale", "random_token") else np.nan,
+                    seed=spec.seed if spec.kind == "rotate" and lab != ROTATE_POOLED else np.nan,
+                    n_windows=W,
+                    ppl=float(np.exp(np.mean(clean_nll)) + d[s]),
+                    delta_ppl=float(d[s]),
+                    delta_ppl_lo=float(d_lo[s]),
+                    delta_ppl_hi=float(d_hi[s]),
+                    out_norm=float(nw[:, s].mean()),
+                    out_norm_lo=float(n_lo[s]),
+                    out_norm_hi=float(n_hi[s]),
+                    out_norm_clean=float(clean_norm_s[:, s].mean()),
+                    out_norm_ratio=float(nw[:, s].mean() / clean_norm_s[:, s].mean()),
+                    out_norm_ratio_lo=float(r_lo[s]),
+                    out_norm_ratio_hi=float(r_hi[s]),
+                    cos_cone=float(np.nanmean(cw[:, s])),
+                    cos_cone_lo=float(c_lo[s]),
+                    cos_cone_hi=float(c_hi[s]),
+                    cos_cone_clean=float(np.nanmean(clean_cos_s[:, s])),
+                    delta_cos=float(np.nanmean(cw[:, s]) - np.nanmean(clean_cos_s[:, s])),
+                    delta_cos_lo=float(dc_lo[s]),
+                    delta_cos_hi=float(dc_hi[s]),
+                )
+            )
     conditions_df = pd.DataFrame(rows)
 
     # pairs: every norm edit against its controls
@@ -320,27 +357,90 @@ def sink_controls(
             d_c, b_c, _, _ = series(c_lab)
             lo, hi = _pct(b_e - b_c, ci)
             for s, scope in enumerate(scopes):
-                pair_rows.append(dict(
-                    scope=scope, norm_edit=edit_lab, control=c_lab, n_windows=W, diff=float(d_e[s] - d_c[s]),
-                    diff_lo=float(lo[s]), diff_hi=float(hi[s]), verdict=_verdict(lo[s], hi[s]),
-                ))  # fmt: skip
-    pairs_df = pd.DataFrame(pair_rows, columns=["scope", "norm_edit", "control", "n_windows", "diff", "diff_lo", "diff_hi", "verdict"])
+                pair_rows.append(
+                    dict(
+                        scope=scope,
+                        norm_edit=edit_lab,
+                        control=c_lab,
+                        n_windows=W,
+                        diff=float(d_e[s] - d_c[s]),
+                        diff_lo=float(lo[s]),
+                        diff_hi=float(hi[s]),
+                        verdict=_verdict(lo[s], hi[s]),
+                    )
+                )
+    pairs_df = pd.DataFrame(
+        pair_rows, columns=["scope", "norm_edit", "control", "n_windows", "diff", "diff_lo", "diff_hi", "verdict"]
+    )
     scope_rows = []
     for scope in scopes:
         v = pairs_df.loc[pairs_df.scope == scope, "verdict"]
-        claim = "undecided" if v.empty else ("holds" if (v == "norm edit larger").all() else ("fails" if (v == "control larger").any() else "undecided"))
-        scope_rows.append(dict(scope=scope, n_pairs=int(len(v)), n_norm_edit_larger=int((v == "norm edit larger").sum()),
-                               n_control_larger=int((v == "control larger").sum()), n_tie=int((v == "tie").sum()), claim=claim))  # fmt: skip
+        claim = (
+            "undecided"
+            if v.empty
+            else (
+                "holds"
+                if (v == "norm edit larger").all()
+                else ("fails" if (v == "control larger").any() else "undecided")
+            )
+        )
+        scope_rows.append(
+            dict(
+                scope=scope,
+                n_pairs=int(len(v)),
+                n_norm_edit_larger=int((v == "norm edit larger").sum()),
+                n_control_larger=int((v == "control larger").sum()),
+                n_tie=int((v == "tie").sum()),
+                claim=claim,
+            )
+        )
     win = pd.DataFrame(
-        [dict(window=w, scope=sc, edit=labels[c], random_position=int(positions[w]), nll=nll[w, s, c], out_norm=norm[w, s, c],
-              cos_cone=cos[w, s, c], clean_nll=clean_nll[w], clean_out_norm=clean_norm_s[w, s], clean_cos_cone=clean_cos_s[w, s])
-         for w in range(W) for s, sc in enumerate(scopes) for c in range(C)]
-    )  # fmt: skip
-    settings = {"conditions": labels, "layers": layers, "all_layers": bool(all_layers), "seed": int(seed), "kv_heads": list(range(n_kv_heads(model)))}
+        [
+            dict(
+                window=w,
+                scope=sc,
+                edit=labels[c],
+                random_position=int(positions[w]),
+                nll=nll[w, s, c],
+                out_norm=norm[w, s, c],
+                cos_cone=cos[w, s, c],
+                clean_nll=clean_nll[w],
+                clean_out_norm=clean_norm_s[w, s],
+                clean_cos_cone=clean_cos_s[w, s],
+            )
+            for w in range(W)
+            for s, sc in enumerate(scopes)
+            for c in range(C)
+        ]
+    )
+    settings = {
+        "conditions": labels,
+        "layers": layers,
+        "all_layers": bool(all_layers),
+        "seed": int(seed),
+        "kv_heads": list(range(n_kv_heads(model))),
+    }
     return ControlsResult(
-        conditions_df, pairs_df, pd.DataFrame(scope_rows), win, float(np.exp(clean_nll.mean())), W, T, int(n_boot), float(ci),
-        model_mode(model), settings,
-    )  # fmt: skip
+        conditions_df,
+        pairs_df,
+        pd.DataFrame(scope_rows),
+        win,
+        float(np.exp(clean_nll.mean())),
+        W,
+        T,
+        int(n_boot),
+        float(ci),
+        model_mode(model),
+        settings,
+    )
 
 
-__all__ = ["ALL", "ROTATE_POOLED", "ControlsResult", "corpus_pass", "default_conditions", "edited_window", "sink_controls"]
+__all__ = [
+    "ALL",
+    "ROTATE_POOLED",
+    "ControlsResult",
+    "corpus_pass",
+    "default_conditions",
+    "edited_window",
+    "sink_controls",
+]

@@ -44,7 +44,9 @@ from geolens.validation import check_context
 CHECKPOINT_FORMAT = "geolens sink dose controls checkpoint 1"
 
 
-def controls_sample(model, docs: Sequence[str], *, seq_len: int = 64, n_documents: int = 50, per_document: int = 2) -> tuple[torch.Tensor, np.ndarray]:
+def controls_sample(
+    model, docs: Sequence[str], *, seq_len: int = 64, n_documents: int = 50, per_document: int = 2
+) -> tuple[torch.Tensor, np.ndarray]:
     """The sample of the dose-matched controls: ``per_document`` consecutive windows from each of the
     first ``n_documents`` long-enough documents.
 
@@ -63,7 +65,9 @@ def controls_sample(model, docs: Sequence[str], *, seq_len: int = 64, n_document
     """
     body = int(seq_len) - 1
     if body < 1 or n_documents < 1 or per_document < 1:
-        raise ValueError(f"need seq_len ≥ 2, n_documents ≥ 1 and per_document ≥ 1, got {seq_len}, {n_documents}, {per_document}")
+        raise ValueError(
+            f"need seq_len ≥ 2, n_documents ≥ 1 and per_document ≥ 1, got {seq_len}, {n_documents}, {per_document}"
+        )
     check_context(model, int(seq_len), name=f"seq_len {seq_len}: a window")
     bos = bos_token_id(model)
     rows, documents, eligible = [], [], 0
@@ -77,12 +81,21 @@ def controls_sample(model, docs: Sequence[str], *, seq_len: int = 64, n_document
         if eligible == n_documents:
             break
     if eligible < n_documents:
-        raise ValueError(f"only {eligible} of {len(docs)} documents have at least {per_document * body} tokens; {n_documents} are needed")
+        raise ValueError(
+            f"only {eligible} of {len(docs)} documents have at least {per_document * body} tokens; {n_documents} are needed"
+        )
     return torch.tensor(rows, dtype=torch.long), np.asarray(documents, dtype=np.int64)
 
 
-def gu_sink_heads(model, tokens: torch.Tensor, layers: Sequence[int], *, eps: float = GU_EPSILON, share: float = SINK_HEAD_SHARE,
-                  batch_size: int = 8) -> pd.DataFrame:  # fmt: skip
+def gu_sink_heads(
+    model,
+    tokens: torch.Tensor,
+    layers: Sequence[int],
+    *,
+    eps: float = GU_EPSILON,
+    share: float = SINK_HEAD_SHARE,
+    batch_size: int = 8,
+) -> pd.DataFrame:
     """Which query heads of ``layers`` are sink heads on ``tokens`` (the ``sink_heads`` scope of :mod:`geolens.sinks.controls_protocol`).
 
     One row per (layer, head): ``kv_head``, ``gu_sink_share`` (the share of windows where the head's
@@ -158,7 +171,9 @@ def dose_window(
         raise ValueError("no edit to run")
     ref = clean_log_probs(model, window) if clean is None else clean
     if ref.shape[0] != window.shape[1] - 1:
-        raise ValueError(f"clean log-probabilities for {ref.shape[0]} predictions, the window has {window.shape[1] - 1}")
+        raise ValueError(
+            f"clean log-probabilities for {ref.shape[0]} predictions, the window has {window.shape[1] - 1}"
+        )
     target = window[0, 1:, None].to(ref.device)
     p_ref = ref.exp()
     n = int(rows_per_forward or default_rows_per_forward(model, window.shape[1]))
@@ -212,15 +227,18 @@ class DoseControlsResult:
         clean = self.windows.drop_duplicates("window")
         return {
             "experiment": "dose-matched sink controls (docs/faithfulness/PROTOCOL.md section 6)",
-            "model_mode": self.model_mode, "layers": [int(l) for l in self.layers], "scopes": list(self.protocol.scopes),
+            "model_mode": self.model_mode,
+            "layers": [int(l) for l in self.layers],
+            "scopes": list(self.protocol.scopes),
             "settings": self.protocol.to_dict(),
             "sink_head_criterion": f"Gu et al. (2024) sink head (mean attention on the first token > {GU_EPSILON:g}) in more than "
-                                   f"{SINK_HEAD_SHARE:g} of the windows, at each edited layer",
+            f"{SINK_HEAD_SHARE:g} of the windows, at each edited layer",
             "sink_heads": {str(l): list(h) for l, h in _head_map(self.sink_heads).items()},
             "query_heads_edited": "per query head through hook_z: z_i^h + alpha_i0^h (v_0' - v_0); a kv head's other query heads untouched",
-            "clean_ppl": float(np.exp(clean.nll_clean).mean()), "verdicts": self.verdicts,
+            "clean_ppl": float(np.exp(clean.nll_clean).mean()),
+            "verdicts": self.verdicts,
             **self.statistics,
-        }  # fmt: skip
+        }
 
 
 class CheckpointMismatch(ValueError):
@@ -254,7 +272,9 @@ def dose_controls(
         raise ValueError(f"tokens must be [window, pos] with pos ≥ 3, got shape {tuple(tokens.shape)}")
     documents = np.asarray(documents)
     if documents.shape != (tokens.shape[0],):
-        raise ValueError(f"documents must name one document per window: {documents.shape} for {tokens.shape[0]} windows")
+        raise ValueError(
+            f"documents must name one document per window: {documents.shape} for {tokens.shape[0]} windows"
+        )
     L = int(model.cfg.n_layers)
     layers = protocol.layers(L)
     if sink_heads is None:
@@ -263,8 +283,17 @@ def dose_controls(
         extra = sorted(int(l) for l in sink_heads if int(l) not in layers)
         if extra:
             raise ValueError(f"sink_heads names layers {extra} that are not edited (layers {layers})")
-        rows = [dict(layer=l, head=h, kv_head=adapter_for(model).kv_head_of(h), gu_sink_share=float("nan"),
-                     sink_head=h in {int(x) for x in sink_heads.get(l, ())}) for l in layers for h in range(model.cfg.n_heads)]  # fmt: skip
+        rows = [
+            dict(
+                layer=l,
+                head=h,
+                kv_head=adapter_for(model).kv_head_of(h),
+                gu_sink_share=float("nan"),
+                sink_head=h in {int(x) for x in sink_heads.get(l, ())},
+            )
+            for l in layers
+            for h in range(model.cfg.n_heads)
+        ]
         heads_table = pd.DataFrame(rows)
     head_map = _head_map(heads_table)
     not_testable = {}
@@ -274,11 +303,18 @@ def dose_controls(
     live = [s for s in protocol.scopes if s not in not_testable]
     specs = protocol.edits()
     n_rows = int(rows_per_forward or default_rows_per_forward(model, tokens.shape[1]))
-    fingerprint = plain_json({
-        "model": model_fingerprint(model), "tokens": tokens_fingerprint(tokens), "documents": documents.tolist(),
-        "protocol": protocol.to_dict(), "layers": layers, "sink_heads": {str(l): list(h) for l, h in head_map.items()},
-        "rows_per_forward": n_rows, "edits": [s.label for s in specs],
-    })  # fmt: skip
+    fingerprint = plain_json(
+        {
+            "model": model_fingerprint(model),
+            "tokens": tokens_fingerprint(tokens),
+            "documents": documents.tolist(),
+            "protocol": protocol.to_dict(),
+            "layers": layers,
+            "sink_heads": {str(l): list(h) for l, h in head_map.items()},
+            "rows_per_forward": n_rows,
+            "edits": [s.label for s in specs],
+        }
+    )
     done: dict = {}
     path = Path(checkpoint) if checkpoint is not None else None
     if path is not None and resume and path.is_file():
@@ -290,26 +326,37 @@ def dose_controls(
             raise CheckpointMismatch(f"{path}: not a checkpoint of the dose-matched sink controls")
         other = [k for k in fingerprint if state.get("fingerprint", {}).get(k) != fingerprint[k]]
         if other:
-            raise CheckpointMismatch(f"{path} was made with another {', '.join(other)}; use a new output folder or --overwrite")
+            raise CheckpointMismatch(
+                f"{path} was made with another {', '.join(other)}; use a new output folder or --overwrite"
+            )
         done = state["windows"]
     todo = [w for w in range(tokens.shape[0]) if str(w) not in done]
     it = todo
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(todo, desc=f"sink dose controls: {len(live)} scopes × {len(specs)} edits", initial=len(done), total=tokens.shape[0])
+        it = tqdm(
+            todo,
+            desc=f"sink dose controls: {len(live)} scopes × {len(specs)} edits",
+            initial=len(done),
+            total=tokens.shape[0],
+        )
     for w in it:
         window = tokens[w : w + 1]
         ref = clean_log_probs(model, window)
         entry = {}
         for scope in live:
-            res = dose_window(model, window, specs, layers, heads=scope_heads[scope], rows_per_forward=n_rows, clean=ref)
+            res = dose_window(
+                model, window, specs, layers, heads=scope_heads[scope], rows_per_forward=n_rows, clean=ref
+            )
             entry["nll_clean"] = res.nll_clean
             entry[scope] = {"nll": res.nll.tolist(), "kl": res.kl.tolist()}
         del ref
         done[str(w)] = entry
         if path is not None:
-            atomic_write_bytes(path, json.dumps({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "windows": done}).encode())
+            atomic_write_bytes(
+                path, json.dumps({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "windows": done}).encode()
+            )
     rows = []
     for w in range(tokens.shape[0]):
         entry = done[str(w)]
@@ -317,11 +364,22 @@ def dose_controls(
             for s, spec in enumerate(specs):
                 nll, nll_clean = float(entry[scope]["nll"][s]), float(entry["nll_clean"])
                 rot = spec.kind == "rotate"
-                rows.append(dict(
-                    window=w, document=documents[w].item(), scope=scope, edit=spec.kind, lam=np.nan if rot else spec.lam,
-                    degrees=spec.degrees if rot else np.nan, seed=spec.seed if rot else pd.NA, dose=edit_dose(spec),
-                    nll_clean=nll_clean, nll=nll, delta_ppl=math.exp(nll) - math.exp(nll_clean), kl=float(entry[scope]["kl"][s]),
-                ))  # fmt: skip
+                rows.append(
+                    dict(
+                        window=w,
+                        document=documents[w].item(),
+                        scope=scope,
+                        edit=spec.kind,
+                        lam=np.nan if rot else spec.lam,
+                        degrees=spec.degrees if rot else np.nan,
+                        seed=spec.seed if rot else pd.NA,
+                        dose=edit_dose(spec),
+                        nll_clean=nll_clean,
+                        nll=nll,
+                        delta_ppl=math.exp(nll) - math.exp(nll_clean),
+                        kl=float(entry[scope]["kl"][s]),
+                    )
+                )
     table = pd.DataFrame(rows, columns=list(WINDOW_COLUMNS))
     table["seed"] = table["seed"].astype("Int64")
     stats = dose_summary(table, protocol, verdicts=verdicts, not_testable=not_testable)
@@ -341,5 +399,17 @@ def write_windows(table: pd.DataFrame, path) -> None:
     table.to_csv(path, index=False, float_format="%.17g")
 
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatch", "DoseControlsResult", "DoseWindow", "clean_log_probs", "controls_sample",
-           "default_rows_per_forward", "dose_controls", "dose_window", "gu_sink_heads", "read_windows", "write_windows"]  # fmt: skip
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointMismatch",
+    "DoseControlsResult",
+    "DoseWindow",
+    "clean_log_probs",
+    "controls_sample",
+    "default_rows_per_forward",
+    "dose_controls",
+    "dose_window",
+    "gu_sink_heads",
+    "read_windows",
+    "write_windows",
+]

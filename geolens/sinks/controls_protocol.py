@@ -65,9 +65,32 @@ SINK_HEAD_SHARE = 0.5
 OUTCOMES: tuple[str, ...] = ("delta_ppl", "kl")
 MIN_WINDOWS, MIN_DOCUMENTS = 100, 50
 """The smallest sample a verdict may come from (PROTOCOL.md §6)."""
-WINDOW_COLUMNS = ("window", "document", "scope", "edit", "lam", "degrees", "seed", "dose", "nll_clean", "nll", "delta_ppl", "kl")
-_ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10}
-
+WINDOW_COLUMNS = (
+    "window",
+    "document",
+    "scope",
+    "edit",
+    "lam",
+    "degrees",
+    "seed",
+    "dose",
+    "nll_clean",
+    "nll",
+    "delta_ppl",
+    "kl",
+)
+_ORDINALS = {
+    "first": 1,
+    "second": 2,
+    "third": 3,
+    "fourth": 4,
+    "fifth": 5,
+    "sixth": 6,
+    "seventh": 7,
+    "eighth": 8,
+    "ninth": 9,
+    "tenth": 10,
+}
 
 
 def edit_dose(spec: SinkEditSpec) -> float:
@@ -84,7 +107,9 @@ def edit_dose(spec: SinkEditSpec) -> float:
     if spec.kind == "rotate":
         theta = math.radians(90.0 if spec.degrees is None else float(spec.degrees))
         return round(2.0 * abs(math.sin(theta / 2.0)), 12)
-    raise ValueError(f"the dose of a {spec.kind!r} edit depends on the data (it is defined for scale, remove and rotate)")
+    raise ValueError(
+        f"the dose of a {spec.kind!r} edit depends on the data (it is defined for scale, remove and rotate)"
+    )
 
 
 @dataclass(frozen=True)
@@ -127,8 +152,15 @@ class DoseProtocol:
                 raise ValueError(f"{name} must be an integer ≥ 1, got {getattr(self, name)!r}")
         if self.seq_len < 3:
             raise ValueError(f"seq_len must be at least 3 (BOS and two tokens), got {self.seq_len}")
-        if not self.lambdas or not all(math.isfinite(x) for x in self.lambdas) or 1.0 in self.lambdas or len(set(self.lambdas)) < len(self.lambdas):
-            raise ValueError(f"lambdas must be distinct finite numbers other than 1 (λ = 1 edits nothing), got {list(self.lambdas)}")
+        if (
+            not self.lambdas
+            or not all(math.isfinite(x) for x in self.lambdas)
+            or 1.0 in self.lambdas
+            or len(set(self.lambdas)) < len(self.lambdas)
+        ):
+            raise ValueError(
+                f"lambdas must be distinct finite numbers other than 1 (λ = 1 edits nothing), got {list(self.lambdas)}"
+            )
         angles = [a for a, _ in self.seeds_by_angle]
         if not angles or len(set(angles)) < len(angles) or not all(0 < a <= 360 and math.isfinite(a) for a in angles):
             raise ValueError(f"rotation angles must be distinct degrees in (0, 360], got {angles}")
@@ -139,8 +171,10 @@ class DoseProtocol:
         if not (math.isfinite(self.matched_dose) and self.matched_dose > 0):
             raise ValueError(f"matched_dose must be a positive number, got {self.matched_dose}")
         if not self.matched_lambdas or not self.matched_degrees:
-            raise ValueError(f"the verdict needs a norm edit and a rotation of dose {self.matched_dose:g}: "
-                             f"lambdas {list(self.lambdas)} and angles {angles} give none for one of them")  # fmt: skip
+            raise ValueError(
+                f"the verdict needs a norm edit and a rotation of dose {self.matched_dose:g}: "
+                f"lambdas {list(self.lambdas)} and angles {angles} give none for one of them"
+            )
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
 
@@ -247,31 +281,48 @@ def read_protocol(source) -> tuple[DoseProtocol, dict]:
             raise ValueError(f"{where}: rotation_degrees {listed} and the angles of rotation_seeds_by_angle differ")
         n_windows, n_documents = int(_need(block, "n_windows", where)), int(_need(block, "n_documents", where))
         if n_documents < 1 or n_windows % n_documents:
-            raise ValueError(f"{where}: n_windows {n_windows} is not a whole number of windows per document ({n_documents} documents)")
+            raise ValueError(
+                f"{where}: n_windows {n_windows} is not a whole number of windows per document ({n_documents} documents)"
+            )
         outcomes = list(block.get("outcomes", OUTCOMES))
         if sorted(outcomes) != sorted(OUTCOMES):
             raise ValueError(f"{where}.outcomes: this code measures {list(OUTCOMES)}, the protocol asks for {outcomes}")
         if block.get("multiple_comparison", "holm") != "holm":
-            raise ValueError(f"{where}.multiple_comparison: only holm is implemented, got {block['multiple_comparison']!r}")
+            raise ValueError(
+                f"{where}.multiple_comparison: only holm is implemented, got {block['multiple_comparison']!r}"
+            )
         protocol = DoseProtocol(
-            layer_step=_layer_step(_need(block, "layers", where)), lambdas=tuple(float(x) for x in _need(block, "lambdas", where)),
-            seeds_by_angle=seeds, n_documents=n_documents, windows_per_document=n_windows // n_documents,
-            seq_len=int(_need(block, "seq_len", where)), scopes=tuple(_need(block, "scopes", where)),
-            matched_dose=float(_need(block, "matched_dose", where)), n_boot=int(stats.get("n_boot", 2000)),
-            seed=int(stats.get("seed", 0)), alpha=float(stats.get("alpha", 0.05)), corpus=str(data.get("corpus", "lee")),
-        )  # fmt: skip
+            layer_step=_layer_step(_need(block, "layers", where)),
+            lambdas=tuple(float(x) for x in _need(block, "lambdas", where)),
+            seeds_by_angle=seeds,
+            n_documents=n_documents,
+            windows_per_document=n_windows // n_documents,
+            seq_len=int(_need(block, "seq_len", where)),
+            scopes=tuple(_need(block, "scopes", where)),
+            matched_dose=float(_need(block, "matched_dose", where)),
+            n_boot=int(stats.get("n_boot", 2000)),
+            seed=int(stats.get("seed", 0)),
+            alpha=float(stats.get("alpha", 0.05)),
+            corpus=str(data.get("corpus", "lee")),
+        )
     except (TypeError, AttributeError) as err:
         raise ValueError(f"{where}: a setting has the wrong type ({err})") from None
     frozen = path.with_name("PROTOCOL.sha256")
     info = {
-        "protocol_file": str(path), "protocol_version": raw.get("version"), "protocol_sha256": twin.sha256,
+        "protocol_file": str(path),
+        "protocol_version": raw.get("version"),
+        "protocol_sha256": twin.sha256,
         "pre_registered": frozen.is_file() and frozen.read_text(encoding="utf-8").strip() == twin.sha256,
-        "models": list(data.get("models", [])), "model_mode": data.get("model_mode"), "dtype": data.get("dtype"),
-    }  # fmt: skip
+        "models": list(data.get("models", [])),
+        "model_mode": data.get("model_mode"),
+        "dtype": data.get("dtype"),
+    }
     return protocol, info
 
 
-def protocol_deviations(protocol: DoseProtocol, registered: DoseProtocol, info: dict, *, model: str, mode: str, dtype: str) -> list[str]:
+def protocol_deviations(
+    protocol: DoseProtocol, registered: DoseProtocol, info: dict, *, model: str, mode: str, dtype: str
+) -> list[str]:
     """Why a run is exploratory (empty: it runs the protocol): settings other than the
     registered ones, a protocol text whose hash is not the recorded one, a model, TransformerLens
     mode or dtype other than the protocol's."""
@@ -285,9 +336,21 @@ def protocol_deviations(protocol: DoseProtocol, registered: DoseProtocol, info: 
     if info.get("dtype") and dtype != info["dtype"]:
         out.append(f"dtype {dtype} instead of {info['dtype']}")
     if protocol.n_windows < MIN_WINDOWS or protocol.n_documents < MIN_DOCUMENTS:
-        out.append(f"{protocol.n_windows} windows from {protocol.n_documents} documents, fewer than {MIN_WINDOWS} from {MIN_DOCUMENTS}")
+        out.append(
+            f"{protocol.n_windows} windows from {protocol.n_documents} documents, fewer than {MIN_WINDOWS} from {MIN_DOCUMENTS}"
+        )
     return out
 
 
-__all__ = ["MIN_DOCUMENTS", "MIN_WINDOWS", "OUTCOMES", "SCOPES", "SINK_HEAD_SHARE", "WINDOW_COLUMNS", "DoseProtocol", "edit_dose",
-           "protocol_deviations", "read_protocol"]  # fmt: skip
+__all__ = [
+    "MIN_DOCUMENTS",
+    "MIN_WINDOWS",
+    "OUTCOMES",
+    "SCOPES",
+    "SINK_HEAD_SHARE",
+    "WINDOW_COLUMNS",
+    "DoseProtocol",
+    "edit_dose",
+    "protocol_deviations",
+    "read_protocol",
+]

@@ -58,8 +58,14 @@ def _num(x) -> float | None:
     return None if math.isnan(x) else x
 
 
-def dose_summary(windows: pd.DataFrame, protocol: DoseProtocol = DoseProtocol(), *, verdicts: bool = True, level: float = 0.95,
-                 not_testable: dict[str, str] | None = None) -> dict:  # fmt: skip
+def dose_summary(
+    windows: pd.DataFrame,
+    protocol: DoseProtocol = DoseProtocol(),
+    *,
+    verdicts: bool = True,
+    level: float = 0.95,
+    not_testable: dict[str, str] | None = None,
+) -> dict:
     """The dose–response table and the verdicts, from the per-window table of :func:`geolens.sinks.controls_dose.dose_controls`.
 
     ``windows`` has the columns of :data:`~geolens.sinks.controls_protocol.WINDOW_COLUMNS`, one row per (window, scope, edit, seed),
@@ -83,7 +89,9 @@ def dose_summary(windows: pd.DataFrame, protocol: DoseProtocol = DoseProtocol(),
     W, G = len(order), int(len(np.unique(docs)))
     rng = np.random.default_rng(protocol.seed)
     doc_draws = cluster_bootstrap_indices(docs, protocol.n_boot, rng)  # documents with replacement
-    seed_draws = {a: bootstrap_indices(len(protocol.seeds(a)), protocol.n_boot, rng) for a in protocol.degrees}  # then seeds
+    seed_draws = {
+        a: bootstrap_indices(len(protocol.seeds(a)), protocol.n_boot, rng) for a in protocol.degrees
+    }  # then seeds
     groups = {k: g for k, g in windows.groupby(["scope", "edit"])}
 
     def table(scope: str, kind: str, value: float, outcome: str) -> np.ndarray:
@@ -100,7 +108,11 @@ def dose_summary(windows: pd.DataFrame, protocol: DoseProtocol = DoseProtocol(),
             return out
         seeds = protocol.seeds(value)
         cols = sub.seed.astype(int).map({s: i for i, s in enumerate(seeds)}).to_numpy()
-        if len(sub) != W * len(seeds) or np.isnan(cols.astype(float)).any() or len(set(zip(rows, cols))) != W * len(seeds):
+        if (
+            len(sub) != W * len(seeds)
+            or np.isnan(cols.astype(float)).any()
+            or len(set(zip(rows, cols))) != W * len(seeds)
+        ):
             raise ValueError(f"{scope}, {value:g}°: {len(sub)} rows for {W} windows × {len(seeds)} seeds")
         out = np.empty((W, len(seeds)))
         out[rows, cols.astype(int)] = sub[outcome].to_numpy(dtype=np.float64)
@@ -113,16 +125,34 @@ def dose_summary(windows: pd.DataFrame, protocol: DoseProtocol = DoseProtocol(),
     dose_rows = []
     for scope in live:
         for lam in protocol.lambdas:
-            row = dict(scope=scope, edit="scale", lam=lam, degrees=None, dose=edit_dose(SinkEditSpec("scale", lam)), n_windows=W,
-                       n_documents=G, n_seeds=0, bootstrap="documents")  # fmt: skip
+            row = dict(
+                scope=scope,
+                edit="scale",
+                lam=lam,
+                degrees=None,
+                dose=edit_dose(SinkEditSpec("scale", lam)),
+                n_windows=W,
+                n_documents=G,
+                n_seeds=0,
+                bootstrap="documents",
+            )
             for outcome in OUTCOMES:
                 x = table(scope, "scale", lam, outcome)
                 lo, hi = percentile_ci(resample_means(x, doc_draws), level)
                 row.update({outcome: float(x.mean()), f"{outcome}_low": float(lo), f"{outcome}_high": float(hi)})
             dose_rows.append(row)
         for a in protocol.degrees:
-            row = dict(scope=scope, edit="rotate", lam=None, degrees=a, dose=edit_dose(SinkEditSpec("rotate", degrees=a)), n_windows=W,
-                       n_documents=G, n_seeds=len(protocol.seeds(a)), bootstrap="documents, then seeds")  # fmt: skip
+            row = dict(
+                scope=scope,
+                edit="rotate",
+                lam=None,
+                degrees=a,
+                dose=edit_dose(SinkEditSpec("rotate", degrees=a)),
+                n_windows=W,
+                n_documents=G,
+                n_seeds=len(protocol.seeds(a)),
+                bootstrap="documents, then seeds",
+            )
             for outcome in OUTCOMES:
                 x = table(scope, "rotate", a, outcome)
                 lo, hi = percentile_ci(two_stage_means(x, doc_draws, seed_draws[a]), level)
@@ -138,10 +168,14 @@ def dose_summary(windows: pd.DataFrame, protocol: DoseProtocol = DoseProtocol(),
                 testable.append(False)
                 parts.append((None, None))
                 continue
-            norm = np.mean([table(scope, "scale", lam, outcome) for lam in protocol.matched_lambdas], axis=0)  # [window]
+            norm = np.mean(
+                [table(scope, "scale", lam, outcome) for lam in protocol.matched_lambdas], axis=0
+            )  # [window]
             rots = [table(scope, "rotate", a, outcome) for a in protocol.matched_degrees]
             rot_mean = float(np.mean([x.mean() for x in rots]))
-            rot_samples = np.mean([two_stage_means(x, doc_draws, seed_draws[a]) for x, a in zip(rots, protocol.matched_degrees)], axis=0)
+            rot_samples = np.mean(
+                [two_stage_means(x, doc_draws, seed_draws[a]) for x, a in zip(rots, protocol.matched_degrees)], axis=0
+            )
             estimates.append(float(norm.mean()) - rot_mean)
             samples.append(resample_means(norm, doc_draws) - rot_samples)
             testable.append(True)
@@ -150,24 +184,48 @@ def dose_summary(windows: pd.DataFrame, protocol: DoseProtocol = DoseProtocol(),
         out = []
         for scope, t, (norm_mean, rot_mean) in zip(protocol.scopes, tests, parts):
             verdict = t.verdict if (decide or t.verdict == "not testable") else None
-            out.append(dict(
-                scope=scope, outcome=outcome, statistic=f"{outcome}(norm edit) - {outcome}(rotation) at dose {protocol.matched_dose:g}",
-                lambdas=list(protocol.matched_lambdas), degrees=list(protocol.matched_degrees), norm_edit=norm_mean, rotation=rot_mean,
-                estimate=_num(t.estimate), ci_low=_num(t.ci_low), ci_high=_num(t.ci_high), level=_num(t.level), p=_num(t.p),
-                p_adj=_num(t.p_adj), rank=int(t.rank), holm_stopped_at=int(t.holm_stopped_at), rules_differ=bool(t.rules_differ),
-                verdict=verdict, n_windows=W if scope not in not_testable else 0, n_documents=G if scope not in not_testable else 0,
-                n_seeds=sum(len(protocol.seeds(a)) for a in protocol.matched_degrees), note=not_testable.get(scope),
-            ))  # fmt: skip
+            out.append(
+                dict(
+                    scope=scope,
+                    outcome=outcome,
+                    statistic=f"{outcome}(norm edit) - {outcome}(rotation) at dose {protocol.matched_dose:g}",
+                    lambdas=list(protocol.matched_lambdas),
+                    degrees=list(protocol.matched_degrees),
+                    norm_edit=norm_mean,
+                    rotation=rot_mean,
+                    estimate=_num(t.estimate),
+                    ci_low=_num(t.ci_low),
+                    ci_high=_num(t.ci_high),
+                    level=_num(t.level),
+                    p=_num(t.p),
+                    p_adj=_num(t.p_adj),
+                    rank=int(t.rank),
+                    holm_stopped_at=int(t.holm_stopped_at),
+                    rules_differ=bool(t.rules_differ),
+                    verdict=verdict,
+                    n_windows=W if scope not in not_testable else 0,
+                    n_documents=G if scope not in not_testable else 0,
+                    n_seeds=sum(len(protocol.seeds(a)) for a in protocol.matched_degrees),
+                    note=not_testable.get(scope),
+                )
+            )
         return out
 
     return {
-        "n_windows": W, "n_documents": G, "n_boot": protocol.n_boot, "bootstrap_seed": protocol.seed, "level": level,
-        "alpha": protocol.alpha, "multiple_comparison": "holm",
+        "n_windows": W,
+        "n_documents": G,
+        "n_boot": protocol.n_boot,
+        "bootstrap_seed": protocol.seed,
+        "level": level,
+        "alpha": protocol.alpha,
+        "multiple_comparison": "holm",
         "bootstrap": "documents with replacement (cluster_bootstrap_indices), then for rotations seeds with replacement, crossed with the windows",
-        "seeds": {f"{a:g}": list(protocol.seeds(a)) for a in protocol.degrees}, "not_testable": not_testable,
-        "dose_response": dose_rows, "pairs": family("kl", verdicts),
+        "seeds": {f"{a:g}": list(protocol.seeds(a)) for a in protocol.degrees},
+        "not_testable": not_testable,
+        "dose_response": dose_rows,
+        "pairs": family("kl", verdicts),
         "exploratory_pairs": family("delta_ppl", False),
-    }  # fmt: skip
+    }
 
 
 __all__ = ["dose_summary", "two_stage_means"]

@@ -120,7 +120,11 @@ def decomposition_table(moments: Moments) -> dict[str, torch.Tensor]:
         out[f"share_{name}"] = cov(0, f) / total
         out[f"frac_var_{name}"] = V[(f,)] / total
         out[f"mean_log_{name}"] = mean[..., f]
-    for (i, a), (j, b) in [((1, "attention"), (2, "relnorm")), ((1, "attention"), (3, "cosine")), ((2, "relnorm"), (3, "cosine"))]:
+    for (i, a), (j, b) in [
+        ((1, "attention"), (2, "relnorm")),
+        ((1, "attention"), (3, "cosine")),
+        ((2, "relnorm"), (3, "cosine")),
+    ]:
         out[f"frac_2cov_{a}_{b}"] = 2 * cov(i, j) / total
     return out
 
@@ -144,7 +148,11 @@ class TokenTypeDecomposition(CorpusAnalysis):
 
     def update(self, model, cache, tokens) -> None:
         self.mode = model_mode(model)
-        keep = tokens.shape[0] if self.max_sequences is None else min(tokens.shape[0], self.max_sequences - self.n_sequences)
+        keep = (
+            tokens.shape[0]
+            if self.max_sequences is None
+            else min(tokens.shape[0], self.max_sequences - self.n_sequences)
+        )
         if keep <= 0:
             return
         if keep < tokens.shape[0]:
@@ -172,7 +180,9 @@ class TokenTypeDecomposition(CorpusAnalysis):
             for t, source in enumerate(SOURCE_TYPES):
                 rows_l.append({"layer": l, "source": source, **{k: float(v[l, t]) for k, v in layer_t.items()}})
                 for h in range(self.n_heads):
-                    rows_h.append({"layer": l, "head": h, "source": source, **{k: float(v[l, t, h]) for k, v in head_t.items()}})
+                    rows_h.append(
+                        {"layer": l, "head": h, "source": source, **{k: float(v[l, t, h]) for k, v in head_t.items()}}
+                    )
         heads, layers = pd.DataFrame(rows_h), pd.DataFrame(rows_l)
         for df in (heads, layers):
             df["n"] = df["n"].astype(int)
@@ -198,7 +208,18 @@ class DecompositionResult:
     n_sequences: int = 0
 
 
-def token_type_decomposition(model, tokens: torch.Tensor, *, batch_size: int = 8, layers=None, progress: bool = False) -> DecompositionResult:
+def token_type_decomposition(
+    model, tokens: torch.Tensor, *, batch_size: int = 8, layers=None, progress: bool = False
+) -> DecompositionResult:
     """Variance decomposition of log|c_ij| for sink vs tail sources (see the module docstring)."""
-    return run_analysis(model, tokens, TokenTypeDecomposition, model.cfg.n_layers, model.cfg.n_heads, layers=layers,
-                        batch_size=batch_size, progress=progress, desc="decomposition")  # fmt: skip
+    return run_analysis(
+        model,
+        tokens,
+        TokenTypeDecomposition,
+        model.cfg.n_layers,
+        model.cfg.n_heads,
+        layers=layers,
+        batch_size=batch_size,
+        progress=progress,
+        desc="decomposition",
+    )

@@ -34,7 +34,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geolens.adapter import PATTERN, VALUE, get_attention_layer, hook_name, logits_from_cache, logits_hook, model_mode, sliding_window
+from geolens.adapter import (
+    PATTERN,
+    VALUE,
+    get_attention_layer,
+    hook_name,
+    logits_from_cache,
+    logits_hook,
+    model_mode,
+    sliding_window,
+)
 from geolens.geometry import gram, gram_cosine, gram_norm
 from geolens.interventions.base import applied
 from geolens.interventions.sink_values import scale_sink_value
@@ -99,7 +108,9 @@ class DriftStatistics(CorpusAnalysis):
     def update(self, model, cache, tokens) -> None:
         self.mode = model_mode(model)
         for l in self.layers:
-            norm, cos, vnorm = head_drift_statistics(get_attention_layer(model, cache, l, dtype=torch.float64), window=sliding_window(model, l))
+            norm, cos, vnorm = head_drift_statistics(
+                get_attention_layer(model, cache, l, dtype=torch.float64), window=sliding_window(model, l)
+            )
             moments_add_at(self.out_norm, l, norm, dim=0)
             moments_add_at(self.cos_cone, l, cos, dim=0)
             moments_add_at(self.value_norm, l, vnorm, dim=0)
@@ -118,9 +129,15 @@ class DriftStatistics(CorpusAnalysis):
 
     def result(self) -> pd.DataFrame:
         rows = [
-            {"layer": l, "head": h, "out_norm": float(self.out_norm.mean[l, h]), "out_norm_sem": float(self.out_norm.sem[l, h]),
-             "cos_cone": float(self.cos_cone.mean[l, h]), "cos_cone_sem": float(self.cos_cone.sem[l, h]),
-             "value_norm": float(self.value_norm.mean[l, h])}  # fmt: skip
+            {
+                "layer": l,
+                "head": h,
+                "out_norm": float(self.out_norm.mean[l, h]),
+                "out_norm_sem": float(self.out_norm.sem[l, h]),
+                "cos_cone": float(self.cos_cone.mean[l, h]),
+                "cos_cone_sem": float(self.cos_cone.sem[l, h]),
+                "value_norm": float(self.value_norm.mean[l, h]),
+            }
             for l in self.layers
             for h in range(self.n_heads)
         ]
@@ -197,7 +214,9 @@ def semantic_drift(
     summary["delta_ppl"] = summary["ppl"] - float(summary.loc[summary["lambda"] == 1.0, "ppl"].iloc[0])
     for group, mask in (("low_norm", True), ("other", False)):
         for col in ("out_norm", "cos_cone", "relative_out_norm"):
-            summary[f"{col}_{group}"] = [float(tables[lam].loc[tables[lam]["low_norm"] == mask, col].mean()) for lam in summary["lambda"]]
+            summary[f"{col}_{group}"] = [
+                float(tables[lam].loc[tables[lam]["low_norm"] == mask, col].mean()) for lam in summary["lambda"]
+            ]
     heads_df = pd.concat([tables[lam] for lam in lambdas], ignore_index=True)
     edited = {"layers": list(edit.layers), "kv_heads": list(edit.kv_heads), "query_heads": list(edit.query_heads)}
     return DriftResult(heads_df, summary, lambdas, low_norm_quantile, edited, int(tokens.shape[0]), model_mode(model))

@@ -81,7 +81,9 @@ def layer_sink_statistics(layer, eps: float = GU_EPSILON, *, window: int | None 
     if n_k < 2:
         raise ValueError("sink statistics need sequences of at least 2 tokens")
     if n_q != n_k:
-        raise ValueError(f"sink statistics need a square pattern (every query of the window), got {n_q} queries and {n_k} keys")
+        raise ValueError(
+            f"sink statistics need a square pattern (every query of the window), got {n_q} queries and {n_k} keys"
+        )
     seen = sink_visible(n_q, n_k, window, device=alpha.device)  # [q]
     tail = sink_window_keys(n_k, window, device=alpha.device)[1:]  # [k-1]: keys sharing a window with the sink
     G = gram(layer.W_O)
@@ -141,7 +143,9 @@ class SinkGeometryResult:
 class SinkGeometry(CorpusAnalysis):
     """Streaming accumulation of the statistics of :func:`layer_sink_statistics` (``[layer, head]``)."""
 
-    def __init__(self, n_layers: int, n_heads: int, *, eps: float = GU_EPSILON, n_bins: int = 20, layers=None, mode: str = ""):
+    def __init__(
+        self, n_layers: int, n_heads: int, *, eps: float = GU_EPSILON, n_bins: int = 20, layers=None, mode: str = ""
+    ):
         self.n_layers, self.n_heads, self.eps = int(n_layers), int(n_heads), float(eps)
         self.layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
         for name in HEAD_STATS:
@@ -194,7 +198,11 @@ class SinkGeometry(CorpusAnalysis):
                 row["n_sequences"] = int(self.m_gu_sink.count[l, h])
                 rows.append(row)
         heads = pd.DataFrame(rows)
-        stat_cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "n_queries", "n_sequences", "n_out_of_window", "window")]
+        stat_cols = [
+            c
+            for c in heads.columns
+            if c not in ("layer", "head", "kv_head", "n_queries", "n_sequences", "n_out_of_window", "window")
+        ]
         layers = heads.groupby("layer")[stat_cols].mean().reset_index()
         edges = self.hist.edges.numpy()
         hist_rows = [
@@ -208,7 +216,14 @@ class SinkGeometry(CorpusAnalysis):
 
 
 def sink_geometry(
-    model, tokens: torch.Tensor, *, batch_size: int = 8, eps: float = GU_EPSILON, layers=None, n_bins: int = 20, progress: bool = False
+    model,
+    tokens: torch.Tensor,
+    *,
+    batch_size: int = 8,
+    eps: float = GU_EPSILON,
+    layers=None,
+    n_bins: int = 20,
+    progress: bool = False,
 ) -> SinkGeometryResult:
     """Sink rate, Gu et al. sink share, sink/non-sink norm ratios and sink cosines per head.
 
@@ -223,5 +238,16 @@ def sink_geometry(
     >>> len(g.heads), list(g.heads.columns[:4])  # one row per (layer, head)
     (8, ['layer', 'head', 'kv_head', 'sink_rate'])
     """
-    return run_analysis(model, tokens, SinkGeometry, model.cfg.n_layers, model.cfg.n_heads, eps=eps, n_bins=n_bins, layers=layers,
-                        batch_size=batch_size, progress=progress, desc="sink geometry")  # fmt: skip
+    return run_analysis(
+        model,
+        tokens,
+        SinkGeometry,
+        model.cfg.n_layers,
+        model.cfg.n_heads,
+        eps=eps,
+        n_bins=n_bins,
+        layers=layers,
+        batch_size=batch_size,
+        progress=progress,
+        desc="sink geometry",
+    )

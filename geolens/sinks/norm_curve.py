@@ -40,7 +40,7 @@ def sink_rate_and_output_norm(layer, *, window: int | None = None) -> tuple[torc
     norm = head_output_norms(layer, slice(1, None))  # [b, q-1, h]
     rate = layer.pattern[:, :, 1:, 0].transpose(1, 2)
     n_q, n_k = layer.pattern.shape[-2:]
-    unseen = ~sink_visible(n_q, n_k, window, device=rate.device)[-(n_q - 1):][:, None] if n_q > 1 else None
+    unseen = ~sink_visible(n_q, n_k, window, device=rate.device)[-(n_q - 1) :][:, None] if n_q > 1 else None
     if unseen is not None and bool(unseen.any()):
         rate = rate.masked_fill(unseen, float("nan"))
     h = rate.shape[-1]
@@ -50,9 +50,19 @@ def sink_rate_and_output_norm(layer, *, window: int | None = None) -> tuple[torc
 def quadratic_fit(centres: np.ndarray, means: np.ndarray, counts: np.ndarray, min_count: int = 20) -> dict[str, float]:
     """Weighted quadratic fit of bin means (see module docstring); NaNs when < 3 usable bins."""
     keep = (counts >= min_count) & np.isfinite(means)
-    out = {"n_bins_fit": int(keep.sum()), "curvature": np.nan, "slope": np.nan, "intercept": np.nan, "argmin": np.nan,
-           "convex": False, "argmin_inside": False, "argmin_in_range": False, "empirical_argmin": np.nan,
-           "rate_lo": np.nan, "rate_hi": np.nan}  # fmt: skip
+    out = {
+        "n_bins_fit": int(keep.sum()),
+        "curvature": np.nan,
+        "slope": np.nan,
+        "intercept": np.nan,
+        "argmin": np.nan,
+        "convex": False,
+        "argmin_inside": False,
+        "argmin_in_range": False,
+        "empirical_argmin": np.nan,
+        "rate_lo": np.nan,
+        "rate_hi": np.nan,
+    }
     if keep.sum() == 0:
         return out
     x, y, w = centres[keep], means[keep], counts[keep].astype(float)
@@ -87,7 +97,9 @@ class NormCurve(CorpusAnalysis):
     def update(self, model, cache, tokens) -> None:
         self.mode = model_mode(model)
         for l in self.layers:
-            rate, norm = sink_rate_and_output_norm(get_attention_layer(model, cache, l, dtype=torch.float64), window=sliding_window(model, l))
+            rate, norm = sink_rate_and_output_norm(
+                get_attention_layer(model, cache, l, dtype=torch.float64), window=sliding_window(model, l)
+            )
             self.out_of_window.total[l] += float(torch.isnan(rate[:, 0]).sum())
             histogram_add_at(self.per_head, l, rate, norm, dim=0)
             histogram_add_at(self.per_layer, l, rate.reshape(-1), norm.reshape(-1), dim=0)
@@ -109,9 +121,21 @@ class NormCurve(CorpusAnalysis):
                     idx = (l, h) if scope == "head" else (l,)
                     c, m, s = counts[idx], means[idx], sems[idx]
                     for b in range(len(centres)):
-                        curve_rows.append({"scope": scope, "layer": l, "head": h, "bin_lo": edges[b], "bin_hi": edges[b + 1],
-                                           "sink_rate": centres[b], "count": int(c[b]), "mean_norm": m[b], "sem": s[b],
-                                           "ci_lo": m[b] - 1.96 * s[b], "ci_hi": m[b] + 1.96 * s[b]})  # fmt: skip
+                        curve_rows.append(
+                            {
+                                "scope": scope,
+                                "layer": l,
+                                "head": h,
+                                "bin_lo": edges[b],
+                                "bin_hi": edges[b + 1],
+                                "sink_rate": centres[b],
+                                "count": int(c[b]),
+                                "mean_norm": m[b],
+                                "sem": s[b],
+                                "ci_lo": m[b] - 1.96 * s[b],
+                                "ci_hi": m[b] + 1.96 * s[b],
+                            }
+                        )
                     fit_rows.append({"scope": scope, "layer": l, "head": h, **quadratic_fit(centres, m, c, min_count)})
         n_out = {l: int(self.out_of_window.total[l]) for l in self.layers}
         return NormCurveResult(pd.DataFrame(curve_rows), pd.DataFrame(fit_rows), min_count, self.mode, n_out)
@@ -136,14 +160,39 @@ class NormCurveResult:
             f = self.fits[(self.fits.scope == scope) & (self.fits.n_bins_fit >= 3)]
             out[f"{scope}_n_fitted"] = int(len(f))
             out[f"{scope}_share_convex"] = float(f.convex.mean()) if len(f) else float("nan")
-            out[f"{scope}_share_convex_argmin_inside"] = float((f.convex & f.argmin_inside).mean()) if len(f) else float("nan")
-            out[f"{scope}_share_convex_argmin_in_range"] = float((f.convex & f.argmin_in_range).mean()) if len(f) else float("nan")
-            out[f"{scope}_share_empirical_min_below_max_rate"] = float((f.empirical_argmin < f.rate_hi).mean()) if len(f) else float("nan")
+            out[f"{scope}_share_convex_argmin_inside"] = (
+                float((f.convex & f.argmin_inside).mean()) if len(f) else float("nan")
+            )
+            out[f"{scope}_share_convex_argmin_in_range"] = (
+                float((f.convex & f.argmin_in_range).mean()) if len(f) else float("nan")
+            )
+            out[f"{scope}_share_empirical_min_below_max_rate"] = (
+                float((f.empirical_argmin < f.rate_hi).mean()) if len(f) else float("nan")
+            )
         return out
 
 
-def output_norm_curve(model, tokens: torch.Tensor, *, batch_size: int = 8, n_bins: int = 20, layers=None,
-                      min_count: int = 20, progress: bool = False) -> NormCurveResult:  # fmt: skip
+def output_norm_curve(
+    model,
+    tokens: torch.Tensor,
+    *,
+    batch_size: int = 8,
+    n_bins: int = 20,
+    layers=None,
+    min_count: int = 20,
+    progress: bool = False,
+) -> NormCurveResult:
     """Mean head output norm per sink-rate bin and its quadratic convexity fit (module docstring)."""
-    return run_analysis(model, tokens, NormCurve, model.cfg.n_layers, model.cfg.n_heads, n_bins=n_bins, layers=layers,
-                        batch_size=batch_size, progress=progress, desc="norm curve", result_kwargs={"min_count": min_count})  # fmt: skip
+    return run_analysis(
+        model,
+        tokens,
+        NormCurve,
+        model.cfg.n_layers,
+        model.cfg.n_heads,
+        n_bins=n_bins,
+        layers=layers,
+        batch_size=batch_size,
+        progress=progress,
+        desc="norm curve",
+        result_kwargs={"min_count": min_count},
+    )

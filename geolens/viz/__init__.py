@@ -23,7 +23,12 @@ from geolens.viz.contributions import (
     source_colors,
     str_tokens,
 )
-from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot, pruning_curves_plot, sensitivity_map_plot
+from geolens.viz.faithfulness import (
+    faithfulness_curves_plot,
+    mc_accuracy_plot,
+    pruning_curves_plot,
+    sensitivity_map_plot,
+)
 from geolens.viz.selection import f_by_layer_plot, f_vs_n_plot, similarity_decay_plot
 from geolens.viz.sinks import controls_plot, decomposition_bars, drift_plot, norm_curve_plot, sink_layer_bars
 from geolens.viz.taxonomy import regime_grid_html, regime_grid_plot, save_regime_grid_html

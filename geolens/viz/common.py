@@ -143,7 +143,7 @@ class HTMLView:
     def to_html(self) -> str:
         """A standalone HTML page (the circuitsvis bundle inlined, nothing fetched)."""
         return (
-            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
             f"<title>{html.escape(self.title or 'geolens')}</title></head>\n<body>\n"
             f"{self.fragment(include_bundle=True)}\n</body></html>\n"
         )

@@ -122,7 +122,13 @@ def signed_heatmaps(
     return HTMLView(
         [Component("AttentionHeads", props, caption=caption)],
         title=title,
-        data={"values": values, "tokens": list(tokens), "head_names": names, "max_abs": m, "scale": {"kind": scale, "min": lo, "max": hi}},
+        data={
+            "values": values,
+            "tokens": list(tokens),
+            "head_names": names,
+            "max_abs": m,
+            "scale": {"kind": scale, "min": lo, "max": hi},
+        },
     )
 
 
@@ -157,14 +163,22 @@ def contribution_heatmaps(
     drawn = [get_metric(name) for name in metrics]  # ValueError naming the registered metrics
     needs_model = [m.name for m in drawn if not m.per_layer]
     if needs_model:
-        raise ValueError(f"metrics {needs_model} are computed per sequence from the model (per_layer=False): draw per-layer metrics here")
+        raise ValueError(
+            f"metrics {needs_model} are computed per sequence from the model (per_layer=False): draw per-layer metrics here"
+        )
     seq = _check_batch(tokens, batch_index)
     view_of_layer = get_attention_layer(model, cache, layer)
     inputs = LayerInputs.from_layer(view_of_layer, mode)
     words = str_tokens(model, seq)
     head_idx = list(range(model.cfg.n_heads)) if heads is None else [int(h) for h in heads]
     names = [f"L{view_of_layer.layer}H{h}" for h in head_idx]
-    data = {"layer": view_of_layer.layer, "mode": mode, "model_mode": model_mode(model), "heads": head_idx, "tokens": words}
+    data = {
+        "layer": view_of_layer.layer,
+        "mode": mode,
+        "model_mode": model_mode(model),
+        "heads": head_idx,
+        "tokens": words,
+    }
     components = []
     visible = torch.tril(torch.ones(len(words), len(words), dtype=torch.bool))
     for metric in drawn:
@@ -284,5 +298,10 @@ def sink_attention_vs_contribution_plot(
     ax.set_ylabel("mean over heads and queries")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    data = {"sink_attention": a, "sink_contribution": c, "sink_attention_sem": sink_attention_sem, "sink_contribution_sem": sink_contribution_sem}
+    data = {
+        "sink_attention": a,
+        "sink_contribution": c,
+        "sink_attention_sem": sink_attention_sem,
+        "sink_contribution_sem": sink_contribution_sem,
+    }
     return PlotView(fig, title=title, data=data)

@@ -72,7 +72,9 @@ def _coincidence_note(pairs: list[dict]) -> list[str]:
     return lines
 
 
-def _direction_panels(axes, df: pd.DataFrame, column: str, *, value_key: str, band: bool, rel_tol: float) -> tuple[dict, list[dict]]:
+def _direction_panels(
+    axes, df: pd.DataFrame, column: str, *, value_key: str, band: bool, rel_tol: float
+) -> tuple[dict, list[dict]]:
     """Comprehensiveness on ``axes[0]``, sufficiency on ``axes[1]``: one curve of ``column`` against k
     per metric, each with its own label, colour, marker and line style (with ``band``, the CI band
     ``column_lo`` … ``column_hi``).
@@ -116,8 +118,13 @@ def _finish(fig, subtitle: str, notes: list[str], legend_axes=None) -> None:
     if legend_axes is not None:
         # added after the layout: the legend belongs to the first panel (ax.get_legend()) but sits
         # in the figure's right margin, outside every data area
-        legend_axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(right + 0.01, 0.5 + bottom / 2),
-                           bbox_transform=fig.transFigure, frameon=False)  # fmt: skip
+        legend_axes.legend(
+            fontsize=8,
+            loc="center left",
+            bbox_to_anchor=(right + 0.01, 0.5 + bottom / 2),
+            bbox_transform=fig.transFigure,
+            frameon=False,
+        )
 
 
 def fraction_ticks(ax, fractions, *, min_gap: float = 0.16) -> list[float]:
@@ -152,7 +159,11 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
     axes = fig.subplots(1, 2, sharey=False)
     data, coincide = _direction_panels(axes, curves, quantity, value_key="value", band=True, rel_tol=0.01)
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
-        better = "higher = more faithful" if (direction == "comprehensiveness") == (quantity == "delta_ppl") else "lower = more faithful"
+        better = (
+            "higher = more faithful"
+            if (direction == "comprehensiveness") == (quantity == "delta_ppl")
+            else "lower = more faithful"
+        )
         ax.set_title(f"{direction} ({better})", fontsize=10)
         ax.set_xscale("log")
         fraction_ticks(ax, curves.fraction)
@@ -182,7 +193,9 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
     for ax, direction in zip(axes, ("comprehensiveness", "sufficiency")):
         same = sorted({_label(m)[0] for p in coincide if p["direction"] == direction for m in (p["a"], p["b"])})
         if same:
-            notes.append(f"{direction}: identical accuracies for {', '.join(same)} (few questions: accuracy moves in steps of 1/n).")
+            notes.append(
+                f"{direction}: identical accuracies for {', '.join(same)} (few questions: accuracy moves in steps of 1/n)."
+            )
         ax.axhline(clean, color="k", lw=0.8, ls=":", label="clean")
         ax.set_title(direction, fontsize=10)
         ax.set_xlabel("fraction k removed")
@@ -234,13 +247,19 @@ def pruning_curves_plot(df: pd.DataFrame, *, subtitle: str = "", log: bool = Tru
     if len(rand):
         m = rand.groupby("retention", sort=False).delta_ppl.mean()
         n_seeds = rand.order.nunique()
-        label = "random order (1 seed)" if n_seeds == 1 else f"random orders (mean of {n_seeds} seeds; thin grey: each seed)"
+        label = (
+            "random order (1 seed)"
+            if n_seeds == 1
+            else f"random orders (mean of {n_seeds} seeds; thin grey: each seed)"
+        )
         ax.plot(m.index, m.values, color="k", ls="--", label=label)
     ax.invert_xaxis()
     scale = _delta_ppl_scale(ax, df.delta_ppl.to_numpy(dtype=float)) if log else "linear"
     ax.set_xticks(sorted({float(r) for r in df.retention}))
     ax.set_xlabel("retention (share of heads kept)")
-    ax.set_ylabel("ΔPPL vs the unpruned model" + {"log": " (log scale)", "symlog": " (symmetric log scale)"}.get(scale, ""))
+    ax.set_ylabel(
+        "ΔPPL vs the unpruned model" + {"log": " (log scale)", "symlog": " (symmetric log scale)"}.get(scale, "")
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     if subtitle:
@@ -249,7 +268,9 @@ def pruning_curves_plot(df: pd.DataFrame, *, subtitle: str = "", log: bool = Tru
     return PlotView(fig, title="pruning curves", data=data)
 
 
-def sensitivity_map_plot(delta_ppl: np.ndarray, critical: pd.DataFrame | None = None, *, subtitle: str = "") -> PlotView:
+def sensitivity_map_plot(
+    delta_ppl: np.ndarray, critical: pd.DataFrame | None = None, *, subtitle: str = ""
+) -> PlotView:
     """Layer × head map of single-head ablation ΔPPL; critical heads circled."""
     fig = new_figure(figsize=(5, 7))
     ax = fig.subplots()
@@ -257,7 +278,9 @@ def sensitivity_map_plot(delta_ppl: np.ndarray, critical: pd.DataFrame | None = 
     im = ax.imshow(delta_ppl, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
     fig.colorbar(im, ax=ax, label="ΔPPL (one head ablated)")
     if critical is not None and len(critical):
-        ax.scatter(critical["head"], critical["layer"], s=80, facecolors="none", edgecolors="k", label="|robust z| > 3.5")
+        ax.scatter(
+            critical["head"], critical["layer"], s=80, facecolors="none", edgecolors="k", label="|robust z| > 3.5"
+        )
         ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")

@@ -62,7 +62,9 @@ def flow_routes_html(graph) -> str:
     for l in range(n_layers + 1):  # row labels and guides
         label = "emb" if l == 0 else f"L{l}"
         parts.append(f'<text class="gl-flow-row" x="{PAD_X - 8}" y="{y(l) + 4:.1f}" text-anchor="end">{label}</text>')
-        parts.append(f'<line class="gl-flow-guide" x1="{PAD_X}" x2="{width - 20}" y1="{y(l):.1f}" y2="{y(l):.1f}"></line>')
+        parts.append(
+            f'<line class="gl-flow-guide" x1="{PAD_X}" x2="{width - 20}" y1="{y(l):.1f}" y2="{y(l):.1f}"></line>'
+        )
     for p in columns:  # column labels under the embedding row
         tip = html.escape(f"position {p}: {tokens[p]!r}")
         parts.append(
@@ -88,8 +90,10 @@ def flow_routes_html(graph) -> str:
             f'<circle class="{cls}" data-layer="{l}" data-pos="{p}" cx="{x(p):.1f}" cy="{y(l):.1f}" r="5">'
             f"<title>{html.escape(chr(10).join(lines))}</title></circle>"
         )
-    title = (f"Information-flow routes of position {int(g['position'])} {tokens[int(g['position'])]!r}: method {g.get('method', '')}, "
-             f"shares > {float(g.get('threshold', 0)):g}; {len(nodes)} nodes, {len(edges)} edges")  # fmt: skip
+    title = (
+        f"Information-flow routes of position {int(g['position'])} {tokens[int(g['position'])]!r}: method {g.get('method', '')}, "
+        f"shares > {float(g.get('threshold', 0)):g}; {len(nodes)} nodes, {len(edges)} edges"
+    )
     payload = _script_json({"tokens": tokens, "sources": sources})
     style = f"""
 #{vid} {{ font-family: sans-serif; font-size: 12px; }}
@@ -178,6 +182,10 @@ def erasure_naopc_plot(naopc, *, labels: dict | None = None, family: str = "prim
         ax.grid(alpha=0.3, axis="x")
         data[direction] = {m: [float(a), float(b), float(c)] for m, a, b, c in zip(d["method"], est, lo, hi)}
     replacement, outcome = rows["replacement"].iloc[0], rows["outcome"].iloc[0]
-    fig.suptitle(f"Input-token erasure, {outcome.upper() if outcome == 'kl' else outcome}, {replacement} replacement" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    fig.suptitle(
+        f"Input-token erasure, {outcome.upper() if outcome == 'kl' else outcome}, {replacement} replacement"
+        + (f"\n{subtitle}" if subtitle else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     return PlotView(fig, title="erasure nAOPC", data={"family": family, "naopc": data})

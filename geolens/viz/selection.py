@@ -27,9 +27,13 @@ def f_vs_n_plot(scores: pd.DataFrame, *, space: str = "value", by: str = "attent
     axes = fig.subplots(1, len(distances), squeeze=False)[0]
     # (colour, line style, marker, line width, alpha): the two random curves nearly coincide, so
     # "sink kept" is a wide pale line and "sink excluded" a thin dashed line with other markers on top
-    styles = {("top", "keep"): ("C0", "-", "o", 1.5, 1.0), ("top", "exclude"): ("C0", "--", "s", 1.5, 1.0),
-              ("top", "force"): ("C0", ":", "^", 1.5, 1.0), ("random", "keep"): ("C3", "-", "o", 4.0, 0.35),
-              ("random", "exclude"): ("#8b0000", "--", "x", 1.2, 1.0)}  # fmt: skip
+    styles = {
+        ("top", "keep"): ("C0", "-", "o", 1.5, 1.0),
+        ("top", "exclude"): ("C0", "--", "s", 1.5, 1.0),
+        ("top", "force"): ("C0", ":", "^", 1.5, 1.0),
+        ("random", "keep"): ("C3", "-", "o", 4.0, 0.35),
+        ("random", "exclude"): ("#8b0000", "--", "x", 1.2, 1.0),
+    }
     names = {"keep": "sink kept", "exclude": "sink excluded", "force": "sink forced in"}
     coincide = {}
     for ax, dist in zip(axes, distances):
@@ -39,7 +43,17 @@ def f_vs_n_plot(scores: pd.DataFrame, *, space: str = "value", by: str = "attent
             if g.empty:
                 continue
             label = f"{'top-N' if kind == 'top' else 'random N-set'}, {names[sink]}"
-            ax.plot(g.N, g["mean"], color=color, ls=ls, marker=marker, ms=4 if lw < 3 else 6, lw=lw, alpha=alpha, label=label)
+            ax.plot(
+                g.N,
+                g["mean"],
+                color=color,
+                ls=ls,
+                marker=marker,
+                ms=4 if lw < 3 else 6,
+                lw=lw,
+                alpha=alpha,
+                label=label,
+            )
             ax.fill_between(g.N, g.lo, g.hi, color=color, alpha=0.10)
             curves[kind, sink] = g.set_index("N")["mean"]
         if ("random", "keep") in curves and ("random", "exclude") in curves:
@@ -56,10 +70,18 @@ def f_vs_n_plot(scores: pd.DataFrame, *, space: str = "value", by: str = "attent
     close = {d: v for d, v in coincide.items() if np.isfinite(v) and v <= 0.01 * 1.02}
     if close:
         worst = max(close.values())
-        fig.text(0.01, 0.01, "The two random curves nearly coincide (largest difference "
-                 f"{worst:.2g}): they use the same random rankings, and the sets differ only when the sink "
-                 "is drawn among the first N (probability N/(t+1)); they are not equal by construction.",
-                 fontsize=7, ha="left", va="bottom", wrap=True, color="#333333")  # fmt: skip
+        fig.text(
+            0.01,
+            0.01,
+            "The two random curves nearly coincide (largest difference "
+            f"{worst:.2g}): they use the same random rankings, and the sets differ only when the sink "
+            "is drawn among the first N (probability N/(t+1)); they are not equal by construction.",
+            fontsize=7,
+            ha="left",
+            va="bottom",
+            wrap=True,
+            color="#333333",
+        )
         bottom = 0.1
     if title:
         fig.suptitle(title, fontsize=10)
@@ -97,7 +119,9 @@ def similarity_decay_plot(lag_sim: np.ndarray, fit: pd.DataFrame, *, layers=None
     for k, l in enumerate(layers):
         ax.plot(delta, lag_sim[l].mean(0), color=f"C{k}", label=f"layer {l}")
         rows = fit[fit.layer == l]
-        curve = np.mean([r.decay_offset + r.decay_amplitude * np.exp(-delta / r.decay_length) for r in rows.itertuples()], axis=0)
+        curve = np.mean(
+            [r.decay_offset + r.decay_amplitude * np.exp(-delta / r.decay_length) for r in rows.itertuples()], axis=0
+        )
         ax.plot(delta, curve, color=f"C{k}", ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("token distance δ")

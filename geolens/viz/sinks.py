@@ -26,10 +26,28 @@ def sink_layer_bars(geometry) -> PlotView:
     fig = new_figure(figsize=(11, 6.5))
     axes = fig.subplots(2, 2, sharex=True)
     panels = (  # left bars, right bars (column, legend label each), title
-        ("sink_rate", "mean α_i0 (i ≥ 1)", "gu_sink_share", f"Gu et al. share of heads, ε={geometry.eps:g}", "sink rate"),
+        (
+            "sink_rate",
+            "mean α_i0 (i ≥ 1)",
+            "gu_sink_share",
+            f"Gu et al. share of heads, ε={geometry.eps:g}",
+            "sink rate",
+        ),
         ("value_norm_ratio", "‖v_0‖ / mean‖v_j‖", "proj_norm_ratio", "‖ṽ_0‖ / mean‖ṽ_j‖", "sink / non-sink value norm"),
-        ("value_cos_tail", "cos(v_0, v_j)", "proj_cos_tail", "cos(ṽ_0, ṽ_j)", "sink cosine with non-sink values (mean over j > 0)"),
-        ("value_cos_mean_dir", "cos(v_0, mean v_j)", "proj_cos_mean_dir", "cos(ṽ_0, mean ṽ_j)", "sink cosine with the mean non-sink direction"),
+        (
+            "value_cos_tail",
+            "cos(v_0, v_j)",
+            "proj_cos_tail",
+            "cos(ṽ_0, ṽ_j)",
+            "sink cosine with non-sink values (mean over j > 0)",
+        ),
+        (
+            "value_cos_mean_dir",
+            "cos(v_0, mean v_j)",
+            "proj_cos_mean_dir",
+            "cos(ṽ_0, mean ṽ_j)",
+            "sink cosine with the mean non-sink direction",
+        ),
     )
     for ax, (left, left_label, right, right_label, title) in zip(axes.ravel(), panels):
         ax.bar(x - 0.2, df[left], 0.4, label=left_label)
@@ -76,12 +94,17 @@ def decomposition_bars(decomposition) -> PlotView:
         ax.axhline(0, color="k", lw=0.6)
         ax.axhline(1, color="k", lw=0.4, ls=":")
         ax.set_ylabel("Cov(X, F) / Var X")
-        ax.set_title(f"{source} sources: signed share of Var(log|c_ij|) per factor F (shares add up to 1; "
-                     "a negative share cancels part of the others)", fontsize=9)
+        ax.set_title(
+            f"{source} sources: signed share of Var(log|c_ij|) per factor F (shares add up to 1; "
+            "a negative share cancels part of the others)",
+            fontsize=9,
+        )
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
     axes[-1].set_xlabel("layer")
     fig.tight_layout()
-    return PlotView(fig, title="token-type decomposition: signed variance shares", data={"layers": df, "sum_of_shares": sums})
+    return PlotView(
+        fig, title="token-type decomposition: signed variance shares", data={"layers": df, "sum_of_shares": sums}
+    )
 
 
 def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels: int = 12) -> PlotView:
@@ -91,7 +114,11 @@ def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels
     fits = fits[fits.scope == scope]
     all_layers = sorted(curves.layer.unique())
     if layers is None:
-        layers = all_layers if len(all_layers) <= max_panels else [all_layers[int(i)] for i in np.linspace(0, len(all_layers) - 1, max_panels)]
+        layers = (
+            all_layers
+            if len(all_layers) <= max_panels
+            else [all_layers[int(i)] for i in np.linspace(0, len(all_layers) - 1, max_panels)]
+        )
     n = len(layers)
     cols = min(4, n)
     rows = int(np.ceil(n / cols))
@@ -99,14 +126,18 @@ def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     for ax, l in zip(axes, layers):
         c = curves[(curves.layer == l) & (curves["count"] >= norm_curve.min_count)]
-        ax.errorbar(c.sink_rate, c.mean_norm, yerr=[c.mean_norm - c.ci_lo, c.ci_hi - c.mean_norm], fmt="o", ms=3, capsize=2)
+        ax.errorbar(
+            c.sink_rate, c.mean_norm, yerr=[c.mean_norm - c.ci_lo, c.ci_hi - c.mean_norm], fmt="o", ms=3, capsize=2
+        )
         f = fits[fits.layer == l].iloc[0]
         if np.isfinite(f.curvature):
             xs = np.linspace(f.rate_lo, f.rate_hi, 50)
             ax.plot(xs, f.curvature * xs**2 + f.slope * xs + f.intercept, "r-", lw=1)
             if f.convex and np.isfinite(f["argmin"]):
                 ax.axvline(f["argmin"], color="r", ls=":", lw=0.8)
-        ax.set_title(f"layer {l}: a={f.curvature:.2g}" + (f", argmin={f['argmin']:.2f}" if f.convex else ""), fontsize=8)
+        ax.set_title(
+            f"layer {l}: a={f.curvature:.2g}" + (f", argmin={f['argmin']:.2f}" if f.convex else ""), fontsize=8
+        )
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=7)
     for ax in axes[n:]:
@@ -114,7 +145,11 @@ def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels
     fig.supxlabel("sink rate α_i0 (bin centre)")
     fig.supylabel("mean ‖o_i^h‖")
     fig.tight_layout()
-    return PlotView(fig, title="output norm vs sink rate", data={"curves": curves[curves.layer.isin(layers)], "fits": fits[fits.layer.isin(layers)]})
+    return PlotView(
+        fig,
+        title="output norm vs sink rate",
+        data={"curves": curves[curves.layer.isin(layers)], "fits": fits[fits.layer.isin(layers)]},
+    )
 
 
 def drift_plot(drift) -> PlotView:
@@ -122,7 +157,10 @@ def drift_plot(drift) -> PlotView:
     heads, s = drift.heads, drift.summary
     fig = new_figure(figsize=(12, 3.6))
     axes = fig.subplots(1, 3)
-    for ax, col, title in ((axes[0], "cos_cone", "cos(o_i^h, semantic cone)"), (axes[1], "relative_out_norm", "‖o_i^h‖ / mean‖ṽ_j‖")):
+    for ax, col, title in (
+        (axes[0], "cos_cone", "cos(o_i^h, semantic cone)"),
+        (axes[1], "relative_out_norm", "‖o_i^h‖ / mean‖ṽ_j‖"),
+    ):
         for (l, h), g in heads.groupby(["layer", "head"]):
             low = bool(g.low_norm.iloc[0])
             ax.plot(g["lambda"], g[col], color="tab:red" if low else "tab:gray", alpha=0.25 if low else 0.08, lw=0.7)
@@ -135,7 +173,10 @@ def drift_plot(drift) -> PlotView:
     axes[2].axhline(0, color="k", lw=0.6)
     axes[2].set_xlabel("λ")
     axes[2].set_title(f"ΔPPL vs λ = 1 (PPL(1) = {float(s.loc[s['lambda'] == 1.0, 'ppl'].iloc[0]):.2f})", fontsize=9)
-    fig.suptitle(f"Semantic drift ({drift.n_sequences} sequences; low-norm: bottom {drift.low_norm_quantile:.0%} of relative norm at λ = 1)", fontsize=10)
+    fig.suptitle(
+        f"Semantic drift ({drift.n_sequences} sequences; low-norm: bottom {drift.low_norm_quantile:.0%} of relative norm at λ = 1)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return PlotView(fig, title="semantic drift", data={"summary": s})
 
@@ -159,7 +200,12 @@ def controls_plot(controls) -> PlotView:
         ax = axes[0]
         x = np.arange(len(edits))
         ys = np.array([a.loc[e, "delta_ppl"] for e in edits])
-        err = np.array([[a.loc[e, "delta_ppl"] - a.loc[e, "delta_ppl_lo"], a.loc[e, "delta_ppl_hi"] - a.loc[e, "delta_ppl"]] for e in edits]).T
+        err = np.array(
+            [
+                [a.loc[e, "delta_ppl"] - a.loc[e, "delta_ppl_lo"], a.loc[e, "delta_ppl_hi"] - a.loc[e, "delta_ppl"]]
+                for e in edits
+            ]
+        ).T
         ax.bar(x, ys, yerr=err, color=[colors[e] for e in edits], capsize=2)
         ax.set_xticks(x, edits, rotation=60, ha="right", fontsize=7)
         ax.set_yscale("symlog", linthresh=1.0)
@@ -170,14 +216,31 @@ def controls_plot(controls) -> PlotView:
         per["layer"] = per.scope.astype(int)
         for ax, (col, lo, hi, title) in zip(
             axes[1:],
-            (("delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "(b) ΔPPL, one layer at a time"),
-             ("out_norm_ratio", "out_norm_ratio_lo", "out_norm_ratio_hi", "(c) ‖o_i^h‖ edited / clean, at that layer"),
-             ("delta_cos", "delta_cos_lo", "delta_cos_hi", "(d) Δ cos(o_i^h, cone), at that layer")),
-        ):  # fmt: skip
+            (
+                ("delta_ppl", "delta_ppl_lo", "delta_ppl_hi", "(b) ΔPPL, one layer at a time"),
+                (
+                    "out_norm_ratio",
+                    "out_norm_ratio_lo",
+                    "out_norm_ratio_hi",
+                    "(c) ‖o_i^h‖ edited / clean, at that layer",
+                ),
+                ("delta_cos", "delta_cos_lo", "delta_cos_hi", "(d) Δ cos(o_i^h, cone), at that layer"),
+            ),
+        ):
             for k, e in enumerate(edits):
                 g = per[per.edit == e].sort_values("layer")
                 xs = g.layer + (k - len(edits) / 2) * 0.08
-                ax.errorbar(xs, g[col], yerr=[g[col] - g[lo], g[hi] - g[col]], fmt="o-", ms=3, lw=0.9, capsize=1.5, color=colors[e], label=e)
+                ax.errorbar(
+                    xs,
+                    g[col],
+                    yerr=[g[col] - g[lo], g[hi] - g[col]],
+                    fmt="o-",
+                    ms=3,
+                    lw=0.9,
+                    capsize=1.5,
+                    color=colors[e],
+                    label=e,
+                )
             ax.axhline(1.0 if col == "out_norm_ratio" else 0.0, color="k", lw=0.6)
             ax.set_xlabel("edited layer")
             ax.set_title(title, fontsize=9)
@@ -195,4 +258,6 @@ def controls_plot(controls) -> PlotView:
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0, 0.87, 1))
-    return PlotView(fig, title="sink-value controls", data={"conditions": c, "pairs": controls.pairs, "scopes": controls.scopes})
+    return PlotView(
+        fig, title="sink-value controls", data={"conditions": c, "pairs": controls.pairs, "scopes": controls.scopes}
+    )

@@ -89,7 +89,9 @@ def regime_grid_plot(taxonomies: dict, *, title: str = "Head regimes") -> PlotVi
     with warnings.catch_warnings():  # tiny grids cannot always fit every margin
         warnings.simplefilter("ignore", UserWarning)
         fig.tight_layout()
-    data = {name: {"regimes": tax.regimes.tolist(), "distribution": tax.distribution} for name, tax in taxonomies.items()}
+    data = {
+        name: {"regimes": tax.regimes.tolist(), "distribution": tax.distribution} for name, tax in taxonomies.items()
+    }
     data["colour_bar"] = {"regimes": list(REGIME_COLORS), "winning_share": [float(levels[0]), float(levels[-1])]}
     return PlotView(fig, title=title, data=data)
 
@@ -104,7 +106,9 @@ def regime_grid_html(taxonomies: dict, *, title: str = "Head regimes", note: str
         "</head><body>",
         f"<h2>{html.escape(title)}</h2>",
         f"<p>{html.escape(note)}</p>" if note else "",
-        "<p class='legend'>" + "".join(f"<span style='background:{c}'>{r}</span>" for r, c in REGIME_COLORS.items()) + " (paler = smaller winning share)</p>",
+        "<p class='legend'>"
+        + "".join(f"<span style='background:{c}'>{r}</span>" for r, c in REGIME_COLORS.items())
+        + " (paler = smaller winning share)</p>",
     ]
     parts += [_grid_table(name, tax) for name, tax in taxonomies.items()]
     parts.append("</body></html>")
@@ -117,7 +121,10 @@ def _grid_table(name: str, tax) -> str:
     shares = tax.shares()
     L, H = tax.regimes.shape
     dist = ", ".join(f"{r} {100 * tax.distribution[r]:.1f}%" for r in REGIME_COLORS)
-    rows = [f"<table><caption><b>{html.escape(name)}</b><br>{dist}</caption>", "<tr><th></th>" + "".join(f"<th>{h}</th>" for h in range(H)) + "</tr>"]
+    rows = [
+        f"<table><caption><b>{html.escape(name)}</b><br>{dist}</caption>",
+        "<tr><th></th>" + "".join(f"<th>{h}</th>" for h in range(H)) + "</tr>",
+    ]
     for l in range(L):
         cells = []
         for h in range(H):

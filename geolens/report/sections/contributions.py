@@ -88,7 +88,13 @@ def build(ctx, analyses: dict) -> Section:
         title="Contribution vs attention",
         intro=intro,
         figures=[plot, heat, colors],
-        tables=[("per layer (head means)", layer_table, "Means over the heads of each layer, over all queries i ≥ 1 of the corpus windows.")],
+        tables=[
+            (
+                "per layer (head means)",
+                layer_table,
+                "Means over the heads of each layer, over all queries i ≥ 1 of the corpus windows.",
+            )
+        ],
         numbers={"overall": overall, "per_head": per_head, "example_layer": layer, "n_samples": n_queries},
         claims=claims,
         params={"mode": "intra", "example_layer": layer, "prompt": cfg.prompt},

@@ -14,7 +14,7 @@ protocol's 2000 otherwise.
 
 **Secondary: protocol 1's curves** (superseded: every layer masked at once, which takes the model
 off its distribution), from :func:`~geolens.pipelines.faithfulness.run_faithfulness` with
-:class:`~geolens.faithfulness.Protocol`'s defaults (``query`` ranking on the inter-head scale,
+:class:`~geolens.faithfulness.MaskingConfig`'s defaults (``query`` ranking on the inter-head scale,
 sink and current token removable, every prediction after the first 8 positions scored) on the
 report's held-out windows (up to 8; in quick mode 1 window and k ∈ {0.05, 0.5}), with every metric
 of :mod:`geolens.metrics` registered with ``default=True``.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import pandas as pd
 
 from geolens.claims import PROTOCOL_MIN_DOCUMENTS, describe_sample, sample_size, table_verdict
-from geolens.faithfulness import FRACTIONS, Protocol
+from geolens.faithfulness import FRACTIONS, MaskingConfig
 from geolens.metrics import metric_names
 from geolens.pipelines.faithfulness import QUANTITY, FaithfulnessParams, PerTermParams, run_faithfulness, run_per_term
 from geolens.report.document import Section
@@ -45,12 +45,26 @@ def settings(ctx) -> dict:
     metrics = metric_names(default_only=True)
     skip = min(8, max(0, ctx.heldout.shape[1] - 4))
     if ctx.config.quick:
-        return {"n_sequences": min(1, n), "fractions": (0.05, 0.5), "n_boot": 200, "metrics": metrics, "chunk_size": 12, "skip_prefix": skip}
-    return {"n_sequences": min(8, n), "fractions": FRACTIONS, "n_boot": 1000, "metrics": metrics, "chunk_size": 12, "skip_prefix": skip}
+        return {
+            "n_sequences": min(1, n),
+            "fractions": (0.05, 0.5),
+            "n_boot": 200,
+            "metrics": metrics,
+            "chunk_size": 12,
+            "skip_prefix": skip,
+        }
+    return {
+        "n_sequences": min(8, n),
+        "fractions": FRACTIONS,
+        "n_boot": 1000,
+        "metrics": metrics,
+        "chunk_size": 12,
+        "skip_prefix": skip,
+    }
 
 
 def per_term_params(ctx) -> PerTermParams:
-    """Protocol 2's per-term endpoint at report size (module docstring)."""
+    """MaskingConfig 2's per-term endpoint at report size (module docstring)."""
     if ctx.config.quick:
         return PerTermParams(n_positions=1, n_boot=1000, seed=ctx.config.seed)
     return PerTermParams(n_positions=2, n_boot=2000, seed=ctx.config.seed)
@@ -65,9 +79,15 @@ def per_term_tables(run, sample: dict) -> dict[str, pd.DataFrame]:
     """The per-term tables as the report shows them: mean Spearman per metric (KL outcome, both
     scopes) and the Holm family's pairs with their verdict under the claims rule."""
     metrics = run.tables["metrics"]
-    kl = metrics[metrics.outcome == "kl"][["scope", "metric", "spearman", "ci_low", "ci_high", "top5", "n_positions", "n_documents"]]
+    kl = metrics[metrics.outcome == "kl"][
+        ["scope", "metric", "spearman", "ci_low", "ci_high", "top5", "n_positions", "n_documents"]
+    ]
     pairs = run.tables["pairs"]
-    keep = [c for c in ("scope", "a", "b", "estimate", "ci_low", "ci_high", "level", "p_adj", "verdict") if c in pairs.columns]
+    keep = [
+        c
+        for c in ("scope", "a", "b", "estimate", "ci_low", "ci_high", "level", "p_adj", "verdict")
+        if c in pairs.columns
+    ]
     shown = pairs[keep].assign(verdict=[table_verdict(v, sample) for v in pairs.verdict]) if len(pairs) else pairs[keep]
     return {"metrics": kl.reset_index(drop=True), "pairs": shown.reset_index(drop=True)}
 
@@ -86,8 +106,10 @@ def build(ctx, analyses: dict) -> Section:
 
     # secondary: protocol 1's all-layer curves, on the held-out windows
     s = settings(ctx)
-    protocol = Protocol(fractions=tuple(s["fractions"]), skip_prefix=s["skip_prefix"])
-    params = FaithfulnessParams(protocol=protocol, metrics=s["metrics"], chunk_size=s["chunk_size"], seed=ctx.config.seed, n_boot=s["n_boot"])
+    protocol = MaskingConfig(fractions=tuple(s["fractions"]), skip_prefix=s["skip_prefix"])
+    params = FaithfulnessParams(
+        protocol=protocol, metrics=s["metrics"], chunk_size=s["chunk_size"], seed=ctx.config.seed, n_boot=s["n_boot"]
+    )
     run = run_faithfulness(model, ctx.heldout[: s["n_sequences"]], params, progress=ctx.progress)
     result = run.result
     auc, pairs = run.tables["auc"], run.tables["pairs"]
@@ -115,30 +137,50 @@ def build(ctx, analyses: dict) -> Section:
         "The curves below are the superseded protocol 1 (secondary): the terms α_ij ṽ_j that a metric ranks highest "
         "(comprehensiveness) or lowest (sufficiency) removed in every layer at once, without renormalising α, which takes the model "
         f"off its distribution; {result.protocol_text()}, on {len(result.clean)} held-out window{'s' if len(result.clean) != 1 else ''}."
-    )  # fmt: skip
+    )
     return Section(
         key="faithfulness",
         title="Faithfulness",
         intro=intro,
         figures=[curves],
         tables=[
-            (f"per-term endpoint: mean Spearman ρ with the measured effects (KL), 95% CI over {PER_TERM_WINDOWS}", pt_tables["metrics"],
-             "Primary endpoint of protocol 2; term scope: each head's term; source scope: a source removed from every head."),
-            ("per-term endpoint: pre-registered pairs (Δ = ρ(b) − ρ(a), + = b agrees better; one Holm family)", pt_tables["pairs"],
-             "The interval is at the pair's Holm level; the verdict follows the claims rule."),
-            (f"paired AUC differences (b − a; + = b more faithful), 95% CI over documents [{SUPERSEDED}]", shown_pairs,
-             "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k; + = b more faithful."),
-            (f"area under the curve (bootstrap 95% CI over documents) [{SUPERSEDED}]", auc,
-             "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k."),
-        ],  # fmt: skip
+            (
+                f"per-term endpoint: mean Spearman ρ with the measured effects (KL), 95% CI over {PER_TERM_WINDOWS}",
+                pt_tables["metrics"],
+                "Primary endpoint of protocol 2; term scope: each head's term; source scope: a source removed from every head.",
+            ),
+            (
+                "per-term endpoint: pre-registered pairs (Δ = ρ(b) − ρ(a), + = b agrees better; one Holm family)",
+                pt_tables["pairs"],
+                "The interval is at the pair's Holm level; the verdict follows the claims rule.",
+            ),
+            (
+                f"paired AUC differences (b − a; + = b more faithful), 95% CI over documents [{SUPERSEDED}]",
+                shown_pairs,
+                "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k; + = b more faithful.",
+            ),
+            (
+                f"area under the curve (bootstrap 95% CI over documents) [{SUPERSEDED}]",
+                auc,
+                "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k.",
+            ),
+        ],
         numbers={
             "per_term": summary,
             "per_term_sample": pt_sample,
-            "curves": result.curves, "auc": auc, "pairs": pairs, "range_check": result.range_check(), "clean": result.clean, "protocol": result.protocol,
-        },  # fmt: skip
+            "curves": result.curves,
+            "auc": auc,
+            "pairs": pairs,
+            "range_check": result.range_check(),
+            "clean": result.clean,
+            "protocol": result.protocol,
+        },
         claims=claims,
         params={
             "per_term": per_term.parameters,
-            "protocol": result.protocol, "n_sequences": s["n_sequences"], "metrics": list(s["metrics"]), "n_boot": s["n_boot"],
-        },  # fmt: skip
+            "protocol": result.protocol,
+            "n_sequences": s["n_sequences"],
+            "metrics": list(s["metrics"]),
+            "n_boot": s["n_boot"],
+        },
     )

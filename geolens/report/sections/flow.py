@@ -117,19 +117,42 @@ def tables(run, sample: dict) -> dict[str, pd.DataFrame]:
     primary = naopc[naopc.family == "primary"][["direction", "method", "naopc", "ci_low", "ci_high"]]
     shown = pairs[pairs.family == "primary"]
     shown = shown.assign(verdict=[table_verdict(v, sample) for v in shown.verdict])
-    keep = [c for c in ("direction", "a", "b", "delta", "ci_low", "ci_high", "level", "p_adj", "verdict") if c in shown.columns]
-    out = {"naopc": _labelled(primary, {"direction": "erasure", "method": "method"}),
-           "pairs": _labelled(shown[keep], {"direction": "erasure", "a": "method_a", "b": "method_b"})}  # fmt: skip
+    keep = [
+        c
+        for c in ("direction", "a", "b", "delta", "ci_low", "ci_high", "level", "p_adj", "verdict")
+        if c in shown.columns
+    ]
+    out = {
+        "naopc": _labelled(primary, {"direction": "erasure", "method": "method"}),
+        "pairs": _labelled(shown[keep], {"direction": "erasure", "a": "method_a", "b": "method_b"}),
+    }
     if "replacements" in run.tables:
         r = run.summary["replacement_differences"]
         first, second = r["primary"], r["robustness"]
-        moved = run.tables["replacements"][["direction", "method", "naopc_primary", "naopc_robustness", "delta", "ci_low", "ci_high", "level", "p_adj"]]
-        moved = moved.rename(columns={"naopc_primary": f"nAOPC ({first})", "naopc_robustness": f"nAOPC ({second})", "delta": f"Δ {second} − {first}"})
+        moved = run.tables["replacements"][
+            ["direction", "method", "naopc_primary", "naopc_robustness", "delta", "ci_low", "ci_high", "level", "p_adj"]
+        ]
+        moved = moved.rename(
+            columns={
+                "naopc_primary": f"nAOPC ({first})",
+                "naopc_robustness": f"nAOPC ({second})",
+                "delta": f"Δ {second} − {first}",
+            }
+        )
         out["replacements"] = _labelled(moved, {"direction": "erasure", "method": "method"})
     ic = run.summary.get("induction_check", {})
     if ic and "skipped" not in ic:
-        rows = [dict(method=m, queries_checked=r["n"], passed=r["passed"], passed_no_bos=r["passed_no_bos"], median_rank_target=r["median_rank_target"],
-                     median_gap_when_failing=r["median_gap_when_failing"]) for m, r in ic.items()]  # fmt: skip
+        rows = [
+            dict(
+                method=m,
+                queries_checked=r["n"],
+                passed=r["passed"],
+                passed_no_bos=r["passed_no_bos"],
+                median_rank_target=r["median_rank_target"],
+                median_gap_when_failing=r["median_gap_when_failing"],
+            )
+            for m, r in ic.items()
+        ]
         out["induction"] = _labelled(pd.DataFrame(rows), {"method": "method"})
     return out
 
@@ -142,7 +165,12 @@ def build(ctx, analyses: dict) -> Section:
     windows = ctx.tokens[: n_windows(ctx)]
     run = run_flow(model, windows, p, progress=ctx.progress)
     primary = run.summary["families"]["primary"]
-    sample = sample_size(primary["n_documents"], windows=WINDOWS, minimum=PROTOCOL_MIN_DOCUMENTS, exploratory=run.status != "pre-registered")
+    sample = sample_size(
+        primary["n_documents"],
+        windows=WINDOWS,
+        minimum=PROTOCOL_MIN_DOCUMENTS,
+        exploratory=run.status != "pre-registered",
+    )
     shown = tables(run, sample)
     rc = run.summary["range_check"][s.primary]
     n_pred = int(run.summary["n_predictions"])
@@ -150,7 +178,7 @@ def build(ctx, analyses: dict) -> Section:
         f"{windows.shape[0]} {WINDOWS} × {len(s.positions)} prediction{'s' if len(s.positions) > 1 else ''} (position{'s' if len(s.positions) > 1 else ''} "
         f"{', '.join(map(str, s.positions))}) = {n_pred} predictions, {rc['excluded_kl']} out of range under the {s.primary} replacement; "
         f"{describe_sample(sample)} in range (the protocol asks for {PROTOCOL_MIN_DOCUMENTS} documents)"
-    )  # fmt: skip
+    )
     methods = ", ".join(LABELS[m] for m in s.methods)
     intro = (
         "Which input tokens a prediction is made of, through every layer: each attention layer's mixing of positions, with the "
@@ -170,22 +198,41 @@ def build(ctx, analyses: dict) -> Section:
     if "naopc" in run.figures:
         figures.append(run.figures["naopc"]())
     table_list = [
-        (f"top {TOP_K} input tokens of the prompt's last prediction, by method", _labelled(found.table(TOP_K), {"method": "method"}),
-         "Share of the prediction's residual stream after the last layer that comes from each input position."),
-        (f"normalised AOPC per method ({s.primary} replacement, KL; 95% CI over {WINDOWS})", shown["naopc"],
-         "Comprehensiveness: larger is more faithful; sufficiency: smaller is more faithful."),
-        (f"paired differences (b − a, + = b more faithful; Holm family of the {s.primary} replacement, KL)", shown["pairs"],
-         "The interval is at the pair's Holm level; the verdict follows the claims rule (indicative below the protocol's sample)."),
-    ]  # fmt: skip
+        (
+            f"top {TOP_K} input tokens of the prompt's last prediction, by method",
+            _labelled(found.table(TOP_K), {"method": "method"}),
+            "Share of the prediction's residual stream after the last layer that comes from each input position.",
+        ),
+        (
+            f"normalised AOPC per method ({s.primary} replacement, KL; 95% CI over {WINDOWS})",
+            shown["naopc"],
+            "Comprehensiveness: larger is more faithful; sufficiency: smaller is more faithful.",
+        ),
+        (
+            f"paired differences (b − a, + = b more faithful; Holm family of the {s.primary} replacement, KL)",
+            shown["pairs"],
+            "The interval is at the pair's Holm level; the verdict follows the claims rule (indicative below the protocol's sample).",
+        ),
+    ]
     if "replacements" in shown:
         moved = run.summary["replacement_differences"]
-        table_list.append((f"nAOPC under the {moved['robustness']} replacement minus under the {moved['primary']} one (KL, "
-                           f"{moved['n_predictions']} predictions in range under both)", shown["replacements"],
-                           "The interval is at the test's Holm level (one family over methods and directions). The protocol fixes no rule "
-                           "for this comparison, so it decides nothing: the robustness claim is indicative."))  # fmt: skip
+        table_list.append(
+            (
+                f"nAOPC under the {moved['robustness']} replacement minus under the {moved['primary']} one (KL, "
+                f"{moved['n_predictions']} predictions in range under both)",
+                shown["replacements"],
+                "The interval is at the test's Holm level (one family over methods and directions). The protocol fixes no rule "
+                "for this comparison, so it decides nothing: the robustness claim is indicative.",
+            )
+        )
     if "induction" in shown:
-        table_list.append(("known-answer check: induction on a repeated random sequence", shown["induction"],
-                           "A query passes when its largest share outside itself is on the token that followed the first occurrence."))  # fmt: skip
+        table_list.append(
+            (
+                "known-answer check: induction on a repeated random sequence",
+                shown["induction"],
+                "A query passes when its largest share outside itself is on the token that followed the first occurrence.",
+            )
+        )
     return Section(
         key="flow",
         title="Contribution flow",
@@ -193,8 +240,13 @@ def build(ctx, analyses: dict) -> Section:
         figures=figures,
         tables=table_list,
         numbers={
-            "prompt": {"tokens": found.words, "position": found.position, "flow": {m: [float(v) for v in row.tolist()] for m, row in found.rows.items()},
-                       "top": found.top(TOP_K), "routes": found.routes.to_dict()},
+            "prompt": {
+                "tokens": found.words,
+                "position": found.position,
+                "flow": {m: [float(v) for v in row.tolist()] for m, row in found.rows.items()},
+                "top": found.top(TOP_K),
+                "routes": found.routes.to_dict(),
+            },
             "erasure": {k: v for k, v in run.summary.items() if k != "curves"},
             "naopc": run.tables["naopc"],
             "pairs": run.tables["pairs"],
@@ -202,6 +254,12 @@ def build(ctx, analyses: dict) -> Section:
             "sample": sample,
         },
         claims=run.claims(windows=WINDOWS),
-        params={"erasure": s.to_dict(), "n_windows": int(windows.shape[0]), "status": run.status, "threshold": THRESHOLD,
-                "route_method": "contribution", "induction": {"n_tokens": p.induction_tokens, "seed": p.induction_seed}},  # fmt: skip
+        params={
+            "erasure": s.to_dict(),
+            "n_windows": int(windows.shape[0]),
+            "status": run.status,
+            "threshold": THRESHOLD,
+            "route_method": "contribution",
+            "induction": {"n_tokens": p.induction_tokens, "seed": p.induction_seed},
+        },
     )

@@ -22,7 +22,9 @@ def params(ctx) -> PruningParams:
         f"mean-ablation of hook_z; references (taxonomy, entropy, mean z) on the {ref.shape[0]} corpus-pass windows, "
         f"ΔPPL on {evaluation.shape[0]} held-out windows × {evaluation.shape[1]} tokens"
     )
-    grid = {"retention": (0.8, 0.5), "seeds": (0,)} if ctx.config.quick else {"retention": RETENTION, "seeds": (0, 1, 2)}
+    grid = (
+        {"retention": (0.8, 0.5), "seeds": (0,)} if ctx.config.quick else {"retention": RETENTION, "seeds": (0, 1, 2)}
+    )
     return PruningParams(mode="mean", batch_size=ctx.config.batch_size, description=desc, **grid)
 
 
@@ -48,8 +50,24 @@ def build(ctx, analyses: dict) -> Section:
         title="Pruning curves",
         intro=intro,
         figures=[run.figures["pruning"]()],
-        tables=[("ΔPPL per order (rows) and retention (columns)", wide, "ΔPPL: perplexity of the pruned model minus the unpruned one, on the held-out windows.")],
-        numbers={"curves": df, "orders": {k: [list(h) for h in v] for k, v in run.orders.items()}, "clean_ppl": float(np.asarray(df.clean_ppl)[0])},
+        tables=[
+            (
+                "ΔPPL per order (rows) and retention (columns)",
+                wide,
+                "ΔPPL: perplexity of the pruned model minus the unpruned one, on the held-out windows.",
+            )
+        ],
+        numbers={
+            "curves": df,
+            "orders": {k: [list(h) for h in v] for k, v in run.orders.items()},
+            "clean_ppl": float(np.asarray(df.clean_ppl)[0]),
+        },
         claims=run.claims(windows="held-out windows"),
-        params={"mode": "mean", "retention": list(p.retention), "seeds": list(p.seeds), "eval_windows": int(ctx.heldout.shape[0]), "reference_windows": int(ctx.tokens.shape[0])},
+        params={
+            "mode": "mean",
+            "retention": list(p.retention),
+            "seeds": list(p.seeds),
+            "eval_windows": int(ctx.heldout.shape[0]),
+            "reference_windows": int(ctx.tokens.shape[0]),
+        },
     )

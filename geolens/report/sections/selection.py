@@ -21,8 +21,13 @@ def params(ctx) -> SelectionParams:
         s = {"conditions": conditions, "n_random": 4, "n_boot": 200}
     else:
         s = {"conditions": list(DEFAULT_CONDITIONS), "n_random": 16, "n_boot": 2000}
-    return SelectionParams(seed=ctx.config.seed, regime=False, batch_size=ctx.config.batch_size,
-                           title="F_N vs N: top-N vs random, with and without the sink", **s)  # fmt: skip
+    return SelectionParams(
+        seed=ctx.config.seed,
+        regime=False,
+        batch_size=ctx.config.batch_size,
+        title="F_N vs N: top-N vs random, with and without the sink",
+        **s,
+    )
 
 
 def analyses(ctx) -> dict:
@@ -47,8 +52,22 @@ def build(ctx, analyses: dict) -> Section:
         title="Token-selection geometry",
         intro=intro,
         figures=[run.figures["f_vs_n"]()],
-        tables=[("top-N vs random F_N per condition and N", res["comparison"], "F_N is unitless in [0, 1]; CIs are document-bootstrap 95% intervals.")],
-        numbers={k: res[k] for k in ("comparison", "scores", "violations", "sink_in_top", "correlations", "sizes", "n_documents")},
+        tables=[
+            (
+                "top-N vs random F_N per condition and N",
+                res["comparison"],
+                "F_N is unitless in [0, 1]; CIs are document-bootstrap 95% intervals.",
+            )
+        ],
+        numbers={
+            k: res[k]
+            for k in ("comparison", "scores", "violations", "sink_in_top", "correlations", "sizes", "n_documents")
+        },
         claims=run.claims(),
-        params={"conditions": [c.name for c in p.conditions], "queries": res["queries"], "n_random": res["n_random"], "n_boot": p.n_boot},
+        params={
+            "conditions": [c.name for c in p.conditions],
+            "queries": res["queries"],
+            "n_random": res["n_random"],
+            "n_boot": p.n_boot,
+        },
     )

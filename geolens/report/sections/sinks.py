@@ -44,9 +44,21 @@ def build(ctx, analyses: dict) -> Section:
         intro=intro,
         figures=[draw() for draw in run.figures.values()],
         tables=[
-            ("sink geometry per layer (mean over heads)", g.layers, "Means over the heads of each layer; v: value vectors, ṽ = v W_O: projected values; j > 0: non-sink sources."),
-            ("token-type decomposition (mean over heads)", d.summary, "log|c_ij| = log α_ij + log ‖ṽ_j‖/‖o_i‖ + log |cos(o_i, ṽ_j)|; each share is Cov(term, log|c_ij|)/Var(log|c_ij|), mean over heads."),
-            ("semantic drift per λ", drift.summary, "The sink value of every layer and head scaled by λ; low-norm heads: bottom quantile of relative output norm at λ = 1."),
+            (
+                "sink geometry per layer (mean over heads)",
+                g.layers,
+                "Means over the heads of each layer; v: value vectors, ṽ = v W_O: projected values; j > 0: non-sink sources.",
+            ),
+            (
+                "token-type decomposition (mean over heads)",
+                d.summary,
+                "log|c_ij| = log α_ij + log ‖ṽ_j‖/‖o_i‖ + log |cos(o_i, ṽ_j)|; each share is Cov(term, log|c_ij|)/Var(log|c_ij|), mean over heads.",
+            ),
+            (
+                "semantic drift per λ",
+                drift.summary,
+                "The sink value of every layer and head scaled by λ; low-norm heads: bottom quantile of relative output norm at λ = 1.",
+            ),
         ],
         numbers={
             "gu_sink_rate": g.gu_sink_rate,
@@ -58,5 +70,10 @@ def build(ctx, analyses: dict) -> Section:
             "drift_edited": drift.edited,
         },
         claims=run.claims(),
-        params={"gu_epsilon": g.eps, "drift_sequences": drift.n_sequences, "lambdas": list(drift.lambdas), "low_norm_quantile": drift.low_norm_quantile},
+        params={
+            "gu_epsilon": g.eps,
+            "drift_sequences": drift.n_sequences,
+            "lambdas": list(drift.lambdas),
+            "low_norm_quantile": drift.low_norm_quantile,
+        },
     )

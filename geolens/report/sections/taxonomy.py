@@ -35,11 +35,21 @@ def build(ctx, analyses: dict) -> Section:
         "<b>Reset</b> head (the largest share decides; no threshold). For the 'other' winners the most "
         "frequent relative offset w_i − i is reported; a head whose single offset wins more than half of "
         "its queries is labelled e.g. <i>Reset (offset −1, 83 %)</i> (a previous-token head, which "
-        "\"no single preferred source\" does not describe). The last table re-counts the winners on "
+        '"no single preferred source" does not describe). The last table re-counts the winners on '
         "prefixes of the same windows: how much the regime shares depend on the window length."
     )
     dist = {r: float(tax.distribution[r]) for r in REGIMES}
-    cols = ["layer", "head", "regime", "label", "share_other", "top_offset", "top_offset_share", "top_offset_share_of_other", "n_queries"]
+    cols = [
+        "layer",
+        "head",
+        "regime",
+        "label",
+        "share_other",
+        "top_offset",
+        "top_offset_share",
+        "top_offset_share_of_other",
+        "n_queries",
+    ]
     flagged = tax.table.loc[tax.table.offset_dominant, cols]
     by_length = run.tables["by_length"]
     n_flagged = int(tax.table.offset_dominant.sum())
@@ -50,17 +60,32 @@ def build(ctx, analyses: dict) -> Section:
         figures=[run.figures["regime_grid"]()],
         tables=[
             ("regime counts per layer", per_layer, "Counts of heads per layer in each regime."),
-            (f"offset-dominated heads ({n_flagged} of {tax.regimes.size}: one offset wins > 50 % of the head's queries)", flagged,
-             "Shares are of the head's counted queries unless stated."),
-            ("regime shares on window prefixes (share of heads; mean winner shares)", by_length,
-             "Mixer, Retriever, Reset: share of heads in each regime on the prefixes."),
+            (
+                f"offset-dominated heads ({n_flagged} of {tax.regimes.size}: one offset wins > 50 % of the head's queries)",
+                flagged,
+                "Shares are of the head's counted queries unless stated.",
+            ),
+            (
+                "regime shares on window prefixes (share of heads; mean winner shares)",
+                by_length,
+                "Mixer, Retriever, Reset: share of heads in each regime on the prefixes.",
+            ),
         ],
         numbers={
             "distribution": dist,
             "heads": tax.table,
-            "offset_dominated": {"n_heads": n_flagged, "share_of_heads": n_flagged / tax.regimes.size, "labels": flagged["label"].tolist()},
+            "offset_dominated": {
+                "n_heads": n_flagged,
+                "share_of_heads": n_flagged / tax.regimes.size,
+                "labels": flagged["label"].tolist(),
+            },
             "by_length": by_length,
         },
         claims=run.claims(),
-        params={"space": tax.space, "skip_first_query": True, "queries": tax.queries, "prefix_lengths": tax.prefix_lengths},
+        params={
+            "space": tax.space,
+            "skip_first_query": True,
+            "queries": tax.queries,
+            "prefix_lengths": tax.prefix_lengths,
+        },
     )
