@@ -10,8 +10,11 @@ Output folders (:mod:`geolens.run_folder`) are completed here when the command r
 interrupt (SIGINT, Ctrl-C: exit 130; SIGTERM: exit 143) ends the command with one line saying what
 is left (``interrupted; nothing written`` or ``interrupted; partial results in … (incomplete)``)
 and no traceback; one that arrives after the results are complete exits 0. A write that fails
-(full disk, read-only or unwritable folder, quota) is one line naming the path and what to do,
-exit 1; files already saved (checkpoints included) stay as they were.
+(full disk, read-only or unwritable folder, quota, a file-size limit: SIGXFSZ is ignored while a
+command runs, so ``ulimit -f`` makes the write fail with EFBIG instead of killing the process) is
+one line naming the path and what to do, exit 1; files already saved (checkpoints included) stay
+as they were. A saved file that cannot be read back (a truncated gzip, half-written JSON, an empty
+pickle) is one line naming the file, exit 1. The folder of such a run stays marked incomplete.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def _signals_interrupt():
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, handler)
+        # a file-size limit (ulimit -f): the write fails with EFBIG, said in one line, instead of a kill
+        previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     except ValueError:  # not the main thread: leave the handlers alone
         pass
     try:
@@ -75,7 +80,55 @@ _IO_ADVICE = {
     errno.EACCES: "check the permissions of that folder or write elsewhere (--out)",
     errno.EPERM: "check the permissions of that folder or write elsewhere (--out)",
     errno.EROFS: "that file system is read-only: write elsewhere (--out)",
+    errno.EFBIG: "the file is larger than this process may write (ulimit -f, or the file system's limit): "
+    "raise the limit or write elsewhere (--out)",
+    errno.EIO: "the disk or the network file system failed: check it, or write elsewhere (--out)",
 }
+
+# errors of reading a damaged file (a truncated gzip, a half-written JSON, an empty pickle)
+_READ_ERRORS = ("JSONDecodeError", "BadGzipFile", "EOFError", "error", "UnpicklingError", "UnicodeDecodeError")
+_READ_MODULES = ("json", "json.decoder", "gzip", "builtins", "zlib", "_pickle", "pickle")
+
+
+def _is_read_error(err: BaseException) -> bool:
+    """A damaged file's read error (JSON, gzip, zlib, pickle, UTF-8), not a bug of geolens."""
+    kind = type(err)
+    return kind.__name__ in _READ_ERRORS and kind.__module__ in _READ_MODULES
+
+
+def _file_in_traceback(err: BaseException) -> str | None:
+    """The file being read when ``err`` was raised: the innermost frame's local (``path``, a file
+    object's ``name``) that names an existing file; None when none does."""
+    import os
+    from pathlib import PurePath
+
+    frames = []
+    tb = err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in list(frame.f_locals.values()):
+            name = getattr(value, "name", None) if hasattr(value, "read") else value
+            if isinstance(name, (str, PurePath)) and len(str(name)) < 4096:
+                try:
+                    if os.path.isfile(name):
+                        return str(name)
+                except (OSError, ValueError):
+                    continue
+    return None
+
+
+def _read_error_line(err: BaseException, folders=()) -> str:
+    """One line for a file that cannot be read back (damaged, truncated, not what it claims)."""
+    where = getattr(err, "filename", None) or _file_in_traceback(err)
+    if where is None and folders:
+        where = "a file in " + ", ".join(str(f.path) for f in folders)
+    detail = " ".join(str(err).split()) or type(err).__name__
+    return (
+        f"cannot read {where or 'a saved file'}: it is damaged or truncated ({type(err).__name__}: {detail}); "
+        "delete it, or rerun with --overwrite"
+    )
 
 
 def _io_error_line(err: OSError, folders=()) -> str | None:
@@ -89,7 +142,11 @@ def _io_error_line(err: OSError, folders=()) -> str | None:
 
     if isinstance(err, CacheError):
         return str(err)
+    if _is_read_error(err):
+        return _read_error_line(err, folders)
     if err.errno not in _IO_ADVICE:
+        if err.filename and err.strerror:  # any other fault of a named file: one line too
+            return f"{err.filename}: {err.strerror}"
         return None
     text = str(err) if isinstance(err, WriteError) else None
     if text is None:
@@ -159,6 +216,15 @@ def main(argv: list[str] | None = None) -> int:
                 left = run_folder.leave_all()
                 if line is None:
                     raise
+                kept = [s for s in left if not s.startswith("nothing written")]
+                print(f"{prog}: error: {line}" + (f" ({'; '.join(kept)})" if kept else ""), file=sys.stderr)
+                return 1
+            except (ValueError, EOFError) as err:
+                if isinstance(err, UsageError) or not _is_read_error(err):
+                    run_folder.leave_all()  # a bug: the folder stays marked incomplete, the traceback shows
+                    raise
+                line = _read_error_line(err, run_folder.open_folders())
+                left = run_folder.leave_all()
                 kept = [s for s in left if not s.startswith("nothing written")]
                 print(f"{prog}: error: {line}" + (f" ({'; '.join(kept)})" if kept else ""), file=sys.stderr)
                 return 1

@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -60,11 +61,23 @@ _VERIFIED: set[tuple] = set()  # (folder, manifest mtime_ns, manifest size) veri
 class CacheError(OSError):
     """A cached model that is damaged and cannot be rebuilt, or cannot be read (one-line message)."""
 
+    def __str__(self) -> str:
+        return str(self.strerror) if self.strerror is not None else super().__str__()
+
 
 def cache_dir() -> Path:
-    """``$GEOLENS_CACHE``, else ``$XDG_CACHE_HOME/geolens``, else ``~/.cache/geolens``."""
+    """``$GEOLENS_CACHE``, else ``$XDG_CACHE_HOME/geolens``, else ``~/.cache/geolens``.
+
+    A ``GEOLENS_CACHE`` (or cache folder) that names an existing file is refused in one line
+    (:class:`CacheError`, ENOTDIR): the command line prints it and exits 1."""
     if os.environ.get("GEOLENS_CACHE"):
-        return Path(os.environ["GEOLENS_CACHE"])
+        path = Path(os.environ["GEOLENS_CACHE"])
+        if path.exists() and not path.is_dir():
+            raise CacheError(
+                errno.ENOTDIR,
+                f"GEOLENS_CACHE={path} is a file, not a folder: set GEOLENS_CACHE to a folder (or unset it)",
+            )
+        return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "geolens"
 
@@ -364,3 +377,86 @@ def clear(name: str | None = None, *, root: Path | None = None) -> list[Path]:
                     shutil.rmtree(path)
                     removed.append(path)
     return removed
+
+
+# --- Hugging Face hub names ------------------------------------------------------------------------
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+HUB_PROBE_TIMEOUT = 5.0  # seconds: the one request that tells whether the hub can be reached
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """``gpt2``, ``EleutherAI/pythia-70m``: a name the Hugging Face hub could hold (not a path)."""
+    return bool(_HUB_ID.match(name)) and ".." not in name and not name.endswith((".", "-"))
+
+
+def _hf_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) asks for no network access."""
+    return any(
+        os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def hub_snapshot(name: str) -> Path | None:
+    """The local snapshot folder of hub model ``name`` when its config and weights are in the local
+    Hugging Face cache, else None. Reads the disk only (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - an invalid repo id, or no huggingface_hub: not cached
+        return None
+    if not isinstance(found, str):
+        return None
+    folder = Path(found).parent
+    return folder if any(any(folder.glob(p)) for p in _WEIGHTS) else None
+
+
+def hub_unreachable(name: str, timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """Why the Hugging Face hub cannot serve ``name`` now (``HF_HUB_OFFLINE`` set, no network, no
+    such model), or None when it can be asked: one request with a short timeout, no retries."""
+    import urllib.error
+    import urllib.request
+
+    if _hf_offline():
+        return "the Hugging Face hub cannot be reached (HF_HUB_OFFLINE is set)"
+    try:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    except Exception:  # noqa: BLE001 - huggingface_hub missing or broken
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    request = urllib.request.Request(f"{endpoint}/api/models/{name}", method="HEAD")
+    try:
+        urllib.request.urlopen(request, timeout=timeout).close()
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return f"the Hugging Face hub ({endpoint}) has no model {name!r}"
+        return None  # 401/403 (gated, private or absent): transformers asks again with the user's token
+    except (OSError, ValueError) as err:  # no network, DNS failure, refused, timed out
+        reason = getattr(err, "reason", None) or err
+        return f"the Hugging Face hub cannot be reached ({endpoint}: {reason})"
+    return None
+
+
+def hub_checkpoint(name: str, *, shipped: tuple[str, ...] = ()) -> str:
+    """What transformers should load for a Hugging Face hub id: its snapshot folder when it is in
+    the local cache (no network), else the id itself when the hub can be reached (transformers
+    downloads it), else a one-line :class:`~geolens.errors.UsageError` naming the model, within a
+    few seconds (transformers' own retries take about a minute offline)."""
+    from geolens.errors import UsageError
+
+    snapshot = hub_snapshot(name)
+    if snapshot is not None:
+        return str(snapshot)
+    why = hub_unreachable(name)
+    if why is None:
+        return name
+    names = f" ({', '.join(shipped)})" if shipped else ""
+    raise UsageError(
+        f"unknown model {name!r}: not a shipped name{names} or a local folder, and not in the local Hugging "
+        f"Face cache; {why}: use a local folder or a shipped name, or download it where the hub can be "
+        f"reached (hf download {name})"
+    )

@@ -25,6 +25,16 @@ manifest lists, or those an interrupted run recorded as written) into a hidden
 early interrupt) moves them back, a run that completes deletes them. Files that no geolens run
 wrote are never moved or deleted.
 
+One writer at a time: an open folder holds an OS lock (``fcntl.flock``) on a file ``.geolens-lock``
+inside it, which names the process (pid, command, start time) and is removed when the run ends. A
+second :func:`open_run_folder` on a folder in use (any command, with or without ``--overwrite`` or
+``--resume``) raises :class:`FolderInUse`, a :class:`~geolens.errors.UsageError` naming the folder
+and the process holding it. The kernel drops the lock of a process that dies (even of ``kill -9``):
+its lock file is then stale and the next run takes it over. Where the file system has no
+``flock`` (some network mounts), the pid in the file decides: a live process other than this one
+holds the folder, a dead one does not. The lock file is never a result: manifests, ``--overwrite``
+and the folder states ignore it.
+
 The command line (:func:`geolens.cli.main`) drives this: a command opens its folder with
 :func:`open_run_folder` after validating its arguments; ``main`` completes every folder opened
 when the command returns, and on an interrupt or an error reports what was left.
@@ -37,6 +47,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +58,7 @@ from geolens.errors import UsageError
 
 MANIFEST = "manifest.json"
 INCOMPLETE = "INCOMPLETE"
+LOCK = ".geolens-lock"
 DEFAULT_ROOT = Path("geolens-runs")
 
 State = Literal["absent", "empty", "complete", "incomplete", "damaged", "unmarked"]
@@ -69,6 +81,102 @@ class IncompleteResults(ValueError):
     """A results folder that is incomplete or damaged (one-line message naming it)."""
 
 
+class FolderInUse(UsageError):
+    """An output folder another running process writes into (one line naming the folder and that process)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _lock_holder(path: Path) -> dict:
+    """What a lock file says of its process (``{}`` when unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _describe_holder(holder: dict) -> str:
+    pid = holder.get("pid", "?")
+    command = holder.get("command") or "geolens"
+    started = holder.get("started")
+    when = f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
+    return f"process {pid} ({command}{when})"
+
+
+class _FolderLock:
+    """The lock of one output folder: ``fcntl.flock`` on ``<folder>/.geolens-lock`` (module docstring)."""
+
+    def __init__(self, folder: Path, command: str, option: str = "--out"):
+        self.path = folder / LOCK
+        self.fd: int | None = None
+        self._acquire(command, option)
+
+    def _refuse(self, option: str, holder: dict) -> None:
+        raise FolderInUse(
+            f"{option} {self.path.parent} is in use by another geolens run: {_describe_holder(holder)}; "
+            "wait for it to end or choose another folder"
+        )
+
+    def _acquire(self, command: str, option: str) -> None:
+        import fcntl
+
+        for _ in range(20):  # the file may be replaced between open and flock: retry on the new one
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self._refuse(option, _lock_holder(self.path))
+            except OSError:  # no flock on this file system: the pid in the file decides
+                holder = _lock_holder(self.path)
+                pid = int(holder.get("pid", 0) or 0)
+                if pid != os.getpid() and _pid_alive(pid):
+                    os.close(fd)
+                    self._refuse(option, holder)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # the previous holder removed it meanwhile: lock the current file
+                os.close(fd)
+                continue
+            self.fd = fd
+            record = {
+                "pid": os.getpid(),
+                "command": f"geolens {command}",
+                "argv": sys.argv,
+                "started": time.time(),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+            return
+        raise OSError(f"cannot take the lock {self.path}: it keeps being replaced")
+
+    def release(self) -> None:
+        """Remove the lock file, then unlock (idempotent)."""
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        try:
+            os.close(self.fd)  # closing the last descriptor releases the flock
+        finally:
+            self.fd = None
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -80,7 +188,7 @@ def _sha256(path: Path) -> str:
 def _files(folder: Path) -> list[Path]:
     def ours(p: Path) -> bool:
         top = p.relative_to(folder).parts[0]
-        return top not in (MANIFEST, INCOMPLETE) and not top.startswith(STASH_PREFIX)
+        return top not in (MANIFEST, INCOMPLETE, LOCK) and not top.startswith(STASH_PREFIX)
 
     return sorted(p for p in folder.rglob("*") if p.is_file() and ours(p))
 
@@ -130,7 +238,7 @@ def folder_state(folder: str | os.PathLike, *, contents: bool = False) -> State:
     folder = Path(folder)
     if not folder.exists():
         return "absent"
-    if not folder.is_dir() or not any(folder.iterdir()):
+    if not folder.is_dir() or not any(p.name != LOCK for p in folder.iterdir()):
         return "empty" if folder.is_dir() else "unmarked"
     if (folder / INCOMPLETE).exists():
         return "incomplete"
@@ -184,6 +292,13 @@ class RunFolder:
     _old_marker: str | None = None
     _stash: Path | None = None
     _before: dict = field(default_factory=dict)
+    _lock: _FolderLock | None = None
+
+    def release(self) -> None:
+        """Give up the folder's lock (done when the run completes or is left)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _mark(self) -> None:
         if self.had_marker:
@@ -257,6 +372,7 @@ class RunFolder:
         self.state = "complete"  # the manifest is there: complete, whatever happens next
         (self.path / INCOMPLETE).unlink(missing_ok=True)
         self._drop_previous()
+        self.release()
         return self.path
 
     def _remove_empty_folders(self) -> None:
@@ -280,7 +396,14 @@ class RunFolder:
     def leave(self) -> str:
         """Stop without completing. Nothing written: the previous results are put back and the folder
         is as it was (or gone, if this run made it). Something written: the folder stays marked
-        incomplete, its marker listing what this run wrote. Returns what is left, for the user."""
+        incomplete, its marker listing what this run wrote. Returns what is left, for the user.
+        The folder's lock is released either way."""
+        try:
+            return self._leave()
+        finally:
+            self.release()
+
+    def _leave(self) -> str:
         if self.state == "complete":
             return f"results in {self.path}"
         if self.state == "left":
@@ -306,6 +429,7 @@ class RunFolder:
             (self.path / INCOMPLETE).write_text(self._old_marker, encoding="utf-8")
         else:
             (self.path / INCOMPLETE).unlink(missing_ok=True)
+        self.release()  # its file goes first: the folders it made can then be removed
         self._remove_empty_folders()
         self.state = "left"
         return "nothing written; the previous results are kept" if kept else "nothing written"
@@ -332,7 +456,7 @@ def _describe(folder: Path, state: State) -> str:
         return "the partial results of an interrupted run"
     if state == "damaged":
         return "results whose files changed since they were written"
-    names = sorted(p.name for p in folder.iterdir())
+    names = sorted(p.name for p in folder.iterdir() if p.name != LOCK)
     shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
     return f"{len(names)} {'file or folder' if len(names) == 1 else 'files or folders'} ({shown})"
 
@@ -392,8 +516,10 @@ def open_run_folder(
     """Validate and open a command's output folder (marked incomplete until the command ends).
 
     Raises :class:`geolens.errors.UsageError` (one line, exit 2) for a file in the
-    way, a folder holding results without ``--overwrite``/``--resume``, or a folder that cannot be
-    written; in those cases nothing is created.
+    way, a folder holding results without ``--overwrite``/``--resume``, a folder that cannot be
+    written, or (:class:`FolderInUse`) a folder another live process writes into, whatever the
+    options; in those cases nothing is created. The folder is locked until the run completes or is
+    left (:meth:`RunFolder.complete`, :meth:`RunFolder.leave`).
     """
     if out is not None and name is not None:
         raise UsageError("give --out or --name, not both (--name picks a folder under geolens-runs/<command>/)")
@@ -402,6 +528,24 @@ def open_run_folder(
     path = Path(out) if out is not None else default_folder(command, name)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path}: is an existing file, not a folder")
+    lock = None
+    if path.is_dir():  # a folder in use is refused first, whatever it holds and whatever the options
+        try:
+            lock = _FolderLock(path, command, option)
+        except OSError as err:
+            raise UsageError(
+                f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out"
+            ) from err
+    try:
+        folder = _open_locked(path, lock, command, overwrite, resume, resumable, replot, option)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return folder
+
+
+def _open_locked(path, lock, command, overwrite, resume, resumable, replot, option) -> RunFolder:
     state = folder_state(path)
     if replot or resume:
         if state in ("absent", "empty"):
@@ -435,6 +579,16 @@ def open_run_folder(
         raise UsageError(
             f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out"
         ) from err
+    if lock is None:
+        try:
+            lock = _FolderLock(path, command, option)
+        except BaseException:
+            for folder in created:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            raise
     foreign = _foreign_files(path, state)
     folder = RunFolder(
         path,
@@ -444,6 +598,7 @@ def open_run_folder(
         foreign=foreign,
         had_marker=state == "incomplete",
         was_complete=state not in ("incomplete", "damaged") or not replot,
+        _lock=lock,
     )
     previous = _previous_run_files(path, state, foreign) if overwrite and not (resume or replot) else []
     _open_list().append(folder)  # from here on an interrupt leaves or restores it
@@ -471,5 +626,8 @@ def leave_all() -> list[str]:
 
 
 def forget_all() -> None:
-    """Forget the folders of the command that ended (the command line calls it before and after each command)."""
+    """Forget the folders of the command that ended (the command line calls it before and after each
+    command), releasing the lock of any still held."""
+    for folder in _OPEN.get() or ():
+        folder.release()
     _OPEN.set([])
