@@ -30,6 +30,10 @@ from geolens._version import __version__ as __version__
 
 # public name -> the module that defines it (the one home of each)
 _PUBLIC = {
+    # one call from text to a picture
+    "attribute": "geolens.attribution",
+    "Attribution": "geolens.attribution",
+    "list_methods": "geolens.methods",
     # models and activations
     "load_model": "geolens.models",
     "adapter_for": "geolens.adapter",
@@ -60,6 +64,9 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "attribute",
+    "Attribution",
+    "list_methods",
     "load_model",
     "adapter_for",
     "names_filter",
@@ -107,6 +114,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from geolens.adapter import adapter_for, get_attention_layer, names_filter
+    from geolens.attribution import Attribution, attribute
     from geolens.contributions import (
         attention_metrics,
         contribution_weights,
@@ -118,6 +126,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from geolens.flow import contribution_flow
     from geolens.geometry import head_outputs, layer_output, projected_value_norms
     from geolens.hf import run_with_cache
+    from geolens.methods import list_methods
     from geolens.metrics import register_metric
     from geolens.models import load_model
     from geolens.runner import run_analysis, run_corpus

@@ -116,6 +116,11 @@ class Metric:
             :func:`geolens.faithfulness.same_ranking_by_construction` holds (its masks are then
             reused), with ``same_ranking_reason`` saying why (printed under the figures).
         description: one line: the formula and its source.
+        citation: where the metric comes from, author-year (``""``: none); listed by
+            :func:`geolens.list_methods`.
+        level: ``"head"`` (a score per head, summed over heads for a whole layer) or ``"layer"``
+            (one score per layer); default: ``"head"`` for a per-layer metric, ``"layer"`` for a
+            per-sequence one.
     """
 
     name: str
@@ -131,6 +136,13 @@ class Metric:
     same_ranking_as: str | None = None
     same_ranking_reason: str = ""
     description: str = ""
+    citation: str = ""
+    level: Literal["head", "layer"] | None = None
+
+    @property
+    def scope(self) -> str:
+        """``"head"`` or ``"layer"``: the finest level the metric scores (``level``, or its default)."""
+        return self.level or ("head" if self.per_layer else "layer")
 
     def layer_scores(self, inputs: LayerInputs, summed: bool) -> Tensor:
         """``fn(inputs)``, summed over heads when ``summed`` (source ranking), then |·| if absolute."""
@@ -262,6 +274,7 @@ register_metric(
     markersize=6,
     fn=lambda x: x.alpha * x.value_norm,
     description="α_ij‖ṽ_j‖ (Kobayashi et al. 2020)",
+    citation="Kobayashi et al. 2020",
 )
 register_metric(
     "output_normalized",
@@ -271,6 +284,7 @@ register_metric(
     linestyle="-.",
     fn=lambda x: x.alpha * x.relative,
     description="α_ij‖ṽ_j‖/‖o_i‖",
+    citation="Cunningham & Muça Cirone 2026",
     same_ranking_as="value_weighted",
     same_ranking_reason="‖o_i‖ is constant within a ranking group (a (head, query) row, or a query in inter mode), "
     "so α‖ṽ‖/‖o‖ ranks the group's terms exactly as α‖ṽ‖ does",
@@ -283,6 +297,7 @@ register_metric(
     markersize=4,
     fn=lambda x: x.contribution,
     description="c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j), ranked by signed value",
+    citation="Cunningham & Muça Cirone 2026",
 )
 register_metric(
     "contribution_abs",
@@ -293,6 +308,7 @@ register_metric(
     fn=lambda x: x.contribution,
     absolute=True,
     description="|c_ij| (source ranking: |Σ_h c_ij^h|)",
+    citation="Cunningham & Muça Cirone 2026",
 )
 register_metric(
     "random",
@@ -302,5 +318,6 @@ register_metric(
     linestyle=(0, (6, 2)),
     fn=_random,
     per_layer=False,
+    level="head",
     description="uniform scores: the floor",
 )

@@ -61,6 +61,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "pruning",
         "multiple_choice",
         "viz",
+        "methods",
+        "attribution",
     ),
     "interfaces": ("pipelines", "report", "commands", "run_folder", "cli", "__main__", "__init__"),
 }

@@ -149,4 +149,5 @@ register_metric(
     per_layer=False,
     default=False,
     description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row",
+    citation="Mohebbi et al. 2023",
 )

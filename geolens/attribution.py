@@ -1,0 +1,481 @@
+"""One call from a text to a labelled attribution: :func:`attribute` and its result :class:`Attribution`.
+
+:func:`attribute` is a thin layer over the functional API, never beside it: it tokenises the text,
+runs one forward with cache, and reads the scores of the prediction (or query) at ``position``
+from :func:`geolens.contribution_flow`, :func:`geolens.attention_metrics`' metrics (through the
+metric registry, :mod:`geolens.metrics`), :func:`geolens.value_zeroing` or the gradient
+baselines of :mod:`geolens.flow_erasure`. Its scores equal theirs (tests/test_attribution.py).
+The methods, their levels and citations are in the one registry, :func:`geolens.list_methods`.
+
+The result carries the model's string tokens, the scores, and how they were made; it shows itself
+in a notebook (``_repr_html_``: tokens coloured by score), plots (:meth:`Attribution.plot`), turns
+into a table (:meth:`Attribution.to_dataframe`) and saves to a JSON file that loads back exactly
+(:meth:`Attribution.save`, :meth:`Attribution.load`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from geolens._version import __version__
+from geolens.adapter import get_attention_layer, names_filter
+from geolens.flow import contribution_flow, flow_names_filter
+from geolens.flow_erasure import erase, gradient_x_input, integrated_gradients, space_token
+from geolens.hf import run_with_cache
+from geolens.methods import Method, get_method
+from geolens.metrics import LayerInputs, SequenceInputs, get_metric
+from geolens.validation import check_layer
+
+FORMAT = "geolens.Attribution/1"
+_VERSIONED = ("torch", "transformer-lens", "transformers")
+_LOADED: dict[tuple[str, str, str], Any] = {}  # models attribute() loaded by name, kept for the next call
+
+
+def _versions() -> dict[str, str]:
+    out = {"geolens": __version__}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+@dataclass
+class Attribution:
+    """The scores one or several methods give the source tokens of one prediction (or query).
+
+    Attributes:
+        tokens: the model's string tokens of the whole text (BOS first when the model uses one).
+        scores: ``[source]`` for one method, ``[method, source]`` for several; a score per
+            token of the text, 0 after ``position`` (a causal model's future).
+        method: the method's name, or a tuple of names (:func:`geolens.list_methods`).
+        level: ``"model"`` (which input tokens the prediction at ``position`` comes from),
+            ``"layer"`` (one layer's attention output at ``position``, summed over heads) or
+            ``"head"`` (one head's).
+        position: the query position (0-based, counted from BOS).
+        prediction: the model's top-1 next token at ``position`` (its string), with its id and
+            probability in ``prediction_id`` and ``prediction_prob``.
+        layer, head, mode: what was read (None at model level; ``mode`` the output o_i the
+            contribution weights use: ``"inter"`` for a layer, ``"intra"`` for a head).
+        model_name, text: where the scores come from.
+        options: the method options that shaped the scores (e.g. ``ig_steps``).
+        info: per-method diagnostics (e.g. integrated gradients' completeness gap).
+        truncated_from: the text's token count when it was cut to the model's context
+            (``truncate=True``), else None.
+        versions: geolens, torch, TransformerLens and transformers versions.
+    """
+
+    tokens: list[str]
+    token_ids: list[int]
+    scores: Tensor
+    method: str | tuple[str, ...]
+    level: str
+    position: int
+    prediction: str
+    prediction_id: int
+    prediction_prob: float
+    model_name: str
+    text: str
+    layer: int | None = None
+    head: int | None = None
+    mode: str | None = None
+    options: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    truncated_from: int | None = None
+    versions: dict = field(default_factory=_versions)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The method names, always as a tuple."""
+        return (self.method,) if isinstance(self.method, str) else tuple(self.method)
+
+    def score_rows(self) -> Tensor:
+        """The scores as ``[method, source]`` whatever the number of methods."""
+        return self.scores[None] if self.scores.ndim == 1 else self.scores
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """How tables and plots name each method."""
+        return tuple(get_method(m).label if _known(m) else m for m in self.methods)
+
+    @property
+    def signed(self) -> tuple[bool, ...]:
+        """Whether each method's scores take both signs (from the registry; True if unknown)."""
+        return tuple(get_method(m).signed if _known(m) else True for m in self.methods)
+
+    @property
+    def where(self) -> str:
+        """One line: what the scores attribute (model, level, layer/head, position, prediction)."""
+        q = f"position {self.position} {self.tokens[self.position]!r}"
+        if self.level == "model":
+            return f"{self.model_name}: the prediction at {q} → {self.prediction!r} (p = {self.prediction_prob:.3f})"
+        unit = f"layer {self.layer}" + (f" head {self.head}" if self.head is not None else " (all heads)")
+        return f"{self.model_name}: {unit}, attention output at {q} (model predicts {self.prediction!r})"
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per source token (positions 0 … ``position``): ``position``, ``token`` and one
+        column of scores per method (named after the method)."""
+        n = self.position + 1
+        frame = pd.DataFrame({"position": range(n), "token": self.tokens[:n]})
+        rows = self.score_rows()
+        for name, row in zip(self.methods, rows):
+            frame[name] = row[:n].detach().cpu().numpy()
+        return frame
+
+    def plot(self, *, figsize: tuple[float, float] | None = None):
+        """A matplotlib Figure: one bar per source token (tokens on the axis, every one labelled),
+        one panel per method side by side; positive scores blue, negative red."""
+        from geolens.viz.attribution import attribution_figure
+
+        return attribution_figure(self, figsize=figsize)
+
+    def _repr_html_(self) -> str:
+        from geolens.viz.attribution import attribution_html
+
+        return attribution_html(self)
+
+    def show(self):
+        """Display in a notebook (HTML), or print the table elsewhere; returns self."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import HTML, display
+
+            if get_ipython() is not None:
+                display(HTML(self._repr_html_()))
+                return self
+        except ImportError:
+            pass
+        print(self.where)
+        print(self.to_dataframe().to_string(index=False))
+        return self
+
+    def __repr__(self) -> str:
+        return f"Attribution({', '.join(self.methods)}; {self.level} level; {self.where})"
+
+    # ---- save / load: JSON, exact for float32 and float64 scores
+
+    def to_dict(self) -> dict:
+        values = self.scores.detach().cpu()
+        return {
+            "format": FORMAT,
+            "tokens": list(self.tokens),
+            "token_ids": [int(t) for t in self.token_ids],
+            "scores": values.to(torch.float64).tolist(),  # float32 → float64 is exact
+            "scores_dtype": str(values.dtype).removeprefix("torch."),
+            "method": self.method if isinstance(self.method, str) else list(self.method),
+            "level": self.level,
+            "position": self.position,
+            "prediction": self.prediction,
+            "prediction_id": self.prediction_id,
+            "prediction_prob": self.prediction_prob,
+            "model_name": self.model_name,
+            "text": self.text,
+            "layer": self.layer,
+            "head": self.head,
+            "mode": self.mode,
+            "options": self.options,
+            "info": self.info,
+            "truncated_from": self.truncated_from,
+            "versions": self.versions,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the attribution to a JSON file (scores, tokens, model name, text, method,
+        versions); :meth:`load` reads it back exactly."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Attribution:
+        """The attribution :meth:`save` wrote; a one-line ValueError for another file."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a saved geolens Attribution ({type(e).__name__}: {e})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a saved geolens Attribution (format {FORMAT!r} expected)")
+        scores = torch.tensor(d.pop("scores"), dtype=torch.float64).to(getattr(torch, d.pop("scores_dtype")))
+        d.pop("format")
+        method = d.pop("method")
+        return cls(scores=scores, method=method if isinstance(method, str) else tuple(method), **d)
+
+
+def _known(name: str) -> bool:
+    try:
+        get_method(name)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# attribute()
+
+
+def _model_name(model) -> str:
+    cfg = getattr(model, "cfg", None)
+    return str(
+        getattr(model, "geolens_name", None)
+        or getattr(cfg, "model_name", None)
+        or getattr(model, "name_or_path", None)
+        or type(model).__name__
+    )
+
+
+def _resolve_model(model, backend: str):
+    if not isinstance(model, str):
+        return model, _model_name(model)
+    from geolens.models import load_model
+
+    key = (model, backend, "float32")
+    if key not in _LOADED:
+        _LOADED.clear()  # one model held at a time: a notebook switching models does not pile them up
+        _LOADED[key] = load_model(model, backend=backend)
+    return _LOADED[key], model
+
+
+def _tokenize(model, text: str, truncate: bool) -> tuple[Tensor, int | None]:
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty string, got {text!r}")
+    try:
+        tokens = model.to_tokens(text, prepend_bos=True, truncate=False)
+    except TypeError:  # a to_tokens without truncate= (it then never truncates)
+        tokens = model.to_tokens(text, prepend_bos=True)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    n = int(tokens.shape[-1])
+    if n_ctx is None or n <= int(n_ctx):
+        return tokens, None
+    if not truncate:
+        raise ValueError(
+            f"the text is {n} tokens, longer than the model's context of {int(n_ctx)}; "
+            f"pass truncate=True to keep the first {int(n_ctx)} tokens"
+        )
+    return tokens[:, : int(n_ctx)], n
+
+
+def _str_tokens(model, ids: Sequence[int]) -> list[str]:
+    tok = model.tokenizer
+    return [tok.decode([int(t)]) for t in ids]
+
+
+def _check_position(position, n: int) -> int:
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not -n <= int(position) < n:
+        raise ValueError(f"position must be an integer in [{-n}, {n}) for this text of {n} tokens, got {position!r}")
+    return int(position) % n
+
+
+def _check_levels(found: list[Method], layer, head) -> str:
+    """The level of the attribution, or a one-line ValueError for a method that cannot give it."""
+    if layer is None:
+        if head is not None:
+            raise ValueError("head= needs layer= (a head belongs to a layer)")
+        wrong = [m.name for m in found if m.level != "model"]
+        if wrong:
+            raise ValueError(
+                f"{', '.join(wrong)} score one layer's attention: pass layer= (and head=), "
+                "or choose a model-level method (geolens.list_methods('model'))"
+            )
+        return "model"
+    wrong = [m.name for m in found if m.level == "model"]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} attribute the whole model: leave layer= and head= out")
+    if head is not None:
+        wrong = [m.name for m in found if m.level == "layer"]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} score a whole layer, not one head: leave head= out")
+        return "head"
+    return "layer"
+
+
+_OPTIONS = {"ig_steps", "ig_batch", "baseline", "seed", "value_zeroing_chunk"}
+
+
+def attribute(
+    model,
+    text: str,
+    method: str | Sequence[str] = "contribution_flow",
+    *,
+    layer: int | None = None,
+    head: int | None = None,
+    position: int = -1,
+    mode: str | None = None,
+    backend: str = "transformer_lens",
+    truncate: bool = False,
+    **options,
+) -> Attribution:
+    """Attribute one prediction (or one query's attention output) of ``text`` to its tokens.
+
+    Without ``layer``, at model level: which input tokens the model's prediction at ``position``
+    comes from (``contribution_flow``, ``alti``, ``attention_rollout``, ``value_zeroing_rollout``,
+    ``grad_x_input``, ``integrated_gradients``). With ``layer=`` (and optionally ``head=``): that
+    layer's (head's) attention metrics for the query at ``position`` (``raw_attention``,
+    ``value_weighted``, ``output_normalized``, ``contribution``, ``contribution_abs``,
+    ``value_zeroing`` and any metric added with :func:`geolens.register_metric`); a layer's score is
+    the sum over its heads (then |·| for an absolute metric), as the faithfulness protocol's
+    source ranking does. Every method: :func:`geolens.list_methods`.
+
+    The scores equal the functional API's: row ``position`` of :func:`geolens.contribution_flow`,
+    of :func:`geolens.attention_metrics` (mode ``"inter"`` for a layer, ``"intra"`` for a head,
+    unless ``mode=``), of :func:`geolens.value_zeroing`, and the gradient baselines of
+    :mod:`geolens.flow_erasure` for the model's top-1 next token.
+
+    Args:
+        model: a loaded model (TransformerBridge, HookedTransformer or transformers model) or any
+            name :func:`geolens.load_model` accepts (loaded once, then reused by the next call).
+        text: the text; BOS is prepended.
+        method: a method name, or a list of names for several side by side (table and plot).
+        layer: the layer whose attention is read; None for model level.
+        head: the head of ``layer`` whose attention is read; None for the whole layer.
+        position: the query position (default: the last token).
+        mode: ``"intra"`` or ``"inter"``: the output o_i of the contribution weights.
+        backend: how a model given by name is loaded (``"transformer_lens"`` or ``"hf"``).
+        truncate: a text longer than the model's context is refused (one-line ValueError with the
+            token count and the limit) unless True: then it is cut to the context, and the result
+            says so (``truncated_from``).
+        **options: ``ig_steps`` (integrated gradients' steps, default 64), ``ig_batch`` (steps per
+            backward, default 8), ``baseline`` (integrated gradients' baseline tokens; default:
+            every token after BOS up to ``position`` replaced by the tokenizer's ``" "``),
+            ``seed`` (the ``random`` metric), ``value_zeroing_chunk``.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")
+    >>> att = geolens.attribute(model, "the cat sat on the mat", method=["contribution_flow", "alti"])
+    >>> att.scores.shape[0], att.level, round(float(att.scores[0].sum()), 4)  # a flow row sums to 1
+    (2, 'model', 1.0)
+    >>> head = geolens.attribute(model, "the cat sat on the mat", "contribution", layer=1, head=0)
+    >>> list(head.to_dataframe().columns)
+    ['position', 'token', 'contribution']
+    """
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"attribute() got unexpected options {unknown}; known: {sorted(_OPTIONS)}")
+    names = [method] if isinstance(method, str) else list(method)
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"method must name one or more distinct methods, got {method!r}")
+    found = [get_method(m) for m in names]
+    level = _check_levels(found, layer, head)
+    if mode is not None and mode not in ("intra", "inter"):
+        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    model, model_name = _resolve_model(model, backend)
+    if layer is not None:
+        try:
+            layer = check_layer(layer, model.cfg.n_layers)
+        except (IndexError, TypeError) as e:  # every argument error of attribute() is a ValueError
+            raise ValueError(str(e)) from None
+    if head is not None:
+        n_heads = model.cfg.n_heads
+        if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not -n_heads <= int(head) < n_heads:
+            raise ValueError(f"head must be an integer in [{-n_heads}, {n_heads}), got {head!r}")
+        head = int(head) % n_heads
+    tokens, truncated_from = _tokenize(model, text, truncate)
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    n = int(tokens.shape[-1])
+    position = _check_position(position, n)
+    if level != "model" and mode is None:
+        mode = "intra" if level == "head" else "inter"
+
+    want_flow = level == "model" and any(m.family == "flow" for m in found)
+    filters = [flow_names_filter(model)] if want_flow else []
+    if level != "model":
+        filters.append(names_filter(model, layers=[layer]))
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, tokens, names_filter=lambda name: any(f(name) for f in filters))
+    probs = torch.softmax(logits[0, position].to(torch.float64), dim=-1)
+    prediction_id = int(probs.argmax())
+
+    used: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    rows = []
+    for m in found:
+        if m.family == "flow":
+            row = contribution_flow(model, cache, m.key, tokens=tokens)[0, position]
+        elif m.family == "gradient":
+            row = _gradient(model, tokens[0], position, m, prediction_id, options, used, info)
+        else:
+            row = _metric_row(model, cache, tokens, m, layer, head, position, mode, options, used)
+        rows.append(row.detach().cpu())
+    if len(rows) == 1:
+        scores = rows[0]
+    else:
+        dtype = torch.promote_types(*{r.dtype for r in rows}) if len({r.dtype for r in rows}) > 1 else rows[0].dtype
+        scores = torch.stack([r.to(dtype) for r in rows])
+    ids = tokens[0].tolist()
+    return Attribution(
+        tokens=_str_tokens(model, ids),
+        token_ids=ids,
+        scores=scores,
+        method=names[0] if isinstance(method, str) else tuple(names),
+        level=level,
+        position=position,
+        prediction=model.tokenizer.decode([prediction_id]),
+        prediction_id=prediction_id,
+        prediction_prob=float(probs[prediction_id]),
+        model_name=model_name,
+        text=text,
+        layer=layer,
+        head=head,
+        mode=mode,
+        options=used,
+        info=info,
+        truncated_from=truncated_from,
+    )
+
+
+def _gradient(model, tokens: Tensor, position: int, m: Method, target: int, options, used, info) -> Tensor:
+    if m.key == "grad_x_input":
+        return gradient_x_input(model, tokens, position, target=target)
+    steps = int(options.get("ig_steps", 64))
+    batch = int(options.get("ig_batch", 8))
+    baseline = options.get("baseline")
+    if baseline is None:
+        erased = torch.zeros(tokens.shape[0], dtype=torch.bool)
+        erased[1 : position + 1] = True
+        baseline = erase(tokens, erased.to(tokens.device), space_token(model))
+        used["baseline"] = "space"
+    else:
+        baseline = torch.as_tensor(baseline).to(tokens.device)
+        if baseline.ndim == 2 and baseline.shape[0] == 1:
+            baseline = baseline[0]
+        used["baseline"] = [int(t) for t in baseline.tolist()]
+    used["ig_steps"], used["ig_batch"] = steps, batch
+    ig = integrated_gradients(model, tokens, baseline, position, target=target, n_steps=steps, batch_size=batch)
+    gap = ig.completeness_gap
+    info["integrated_gradients"] = {
+        "f_input": ig.f_input,
+        "f_baseline": ig.f_baseline,
+        "completeness_gap": gap,
+        "relative_gap": abs(gap) / max(abs(ig.f_input - ig.f_baseline), 1e-12),
+    }
+    return ig.attributions
+
+
+def _metric_row(model, cache, tokens, m: Method, layer, head, position, mode, options, used) -> Tensor:
+    metric = get_metric(m.key)
+    if metric.per_layer:
+        inputs = LayerInputs.from_layer(get_attention_layer(model, cache, layer), mode)
+        x = metric.layer_scores(inputs, summed=head is None)  # [batch, head or 1, query, key]
+        return x[0, 0 if head is None else head, position]
+    seed = int(options.get("seed", 0))
+    if m.key == "random":
+        used["seed"] = seed
+    chunk = options.get("value_zeroing_chunk")
+    inputs = SequenceInputs(model, tokens, (layer,), model.cfg.n_heads, seed, chunk)
+    x = metric.fn(inputs)[0, 0]  # [head or 1, query, key]
+    if head is not None:
+        return x[head, position]
+    summed = x.sum(0) if x.shape[0] > 1 else x[0]
+    return (summed.abs() if metric.absolute else summed)[position]
