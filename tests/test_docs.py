@@ -311,6 +311,76 @@ def test_api_page_documents_the_public_api(site):
     assert "&gt;&gt;&gt; " in html and "<blockquote>" not in html  # doctests shown as code, not quotes
 
 
+RAW_ROLE = re.compile(r":(?:py:)?(?:func|meth|class|mod|attr|data|exc|obj|const):`")
+
+
+def _outside_code(html: str) -> str:
+    """``html`` without its ``<pre>`` blocks and ``<code>`` spans (where a role may be shown on purpose)."""
+    return re.sub(r"<pre\b.*?</pre>|<code\b.*?</code>", "", html, flags=re.S)
+
+
+@NEEDS_MKDOCS
+def test_site_shows_no_raw_sphinx_role(site):
+    """Every ``:func:`x``` (and ``:class:``, ``:mod:``, ...) of the docstrings is a link or code on the
+    site (docs/_hooks/griffe_roles.py), on every page, never the raw role."""
+    raw = {
+        str(page.relative_to(site)): RAW_ROLE.findall(_outside_code(page.read_text(encoding="utf-8")))[:3]
+        for page in site.rglob("*.html")
+    }
+    raw = {page: found for page, found in raw.items() if found}
+    assert not raw, raw
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    assert 'class="autorefs autorefs-internal"' in api  # roles whose target is on the page are links
+    assert 'href="#geolens.contribution_weights"><code>contribution_weights</code></a>' in api
+
+
+def test_sphinx_roles_become_optional_references():
+    """The rewrite itself: resolved in the docstring's scope, ``~`` keeps the last name, code untouched."""
+    griffe = pytest.importorskip("griffe")
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        from griffe_roles import rewrite_roles
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
+    pkg = griffe.load("geolens", search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=False)
+    text = "See :func:`contribution_weights`, :class:`~geolens.adapter.AttentionLayer`, ``:func:`x` ``.\n"
+    out = rewrite_roles(text + "```pycon\n>>> ':mod:`y`'\n```", pkg["contributions"])
+    assert '<autoref identifier="geolens.contributions.contribution_weights" optional>' in out
+    assert "<code>contribution_weights</code></autoref>" in out
+    assert '<autoref identifier="geolens.adapter.layer.AttentionLayer" optional><code>AttentionLayer</code>' in out
+    assert "``:func:`x` ``" in out and ">>> ':mod:`y`'" in out  # literals and code fences are left alone
+
+
+def _signature_width() -> int:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    plugin = next(p["mkdocstrings"] for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)
+    options = plugin["handlers"]["python"]["options"]
+    assert options["separate_signature"] is True
+    return options["line_length"]
+
+
+@NEEDS_MKDOCS
+def test_api_signatures_fit_the_page(site):
+    """Signatures are formatted (ruff, from the docs extra) to ``line_length``: none runs off the page."""
+    if importlib.util.find_spec("ruff") is None and importlib.util.find_spec("black") is None:
+        pytest.skip("neither ruff nor black is installed: mkdocstrings leaves signatures on one line")
+    import html as html_lib
+
+    width = _signature_width()
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    signatures = re.findall(r'<div class="doc-signature highlight"><pre>(.*?)</pre>', api, flags=re.S)
+    assert len(signatures) >= 20
+    long = {}
+    for sig in signatures:
+        text = html_lib.unescape(re.sub(r"<[^>]+>", "", sig))
+        long.update({line: len(line) for line in text.splitlines() if len(line) > width})
+    assert not long, long
+    load_model = next(s for s in signatures if "load_model" in s)
+    assert "max_memory" in load_model and len(html_lib.unescape(re.sub(r"<[^>]+>", "", load_model)).splitlines()) > 3
+
+
 def test_reliability_page_exists():
     if not (ROOT / "docs" / "reliability.md").exists():
         pytest.skip("docs/reliability.md is not written yet (the site tests build with a stand-in)")

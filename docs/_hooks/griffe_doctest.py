@@ -28,7 +28,7 @@ def fence_doctests(text: str) -> str:
             indent = line[: len(line) - len(stripped)]
             block = []
             while i < len(lines) and lines[i].strip():
-                block.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].strip())
+                block.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].strip())
                 i += 1
             out += [f"{indent}```pycon", *(indent + b for b in block), f"{indent}```"]
             continue
