@@ -88,6 +88,52 @@ def check_context(model, n_positions: int, *, name: str = "sequence") -> int:
     return n
 
 
+def text_tokens(model, text: str, *, prepend_bos: bool = True, truncate: bool = False) -> Tensor:
+    """The token ids ``[1, pos]`` of one text, never cut silently.
+
+    ``model.to_tokens`` of TransformerLens cuts a text longer than the model's context
+    (``cfg.n_ctx``) to its first ``n_ctx`` tokens without a word, and every position after that is
+    silently lost. Here such a text raises ``ValueError`` giving its token count and the limit;
+    ``truncate=True`` keeps the first ``n_ctx`` tokens and says so in a ``UserWarning``.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")  # n_ctx = 128, a tokenizer of characters
+    >>> tuple(text_tokens(model, "the cat sat").shape)
+    (1, 12)
+    >>> text_tokens(model, "the cat sat " * 50)
+    Traceback (most recent call last):
+    ...
+    ValueError: the text is 601 tokens long (BOS included), longer than the model's context of 128 tokens: shorten it, or pass truncate=True to keep its first 128 tokens
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a string, got {type(text).__name__}")
+    tokens, n = _full_text_tokens(model, text, prepend_bos=prepend_bos)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    if n_ctx is None or n <= int(n_ctx):
+        return tokens
+    n_ctx = int(n_ctx)
+    if not truncate:
+        raise ValueError(
+            f"the text is {n} tokens long{' (BOS included)' if prepend_bos else ''}, longer than the model's "
+            f"context of {n_ctx} tokens: shorten it, or pass truncate=True to keep its first {n_ctx} tokens"
+        )
+    import warnings
+
+    warnings.warn(
+        f"the text is {n} tokens long: truncated to the model's context, its first {n_ctx} tokens", stacklevel=2
+    )
+    return tokens[:, :n_ctx]
+
+
+def _full_text_tokens(model, text: str, *, prepend_bos: bool) -> tuple[Tensor, int]:
+    """``model.to_tokens(text)`` without TransformerLens' cut to the context, and its length."""
+    try:
+        tokens = model.to_tokens(text, prepend_bos=prepend_bos, truncate=False)
+    except TypeError:  # a to_tokens without the truncate keyword
+        tokens = model.to_tokens(text, prepend_bos=prepend_bos)
+    return tokens, int(tokens.shape[-1])
+
+
 def check_eps(eps, *, name: str = "eps") -> float:
     """A finite, non-negative float (a zero-norm threshold).
 

@@ -55,7 +55,9 @@ def run(args) -> int:
     name, backend = check_model_name(args.model), check_backend(args.backend, compat=args.compat)
     model = load_model(name, backend=backend, compatibility_mode=args.compat)
     layer = check_index(args.layer, model.cfg.n_layers, "layers", "--layer")
-    tokens = model.to_tokens(args.text, prepend_bos=True)
+    from geolens.commands._text import command_text_tokens
+
+    tokens, _ = command_text_tokens(model, args.text, truncate=args.truncate)
     if tokens.shape[1] < 2:
         raise UsageError("the text gives no token after BOS")
     with torch.no_grad():
@@ -84,6 +86,9 @@ def register(subparsers) -> None:
     add_run_options(p, model="smollm2-135m", backend="tl")
     p.add_argument("--layer", type=int, default=-1, help="layer for the top-sources table (default -1: the last)")
     p.add_argument("--top", type=positive_int, default=5, help="how many sources to list")
+    from geolens.commands._text import add_truncate_option
+
+    add_truncate_option(p)
     p.add_argument(
         "--compat",
         action="store_true",

@@ -47,7 +47,9 @@ def run(args) -> int:
     name = check_model_name(args.model, tiny=True)
     folder = out_folder(args, "flow") if (args.out is not None or args.name is not None) else None
     model = load_model(name)
-    tokens = model.to_tokens(args.text, prepend_bos=True)
+    from geolens.commands._text import command_text_tokens
+
+    tokens, n_text_tokens = command_text_tokens(model, args.text, truncate=args.truncate)
     if tokens.shape[1] < 2:
         raise UsageError("the text gives no token after BOS")
     from geolens.adapter import model_mode
@@ -77,6 +79,8 @@ def run(args) -> int:
             "model": args.model,
             "model_mode": model_mode(model),
             "text": args.text,
+            "n_text_tokens": n_text_tokens,  # BOS included; more than len(tokens) when --truncate cut the text
+            "truncated": n_text_tokens > tokens.shape[1],
             "tokens": words,
             "parameters": {
                 "top_k": args.top_k,
@@ -296,6 +300,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--value-zeroing", action="store_true", help="also list value_zeroing_rollout (reruns the model: slow)"
     )
+    from geolens.commands._text import add_truncate_option
+
+    add_truncate_option(p)
     p.add_argument(
         "--erasure", action="store_true", help="run the input-token erasure test of --protocol instead of one prompt"
     )

@@ -323,10 +323,14 @@ def to_tokens(
     prepend_bos: bool = True,
     padding_side: str | None = None,
     move_to_device: bool = True,
-    truncate: bool = True,
+    truncate: bool = False,
 ) -> Tensor:
     """Token ids ``[batch, pos]`` of ``text`` (a string or a list of them, right-padded with the
-    pad token), with the BOS token first when ``prepend_bos``."""
+    pad token), with the BOS token first when ``prepend_bos``.
+
+    A text longer than the model's context (``cfg.n_ctx``) raises ``ValueError`` giving its token
+    count and the limit; ``truncate=True`` keeps the first ``n_ctx`` tokens of each text, as
+    TransformerLens' ``to_tokens`` does by default (silently there)."""
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         raise ValueError("this model has no tokenizer: pass tokenizer= to geolens.hf.prepare, or token ids")
@@ -336,6 +340,16 @@ def to_tokens(
         if tok.bos_token_id is None:
             raise ValueError("prepend_bos=True but the tokenizer has no BOS token")
         rows = [[tok.bos_token_id] + r for r in rows]
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    longest = max(len(r) for r in rows)
+    if n_ctx is not None and longest > int(n_ctx):
+        if not truncate:
+            raise ValueError(
+                f"the text is {longest} tokens long{' (BOS included)' if prepend_bos else ''}, longer than the "
+                f"model's context of {int(n_ctx)} tokens: shorten it, or pass truncate=True to keep its first "
+                f"{int(n_ctx)} tokens"
+            )
+        rows = [r[: int(n_ctx)] for r in rows]
     width = max(len(r) for r in rows)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     rows = [r + [pad] * (width - len(r)) if padding_side != "left" else [pad] * (width - len(r)) + r for r in rows]
