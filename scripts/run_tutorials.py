@@ -11,9 +11,12 @@ results without running anything. Kept small and stable for review:
 - consecutive stream outputs are merged and keep only their final state (tqdm rewrites one line
   with carriage returns), without tqdm's "IProgress not found" warning (ipywidgets is not
   installed, so bars are plain text);
-- a circuitsvis view inlines its 1.3 MB JavaScript bundle; in the stored notebook it is replaced by
-  a one-line note (run the notebook, or ``.save()`` the view, to see it). GitHub does not run that
-  JavaScript anyway.
+- a circuitsvis view inlines its 1.3 MB JavaScript bundle; the stored notebook keeps the view
+  (its ``<div>`` and ``CircuitsVis.render(...)`` call with the numbers, a few kB) without the
+  bundle, marked ``data-geolens-needs-bundle``, and a one-line text note. The documentation site
+  loads the bundle once per page that shows a view (docs/_hooks/circuitsvis.py), so the view is
+  interactive there; GitHub and an untrusted Jupyter do not run that JavaScript anyway (run the
+  cell, or ``.save()`` the view, to see it there).
 
 A cell that raises stops the run with an error naming the notebook; nothing is written for that
 notebook. ``tests/test_tutorials.py`` executes the same notebooks in memory (never writing them)
@@ -35,6 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE_MARK = "CircuitsVis.render("
 MAX_HTML = 100_000  # characters; larger HTML outputs are circuitsvis views with their bundle
+MAX_VIEW = 400_000  # characters: a view (its numbers) stored without the bundle, at most
+NEEDS_BUNDLE = "data-geolens-needs-bundle"  # docs/_hooks/circuitsvis.py adds the bundle to such pages
+# The <script> element that holds the bundle (an IIFE defining CircuitsVis; circuitsvis_bundle()
+# removed every "</script>" from it, so the first one closes the element).
+BUNDLE_SCRIPT = re.compile(r'<script>\s*(?:"use strict";)?\s*var CircuitsVis\b.*?</script>\n?', re.S)
 
 
 def _same_python(cmd: str) -> bool:
@@ -88,7 +96,7 @@ def _merged_streams(outputs: list) -> list:
 
 
 def clean_outputs(nb) -> None:
-    """Drop timestamps, collapse progress bars, replace inlined circuitsvis bundles by a note."""
+    """Drop timestamps, collapse progress bars, store circuitsvis views without their bundle."""
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -99,13 +107,17 @@ def clean_outputs(nb) -> None:
             html_text = data.get("text/html", "")
             if isinstance(html_text, list):
                 html_text = "".join(html_text)
-            if BUNDLE_MARK in html_text and len(html_text) > MAX_HTML:
+            if BUNDLE_MARK in html_text and len(html_text) > MAX_HTML and "var CircuitsVis" in html_text:
                 components = sorted(set(re.findall(r"CircuitsVis\.render\([^,]+,\s*CircuitsVis\.(\w+)", html_text)))
+                view = BUNDLE_SCRIPT.sub("", html_text)
                 note = (
-                    f"[interactive circuitsvis view ({', '.join(components) or 'component'}): not stored, its "
-                    "JavaScript bundle is 1.3 MB. Run the notebook, or .save('view.html') the view, to see it.]"
+                    f"[interactive circuitsvis view ({', '.join(components) or 'component'}), stored without its "
+                    "1.3 MB JavaScript bundle: the documentation site shows it; here, run the cell or "
+                    ".save('view.html') the view.]"
                 )
                 out["data"] = {"text/plain": note}
+                if len(view) <= MAX_VIEW and "var CircuitsVis" not in view:
+                    out["data"]["text/html"] = f"<div {NEEDS_BUNDLE}>{view}</div>"
 
 
 def run_notebook(path: Path, *, timeout: int = 900, write: bool = True):

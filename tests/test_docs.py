@@ -227,6 +227,7 @@ def _config(tmp: Path) -> Path:
 
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
     config["docs_dir"] = str(_shadow_docs(tmp))
+    config["hooks"] = [str(ROOT / h) for h in config.get("hooks", [])]
     for plugin in config["plugins"]:  # paths in the config are relative to its folder
         if isinstance(plugin, dict) and "mkdocstrings" in plugin:
             options = plugin["mkdocstrings"]["handlers"]["python"]["options"]
@@ -288,11 +289,48 @@ def test_site_builds_strict_with_every_page(site):
 @NEEDS_MKDOCS
 def test_site_renders_the_stored_tutorials_with_their_outputs(site):
     notebooks = sorted((ROOT / "tutorials").glob("*.ipynb"))
-    assert len(notebooks) == 6
+    assert len(notebooks) >= 6
     for nb in notebooks:
         html = (site / "tutorials" / nb.stem / "index.html").read_text(encoding="utf-8")
         assert "jp-OutputArea" in html, nb.name  # outputs shown, not only the source
     assert "<img" in (site / "tutorials" / "02_sinks" / "index.html").read_text(encoding="utf-8")
+
+
+TUTORIAL_01 = Path("tutorials") / "01_contribution_weights" / "index.html"
+
+
+def _views(html: str) -> dict[str, str]:
+    """{component id: its div's inner HTML} of every circuitsvis view on a page (any attribute order)."""
+    views = {}
+    for div in re.finditer(r'<div ([^>]*class="geolens-circuitsvis"[^>]*)>(.*?)</div>\s*<script>', html, flags=re.S):
+        views[re.search(r'id="([^"]+)"', div.group(1)).group(1)] = div.group(2)
+    return views
+
+
+@NEEDS_MKDOCS
+def test_tutorial_circuitsvis_views_are_on_the_site(site):
+    """Tutorial 01 stores its circuitsvis views without the bundle; the page loads the bundle once
+    (docs/_hooks/circuitsvis.py) from the site's assets, a copy of the installed circuitsvis'."""
+    from geolens.viz.common import circuitsvis_bundle
+
+    html = (site / TUTORIAL_01).read_text(encoding="utf-8")
+    assert "not stored" not in html
+    assert len(_views(html)) >= 4 and html.count("var CircuitsVis") == 0
+    assert html.count('<script src="../../assets/javascripts/circuitsvis.js"></script>') == 1
+    bundle = (site / "assets" / "javascripts" / "circuitsvis.js").read_text(encoding="utf-8")
+    assert bundle.replace("</script>", "") == circuitsvis_bundle()
+    assert "circuitsvis.js" not in (site / "api" / "index.html").read_text(encoding="utf-8")  # only where needed
+
+
+@NEEDS_MKDOCS
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (bash scripts/install.sh --browser)")
+def test_tutorial_circuitsvis_views_render_in_headless_chromium(site):
+    views = _views(_dump_dom(site / TUTORIAL_01))
+    assert len(views) >= 4
+    empty = [cid for cid, inner in views.items() if len(inner) < 200]
+    assert not empty, f"circuitsvis views that did not render: {empty}"
+    assert sum(inner.count("<canvas") for inner in views.values()) >= 2 * 10  # two AttentionHeads of 9 heads + zoom
+    assert any('class="colored-tokens"' in inner for inner in views.values())
 
 
 @NEEDS_MKDOCS
