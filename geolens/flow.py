@@ -46,7 +46,13 @@ from geolens.adapter import (
     required_hook_names,
 )
 from geolens.geometry import layer_output, query_slices, split_query_chunk
-from geolens.validation import check_attention_mask, check_dtype, check_layer
+from geolens.validation import (
+    check_attention_mask,
+    check_cache_layers,
+    check_dtype,
+    check_layer,
+    refuse_unmasked_padding,
+)
 
 FlowMethod = Literal["contribution", "alti", "attention_rollout", "value_zeroing_rollout"]
 FLOW_METHODS: tuple[str, ...] = get_args(FlowMethod)
@@ -352,9 +358,12 @@ def _check(model, cache, method, target_layer, attention_mask, tokens, dtype):
             raise ValueError(
                 f"tokens has shape {tuple(tokens.shape)}, the cache holds [batch, pos] = {(pattern.shape[0], pattern.shape[-1])}"
             )
+    check_cache_layers(model, cache)  # a cache stamped with another model's weights is refused
     if attention_mask is not None:
         pattern = _cached(cache, adapter_for(model).pattern_hook(0))
         attention_mask = check_attention_mask(attention_mask, pattern.shape[0], pattern.shape[-1]).to(pattern.device)
+    elif tokens is not None:
+        refuse_unmasked_padding(model, tokens)
     return method, last, dtype, attention_mask
 
 

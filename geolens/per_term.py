@@ -254,7 +254,7 @@ def _removal_effects(
         resid = clean.resid_pre.expand(len(chunk) + 1, -1)
         with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
             logits = adapter.single_position_logits(resid, layer, query, prefix)
-        _check_reference(logits[0], clean.logits, layer, query)
+        _check_reference(logits[0], clean.logits, layer, query, dtype=_param_dtype(model))
         for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
             values[name].append(value)
     return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "fast")
@@ -343,7 +343,7 @@ def _gradient(model, clean: _Clean, prefix, layer: int, query: int) -> Tensor:
 
     with torch.enable_grad(), applied(model, [(adapter.z_hook(layer), add_probe)]):
         logits = adapter.single_position_logits(clean.resid_pre[None].detach(), layer, query, prefix)
-        _check_reference(logits[0].detach(), clean.logits, layer, query)
+        _check_reference(logits[0].detach(), clean.logits, layer, query, dtype=_param_dtype(model))
         (grad,) = torch.autograd.grad(torch.log_softmax(logits[0].double(), -1)[top], probe)
     return grad.detach()
 
@@ -411,11 +411,28 @@ def position_effects(
     return PositionEffects(term, source, grad, clean.alpha, clean.v)
 
 
-def _check_reference(row: Tensor, clean: Tensor, layer: int, query: int) -> None:
-    """The batch's unperturbed row must reproduce the clean logits (float32 rounding aside)."""
+def _param_dtype(model) -> torch.dtype | None:
+    try:
+        return next(model.parameters()).dtype
+    except (StopIteration, AttributeError, TypeError):
+        return None
+
+
+def _check_reference(row: Tensor, clean: Tensor, layer: int, query: int, *, dtype: torch.dtype | None = None) -> None:
+    """The batch's unperturbed row must reproduce the clean logits (float32 rounding aside).
+
+    A model in bfloat16 or float16 rounds the single-position forward and the full forward
+    differently: that, not the KV cache or the positions, is then named as the cause."""
     scale = 1.0 + float(clean.abs().max())
     err = float((row.to(torch.float64) - clean.to(torch.float64)).abs().max())
     if not err <= 1e-4 * scale:
+        if dtype in (torch.bfloat16, torch.float16):
+            name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+            raise RuntimeError(
+                f"layer {layer}, query {query}: the model runs in {name}, whose rounding makes the single-position "
+                f"forward differ from the clean forward by {err:.3g} in the logits (beyond the float32 tolerance "
+                f"{1e-4 * scale:.3g}): per-term effects need a float32 model (load it with dtype=torch.float32)"
+            )
         raise RuntimeError(
             f"layer {layer}, query {query}: the single-position forward without removal differs from the clean "
             f"forward by {err:.3g} in the logits: its KV cache or positions are wrong for this model"

@@ -125,6 +125,16 @@ def text_tokens(model, text: str, *, prepend_bos: bool = True, truncate: bool = 
     return tokens[:, :n_ctx]
 
 
+def text_length(model, text: str, *, prepend_bos: bool = True) -> int:
+    """The number of tokens of ``text`` (BOS included when ``prepend_bos``), never cut to the context.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> text_length(tiny_bridge("gqa"), "x" * 200)
+    201
+    """
+    return _full_text_tokens(model, text, prepend_bos=prepend_bos)[1]
+
+
 def _full_text_tokens(model, text: str, *, prepend_bos: bool) -> tuple[Tensor, int]:
     """``model.to_tokens(text)`` without TransformerLens' cut to the context, and its length."""
     try:
@@ -292,8 +302,132 @@ def _deepest_block(cache: Mapping) -> int:
     return deepest
 
 
+# --- which model made a cache ---------------------------------------------------------------------
+# geolens.run_with_cache stamps its cache with the fingerprint of the model's weights; every analysis
+# that reads (model, cache) checks it here (check_cache_layers, called by get_attention_layer). A
+# cache from TransformerLens' own model.run_with_cache carries no stamp and cannot be checked.
+
+FINGERPRINT_SAMPLE = 4096  # elements read from each fingerprinted tensor
+
+
+class CacheStamp:
+    """What :func:`geolens.run_with_cache` records in its cache: the model object (weakly), the
+    fingerprint of its weights (:func:`weights_fingerprint`) and its dtype."""
+
+    __slots__ = ("model", "fingerprint", "dtype")
+
+    def __init__(self, model):
+        try:
+            self.model = weakref.ref(model)
+        except TypeError:
+            self.model = lambda: None
+        self.fingerprint = weights_fingerprint(model)
+        self.dtype = _model_dtype(model)
+
+    def __repr__(self) -> str:
+        return f"CacheStamp(fingerprint={self.fingerprint!r}, dtype={self.dtype})"
+
+
+def _model_dtype(model):
+    try:
+        return next(model.parameters()).dtype
+    except (StopIteration, AttributeError, TypeError):
+        return None
+
+
+_FINGERPRINTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def weights_fingerprint(model) -> str:
+    """A cheap fingerprint of a model's weights (16 hex digits).
+
+    The SHA-256 of the shapes, dtypes and a strided sample of ``FINGERPRINT_SAMPLE`` elements
+    (as float32) of the model's first 6 and last 2 parameter tensors: the embedding and layer 0's
+    first weights, the final norm and the unembedding. Two loads of the same weights in the same
+    dtype agree; a model of the same architecture with other weights (another checkpoint, another
+    seed, a fine-tune that moved any of those tensors) or another dtype differs. It is not a digest
+    of every weight: a change confined to the middle layers goes unseen. Memoised per model object
+    while those tensors are unchanged (their version counters), so checking costs nothing per layer.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> weights_fingerprint(tiny_bridge("gqa")) == weights_fingerprint(tiny_bridge("gqa"))
+    True
+    >>> weights_fingerprint(tiny_bridge("gqa")) == weights_fingerprint(tiny_bridge("gqa", seed=1))
+    False
+    """
+    import hashlib
+
+    params = list(model.parameters())
+    chosen = params[:6] + params[6:][-2:]
+    versions = tuple((p.data_ptr(), p._version) for p in chosen)
+    try:
+        memo = _FINGERPRINTS.get(model)
+    except TypeError:
+        memo = None
+    if memo is not None and memo[0] == versions:
+        return memo[1]
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for p in chosen:
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // FINGERPRINT_SAMPLE)
+            sample = flat[::step][:FINGERPRINT_SAMPLE].to("cpu", torch.float32).contiguous()
+            h.update(f"{tuple(p.shape)}|{p.dtype}|".encode())
+            h.update(sample.numpy().tobytes())
+    fingerprint = h.hexdigest()[:16]
+    try:
+        _FINGERPRINTS[model] = (versions, fingerprint)
+    except TypeError:
+        pass
+    return fingerprint
+
+
+def stamp_cache(model, cache):
+    """``cache`` stamped with the model that made it (:class:`CacheStamp`); a plain ``dict`` is
+    returned as a :class:`StampedCache` (a dict) holding the stamp."""
+    stamp = CacheStamp(model)
+    if type(cache) is dict:
+        cache = StampedCache(cache)
+    try:
+        cache.geolens_stamp = stamp
+    except (AttributeError, TypeError):
+        pass
+    return cache
+
+
+class StampedCache(dict):
+    """The activation cache of :func:`geolens.run_with_cache` on the HF-native backend: a dict of
+    hook names to tensors that also records which model made it (``geolens_stamp``)."""
+
+    geolens_stamp: CacheStamp | None = None
+
+
+def check_cache_model(model, cache) -> None:
+    """Refuse a cache stamped by :func:`geolens.run_with_cache` with another model's weights
+    (ValueError, one line). Unstamped caches (TransformerLens' own ``model.run_with_cache``, a
+    copied dict) pass: they cannot be checked."""
+    stamp = getattr(cache, "geolens_stamp", None)
+    if not isinstance(stamp, CacheStamp) or stamp.model() is model:
+        return
+    mine = weights_fingerprint(model)
+    if mine == stamp.fingerprint:
+        return
+    dtype = _model_dtype(model)
+    if stamp.dtype is not None and dtype is not None and stamp.dtype != dtype:
+        raise ValueError(
+            f"the cache was made by a model in {stamp.dtype}, this model is {dtype}: its activations are not "
+            "this model's; run the cache with this model (geolens.run_with_cache(model, tokens))"
+        )
+    raise ValueError(
+        f"the cache was made by another model: its weights fingerprint is {stamp.fingerprint}, this model's is "
+        f"{mine} (same architecture, other weights); run the cache with this model (geolens.run_with_cache(model, tokens))"
+    )
+
+
 def check_cache_layers(model, cache: Mapping) -> None:
-    """Refuse a cache holding blocks the model does not have (a cache of another model)."""
+    """Refuse a cache holding blocks the model does not have (a cache of another model), or one
+    stamped by :func:`geolens.run_with_cache` with another model's weights (:func:`check_cache_model`)."""
+    check_cache_model(model, cache)
     if not hasattr(cache, "keys"):
         return
     n_layers = model.cfg.n_layers

@@ -298,8 +298,16 @@ def run_with_cache(
 
     ``attention_mask`` (``[batch, pos]``, 1 = real token) runs a padded batch: on the HF-native
     backend positions are then counted over each row's real tokens, so every row equals its
-    prompt run alone. ``names_filter`` keeps some hook names only
+    prompt run alone. Without it a batch that looks padded (rows starting or ending with
+    different numbers of the tokenizer's pad id, as :func:`geolens.run_corpus` checks) is refused:
+    its pad tokens would be read as real ones. ``names_filter`` keeps some hook names only
     (``geolens.names_filter(model)``: what geolens reads).
+
+    The cache records which model made it (:func:`geolens.validation.stamp_cache`: a fingerprint
+    of the weights, :func:`geolens.validation.weights_fingerprint`, and the dtype); the analyses
+    that read ``(model, cache)`` refuse a cache made by another model of the same architecture
+    (``ValueError``). A cache from TransformerLens' own ``model.run_with_cache`` carries no stamp:
+    there a foreign cache of the same shapes cannot be detected.
 
     >>> import geolens, torch
     >>> from geolens.hf.tiny import tiny_family
@@ -310,11 +318,17 @@ def run_with_cache(
     >>> tuple(logits.shape), tuple(c.shape), bool(torch.allclose(c.sum(-1), torch.ones(1, 4, 6), atol=1e-5))
     ((1, 6, 64), (1, 4, 6, 6), True)
     """
+    from geolens.validation import refuse_unmasked_padding, stamp_cache
+
     adapter_for(model)  # a transformers model's family adapter attaches the entry points
+    if attention_mask is None and isinstance(tokens, Tensor):
+        refuse_unmasked_padding(model, tokens)
     if not is_prepared(model):
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
-        return model.run_with_cache(tokens, names_filter=names_filter, **kwargs)
-    return cached_forward(model, tokens, attention_mask, names_filter)
+        logits, cache = model.run_with_cache(tokens, names_filter=names_filter, **kwargs)
+    else:
+        logits, cache = cached_forward(model, tokens, attention_mask, names_filter)
+    return logits, stamp_cache(model, cache)
 
 
 def to_tokens(
