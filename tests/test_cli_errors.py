@@ -207,17 +207,20 @@ def test_the_backend_reaches_load_model(command, monkeypatch, tmp_path, docs):
     assert seen == ["transformer_lens", "transformer_lens", "hf"]
 
 
-def test_cached_hub_name_loads_from_its_snapshot_folder(monkeypatch, tmp_path):
-    """A hub name in the local HF cache is accepted, and loaded from disk (never the network)."""
+@pytest.mark.parametrize("hub_id", ["org/cached", "gpt2"])
+def test_cached_hub_name_loads_from_its_snapshot_folder(monkeypatch, tmp_path, hub_id):
+    """A hub id in the local HF cache (with or without a slash) is accepted, and loaded from disk
+    (never the network)."""
     import huggingface_hub
 
     snapshot = tmp_path / "hub" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
+    (snapshot / "model.safetensors").write_bytes(b"")
     monkeypatch.setattr(
         huggingface_hub,
         "try_to_load_from_cache",
-        lambda repo, name: str(snapshot / name) if repo == "org/cached" else None,
+        lambda repo, name, **kwargs: str(snapshot / name) if repo == hub_id else None,
     )
     seen = []
 
@@ -227,7 +230,7 @@ def test_cached_hub_name_loads_from_its_snapshot_folder(monkeypatch, tmp_path):
 
     monkeypatch.setattr(geolens.models, "load_model", record)
     with pytest.raises(ModelLoaded):
-        main(["analyze", "some text", "--model", "org/cached"])
+        main(["analyze", "some text", "--model", hub_id])
     assert seen == [str(snapshot)]
 
 

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from geolens.commands._names import SHIPPED_MODELS, TINY_MODELS
 from geolens.errors import UsageError
-from geolens.testing import TINY_MODELS
 
 
 def did_you_mean(word: str, choices) -> str:
@@ -196,31 +196,19 @@ def check_indices(values: Sequence[int] | None, count: int, what: str, option: s
 # --- models ----------------------------------------------------------------------------------------
 
 
-def _hub_snapshot(name: str) -> str | None:
-    """The local snapshot folder of a hub name whose config is in the Hugging Face cache, else None.
-
-    Only the cache on disk is read (no network).
-    """
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(name, "config.json")
-    except Exception:  # noqa: BLE001 - an invalid repo id, or no huggingface_hub: not cached
-        return None
-    return str(Path(found).parent) if isinstance(found, str) else None
-
-
 def check_model_name(name: str, *, tiny: bool = False) -> str:
-    """A model argument that :func:`geolens.models.load_model` can load without the network.
+    """A model argument that :func:`geolens.models.load_model` can load, checked before it loads.
 
-    Known names (``geolens.models.MODELS``), ``tiny-*`` when the command allows them, a local
-    checkpoint folder (with ``config.json``), or a hub name already in the local Hugging Face
-    cache (returned as its snapshot folder, so loading it never goes to the network). Anything
-    else is refused at once (a hub lookup offline retries for about a minute).
+    In this order: a shipped name (``geolens.models.MODELS``), ``tiny-*`` when the command allows
+    them, a local checkpoint folder (with ``config.json``), or a Hugging Face hub id with or
+    without a slash (``gpt2``, ``EleutherAI/pythia-70m``): its snapshot folder when it is in the
+    local Hugging Face cache (loading it never goes to the network), the id when the hub can be
+    reached, else refused within seconds (:func:`geolens.model_cache.hub_checkpoint`; transformers'
+    own retries take about a minute offline), with a "did you mean" for a misspelt shipped name.
     """
-    from geolens.models import MODELS
+    from geolens.model_cache import hub_checkpoint, looks_like_hub_id
 
-    known = sorted(MODELS) + (list(TINY_MODELS) if tiny else [])
+    known = list(SHIPPED_MODELS) + (list(TINY_MODELS) if tiny else [])
     if name in known:
         return name
     path = Path(name).expanduser()
@@ -228,24 +216,23 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {name}: the folder has no config.json (not a Hugging Face checkpoint folder)")
         return str(path)
-    snapshot = _hub_snapshot(name) if "/" in name and not path.exists() else None
-    if snapshot is not None:
-        return snapshot
-    hint = f"known names: {', '.join(known)}; or a local checkpoint folder"
-    if "/" in name:
-        raise UsageError(
-            f"--model {name}: no such local folder, and not in the local Hugging Face cache ({hint}; "
-            f"hub models must be downloaded first, e.g. huggingface-cli download {name})"
-        )
     suggestion = ""
     import difflib
 
     for candidates in (known, [k.split("-")[0] for k in known]):  # 'smollm2' → 'smollm2-135m'
         close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
         if close:
-            suggestion = f"did you mean {known[candidates.index(close[0])]!r}? "
+            suggestion = f" (did you mean {known[candidates.index(close[0])]!r}?)"
             break
-    raise UsageError(f"--model {name}: unknown model ({suggestion}{hint})")
+    if not looks_like_hub_id(name) or path.exists():
+        raise UsageError(
+            f"--model {name}: unknown model: no such folder, and not a Hugging Face hub id{suggestion} "
+            f"(known names: {', '.join(known)}; or a local checkpoint folder)"
+        )
+    try:
+        return hub_checkpoint(name, shipped=tuple(known))
+    except UsageError as err:
+        raise UsageError(f"--model {name}: {err}{suggestion}") from None
 
 
 BACKENDS = {"tl": "transformer_lens", "hf": "hf"}
