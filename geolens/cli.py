@@ -176,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    import torch
-
+    # commands turn autograd off; a caller's setting is restored. torch is imported by the commands
+    # that need it (the lazy-import rule of geolens.commands); a fresh import starts with autograd on
+    torch = sys.modules.get("torch")
+    grad = torch.is_grad_enabled() if torch is not None else True
     prog = f"geolens {args.command}"
-    grad = torch.is_grad_enabled()  # commands turn autograd off; a caller's setting is restored
     run_folder.forget_all()
 
     def all_complete() -> bool:
@@ -242,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return interrupted(err)
     finally:
         run_folder.forget_all()
-        torch.set_grad_enabled(grad)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_grad_enabled(grad)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,16 +12,13 @@ and by per-source inter-head contribution C_ij = Σ_h c_ij^h.
 
 from __future__ import annotations
 
-import torch
-from tqdm.auto import tqdm
-
-from geolens.adapter import get_attention_layer, model_mode, names_filter
-from geolens.contributions import contribution_weights_from_layer, per_source_totals
-from geolens.geometry import gram, projected_value_norms
-
 
 def sink_summary(layer) -> dict[str, float]:
     """Mean sink rate, sink/non-sink projected-norm ratio and mean sink cosine of one layer."""
+    import torch
+
+    from geolens.geometry import gram, projected_value_norms
+
     alpha = layer.pattern  # [b, h, q, k]
     norms = projected_value_norms(layer)  # [b, h, k]
     dots = torch.einsum("bhd,hde,bkhe->bhk", layer.v[:, 0], gram(layer.W_O), layer.v[:, 1:])
@@ -35,6 +32,10 @@ def sink_summary(layer) -> dict[str, float]:
 
 def top_sources(model, tokens, layer_view, k: int = 5) -> list[tuple[str, list[tuple[int, str, float]]]]:
     """Top-k sources of the last query by raw attention (head mean) and by Σ_h c_ij (inter)."""
+    import torch
+
+    from geolens.contributions import contribution_weights_from_layer, per_source_totals
+
     alpha_last = layer_view.pattern[0, :, -1].mean(0)
     contrib_last = per_source_totals(contribution_weights_from_layer(layer_view, "inter"))[0, -1]
     words = [model.tokenizer.decode([t]) for t in tokens[0].tolist()]
@@ -46,6 +47,10 @@ def top_sources(model, tokens, layer_view, k: int = 5) -> list[tuple[str, list[t
 
 
 def run(args) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from geolens.adapter import get_attention_layer, model_mode, names_filter
     from geolens.commands._options import check_backend, check_index, check_model_name
     from geolens.errors import UsageError
     from geolens.models import load_model

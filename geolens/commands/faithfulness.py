@@ -22,8 +22,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def parse_layers(text: str, n_layers: int) -> tuple[int, ...] | None:
@@ -175,6 +177,8 @@ def _save_all(result, out: Path) -> list[dict]:
         for q in ("delta_ppl", "delta_logprob")
     ]
     if (out / "mc.csv").exists():
+        import pandas as pd
+
         from geolens.viz.faithfulness import mc_accuracy_plot
 
         mc = pd.read_csv(out / "mc.csv")
@@ -572,6 +576,8 @@ def run(args) -> int:
                 print(c)
             print(result)
         if has_mc:  # multiple choice, also from a run still under way (the questions answered so far)
+            import pandas as pd
+
             _mc_outputs(pd.read_csv(out / "mc_questions.csv"), out, n_boot=args.n_boot, seed=args.seed)
         return 0
     model_name = check_model_name(args.model)
@@ -702,10 +708,8 @@ def _mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | No
 
 
 def register(subparsers) -> None:
+    from geolens.commands._names import COSTLY_METRICS, DEFAULT_METRICS, FRACTIONS, METRICS, RANKING_SCOPES
     from geolens.commands._options import add_out, add_run_options, layer_spec, non_negative_int, positive_int
-    from geolens.faithfulness import FRACTIONS
-    from geolens.interventions.masking import RANKING_SCOPES
-    from geolens.metrics import get_metric, metric_names
 
     p = subparsers.add_parser(
         "faithfulness",
@@ -738,13 +742,14 @@ def register(subparsers) -> None:
         help="terms ranked together: per (layer, head, query) row, per query across heads (primary), per source summed over heads",
     )
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="removal fractions k, each in (0, 1)")
-    costly = [m for m in metric_names() if m not in metric_names(default_only=True)]  # the primary run leaves them out
     p.add_argument(
         "--metrics",
         default="",
-        help=f"comma-separated metrics, from {', '.join(metric_names())} (geolens.metrics; default: "
-        f"{','.join(metric_names(default_only=True))}"
-        + "".join(f"; not by default: {m} ({get_metric(m).description})" for m in costly)
+        help=f"comma-separated metrics, from {', '.join(METRICS)} (geolens.metrics; default: "
+        f"{','.join(DEFAULT_METRICS)}"
+        + "".join(
+            f"; not by default: {m} ({text})" for m, text in COSTLY_METRICS.items()
+        )  # the primary run leaves them out
         + ")",
     )
     p.add_argument(

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import json
 
-import torch
-
-from geolens.flow import FLOW_METHODS
+from geolens.commands._names import FLOW_METHODS
 
 
 def run(args) -> int:
     from geolens.commands._options import check_model_name, out_folder
     from geolens.errors import UsageError
-    from geolens.models import load_model
 
     if args.erasure:
         return run_erasure(args)
@@ -46,6 +43,8 @@ def run(args) -> int:
         raise UsageError("the text is empty")
     name = check_model_name(args.model, tiny=True)
     folder = out_folder(args, "flow") if (args.out is not None or args.name is not None) else None
+    from geolens.models import load_model  # torch: only once the arguments are known to be good
+
     model = load_model(name)
     from geolens.commands._text import command_text_tokens
 
@@ -148,6 +147,8 @@ def _differences(protocol, model_name: str, mode: str, n_documents: int) -> list
 def run_erasure(args) -> int:
     """``geolens flow --erasure``: the input-token erasure test under a protocol (module docstring)."""
     import time
+
+    import torch
 
     import geolens
     from geolens.adapter import model_mode

@@ -231,8 +231,8 @@ def _report(info: dict, result) -> None:
 
 
 def register(subparsers) -> None:
+    from geolens.commands._names import DEFAULT_TASKS
     from geolens.commands._options import add_out, add_run_options, float_list, non_negative_int, positive_int
-    from geolens.multiple_choice import DEFAULT_TASKS
 
     p = subparsers.add_parser(
         "mc",

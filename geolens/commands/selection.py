@@ -20,10 +20,6 @@ import json
 import sys
 import time
 
-import numpy as np
-
-from geolens.data import corpus_label
-
 
 def headline(res: dict, regime: dict) -> dict:
     """The numbers the README quotes for one corpus."""
@@ -86,10 +82,12 @@ def headline(res: dict, regime: dict) -> dict:
 
 
 def run(args) -> int:
+    import numpy as np
     import torch
 
     from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.commands._options import corpus_windows as windows
+    from geolens.data import corpus_label
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.selection import SelectionParams, run_selection

@@ -388,6 +388,7 @@ def _all_or_ints(text: str):
 
 
 def register(subparsers) -> None:
+    from geolens.commands._names import DEFAULT_LAMBDAS
     from geolens.commands._options import (
         add_out,
         add_run_options,
@@ -397,7 +398,6 @@ def register(subparsers) -> None:
         non_negative_int,
         positive_int,
     )
-    from geolens.sinks.drift import DEFAULT_LAMBDAS
 
     p = subparsers.add_parser(
         "sinks", help="attention sinks: geometry, decomposition, norm curve, semantic drift (docs/method.md §4)"

@@ -20,14 +20,13 @@ import json
 import sys
 import time
 
-from geolens.data import corpus_label
-
 
 def run(args) -> int:
     import torch
 
     from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.commands._options import corpus_windows as windows
+    from geolens.data import corpus_label
     from geolens.models import load_model
     from geolens.pipelines import write_tables
     from geolens.pipelines.taxonomy import TaxonomyParams, run_taxonomy
