@@ -16,6 +16,7 @@ into a table (:meth:`Attribution.to_dataframe`) and saves to a JSON file that lo
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -33,7 +34,7 @@ from geolens.flow_erasure import erase, gradient_x_input, integrated_gradients, 
 from geolens.hf import run_with_cache
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
-from geolens.validation import check_layer
+from geolens.validation import check_layer, text_length, text_tokens
 
 FORMAT = "geolens.Attribution/1"
 _VERSIONED = ("torch", "transformer-lens", "transformers")
@@ -247,22 +248,18 @@ def _resolve_model(model, backend: str):
 
 
 def _tokenize(model, text: str, truncate: bool) -> tuple[Tensor, int | None]:
+    """The text's tokens (never cut silently: :func:`geolens.validation.text_tokens`) and, when it
+    was cut to the context on request, its full length."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"text must be a non-empty string, got {text!r}")
-    try:
-        tokens = model.to_tokens(text, prepend_bos=True, truncate=False)
-    except TypeError:  # a to_tokens without truncate= (it then never truncates)
-        tokens = model.to_tokens(text, prepend_bos=True)
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    n = int(tokens.shape[-1])
-    if n_ctx is None or n <= int(n_ctx):
-        return tokens, None
-    if not truncate:
-        raise ValueError(
-            f"the text is {n} tokens, longer than the model's context of {int(n_ctx)}; "
-            f"pass truncate=True to keep the first {int(n_ctx)} tokens"
-        )
-    return tokens[:, : int(n_ctx)], n
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens = text_tokens(model, text, truncate=truncate)
+    cut = [w for w in caught if "truncated to the model's context" in str(w.message)]
+    for w in caught:
+        if w not in cut:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return tokens, (text_length(model, text) if cut else None)
 
 
 def _str_tokens(model, ids: Sequence[int]) -> list[str]:

@@ -14,7 +14,7 @@ import html
 
 import numpy as np
 
-from geolens.viz.common import new_figure
+from geolens.viz.common import notebook_figure
 
 POSITIVE, NEGATIVE = "#1f77b4", "#d62728"
 _RGB = {POSITIVE: (31, 119, 180), NEGATIVE: (214, 39, 40)}
@@ -39,7 +39,7 @@ def attribution_figure(att, *, figsize: tuple[float, float] | None = None):
     labels = [f"{j} {shown_token(att.tokens[j])}" for j in range(n)]
     if figsize is None:
         figsize = (min(3.2 + 2.8 * n_methods, 16.0), 1.4 + 0.19 * n)
-    fig = new_figure(figsize=figsize, layout="constrained")
+    fig = notebook_figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(1, n_methods, sharey=True, squeeze=False)[0]
     y = np.arange(n)
     fontsize = 9 if n <= 40 else 8

@@ -201,6 +201,27 @@ class PlotView:
         return f"PlotView({self.title!r})"
 
 
+@lru_cache(maxsize=1)
+def _notebook_figure_class():
+    from matplotlib.figure import Figure
+
+    class NotebookFigure(Figure):
+        """A matplotlib Figure that shows itself in a notebook as a PNG without pyplot
+        (``_repr_png_``): what :meth:`geolens.Attribution.plot` returns."""
+
+        def _repr_png_(self) -> bytes:
+            buf = io.BytesIO()
+            self.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+            return buf.getvalue()
+
+    return NotebookFigure
+
+
+def notebook_figure(*args, **kwargs):
+    """A matplotlib Figure (Agg canvas, no display needed) that a notebook shows as a PNG."""
+    return _notebook_figure_class()(*args, **kwargs)
+
+
 def new_figure(*args, **kwargs):
     """A matplotlib figure created with the non-interactive Agg canvas (no display needed)."""
     from matplotlib.figure import Figure
