@@ -401,7 +401,11 @@ def _signature_width() -> int:
 
 @NEEDS_MKDOCS
 def test_api_signatures_fit_the_page(site):
-    """Signatures are formatted (ruff, from the docs extra) to ``line_length``: none runs off the page."""
+    """Signatures are formatted (ruff, from the docs extra) to ``line_length``: none runs off the page
+    (and docs/stylesheets/extra.css wraps any that would)."""
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert re.search(r"\.doc-signature pre code \{[^}]*white-space: pre-wrap", css)
+    assert 'href="../stylesheets/extra.css"' in (site / "api" / "index.html").read_text(encoding="utf-8")
     if importlib.util.find_spec("ruff") is None and importlib.util.find_spec("black") is None:
         pytest.skip("neither ruff nor black is installed: mkdocstrings leaves signatures on one line")
     import html as html_lib
