@@ -60,9 +60,8 @@ def run(args) -> int:
     )
     words, last, rows, graph = found.words, found.position, found.rows, found.routes
     print(f"model {args.model} ({model_mode(model)}), {tokens.shape[1]} tokens incl. BOS, {model.cfg.n_layers} layers")
-    print(
-        f"last prediction: position {last} {words[last]!r}; top {args.top_k} input tokens of its residual stream after the last layer"
-    )
+    print(f"prediction at position {last} {words[last]!r} → {found.predicted!r} (p={found.p_predicted:.2g})")
+    print(f"top {args.top_k} input tokens of that prediction's residual stream after the last layer")
     top = found.top(args.top_k)
     for m in methods:
         print(f"  by {m}:")
@@ -88,6 +87,7 @@ def run(args) -> int:
                 "value_zeroing": args.value_zeroing,
             },
             "position": last,
+            "predicted": {"token": found.predicted, "p": found.p_predicted},
             "top": top,
             "flow": {m: [float(v) for v in rows[m].tolist()] for m in methods},
             "routes": graph.to_dict(),

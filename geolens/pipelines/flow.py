@@ -60,12 +60,15 @@ LISTED = ("contribution", "alti", "attention_rollout")  # listed by default; val
 class PromptFlow:
     """:func:`prompt_flow`'s result: the attribution row ``rows[method]`` ``[pos]`` of the
     prediction at ``position`` (its residual stream after the last layer) by each method, the
-    token strings, and the routes (None when not asked for)."""
+    token strings, the routes (None when not asked for), and what the model predicts there:
+    ``predicted`` (the most probable next token) with its probability ``p_predicted``."""
 
     words: list[str]
     position: int
     rows: dict[str, torch.Tensor]
     routes: object | None = None  # geolens.flow_routes.FlowGraph
+    predicted: str | None = None
+    p_predicted: float | None = None
 
     def top(self, k: int) -> dict[str, list[dict]]:
         """Per method, the ``k`` largest shares as (position, token, share) records, largest first
@@ -118,10 +121,19 @@ def prompt_flow(
     words = token_strings(model, tokens, 0, tokens.shape[1])
     last = int(tokens.shape[1]) - 1
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=flow_names_filter(model))
+        logits, cache = model.run_with_cache(tokens, names_filter=flow_names_filter(model))
         rows = {m: contribution_flow(model, cache, m, tokens=tokens)[0, last].detach().cpu() for m in methods}
         graph = flow_routes(model, cache, last, threshold, method=route_method, tokens=tokens) if routes else None
-    return PromptFlow(words=words, position=last, rows=rows, routes=graph)
+    probs = torch.softmax(logits[0, last].detach().float().cpu(), dim=-1)
+    top = int(probs.argmax())
+    return PromptFlow(
+        words=words,
+        position=last,
+        rows=rows,
+        routes=graph,
+        predicted=token_strings(model, torch.tensor([top]), 0, 1)[0],
+        p_predicted=float(probs[top]),
+    )
 
 
 @dataclass

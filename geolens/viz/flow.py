@@ -5,8 +5,8 @@ Arrays in, HTML out: :func:`flow_routes_html` takes a :class:`~geolens.flow_rout
 lines of plain JavaScript, nothing fetched — that displays in a notebook
 (``IPython.display.HTML(flow_routes_html(graph))``); :func:`flow_routes_page` wraps it in a
 standalone page. Layers are rows (the token embeddings at the bottom, the prediction at the top),
-the positions that take part in the routes are columns, each edge is a line whose width is its
-share. Hovering a node lists its sources and their shares (and highlights those edges); each node
+every position of the prompt is a column labelled with its token (greyed where no route passes),
+each edge is a line whose width is its share. Hovering a node lists its sources and their shares (and highlights those edges); each node
 also carries an SVG ``<title>``, so the list shows as a tooltip even where scripts do not run.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 from geolens.viz.common import _script_json
 
 COL_W, ROW_H, PAD_X, PAD_TOP, LABEL_H, MAX_STROKE = 64, 24, 56, 20, 70, 9.0
+MIN_COL_W, MAX_WIDTH = 16, 1200  # long prompts: narrower columns (steeper labels), down to MIN_COL_W
 
 
 def _as_dict(graph) -> dict[str, Any]:
@@ -41,13 +42,16 @@ def flow_routes_html(graph) -> str:
     tokens, n_layers = [str(t) for t in g["tokens"]], int(g["n_layers"])
     nodes = [(int(l), int(p)) for l, p in g["nodes"]]
     edges = [(int(e["layer"]), int(e["source"]), int(e["target"]), float(e["share"])) for e in g["edges"]]
-    columns = sorted({p for _, p in nodes} | {int(g["position"])})
+    used = {p for _, p in nodes} | {int(g["position"])}
+    columns = sorted(set(range(len(tokens))) | used)  # every token is labelled on the axis
     col = {p: i for i, p in enumerate(columns)}
-    width = PAD_X + COL_W * max(len(columns), 1) + 20
+    col_w = max(MIN_COL_W, min(COL_W, (MAX_WIDTH - PAD_X - 20) // max(len(columns), 1)))
+    angle = 40 if col_w >= 40 else 65  # narrow columns: steeper labels, so that neighbours do not overlap
+    width = PAD_X + col_w * max(len(columns), 1) + 20
     height = PAD_TOP + ROW_H * n_layers + LABEL_H
 
     def x(p: int) -> float:
-        return PAD_X + COL_W * col[p] + COL_W / 2
+        return PAD_X + col_w * col[p] + col_w / 2
 
     def y(layer: int) -> float:
         return PAD_TOP + ROW_H * (n_layers - layer)
@@ -65,13 +69,16 @@ def flow_routes_html(graph) -> str:
         parts.append(
             f'<line class="gl-flow-guide" x1="{PAD_X}" x2="{width - 20}" y1="{y(l):.1f}" y2="{y(l):.1f}"></line>'
         )
-    for p in columns:  # column labels under the embedding row
-        tip = html.escape(f"position {p}: {tokens[p]!r}")
+    for p in columns:  # column labels under the embedding row: every token, greyed where no route passes
+        token = tokens[p] if p < len(tokens) else str(p)
+        tip = html.escape(f"position {p}: {token!r}" + ("" if p in used else " (no route above the threshold)"))
+        cls = "gl-flow-col" if p in used else "gl-flow-col gl-flow-idle"
         parts.append(
-            f'<text class="gl-flow-col" transform="translate({x(p):.1f},{y(0) + 14:.1f}) rotate(40)"><title>{tip}</title>'
-            f"{html.escape(_short(tokens[p]))}</text>"
-            f'<text class="gl-flow-pos" x="{x(p):.1f}" y="{height - 4}" text-anchor="middle">{p}</text>'
+            f'<text class="{cls}" data-pos="{p}" transform="translate({x(p):.1f},{y(0) + 14:.1f}) rotate({angle})">'
+            f"<title>{tip}</title>{html.escape(_short(token))}</text>"
         )
+        if col_w >= 24 or p % 5 == 0 or p == int(g["position"]):  # position numbers: every fifth when narrow
+            parts.append(f'<text class="gl-flow-pos" x="{x(p):.1f}" y="{height - 4}" text-anchor="middle">{p}</text>')
     for l, s, t, w in edges:
         stroke = 0.6 + MAX_STROKE * w
         parts.append(
@@ -105,6 +112,7 @@ def flow_routes_html(graph) -> str:
 #{vid} .gl-flow-target {{ fill: #1f3f70; }}
 #{vid} .gl-flow-row, #{vid} .gl-flow-pos {{ fill: #666; font-size: 10px; }}
 #{vid} .gl-flow-col {{ fill: #222; font-family: monospace; font-size: 11px; }}
+#{vid} .gl-flow-col.gl-flow-idle {{ fill: #aaa; }}
 #{vid} .gl-flow-info {{ min-height: 3.5em; white-space: pre; font-family: monospace; background: #f7f7f7; padding: 4px 8px; margin: 4px 0; }}
 """
     script = f"""
