@@ -368,6 +368,7 @@ def test_site_shows_no_raw_sphinx_role(site):
     raw = {page: found for page, found in raw.items() if found}
     assert not raw, raw
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    assert not re.search(r"::\s*</p>", _outside_code(api))  # reST "Example::" shows as "Example:"
     assert 'class="autorefs autorefs-internal"' in api  # roles whose target is on the page are links
     assert 'href="#geolens.contribution_weights"><code>contribution_weights</code></a>' in api
 
@@ -387,6 +388,18 @@ def test_sphinx_roles_become_optional_references():
     assert "<code>contribution_weights</code></autoref>" in out
     assert '<autoref identifier="geolens.adapter.layer.AttentionLayer" optional><code>AttentionLayer</code>' in out
     assert "``:func:`x` ``" in out and ">>> ':mod:`y`'" in out  # literals and code fences are left alone
+
+
+def test_rest_literal_blocks_become_python_fences():
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        from griffe_doctest import fence_literal_blocks
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
+    text = "Keep it.\n\nExample::\n\n    x = f(1)\n    y = 2\n\n>>> f(1)\n3\nNot a block::\nend"
+    assert fence_literal_blocks(text) == (
+        "Keep it.\n\nExample:\n\n```python\nx = f(1)\ny = 2\n```\n\n>>> f(1)\n3\nNot a block::\nend"
+    )
 
 
 def _signature_width() -> int:
