@@ -218,8 +218,6 @@ def load_model(
     >>> type(hf).__name__, hf.cfg.n_key_value_heads
     ('LlamaForCausalLM', 2)
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if backend not in ("transformer_lens", "hf"):
         raise ValueError(f"backend must be 'transformer_lens' or 'hf', got {backend!r}")
     dtype = model_dtype(dtype)
@@ -243,7 +241,9 @@ def load_model(
         except ImportError:  # TransformerLens 2.x/3.x (no transformer_lens.model_bridge): HookedTransformer
             tiny = _cast(tiny_hooked(kind), dtype)
         return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
-    path = _checkpoint_path(name)
+    path = _checkpoint_path(name)  # a name that cannot load is refused before transformers is imported
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(path)
     if device_map is not None or (n_devices or 1) > 1 or max_memory is not None:
         return transformer_bridge(
@@ -324,8 +324,6 @@ def _cast(model, dtype: torch.dtype):
 def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype, device_map, max_memory):
     """:func:`load_model` with ``backend="hf"``: the ``transformers`` model (eager attention, eval
     mode) with its tokenizer, prepared for geolens (:func:`geolens.hf.prepare`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from geolens.hf import prepare
 
     if compatibility_mode:
@@ -336,7 +334,9 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
         hf, tok = _cast(tiny_hf_model(name[len("tiny-") :]), dtype), tiny_tokenizer()
         hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
         return prepare(hf, tokenizer=tok)
-    path = _checkpoint_path(name)
+    path = _checkpoint_path(name)  # a name that cannot load is refused before transformers is imported
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(path)
     kwargs = dict(dtype=dtype, attn_implementation="eager")
     if device_map is not None or max_memory is not None:
