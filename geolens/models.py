@@ -157,8 +157,8 @@ def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
 
     def convert(out: Path) -> None:  # runs only when there is no sound conversion: say so on stderr
         print(
-            f"geolens: first use of {name}: converting its GGUF ({spec.description}) to a float32 checkpoint, "
-            f"once (about 20-40 s); it is cached in {folder}",
+            f"geolens: converting {name} ({spec.description}) from GGUF to a float32 checkpoint, once "
+            f"(about 20-40 s); it is cached in {folder} and later loads take seconds",
             file=sys.stderr,
             flush=True,
         )

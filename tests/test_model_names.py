@@ -171,7 +171,7 @@ def test_the_first_conversion_is_announced_on_stderr(monkeypatch, tmp_path, caps
     )
     folder = models.converted_checkpoint("tiny-shipped", root=tmp_path)
     err = capsys.readouterr().err
-    assert "first use of tiny-shipped" in err and "float32" in err and "about 20-40 s" in err
+    assert "converting tiny-shipped" in err and "float32" in err and "about 20-40 s" in err
     assert str(folder) in err and "converted tiny-shipped in" in err
     assert models.converted_checkpoint("tiny-shipped", root=tmp_path) == folder
     assert "converting" not in capsys.readouterr().err  # a cached conversion loads silently
