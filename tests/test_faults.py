@@ -1,0 +1,508 @@
+"""Fault injection, fast tier (tiny models): what the user sees when something goes wrong.
+
+Each test injects one fault and checks the guarantee of docs/reliability.md: one line on stderr,
+exit 1 (I/O) or 2 (usage), no traceback, a folder that never looks complete, and numbers that are
+either right or refused. Every subprocess has a bounded timeout, so nothing hangs on a busy machine.
+
+- kill -9 of a run: the folder stays incomplete, its lock is stale and the next run takes it over;
+  the rerun's files equal an uninterrupted run's (resuming a SIGKILLed checkpointed run is
+  ``test_checkpoint.py::test_sigkilled_run_resumes_to_identical_numbers``);
+- two writers on one folder (two real processes): the second is refused, naming the holder;
+- a file-size limit (``ulimit -f``) while saving a result or a figure; a full disk and a denied
+  write while saving a figure;
+- damaged JSON and gzip files read back; ``GEOLENS_CACHE`` naming a file;
+- a text longer than the context; a padded batch without its mask; a cache of another model;
+  a bfloat16 model in ``per_term_effects``.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from geolens import run_folder
+from geolens.cli import main
+from geolens.run_folder import INCOMPLETE, LOCK, MANIFEST, folder_state
+
+TIMEOUT = 180  # seconds any subprocess may take (a busy 2-core machine)
+PROGRESS = ("it/s]", "s/it]", "%|")  # tqdm bars share stderr
+
+
+@pytest.fixture(autouse=True)
+def _no_open_folders():
+    run_folder.forget_all()
+    yield
+    run_folder.forget_all()
+
+
+def write_corpus(path: Path, seed: int = 0, n_docs: int = 8) -> str:
+    rng = np.random.default_rng(seed)
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "news", "today"]
+    path.write_text("\n\n".join(" ".join(rng.choice(words, 60)) + "." for _ in range(n_docs)), encoding="utf-8")
+    return str(path)
+
+
+def taxonomy(tmp_path: Path, out: Path, *extra: str) -> list[str]:
+    corpus = write_corpus(tmp_path / "c.txt")
+    return [
+        "taxonomy",
+        "--model",
+        "tiny-gqa",
+        "--corpora",
+        corpus,
+        "--n-sequences",
+        "2",
+        "--seq-len",
+        "16",
+        "--prefix-lengths",
+        "8",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def lines_of(err: str) -> list[str]:
+    return [
+        line for line in err.replace("\r", "\n").splitlines() if line.strip() and not any(p in line for p in PROGRESS)
+    ]
+
+
+def run_cli(argv, capsys) -> tuple[int, list[str], str]:
+    """``geolens.cli.main(argv)`` in-process: (exit code, stderr lines without progress bars, stdout)."""
+    capsys.readouterr()
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err, captured.err
+    return rc, lines_of(captured.err), captured.out
+
+
+def one_line(rc: int, err: list[str], code: int, prog: str, *needles: str) -> str:
+    assert rc == code, (rc, err)
+    assert len(err) == 1, err
+    assert err[0].startswith(f"geolens {prog}: error: "), err[0]
+    for needle in needles:
+        assert needle in err[0], (needle, err[0])
+    return err[0]
+
+
+def results(folder: Path) -> dict[str, object]:
+    """A folder's result files (what its manifest lists); a JSON file without its timings."""
+    listed = json.loads((folder / MANIFEST).read_text())["files"]
+    out = {}
+    for rel in sorted(listed):
+        if rel.endswith(".json"):  # the folder's own path and the timings aside
+            out[rel] = _untimed(json.loads((folder / rel).read_text().replace(str(folder), "<out>")))
+        else:
+            out[rel] = (folder / rel).read_bytes()
+    return out
+
+
+def _untimed(value):
+    if isinstance(value, dict):
+        skip = ("command", "out", "overwrite", "started", "completed")  # how it was run, not what it found
+        return {k: _untimed(v) for k, v in value.items() if "seconds" not in k and k not in skip}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def child(script: str, *, cwd: Path, preexec_fn=None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+        preexec_fn=preexec_fn,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen, expected: str) -> None:
+    line = proc.stdout.readline()
+    if line.strip() != expected:
+        proc.kill()
+        _, err = proc.communicate(timeout=TIMEOUT)
+        pytest.fail(f"the child did not say {expected!r}: {line!r} {err[-2000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=TIMEOUT)
+
+
+HOLDER = """
+import sys, time
+from geolens.run_folder import open_run_folder
+folder = open_run_folder(sys.argv[1] if len(sys.argv) > 1 else {out!r}, command="taxonomy")
+print("held", flush=True)
+time.sleep({seconds})
+"""
+
+
+# --- kill -9 and concurrent writers -------------------------------------------------------------------
+
+
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
+    """SIGKILL a command that is writing: the folder stays incomplete (its lock stale); a rerun with
+    --overwrite takes the lock over and its files equal an uninterrupted run's, byte for byte."""
+    out, fresh = tmp_path / "killed", tmp_path / "fresh"
+    script = f"""
+    import sys, time, geolens.pipelines as p
+    real = p.write_tables
+    def slow(*a, **k):
+        real(*a, **k); print("wrote", flush=True); time.sleep(120)
+    p.write_tables = slow
+    from geolens.cli import main
+    sys.exit(main({taxonomy(tmp_path, out)!r}))
+    """
+    proc = child(script, cwd=tmp_path)
+    try:
+        wait_for_line(proc, "wrote")
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
+    finally:
+        stop(proc)
+    assert folder_state(out) == "incomplete" and (out / LOCK).is_file()  # a stale lock: its process is gone
+    assert json.loads((out / LOCK).read_text())["pid"] == proc.pid
+    rc, err, _ = run_cli(taxonomy(tmp_path, out), capsys)
+    one_line(rc, err, 2, "taxonomy", "partial results of an interrupted run", "--overwrite")
+    rc, err, _ = run_cli(taxonomy(tmp_path, out, "--overwrite"), capsys)
+    assert rc == 0, err
+    rc, err, _ = run_cli(taxonomy(tmp_path, fresh), capsys)
+    assert rc == 0, err
+    assert folder_state(out, contents=True) == "complete" and not (out / LOCK).exists()
+    assert results(out) == results(fresh) and results(out)
+
+
+@pytest.mark.parametrize("options", [[], ["--overwrite"]])
+def test_a_second_writer_is_refused_naming_the_process_that_holds_the_folder(tmp_path, capsys, options):
+    out = tmp_path / "out"
+    proc = child(HOLDER.format(out=str(out), seconds=120), cwd=tmp_path)
+    try:
+        wait_for_line(proc, "held")
+        rc, err, _ = run_cli(taxonomy(tmp_path, out, *options), capsys)
+        one_line(rc, err, 2, "taxonomy", str(out), "in use", f"process {proc.pid}", "geolens taxonomy")
+        with pytest.raises(run_folder.FolderInUse, match=f"process {proc.pid}"):
+            run_folder.open_run_folder(out, command="faithfulness", resume=True)
+        rc, err, _ = run_cli(["flow", "the cat sat", "--model", "tiny-gqa", "--out", str(out), "--overwrite"], capsys)
+        one_line(rc, err, 2, "flow", str(out), f"process {proc.pid}")
+        assert sorted(p.name for p in out.iterdir()) == [LOCK, INCOMPLETE]  # nothing of the refused runs
+    finally:
+        stop(proc)
+    rc, err, _ = run_cli(taxonomy(tmp_path, out, "--overwrite"), capsys)  # the holder is gone: taken over
+    assert rc == 0, err
+    assert folder_state(out, contents=True) == "complete"
+    assert LOCK not in json.loads((out / MANIFEST).read_text())["files"] and not (out / LOCK).exists()
+
+
+def test_two_processes_racing_for_one_folder_give_one_writer(tmp_path):
+    """Two real processes open the same new folder at once: exactly one holds it, the other is refused."""
+    out = tmp_path / "race"
+    script = f"""
+    import sys, time
+    from geolens.run_folder import FolderInUse, open_run_folder
+    try:
+        open_run_folder({str(out)!r}, command="taxonomy")
+    except FolderInUse as err:
+        print("refused", err, flush=True)
+        sys.exit(2)
+    print("held", flush=True)
+    time.sleep(5)
+    """
+    procs = [child(script, cwd=tmp_path) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            stop(p)
+    codes = sorted(p.returncode for p in procs)
+    said = sorted(o[0].split()[0] for o in outs if o[0].strip())
+    # the second either met the lock (refused) or, starting after the first ended, took it over
+    assert said in (["held", "refused"], ["held", "held"]), outs
+    if said == ["held", "refused"]:
+        assert codes == [0, 2]
+
+
+# --- file-size limit, full disk, denied writes ---------------------------------------------------------
+
+
+def _limit_file_size(limit: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.parametrize("what", ["result", "figure"])
+def test_file_size_limit_is_one_line_and_exit_1(tmp_path, what):
+    """``ulimit -f``: the write fails with EFBIG (SIGXFSZ is ignored by the command line) instead of
+    the process being killed by the signal; one line, exit 1, the folder marked incomplete."""
+    out = tmp_path / "out"
+    figure = """
+    import geolens.pipelines as p
+    from geolens.viz.common import PlotView, new_figure
+    real = p.write_tables
+    def with_figure(folder, *a, **k):
+        fig = new_figure(figsize=(8, 8))
+        fig.add_subplot().imshow(__import__("numpy").random.default_rng(0).random((200, 200)))
+        PlotView(fig).save(folder / "figure.png")
+        real(folder, *a, **k)
+    p.write_tables = with_figure
+    """
+    script = f"""
+    import sys
+    {textwrap.dedent(figure).strip().replace(chr(10), chr(10) + "    ") if what == "figure" else ""}
+    from geolens.cli import main
+    sys.exit(main({taxonomy(tmp_path, out)!r}))
+    """
+    proc = child(script, cwd=tmp_path, preexec_fn=_limit_file_size(600))
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        stop(proc)
+    lines = lines_of(err)
+    assert proc.returncode == 1, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("geolens taxonomy: error: ") and "File too large" in lines[0] and "ulimit -f" in lines[0]
+    assert str(out) in lines[0] and folder_state(out) in ("incomplete", "absent")  # never complete
+
+
+@pytest.mark.parametrize(
+    "code, advice",
+    [(errno.ENOSPC, "free some disk space"), (errno.EACCES, "check the permissions"), (errno.EFBIG, "ulimit -f")],
+)
+def test_figure_write_errors_are_one_line(tmp_path, capsys, monkeypatch, code, advice):
+    """matplotlib's savefig failing (full disk, denied, file-size limit): one line, exit 1, incomplete."""
+    from matplotlib.figure import Figure
+
+    import geolens.pipelines
+    from geolens.viz.common import PlotView, new_figure
+
+    def savefig(self, fname, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(fname))
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    real = geolens.pipelines.write_tables
+
+    def with_figure(folder, *args, **kwargs):
+        real(folder, *args, **kwargs)
+        PlotView(new_figure()).save(folder / "figure.png")
+
+    monkeypatch.setattr(geolens.pipelines, "write_tables", with_figure)
+    out = tmp_path / "out"
+    rc, err, _ = run_cli(taxonomy(tmp_path, out), capsys)
+    one_line(rc, err, 1, "taxonomy", str(out / "figure.png"), os.strerror(code), advice, "(incomplete)")
+    assert folder_state(out) == "incomplete"
+
+
+# --- damaged files read back ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["json", "gzip_not_gzip", "gzip_truncated"])
+def test_damaged_result_files_are_one_line_naming_the_file(tmp_path, capsys, monkeypatch, damage):
+    """A result file read back during a run (a resume's progress, a summary) that is damaged: one
+    line naming the file, exit 1, the folder left incomplete."""
+    import geolens.pipelines
+
+    out = tmp_path / "out"
+    real = geolens.pipelines.write_tables
+
+    def read_back(folder, *args, **kwargs):
+        real(folder, *args, **kwargs)
+        if damage == "json":
+            path = folder / "progress.json"
+            path.write_text('{"done": [1, 2')
+            json.loads(path.read_text())
+        else:
+            path = folder / "rows.csv.gz"
+            blob = gzip.compress(b"a,b\n" * 1000)
+            path.write_bytes(b"not gzip at all" if damage == "gzip_not_gzip" else blob[: len(blob) // 2])
+            with gzip.open(path, "rb") as f:
+                f.read()
+
+    monkeypatch.setattr(geolens.pipelines, "write_tables", read_back)
+    rc, err, _ = run_cli(taxonomy(tmp_path, out), capsys)
+    name = "progress.json" if damage == "json" else "rows.csv.gz"
+    kind = {"json": "JSONDecodeError", "gzip_not_gzip": "BadGzipFile", "gzip_truncated": "EOFError"}[damage]
+    one_line(rc, err, 1, "taxonomy", str(out / name), kind, "damaged or truncated", "(incomplete)")
+    assert folder_state(out) == "incomplete"
+
+
+def test_geolens_cache_naming_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("GEOLENS_CACHE", str(blocker))
+    for argv in (["cache", "verify"], ["cache", "path"]):
+        rc, err, _ = run_cli(argv, capsys)
+        one_line(rc, err, 1, "cache", f"GEOLENS_CACHE={blocker} is a file, not a folder")
+    from geolens.model_cache import CacheError, models_dir
+
+    with pytest.raises(CacheError, match="is a file, not a folder") as caught:
+        models_dir()
+    assert "Errno" not in str(caught.value)
+
+
+# --- inputs and caches the API cannot compute right ----------------------------------------------------------
+
+LONG = "the cat sat on the mat. " * 10  # 241 tokens of the tiny character tokenizer; n_ctx = 128
+
+
+def test_over_long_text_is_refused_in_one_line_or_truncated_on_request(tmp_path, capsys):
+    rc, err, _ = run_cli(["flow", LONG, "--model", "tiny-gqa"], capsys)
+    one_line(rc, err, 2, "flow", "241 tokens long", "context of 128 tokens", "--truncate")
+    out = tmp_path / "flow"
+    rc, err, stdout = run_cli(["flow", LONG, "--model", "tiny-gqa", "--truncate", "--out", str(out)], capsys)
+    assert rc == 0, err
+    assert "note: the text is 241 tokens long: truncated to the model's context, its first 128 tokens" in stdout
+    record = json.loads((out / "flow.json").read_text())
+    assert record["truncated"] is True and record["n_text_tokens"] == 241 and len(record["tokens"]) == 128
+
+
+def test_over_long_text_in_analyze(capsys, monkeypatch):
+    import geolens.models
+    from geolens.testing import tiny_bridge
+
+    model = tiny_bridge("gqa")
+    monkeypatch.setattr(geolens.models, "load_model", lambda *a, **k: model)
+    rc, err, _ = run_cli(["analyze", LONG], capsys)
+    one_line(rc, err, 2, "analyze", "241 tokens long", "context of 128 tokens", "--truncate")
+    rc, err, stdout = run_cli(["analyze", LONG, "--truncate"], capsys)
+    assert rc == 0 and "truncated to the model's context" in stdout and "128 tokens incl. BOS" in stdout
+
+
+def test_over_long_text_in_the_python_api():
+    from geolens.hf.tiny import tiny_family
+    from geolens.testing import tiny_bridge, tiny_tokenizer
+    from geolens.validation import text_tokens
+
+    bridge = tiny_bridge("gqa")
+    with pytest.raises(ValueError, match="241 tokens long .* context of 128 tokens: .* truncate=True"):
+        text_tokens(bridge, LONG)
+    with pytest.warns(UserWarning, match="241 tokens long: truncated"):
+        assert tuple(text_tokens(bridge, LONG, truncate=True).shape) == (1, 128)
+    import geolens.hf
+
+    hf = geolens.hf.prepare(tiny_family("qwen3"), tokenizer=tiny_tokenizer())
+    with pytest.raises(ValueError, match="241 tokens long .* context of 128 tokens"):
+        hf.to_tokens(LONG)
+    assert tuple(hf.to_tokens(LONG, truncate=True).shape) == (1, 128)
+
+
+def test_padded_batch_without_its_mask_is_refused():
+    import geolens
+    from geolens.flow import contribution_flow, flow_names_filter
+    from geolens.testing import tiny_bridge
+
+    model = tiny_bridge("gqa")
+    tokens = model.to_tokens(["the cat", "a dog sat here"])  # right-padded with the pad id
+    with pytest.raises(ValueError, match="looks padded .* attention_mask"):
+        geolens.run_with_cache(model, tokens)
+    mask = (tokens != model.tokenizer.pad_token_id).long()
+    mask[:, 0] = 1
+    _, cache = geolens.run_with_cache(model, tokens, attention_mask=mask, names_filter=geolens.names_filter(model))
+    _, cache = geolens.run_with_cache(model, tokens[1:], names_filter=flow_names_filter(model))
+    with pytest.raises(ValueError, match="looks padded"):
+        contribution_flow(model, cache, tokens=torch.cat([tokens[1:], tokens[:1]]))
+
+
+def test_a_cache_of_another_model_is_refused():
+    import geolens
+    from geolens.testing import tiny_bridge
+
+    model, twin, other = tiny_bridge("gqa"), tiny_bridge("gqa"), tiny_bridge("gqa", seed=1)
+    tokens = model.to_tokens("the cat sat on the mat")
+    _, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
+    reference = geolens.contribution_weights(model, cache, layer=0)
+    assert torch.equal(geolens.contribution_weights(twin, cache, layer=0), reference)  # same weights: fine
+    with pytest.raises(ValueError, match="the cache was made by another model: its weights fingerprint") as err:
+        geolens.contribution_weights(other, cache, layer=0)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="another model"):
+        geolens.attention_metrics(other, cache, layer=1)
+    bf16 = tiny_bridge("gqa").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="made by a model in torch.float32, this model is torch.bfloat16"):
+        geolens.contribution_weights(bf16, cache, layer=0)
+    # the limit, documented: TransformerLens' own run_with_cache stamps nothing, so this goes unseen
+    _, unstamped = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+    geolens.contribution_weights(other, unstamped, layer=0)
+
+
+def test_a_cache_of_another_model_on_the_hf_backend():
+    import geolens
+    from geolens.hf import prepare
+    from geolens.hf.tiny import tiny_family
+
+    model, other = prepare(tiny_family("gpt2")), prepare(tiny_family("gpt2", seed=1))
+    _, cache = geolens.run_with_cache(
+        model, torch.tensor([[0, 5, 9, 4, 7, 8]]), names_filter=geolens.names_filter(model)
+    )
+    assert isinstance(cache, dict) and cache.geolens_stamp.fingerprint == geolens.validation.weights_fingerprint(model)
+    with pytest.raises(ValueError, match="another model"):
+        geolens.contribution_weights(other, cache, layer=1)
+
+
+def test_per_term_effects_blames_bfloat16_rounding_not_the_kv_cache():
+    from geolens.per_term import _check_reference
+
+    clean = torch.tensor([1.0, 2.0, 3.0])
+    row = clean + torch.tensor([0.0, 0.05, 0.0])  # off by a bfloat16 ulp, far beyond float32's tolerance
+    with pytest.raises(RuntimeError, match="runs in bfloat16, whose rounding .* need a float32 model"):
+        _check_reference(row, clean, 0, 5, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="KV cache or positions"):
+        _check_reference(row, clean, 0, 5, dtype=torch.float32)
+    _check_reference(clean, clean, 0, 5, dtype=torch.bfloat16)
+
+
+def test_lock_file_is_never_a_result(tmp_path):
+    out = tmp_path / "out"
+    folder = run_folder.open_run_folder(out, command="test")
+    assert (out / LOCK).is_file() and json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+    (out / "a.csv").write_text("1")
+    assert folder.written() == ["a.csv"]
+    run_folder.complete_all()
+    assert sorted(json.loads((out / MANIFEST).read_text())["files"]) == ["a.csv"] and not (out / LOCK).exists()
+    run_folder.forget_all()
+    stale = tmp_path / "stale"  # a folder holding only a stale lock (its run was killed at once)
+    stale.mkdir()
+    (stale / LOCK).write_text(json.dumps({"pid": 999999999, "command": "geolens test"}))
+    assert folder_state(stale) == "empty"
+    run_folder.open_run_folder(stale, command="test")  # no --overwrite needed: it holds no results
+    assert run_folder.leave_all() == ["nothing written"] and list(stale.iterdir()) == []
+
+
+def test_stale_lock_without_flock_is_recognised_from_its_pid(tmp_path, monkeypatch):
+    """On a file system without flock the pid decides: a dead process's lock is taken over, a live
+    one's refused."""
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=TIMEOUT)
+    (out / LOCK).write_text(json.dumps({"pid": dead.pid, "command": "geolens sinks", "started": time.time()}))
+    run_folder.open_run_folder(out, command="test")
+    run_folder.leave_all()
+    (out / LOCK).write_text(json.dumps({"pid": os.getppid(), "command": "geolens sinks", "started": time.time()}))
+    with pytest.raises(run_folder.FolderInUse, match=f"process {os.getppid()} \\(geolens sinks"):
+        run_folder.open_run_folder(out, command="test")
