@@ -47,6 +47,7 @@ _PUBLIC = {
     "layer_metrics": "geolens.contributions",
     "per_source_totals": "geolens.contributions",
     "projected_value_norms": "geolens.geometry",
+    "head_output_norms": "geolens.geometry",
     "head_outputs": "geolens.geometry",
     "layer_output": "geolens.geometry",
     # corpus runs
@@ -78,6 +79,7 @@ __all__ = [
     "layer_metrics",
     "per_source_totals",
     "projected_value_norms",
+    "head_output_norms",
     "head_outputs",
     "layer_output",
     "run_corpus",
@@ -124,7 +126,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     )
     from geolens.faithfulness import MaskingConfig, faithfulness_curves, value_zeroing
     from geolens.flow import contribution_flow
-    from geolens.geometry import head_outputs, layer_output, projected_value_norms
+    from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms
     from geolens.hf import run_with_cache
     from geolens.methods import list_methods
     from geolens.metrics import register_metric

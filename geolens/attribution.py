@@ -74,6 +74,15 @@ class Attribution:
         truncated_from: the text's token count when it was cut to the model's context
             (``truncate=True``), else None.
         versions: geolens, torch, TransformerLens and transformers versions.
+
+    >>> import geolens, tempfile, os
+    >>> from geolens.testing import tiny_bridge
+    >>> att = geolens.attribute(tiny_bridge("gqa"), "the cat sat", "alti")
+    >>> att.to_dataframe().shape  # BOS and 11 characters: one row per source token
+    (12, 3)
+    >>> path = att.save(os.path.join(tempfile.mkdtemp(), "att.json"))
+    >>> bool((geolens.Attribution.load(path).scores == att.scores).all())
+    True
     """
 
     tokens: list[str]

@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import AttentionLayer, _cache_lookup, get_attention_layer, model_mode, required_hook_names
+from geolens.adapter import AttentionLayer, cache_lookup, get_attention_layer, model_mode, required_hook_names
 from geolens.geometry import (
     CONTRIBUTION_TEMPORARIES,
     METRIC_TEMPORARIES,
@@ -45,19 +45,20 @@ from geolens.geometry import (
 from geolens.validation import check_choice, check_eps, check_layer, check_out
 
 Mode = Literal["intra", "inter"]
-ContributionMode = Literal["intra", "inter", "both"]
 
 
 class ZeroNormOutputWarning(UserWarning):
     """Some attention outputs had zero norm; their rows were set to 0 instead of NaN."""
 
 
-def _check_mode(mode: str, *, allow_both: bool = False) -> None:
-    check_choice(mode, ("intra", "inter", "both") if allow_both else ("intra", "inter"), name="mode")
+def _check_mode(mode: str) -> None:
+    if mode == "both":
+        raise ValueError("mode='both' is contribution_weight_pair(...): one call, one return type")
+    check_choice(mode, ("intra", "inter"), name="mode")
 
 
 class ContributionPair(NamedTuple):
-    """Intra- and inter-head contribution weights of one pass (``mode="both"``)."""
+    """Intra- and inter-head contribution weights of one pass (:func:`contribution_weight_pair`)."""
 
     intra: Float[Tensor, "*layer batch head query key"]
     inter: Float[Tensor, "*layer batch head query key"]
@@ -407,11 +408,6 @@ def _layer_contributions(
     return out
 
 
-def _modes(mode: ContributionMode) -> tuple[Mode, ...]:
-    _check_mode(mode, allow_both=True)
-    return ("intra", "inter") if mode == "both" else (mode,)
-
-
 def _mode_out(
     out: Tensor, modes: tuple[Mode, ...], shape: tuple[int, ...], dtype, device, inputs, dtype_from: str
 ) -> Tensor:
@@ -422,24 +418,7 @@ def _mode_out(
     return out if len(modes) > 1 else out.unsqueeze(0)
 
 
-def contribution_weights_from_layer(
-    layer: AttentionLayer,
-    mode: ContributionMode = "intra",
-    *,
-    eps: float = 0.0,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-    out: Tensor | None = None,
-) -> Float[Tensor, "batch head query key"] | ContributionPair:
-    """c_ij for one :class:`AttentionLayer` (docs/method.md §2, efficient form), optionally query-chunked.
-
-    Chunks are written straight into the output, so the extra memory beyond it is one chunk's
-    temporaries; ``memory_budget_bytes`` picks the chunk (:func:`geolens.geometry.query_chunk_for_budget`;
-    ``mode="both"`` counts twice the temporaries of one mode). ``mode="both"`` returns a
-    :class:`ContributionPair` computed in one pass (its two tensors are views of one
-    ``[2, batch, head, query, key]`` allocation). ``out``: as in :func:`contribution_weights`.
-    """
-    modes = _modes(mode)
+def _from_layer(layer: AttentionLayer, modes, eps, query_chunk_size, memory_budget_bytes, out) -> Tensor:
     eps = check_eps(eps)
     if out is not None:
         inputs = (layer.pattern, layer.v, layer.z_hint)
@@ -452,8 +431,42 @@ def contribution_weights_from_layer(
             inputs,
             "the layer's dtype",
         )
-    out = _layer_contributions(layer, modes, eps, query_chunk_size, memory_budget_bytes, out)
-    return ContributionPair(*out) if mode == "both" else out[0]
+    return _layer_contributions(layer, modes, eps, query_chunk_size, memory_budget_bytes, out)
+
+
+def contribution_weights_from_layer(
+    layer: AttentionLayer,
+    mode: Mode = "intra",
+    *,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    out: Tensor | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """c_ij for one :class:`AttentionLayer` (docs/method.md §2, efficient form), optionally query-chunked.
+
+    Chunks are written straight into the output, so the extra memory beyond it is one chunk's
+    temporaries; ``memory_budget_bytes`` picks the chunk (:func:`geolens.geometry.query_chunk_for_budget`).
+    ``out``: as in :func:`contribution_weights`. Both modes in one pass:
+    :func:`contribution_weight_pair_from_layer`.
+    """
+    _check_mode(mode)
+    return _from_layer(layer, (mode,), eps, query_chunk_size, memory_budget_bytes, out)[0]
+
+
+def contribution_weight_pair_from_layer(
+    layer: AttentionLayer,
+    *,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    out: Tensor | None = None,
+) -> ContributionPair:
+    """Intra- and inter-head c_ij of one :class:`AttentionLayer` in one pass, as a
+    :class:`ContributionPair` (its two tensors are views of one ``[2, batch, head, query, key]``
+    allocation; ``out`` has that shape; ``memory_budget_bytes`` counts twice the temporaries of
+    one mode)."""
+    return ContributionPair(*_from_layer(layer, ("intra", "inter"), eps, query_chunk_size, memory_budget_bytes, out))
 
 
 def _layers(model, layer: int | None) -> list[int]:
@@ -462,58 +475,11 @@ def _layers(model, layer: int | None) -> list[int]:
     return [check_layer(layer, model.cfg.n_layers)]
 
 
-def contribution_weights(
-    model,
-    cache,
-    layer: int | None = None,
-    mode: ContributionMode = "intra",
-    *,
-    dtype: torch.dtype = torch.float32,
-    eps: float = 0.0,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-    attention_mask: Tensor | None = None,
-    out: Tensor | None = None,
-) -> Float[Tensor, "*layer batch head query key"] | ContributionPair:
-    """Contribution weights c_ij (docs/method.md §2) from a TransformerLens ``ActivationCache``.
-
-    Args:
-        model: a ``TransformerBridge`` (TL 4.x) or ``HookedTransformer`` (TL 2.x/3.x).
-        cache: from ``model.run_with_cache(tokens, names_filter=geolens.names_filter(model))``.
-        layer: one layer index, or ``None`` for all layers (a leading ``layer`` axis is added).
-        mode: ``"intra"`` (Σ_j c = 1 per head and query), ``"inter"`` (Σ_h Σ_j c = 1 per query),
-            or ``"both"``: a :class:`ContributionPair` ``(intra, inter)`` computed in one pass that
-            shares the value norms, the Gram products and the pattern read.
-        dtype: compute dtype (float32 by default even for bf16/fp16 models; float64 on request).
-        eps: outputs with ‖o_i‖ ≤ eps count as zero-norm (rows set to 0, with a warning).
-        query_chunk_size: compute over chunks of this many query positions (bounded memory for
-            long sequences; identical results).
-        memory_budget_bytes: instead of ``query_chunk_size``, the most bytes the temporaries
-            may take beyond the inputs and the output; the chunk size is derived from it
-            (:func:`geolens.geometry.query_chunk_for_budget`).
-        attention_mask: ``[batch, pos]``, 1 = real token (TransformerLens' convention), the mask the
-            cache was run with. Padded queries and keys get 0; real positions equal each prompt
-            run alone. Without it a batch that looks padded is refused.
-        out: a tensor to write the result into, as ``out=`` in torch: exactly the result's shape
-            (for ``mode="both"``, ``[2, *shape]``: intra then inter), in ``dtype``, on the cache's
-            device, sharing no memory with the cache's pattern, v or z of any layer; the result
-            is a view of it. Reusing one ``out`` across calls (a loop over texts of one shape)
-            saves mapping fresh memory for every result, which on a CPU costs about a third of
-            the call at 512 tokens (``benchmarks/contributions.py``, column b0).
-
-    Returns:
-        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all
-        (for ``mode="both"``, a :class:`ContributionPair` of two such tensors).
-
-    >>> import geolens
-    >>> from geolens.testing import tiny_bridge, tiny_tokens
-    >>> model = tiny_bridge("gqa")
-    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
-    >>> c = contribution_weights(model, cache, layer=0)
-    >>> tuple(c.shape), round(float(c[0, 0, 5].sum()), 4)
-    ((2, 4, 20, 20), 1.0)
-    """
-    modes = _modes(mode)
+def _contribution_weights(
+    model, cache, layer, modes, dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask, out
+):
+    """``[mode, (layer,) batch, head, query, key]``: the shared body of :func:`contribution_weights`
+    and :func:`contribution_weight_pair`."""
     options = _ReadOptions(dtype, check_eps(eps), query_chunk_size, memory_budget_bytes, attention_mask)
     layers = _layers(model, layer)
     given, out = out, None  # out: [mode, (layer,) batch, head, query, key], each layer written in place
@@ -524,7 +490,7 @@ def contribution_weights(
             if given is not None:
                 # before the first write: no pattern, v or z entry of the cache (any layer) may be
                 # overwritten, whether this call reads it or the caller keeps it
-                inputs = [_cache_lookup(cache, name) for name in required_hook_names(model)]
+                inputs = [cache_lookup(cache, name) for name in required_hook_names(model)]
                 out = _mode_out(given, modes, shape, dtype, view.pattern.device, inputs, "the dtype argument")
             elif layer is None:
                 out = view.pattern.new_empty(len(modes), *shape)
@@ -534,7 +500,105 @@ def contribution_weights(
         )
     if out is None:
         out = result
-    return ContributionPair(*out) if mode == "both" else out[0]
+    return out
+
+
+def contribution_weights(
+    model,
+    cache,
+    layer: int | None = None,
+    mode: Mode = "intra",
+    *,
+    dtype: torch.dtype = torch.float32,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    attention_mask: Tensor | None = None,
+    out: Tensor | None = None,
+) -> Float[Tensor, "*layer batch head query key"]:
+    """Contribution weights c_ij (docs/method.md §2) from a TransformerLens ``ActivationCache``.
+
+    Args:
+        model: a ``TransformerBridge`` (TL 4.x) or ``HookedTransformer`` (TL 2.x/3.x).
+        cache: from ``model.run_with_cache(tokens, names_filter=geolens.names_filter(model))``.
+        layer: one layer index, or ``None`` for all layers (a leading ``layer`` axis is added).
+        mode: ``"intra"`` (Σ_j c = 1 per head and query) or ``"inter"`` (Σ_h Σ_j c = 1 per
+            query). Both in one pass that shares the value norms, the Gram products and the
+            pattern read: :func:`contribution_weight_pair`.
+        dtype: compute dtype (float32 by default even for bf16/fp16 models; float64 on request).
+        eps: outputs with ‖o_i‖ ≤ eps count as zero-norm (rows set to 0, with a warning).
+        query_chunk_size: compute over chunks of this many query positions (bounded memory for
+            long sequences; identical results).
+        memory_budget_bytes: instead of ``query_chunk_size``, the most bytes the temporaries
+            may take beyond the inputs and the output; the chunk size is derived from it
+            (:func:`geolens.geometry.query_chunk_for_budget`).
+        attention_mask: ``[batch, pos]``, 1 = real token (TransformerLens' convention), the mask the
+            cache was run with. Padded queries and keys get 0; real positions equal each prompt
+            run alone. Without it a batch that looks padded is refused.
+        out: a tensor to write the result into, as ``out=`` in torch: exactly the result's shape,
+            in ``dtype``, on the cache's
+            device, sharing no memory with the cache's pattern, v or z of any layer; the result
+            is a view of it. Reusing one ``out`` across calls (a loop over texts of one shape)
+            saves mapping fresh memory for every result, which on a CPU costs about a third of
+            the call at 512 tokens (``benchmarks/contributions.py``, column b0).
+
+    Returns:
+        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> c = contribution_weights(model, cache, layer=0)
+    >>> tuple(c.shape), round(float(c[0, 0, 5].sum()), 4)
+    ((2, 4, 20, 20), 1.0)
+    """
+    _check_mode(mode)
+    return _contribution_weights(
+        model, cache, layer, (mode,), dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask, out
+    )[0]
+
+
+def contribution_weight_pair(
+    model,
+    cache,
+    layer: int | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    eps: float = 0.0,
+    query_chunk_size: int | None = None,
+    memory_budget_bytes: int | None = None,
+    attention_mask: Tensor | None = None,
+    out: Tensor | None = None,
+) -> ContributionPair:
+    """Intra- and inter-head contribution weights in one pass, as a :class:`ContributionPair`
+    ``(intra, inter)``: the pass shares the value norms, the Gram products and the pattern read.
+    Arguments as in :func:`contribution_weights`; ``out`` is ``[2, *shape]`` (intra then inter)
+    and each tensor of the pair a view of it.
+
+    >>> import geolens
+    >>> from geolens.contributions import contribution_weight_pair
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> pair = contribution_weight_pair(model, cache, layer=0)
+    >>> tuple(pair.inter.shape), round(float(pair.inter[0, :, 5].sum()), 4)
+    ((2, 4, 20, 20), 1.0)
+    """
+    return ContributionPair(
+        *_contribution_weights(
+            model,
+            cache,
+            layer,
+            ("intra", "inter"),
+            dtype,
+            eps,
+            query_chunk_size,
+            memory_budget_bytes,
+            attention_mask,
+            out,
+        )
+    )
 
 
 def per_source_totals(

@@ -67,7 +67,7 @@ def check_flow_method(method) -> str:
 
 def flow_hook_names(model, layers=None) -> list[str]:
     """The cache entries :func:`contribution_flow` reads: pattern, v and z of each layer
-    (:func:`geolens.required_hook_names`), plus the residual entering each block and what its
+    (:func:`geolens.adapter.required_hook_names`), plus the residual entering each block and what its
     attention adds to the residual (after any post-attention norm)."""
     adapter = adapter_for(model)
     layers = range(model.cfg.n_layers) if layers is None else list(layers)

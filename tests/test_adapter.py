@@ -28,7 +28,7 @@ def test_layer_view_layouts(tiny):
     assert view.v.shape == (b, n, cfg.n_heads, cfg.d_head)
     assert view.W_O.shape == (cfg.n_heads, cfg.d_head, cfg.d_model)
     assert view.b_O.shape == (cfg.d_model,)
-    assert view.model_mode == geolens.model_mode(model)
+    assert view.model_mode == geolens.adapter.model_mode(model)
 
 
 def test_names_filter_keeps_only_what_is_needed(tiny_gqa):
@@ -66,9 +66,9 @@ def test_model_mode_recorded():
     from conftest import HAS_BRIDGE, make_tiny
 
     model = make_tiny("gqa")
-    assert geolens.model_mode(model) == ("bridge" if HAS_BRIDGE else "hooked")
+    assert geolens.adapter.model_mode(model) == ("bridge" if HAS_BRIDGE else "hooked")
     if HAS_BRIDGE:
-        assert geolens.model_mode(make_tiny("mha", compatibility_mode=True)) == "bridge-compat"
+        assert geolens.adapter.model_mode(make_tiny("mha", compatibility_mode=True)) == "bridge-compat"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def test_adapter_for_picks_the_family(kind):
     assert adapter.model is model
     assert is_bridge(model) == adapter.is_bridge == HAS_BRIDGE
     assert has_post_attention_norm(model) == adapter.post_attention_norm == (kind == "gemma")
-    assert adapter.model_mode == geolens.model_mode(model) == ("bridge" if HAS_BRIDGE else "hooked")
+    assert adapter.model_mode == geolens.adapter.model_mode(model) == ("bridge" if HAS_BRIDGE else "hooked")
     assert attn_out_hook(model, 1) == ("blocks.1.attn.hook_out" if HAS_BRIDGE else "blocks.1.hook_attn_out")
     assert adapter.n_kv_heads == (2 if kind in ("gqa", "gemma") else 4)
     assert [adapter.sliding_window(l) for l in range(2)] == ([16, None] if kind == "gemma" else [None, None])

@@ -1,5 +1,6 @@
-"""``mode="both"``: intra- and inter-head contribution weights in one pass equal the two
-single-mode results (and the naive float64 reference), chunked or not."""
+"""``contribution_weight_pair``: intra- and inter-head contribution weights in one pass equal the
+two single-mode results of ``contribution_weights`` (and the naive float64 reference), chunked or
+not; ``out=`` for both."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import reference
 import torch
 
 from geolens import contribution_weights
-from geolens.contributions import ContributionPair
+from geolens.contributions import ContributionPair, contribution_weight_pair, contribution_weight_pair_from_layer
 
 
 def test_both_equals_single_modes(tiny):
     model, _, cache = tiny
     for layer in range(model.cfg.n_layers):
-        pair = contribution_weights(model, cache, layer, "both", dtype=torch.float64)
+        pair = contribution_weight_pair(model, cache, layer, dtype=torch.float64)
         assert isinstance(pair, ContributionPair)
         intra, inter = pair
         torch.testing.assert_close(intra, contribution_weights(model, cache, layer, "intra", dtype=torch.float64))
@@ -26,8 +27,8 @@ def test_both_equals_single_modes(tiny):
 @pytest.mark.parametrize("chunk", [1, 3, 7])
 def test_both_chunked_equals_unchunked(tiny, chunk):
     model, _, cache = tiny
-    full = contribution_weights(model, cache, None, "both")
-    part = contribution_weights(model, cache, None, "both", query_chunk_size=chunk)
+    full = contribution_weight_pair(model, cache, None)
+    part = contribution_weight_pair(model, cache, None, query_chunk_size=chunk)
     assert full.intra.shape[0] == model.cfg.n_layers
     torch.testing.assert_close(part.intra, full.intra)
     torch.testing.assert_close(part.inter, full.inter)
@@ -39,16 +40,24 @@ def test_both_memory_budget_counts_both_modes(tiny):
     row = b * model.cfg.n_heads * n * 4  # one query row of one float32 temporary
     # enough for one query row of a single mode (3 temporaries) but not of both (6)
     with pytest.raises(ValueError, match="below the"):
-        contribution_weights(model, cache, 0, "both", memory_budget_bytes=4 * row)
+        contribution_weight_pair(model, cache, 0, memory_budget_bytes=4 * row)
     contribution_weights(model, cache, 0, "intra", memory_budget_bytes=4 * row)
-    pair = contribution_weights(model, cache, 0, "both", memory_budget_bytes=6 * row)
+    pair = contribution_weight_pair(model, cache, 0, memory_budget_bytes=6 * row)
     torch.testing.assert_close(pair.inter, contribution_weights(model, cache, 0, "inter"))
 
 
 def test_unknown_mode(tiny):
     model, _, cache = tiny
-    with pytest.raises(ValueError, match="mode must be one of 'intra', 'inter', 'both'"):
+    with pytest.raises(ValueError, match="mode must be one of 'intra', 'inter'"):
         contribution_weights(model, cache, 0, "all")
+    with pytest.raises(ValueError, match="contribution_weight_pair"):  # one function, one return type
+        contribution_weights(model, cache, 0, "both")
+
+
+def _cw(model, cache, layer, mode, **kwargs):
+    if mode == "both":
+        return contribution_weight_pair(model, cache, layer, **kwargs)
+    return contribution_weights(model, cache, layer, mode, **kwargs)
 
 
 # --- out=: results written into a caller's tensor ------------------------------------------------
@@ -63,10 +72,10 @@ def _poisoned(*shape):
 @pytest.mark.parametrize("layer", [0, None])
 def test_out_holds_the_same_result(tiny, mode, layer):
     model, _, cache = tiny
-    want = contribution_weights(model, cache, layer, mode)
+    want = _cw(model, cache, layer, mode)
     shape = tuple((want.intra if mode == "both" else want).shape)
     buffer = _poisoned(2, *shape) if mode == "both" else _poisoned(*shape)
-    got = contribution_weights(model, cache, layer, mode, out=buffer)
+    got = _cw(model, cache, layer, mode, out=buffer)
     for g, w in zip(got if mode == "both" else [got], want if mode == "both" else [want]):
         assert torch.equal(g, w)  # every entry written (no NaN left), bit for bit
         assert g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()  # a view of out
@@ -75,11 +84,11 @@ def test_out_holds_the_same_result(tiny, mode, layer):
 def test_out_chunked_and_strided(tiny):
     """Query chunks write into slices of out; an out with another memory layout works too."""
     model, _, cache = tiny
-    want = contribution_weights(model, cache, 0, "both", query_chunk_size=5)
+    want = contribution_weight_pair(model, cache, 0, query_chunk_size=5)
     pair_shape = (2, *want.intra.shape)
     strided = _poisoned(*reversed(pair_shape)).permute(*reversed(range(len(pair_shape))))  # column-major
     assert not strided.is_contiguous()
-    got = contribution_weights(model, cache, 0, "both", query_chunk_size=5, out=strided)
+    got = contribution_weight_pair(model, cache, 0, query_chunk_size=5, out=strided)
     assert torch.equal(got.intra, want.intra) and torch.equal(got.inter, want.inter)
 
 
@@ -90,9 +99,9 @@ def test_out_reused_across_texts(tiny):
     with torch.no_grad():
         _, cache2 = model.run_with_cache(other)
     buffer = _poisoned(2, model.cfg.n_layers, *cache["blocks.0.attn.hook_pattern"].shape)
-    first = contribution_weights(model, cache, None, "both", out=buffer)
+    first = contribution_weight_pair(model, cache, None, out=buffer)
     first_intra = first.intra.clone()
-    second = contribution_weights(model, cache2, None, "both", out=buffer)
+    second = contribution_weight_pair(model, cache2, None, out=buffer)
     assert torch.equal(first_intra, contribution_weights(model, cache, None, "intra"))
     assert torch.equal(second.intra, contribution_weights(model, cache2, None, "intra"))
     assert torch.equal(second.inter, contribution_weights(model, cache2, None, "inter"))
@@ -106,13 +115,15 @@ def test_out_from_layer(tiny):
     view = get_attention_layer(model, cache, 1)
     want = contribution_weights_from_layer(view, "inter")
     assert torch.equal(contribution_weights_from_layer(view, "inter", out=_poisoned(*want.shape)), want)
+    pair = contribution_weight_pair_from_layer(view, out=_poisoned(2, *want.shape))
+    assert isinstance(pair, ContributionPair) and torch.equal(pair.inter, want)
 
 
 def test_bad_out_is_refused(tiny):
     model, _, cache = tiny
     shape = tuple(cache["blocks.0.attn.hook_pattern"].shape)
     with pytest.raises(ValueError, match=r"out has shape .* the result has shape"):
-        contribution_weights(model, cache, 0, "both", out=torch.empty(shape))  # both needs [2, ...]
+        contribution_weight_pair(model, cache, 0, out=torch.empty(shape))  # both needs [2, ...]
     with pytest.raises(ValueError, match=r"out has shape"):
         contribution_weights(model, cache, None, "intra", out=torch.empty(shape))  # all layers need [layer, ...]
     with pytest.raises(ValueError, match="out has dtype torch.float64, the result is computed in torch.float32"):

@@ -10,7 +10,11 @@ from conftest import make_tiny
 
 import geolens
 from geolens import contribution_weights, get_attention_layer
-from geolens.contributions import contribution_weights_from_layer
+from geolens.contributions import (
+    contribution_weight_pair,
+    contribution_weight_pair_from_layer,
+    contribution_weights_from_layer,
+)
 from geolens.testing import tiny_tokens
 
 
@@ -40,9 +44,17 @@ def test_cached_z_gives_the_recomputed_result(gqa_24, mode):
     for l in range(model.cfg.n_layers):
         layer = get_attention_layer(model, entries, l)
         assert layer.z_hint is not None and layer.z_agrees(layer.z_hint)
-        with_z = contribution_weights_from_layer(layer, mode)
+        with_z = (
+            contribution_weight_pair_from_layer(layer)
+            if mode == "both"
+            else contribution_weights_from_layer(layer, mode)
+        )
         assert "z" in layer.__dict__ and layer.z is layer.z_hint  # checked during the pass, then kept
-        without = contribution_weights(model, _without_z(entries), l, mode)
+        without = (
+            contribution_weight_pair(model, _without_z(entries), l)
+            if mode == "both"
+            else contribution_weights(model, _without_z(entries), l, mode)
+        )
         for a, b in zip(*((with_z, without) if mode == "both" else ((with_z,), (without,)))):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
         for m, got in zip(("intra", "inter"), with_z if mode == "both" else (with_z,)):

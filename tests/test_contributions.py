@@ -32,7 +32,7 @@ def test_factors_match_naive_reference_and_multiply_to_c(tiny, mode):
     torch.testing.assert_close(f.relative_norm, rel, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(f.alignment, cos, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(f.contribution, reference.contributions(model, cache, 1, mode), rtol=1e-8, atol=1e-10)
-    assert f.mode == mode and f.model_mode == geolens.model_mode(model)
+    assert f.mode == mode and f.model_mode == geolens.adapter.model_mode(model)
 
 
 def test_projected_value_norms_match_materialised(tiny):
@@ -116,7 +116,7 @@ def test_zero_norm_output_is_defined_and_warns(tiny_gqa):
     view = geolens.get_attention_layer(model, cache, 0)
     view.v = view.v.clone()
     view.v[:, :, 1] = 0  # head 1 (and its kv group's) values vanish: zero head output
-    with pytest.warns(geolens.ZeroNormOutputWarning, match="zero norm"):
+    with pytest.warns(geolens.contributions.ZeroNormOutputWarning, match="zero norm"):
         c = contribution_weights_from_layer(view, "intra")
     assert torch.isfinite(c).all()
     assert (c[:, 1] == 0).all()

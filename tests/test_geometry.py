@@ -15,6 +15,7 @@ from geolens import geometry
 from geolens.contributions import (
     LayerMetrics,
     attention_metrics,
+    contribution_weight_pair_from_layer,
     contribution_weights_from_layer,
     layer_metrics,
 )
@@ -196,9 +197,15 @@ def test_chunked_layer_metrics_equal_unchunked(tiny, mode, chunk):
 def test_chunked_contribution_weights_equal_unchunked(tiny, mode):
     model, _, cache = tiny
     layer = geolens.get_attention_layer(model, cache, 0)
-    full = contribution_weights_from_layer(layer, mode)
+
+    def compute(**kwargs):
+        if mode == "both":
+            return contribution_weight_pair_from_layer(layer, **kwargs)
+        return contribution_weights_from_layer(layer, mode, **kwargs)
+
+    full = compute()
     for size in (1, 4, 7):
-        part = contribution_weights_from_layer(layer, mode, query_chunk_size=size)
+        part = compute(query_chunk_size=size)
         for a, b in zip(*((x,) if mode != "both" else x for x in (full, part))):
             torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
 
@@ -312,7 +319,7 @@ def test_causal_blocks_skip_only_invisible_keys(tiny):
     torch.testing.assert_close(layer.z, full, atol=1e-6, rtol=1e-5)
     chunk = layer.query_slice(slice(7, 19))  # a query chunk keeps its absolute positions
     assert chunk.query_start == 7 and chunk.query_blocks() == [(slice(0, 12), 19)]
-    by_hand = geolens.AttentionLayer(
+    by_hand = geolens.adapter.AttentionLayer(
         0, layer.pattern, layer.v, layer.W_O, layer.b_O, layer.n_kv_heads, layer.model_mode
     )
     assert not by_hand.causal and by_hand.query_blocks() == [(slice(0, n), n)]  # unknown: no skipping

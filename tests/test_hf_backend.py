@@ -28,6 +28,7 @@ from conftest import HAS_BRIDGE
 
 import geolens
 from geolens.adapter import adapter_for, get_attention_layer
+from geolens.contributions import contribution_weight_pair
 from geolens.hf import AttentionCheckError, check_attention, prepare
 from geolens.hf.tiny import FAMILIES, WINDOW, tiny_family
 from geolens.interventions.base import active_hook_count
@@ -242,7 +243,7 @@ def test_contributions_against_the_naive_reference(fam):
         W_O, b_O = probed_W_O(output_projection(attention_modules(model)[l]), adapter.n_heads, adapter.d_head)
         pattern = cache[f"blocks.{l}.attn.hook_pattern"].double()
         v = cache[f"blocks.{l}.attn.hook_v"].double()
-        pair = geolens.contribution_weights(model, cache, l, mode="both", dtype=torch.float64)
+        pair = contribution_weight_pair(model, cache, l, dtype=torch.float64)
         group = adapter.group_size
         for b in range(2):
             for i in (0, 5, N_POS - 1):
@@ -433,7 +434,7 @@ def test_tiny_models_agree_with_the_bridge(kind):
         m = geolens.attention_metrics(model, cache, 1)
         results.append(
             dict(
-                contributions=geolens.contribution_weights(model, cache, None, mode="both"),
+                contributions=contribution_weight_pair(model, cache, None),
                 **m.as_dict(),
                 vz=geolens.value_zeroing(model, tokens, layers=[0, 1]),
                 sinks=geolens.sink_geometry(model, tokens, batch_size=2).heads,

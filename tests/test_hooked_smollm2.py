@@ -38,7 +38,7 @@ def test_hooked_smollm2_matches_hf_logits(hooked_smollm2):
 
 def test_contributions_on_hooked_smollm2(hooked_smollm2):
     model, _ = hooked_smollm2
-    assert geolens.model_mode(model) == "hooked"
+    assert geolens.adapter.model_mode(model) == "hooked"
     tokens = model.to_tokens("The capital of France is Paris. It is a large city.", prepend_bos=True)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model, with_attn_out=True))

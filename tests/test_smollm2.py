@@ -24,7 +24,7 @@ def smol_cache(smollm2, smollm2_tokens):
 def test_config_is_smollm2(smollm2):
     cfg = smollm2.cfg
     assert (cfg.n_layers, cfg.n_heads, geolens.adapter.n_kv_heads(smollm2), cfg.d_head) == (30, 9, 3, 64)
-    assert geolens.model_mode(smollm2) == "bridge"
+    assert geolens.adapter.model_mode(smollm2) == "bridge"
 
 
 def test_reconstructs_attention_output_and_hook_z_every_layer(smollm2, smol_cache):

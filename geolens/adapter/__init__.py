@@ -36,7 +36,7 @@ family or the TransformerLens version (``tests/test_adapter.py`` scans for it).
 
 from geolens.adapter.base import ModelAdapter
 from geolens.adapter.bridge import BridgeAdapter
-from geolens.adapter.cache import _cache_lookup
+from geolens.adapter.cache import cache_lookup
 from geolens.adapter.gemma import GemmaBridgeAdapter, GemmaHookedAdapter
 from geolens.adapter.hooked import HookedAdapter
 from geolens.adapter.layer import CAUSAL_BLOCK_ROWS, AttentionLayer, get_attention_layer
@@ -99,5 +99,5 @@ __all__ = [
     "AttentionLayer",
     "get_attention_layer",
     "CAUSAL_BLOCK_ROWS",
-    "_cache_lookup",
+    "cache_lookup",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 
-def _cache_lookup(cache, name: str) -> Tensor | None:
+def cache_lookup(cache, name: str) -> Tensor | None:
     """``cache[name]`` or None when the cache lacks that entry."""
     try:
         return cache[name]
@@ -15,7 +15,7 @@ def _cache_lookup(cache, name: str) -> Tensor | None:
 
 
 def _cache_get(cache, name: str) -> Tensor:
-    found = _cache_lookup(cache, name)
+    found = cache_lookup(cache, name)
     if found is not None:
         return found
     raise KeyError(

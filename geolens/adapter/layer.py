@@ -20,7 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from geolens.adapter.base import TLModel
-from geolens.adapter.cache import _cache_get, _cache_lookup
+from geolens.adapter.cache import _cache_get, cache_lookup
 from geolens.adapter.registry import adapter_for
 from geolens.layout import expand_kv_heads
 from geolens.validation import check_attention_mask, check_cache_layers, check_dtype, check_layer
@@ -226,7 +226,7 @@ def get_attention_layer(
     query_mask = key_mask = z_hint = None
     if attention_mask is None:
         check_unpadded(pattern, window=adapter.sliding_window(layer), layer=layer)
-        z_hint = _cache_lookup(cache, adapter.z_hook(layer))
+        z_hint = cache_lookup(cache, adapter.z_hook(layer))
         if z_hint is not None and (z_hint.dtype != dtype or z_hint.device != pattern.device):
             z_hint = None  # a bf16 z would carry the model's rounding: recompute in the compute dtype
     else:

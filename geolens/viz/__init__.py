@@ -1,8 +1,14 @@
 """Visualisations: circuitsvis views and matplotlib plots that display in notebooks and save.
 
-Every function returns a :class:`HTMLView` (circuitsvis components, rendered with the JS bundle
-shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matplotlib); both have
-``.save(path)`` and carry the numbers they show in ``.data``.
+What a function returns follows its name (tests/test_viz.py checks it):
+
+- a figure function returns a :class:`HTMLView` (circuitsvis components, rendered with the JS
+  bundle shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matplotlib);
+  both have ``.save(path)`` and carry the numbers they show in ``.data``;
+- a function named ``*_html`` returns an HTML fragment (a ``str``) to inline in a page or show
+  with ``IPython.display.HTML``; one named ``*_page`` a standalone HTML page (a ``str``);
+- :mod:`geolens.viz.attribution` draws :class:`geolens.Attribution`: ``attribution_figure``
+  returns the matplotlib ``Figure`` of ``Attribution.plot()``.
 
 - :mod:`geolens.viz.contributions`: signed contribution-weight heatmaps per head, attention vs
   contribution colouring of one query's sources, sink attention vs contribution per layer.
@@ -13,6 +19,8 @@ shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matpl
 - :mod:`geolens.viz.taxonomy`: the layer × head regime grid (PNG and HTML).
 - :mod:`geolens.viz.faithfulness`: faithfulness curves, MC accuracy, pruning curves, single-head
   sensitivity map.
+- :mod:`geolens.viz.flow`: information-flow routes (HTML), the erasure nAOPC plot.
+- :mod:`geolens.viz.attribution`: :class:`geolens.Attribution` as a bar chart and coloured tokens.
 """
 
 from geolens.viz.common import HTMLView, PlotView, circuitsvis_bundle, to_jsonable

@@ -16,7 +16,7 @@ import html
 import uuid
 from typing import Any
 
-from geolens.viz.common import _script_json
+from geolens.viz.common import PlotView, _script_json, new_figure
 
 COL_W, ROW_H, PAD_X, PAD_TOP, LABEL_H, MAX_STROKE = 64, 24, 56, 20, 70, 9.0
 MIN_COL_W, MAX_WIDTH = 16, 1200  # long prompts: narrower columns (steeper labels), down to MIN_COL_W
@@ -164,12 +164,10 @@ def flow_routes_page(graph, *, title: str = "geolens flow routes") -> str:
 __all__ = ["flow_routes_html", "flow_routes_page"]
 
 
-def erasure_naopc_plot(naopc, *, labels: dict | None = None, family: str = "primary", subtitle: str = ""):
+def erasure_naopc_plot(naopc, *, labels: dict | None = None, family: str = "primary", subtitle: str = "") -> PlotView:
     """Each method's mean normalised AOPC with its 95% interval, comprehensiveness and sufficiency
     side by side, for one family of the input-token erasure test (``naopc``: the ``naopc`` table of
     :class:`geolens.pipelines.flow.FlowRun`). Returns a :class:`~geolens.viz.common.PlotView`."""
-    from geolens.viz.common import PlotView, new_figure
-
     rows = naopc[naopc["family"] == family]
     if rows.empty:
         raise ValueError(f"erasure_naopc_plot: no rows of family {family!r}")
