@@ -321,7 +321,7 @@ class CacheStamp:
             self.model = weakref.ref(model)
         except TypeError:
             self.model = lambda: None
-        self.fingerprint = weights_fingerprint(model)
+        self.fingerprint = _fingerprint_or_none(model)
         self.dtype = _model_dtype(model)
 
     def __repr__(self) -> str:
@@ -336,6 +336,15 @@ def _model_dtype(model):
 
 
 _FINGERPRINTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _fingerprint_or_none(model) -> str | None:
+    """:func:`weights_fingerprint`, or None where the weights cannot be read (offloaded to the
+    ``meta`` device, a model without parameters): such a cache is not checked."""
+    try:
+        return weights_fingerprint(model)
+    except (NotImplementedError, RuntimeError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def weights_fingerprint(model) -> str:
@@ -407,10 +416,10 @@ def check_cache_model(model, cache) -> None:
     (ValueError, one line). Unstamped caches (TransformerLens' own ``model.run_with_cache``, a
     copied dict) pass: they cannot be checked."""
     stamp = getattr(cache, "geolens_stamp", None)
-    if not isinstance(stamp, CacheStamp) or stamp.model() is model:
+    if not isinstance(stamp, CacheStamp) or stamp.fingerprint is None or stamp.model() is model:
         return
-    mine = weights_fingerprint(model)
-    if mine == stamp.fingerprint:
+    mine = _fingerprint_or_none(model)
+    if mine is None or mine == stamp.fingerprint:
         return
     dtype = _model_dtype(model)
     if stamp.dtype is not None and dtype is not None and stamp.dtype != dtype:
