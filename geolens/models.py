@@ -22,6 +22,7 @@ in every result. Reading a loaded model is :mod:`geolens.adapter`'s job; this mo
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import logging
@@ -171,6 +172,21 @@ def converted_checkpoint(name: str, *, root: Path | None = None) -> Path:
     )
 
 
+def _named(load: Callable) -> Callable:
+    """Stamp the model :func:`load_model` returns with the name it was asked for
+    (``model.geolens_name``: what :func:`geolens.attribute` and the reports call it, rather than
+    the folder a shipped model was converted into)."""
+
+    @functools.wraps(load)
+    def wrapper(name: str = "smollm2-135m", *args, **kwargs):
+        model = load(name, *args, **kwargs)
+        object.__setattr__(model, "geolens_name", str(name))  # past nn.Module's and the bridge's __setattr__
+        return model
+
+    return wrapper
+
+
+@_named
 def load_model(
     name: str = "smollm2-135m",
     *,

@@ -118,6 +118,8 @@ def test_model_by_name_is_loaded_once():
     from geolens.attribution import _LOADED
 
     assert len(_LOADED) == 1
+    loaded = geolens.load_model("tiny-mha")  # a model load_model made is named after what it was asked for
+    assert geolens.attribute(loaded, TEXT, "alti").model_name == "tiny-mha"
 
 
 def test_dataframe_figure_html(model):
