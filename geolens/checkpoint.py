@@ -11,7 +11,9 @@ A checkpoint is one ``torch.save`` file holding
   model or other analysis arguments would silently give wrong numbers, so a mismatch raises,
   naming the field, before any state is loaded;
 - ``torch_rng``: the CPU generator state, so that analyses that draw random numbers (random
-  controls) continue the same stream after a resume.
+  controls) continue the same stream after a resume;
+- ``digest``: :func:`state_digest` of ``next_batch`` and ``states``, checked on
+  resume (a checkpoint saved before it was recorded is read without it).
 
 Writes are atomic: the file is written to a temporary file *in the same folder*, flushed and
 ``fsync``-ed, then moved over the old one with ``os.replace`` (atomic on POSIX and Windows for
@@ -37,11 +39,12 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from geolens.data import as_token_tensor
+from geolens.errors import ResumeRefused
 from geolens.files import umask
 
 FORMAT_VERSION = 2  # 2: the fingerprint holds the model and the analyses' arguments
@@ -156,6 +159,41 @@ def _weights_sha256(tensors) -> str:
     return h.hexdigest()[:16]
 
 
+def state_digest(obj: Any) -> str:
+    """SHA-256 of nested dicts / lists / tensors / numbers: tensors by dtype, shape and bytes
+    (bit-exact), everything else by its JSON text. What a corpus checkpoint's states are checked by."""
+    import numpy as np
+
+    h = hashlib.sha256()
+
+    def walk(x) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, np.ndarray):
+            a = np.ascontiguousarray(x)
+            h.update(f"A{a.dtype.str}{a.shape}".encode())
+            h.update(a.tobytes() if a.dtype != object else repr(a.tolist()).encode())
+        elif isinstance(x, Mapping):
+            h.update(b"{")
+            for k in sorted(x, key=str):
+                h.update(repr(str(k)).encode())
+                walk(x[k])
+            h.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[")
+            for v in x:
+                walk(v)
+            h.update(b"]")
+        else:
+            item = getattr(x, "item", None)
+            h.update(repr(item() if callable(item) and not isinstance(x, (str, bytes)) else x).encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
 def model_fingerprint(model) -> dict[str, Any]:
     """The model's identity: name, config shape, TL mode and a checksum of a few weights.
 
@@ -237,12 +275,14 @@ def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict
     A failed write (full disk, permissions) raises :class:`WriteError` naming the checkpoint;
     the checkpoint saved before stays intact (the write goes to a temporary file first).
     """
+    states = [a.state_dict() for a in analyses]
     state = {
         "format": FORMAT_VERSION,
         "next_batch": int(next_batch),
-        "states": [a.state_dict() for a in analyses],
+        "states": states,
         "fingerprint": fingerprint,
         "torch_rng": torch.get_rng_state(),
+        "digest": state_digest({"next_batch": int(next_batch), "states": states}),
     }
     try:
         atomic_torch_save(state, path)
@@ -252,7 +292,7 @@ def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict
 
 
 def _not_a_checkpoint(path, reason: str) -> ValueError:
-    return ValueError(
+    return ResumeRefused(
         f"{path} is not a readable geolens checkpoint ({reason}); delete it or pass another checkpoint path"
     )
 
@@ -289,7 +329,7 @@ def load_checkpoint(path, *, trusted: bool = False) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or "format" not in ckpt:
         raise _not_a_checkpoint(path, "no geolens checkpoint format")
     if ckpt.get("format") != FORMAT_VERSION:
-        raise ValueError(
+        raise ResumeRefused(
             f"checkpoint {path} has format {ckpt.get('format')!r}, this geolens writes format {FORMAT_VERSION} "
             "(it records the model and the analyses' arguments); delete it to start again"
         )
@@ -306,7 +346,7 @@ def check_fingerprint(path, saved: dict[str, Any], expected: dict[str, Any]) -> 
 
     diffs = [f"{p}: checkpoint {short(a)}, this run {short(b)}" for p, a, b in config_differences(saved, expected)]
     if diffs:
-        raise ValueError(
+        raise ResumeRefused(
             f"checkpoint {path} was written by a different run ({'; '.join(diffs)}); delete it or "
             "pass another checkpoint path"
         )
@@ -316,6 +356,18 @@ def restore(path, analyses: Sequence, fingerprint: dict[str, Any], *, trusted: b
     """Load the states of ``analyses`` from ``path`` and return the batch index to resume at."""
     ckpt = load_checkpoint(path, trusted=trusted)
     check_fingerprint(path, ckpt["fingerprint"], fingerprint)
+    again = "delete it or pass another checkpoint path"
+    if not isinstance(ckpt.get("states"), list) or not isinstance(ckpt.get("next_batch"), int):
+        raise ResumeRefused(
+            f"cannot resume from {path}: the checkpoint is malformed (no states or batch index); {again}"
+        )
+    if "digest" in ckpt and ckpt["digest"] != state_digest(
+        {"next_batch": ckpt["next_batch"], "states": ckpt["states"]}
+    ):
+        raise ResumeRefused(
+            f"cannot resume from {path}: its batch index or states were changed after it was saved (digest differs); "
+            + again
+        )
     if len(ckpt["states"]) != len(analyses):
         raise ValueError(f"checkpoint {path} has {len(ckpt['states'])} analysis states, this run has {len(analyses)}")
     for analysis, state in zip(analyses, ckpt["states"]):

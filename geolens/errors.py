@@ -24,3 +24,9 @@ class UsageError(ValueError):
     def __init__(self, message: str, *, prog: str | None = None):
         super().__init__(" ".join(str(message).split()))  # always one line
         self.prog = prog
+
+
+class ResumeRefused(UsageError):
+    """Saved work that cannot be resumed: unreadable, damaged, edited, or made under other
+    settings or another model (one line, naming the file and how to start again; raised by
+    :mod:`geolens.resume` and :mod:`geolens.checkpoint`)."""

@@ -550,7 +550,7 @@ def test_mc_protocol_reads_the_frozen_protocol_and_lists_differences(tmp_path):
     explore = labelled(summary, p, ["seed = 1, not 0"])
     assert (
         explore["label"] == "exploratory"
-        and explore["pairs"][0]["verdict"] is None
+        and explore["pairs"][0]["verdict"] == "not decided (exploratory)"
         and explore["pairs"][0]["p_adj"] == 0.01
     )
     assert (

@@ -6,7 +6,6 @@ document, same tables as an uninterrupted run), and its usage errors."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from geolens.cli import main
+from geolens.preregistration import register
 from geolens.run_folder import require_complete
 from geolens.stats import VERDICTS
 
@@ -169,7 +169,7 @@ def protocol(tmp_path) -> Path:
     folder.mkdir()
     (folder / "protocol.json").write_text(json.dumps(p), encoding="utf-8")
     (folder / "PROTOCOL.md").write_text("# A test protocol, version 1\n", encoding="utf-8")
-    (folder / "PROTOCOL.sha256").write_text(hashlib.sha256((folder / "PROTOCOL.md").read_bytes()).hexdigest() + "\n")
+    register(folder / "protocol.json", registered_at="2026-12-06")  # REGISTERED.json: both files' hashes
     return folder / "protocol.json"
 
 
@@ -194,7 +194,9 @@ def test_a_run_writes_a_complete_folder_under_its_protocol(capsys, tmp_path, pro
         assert (out / name).is_file(), name
     s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     mode = model_mode(load_model("tiny-gqa"))
-    assert s["protocol_sha256"] == (protocol.parent / "PROTOCOL.sha256").read_text().strip()
+    registered = json.loads((protocol.parent / "REGISTERED.json").read_text())
+    assert s["protocol_sha256"] == registered["text_sha256"]
+    assert s["preregistration"]["json_sha256"] == registered["json_sha256"]
     assert s["status"] == ("pre-registered" if mode == "bridge" else "exploratory") and "input-token erasure" in text
     assert s["n_documents"] == 2 and s["n_predictions"] == 4 and s["multiple_comparison"] == "holm"
     moved = s["replacement_differences"]  # each method's nAOPC difference between the replacements, no verdict
@@ -262,7 +264,8 @@ def test_fewer_documents_make_an_exploratory_run(capsys, tmp_path, protocol):
     )
     assert rc == 0, err
     s = json.loads((tmp_path / "edited" / "summary.json").read_text(encoding="utf-8"))
-    assert s["status"] == "exploratory" and any("PROTOCOL.sha256" in d for d in s["differences"])
+    assert s["status"] == "exploratory" and any("PROTOCOL.md was edited" in d for d in s["differences"])
+    assert not any(p["verdict"] in ("holds", "reversed") for p in s["families"]["primary"]["pairs"])
 
 
 def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protocol, monkeypatch):

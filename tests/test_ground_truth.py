@@ -271,10 +271,13 @@ def test_command_runs_resumes_and_labels_a_small_run_exploratory(tmp_path, capsy
     assert summary["label"] == "exploratory" and any("1 documents" in d for d in summary["differences"])
     assert summary["protocol_sha256"] == (PROTOCOL.parent / "PROTOCOL.sha256").read_text().strip()
     assert summary["protocol"]["masking_scope"] == "layer" and max(summary["protocol"]["fractions"]) <= 0.2
-    assert all(p["verdict"] is None for p in summary["pairs"])  # exploratory: no verdicts
+    assert all(p["verdict"] in ("not decided (exploratory)", "not testable") for p in summary["pairs"])
+    assert summary["per_term_effects"]["pairs"] == summary["pairs"]  # the README's pairs say so too
+    assert summary["preregistration"]["status"] == "exploratory" and summary["preregistration"]["json_sha256"]
     assert summary["per_term_effects"]["n_positions"] == 20
     readme = (out / "README.md").read_text()
     assert summary["command"] in readme and "| contribution_abs |" in readme and "one Holm family" in readme
+    assert "Exploratory run, no verdicts" in readme and "| None |" not in readme
     rows = pd.read_csv(out / "per_term_rows.csv.gz")
     # resuming a finished stage recomputes nothing and gives the same summary
     assert main(args + ["--resume"]) == 0

@@ -45,6 +45,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "testing",
         "hf",
         "claims",
+        "resume",
+        "preregistration",
     ),
     "topics": (
         "interventions",

@@ -107,7 +107,7 @@ def test_mc_command_masks_eligible_tasks_and_tests_the_pairs(tmp_path, tasks):
         assert {"estimate", "ci_low", "ci_high", "level", "p", "p_adj", "holm_stopped_at"} <= set(p) and p[
             "n_questions_by_task"
         ] == {"sure": 4}
-        assert p["verdict"] is None  # exploratory: no verdicts
+        assert p["verdict"] == "not decided (exploratory)"  # exploratory: no verdicts
     drop = per_q.loc[per_q.task == "sure", "margin_drop:contribution"]
     assert info["metric_drops"][4]["metric"] == "contribution" and info["metric_drops"][4][
         "margin_drop"
@@ -127,6 +127,7 @@ def test_mc_command_protocol_runs_its_settings_and_records_the_hash(tmp_path, ta
     spec["multiple_choice"]["n_boot"] = 200
     (folder / "protocol.json").write_text(json.dumps(spec))
     shutil.copy(PROTOCOL.parent / "PROTOCOL.md", folder / "PROTOCOL.md")
+    shutil.copy(PROTOCOL.parent / "REGISTERED.json", folder / "REGISTERED.json")
     out = tmp_path / "mc"
     assert main(["mc", "--model", "tiny-gqa", "--protocol", str(folder / "protocol.json"), "--out", str(out)]) == 0
     info = json.loads((out / "summary.json").read_text())
@@ -134,10 +135,13 @@ def test_mc_command_protocol_runs_its_settings_and_records_the_hash(tmp_path, ta
     mode = (
         [] if info["model_mode"] == "bridge" else [f"model mode {info['model_mode']}, not bridge"]
     )  # TransformerLens 2: hooked
-    assert info["differences"] == sorted(
+    edited = f"{folder / 'protocol.json'} was edited after registration"  # its task list differs
+    assert info["differences"][0].startswith(edited) and info["differences"][1:] == sorted(
         ["model tiny-gqa is not one of the protocol's ['smollm2-135m', 'gemma3-270m']"] + mode
     )
-    assert info["label"] == "exploratory" and info["pairs"][0]["verdict"] is None
+    assert info["preregistration"]["status"] == "exploratory"
+    assert info["preregistration"]["json_sha256"] == hashlib.sha256((folder / "protocol.json").read_bytes()).hexdigest()
+    assert info["label"] == "exploratory" and info["pairs"][0]["verdict"] == "not decided (exploratory)"
     assert info["layers"] == [0] and info["fractions"] == [0.05, 0.2] and info["masks"] and info["n_boot"] == 200
     assert len(info["pairs"]) == 5 and [t["task"] for t in info["eligible_tasks"]] == ["sure"]
 

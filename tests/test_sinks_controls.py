@@ -329,6 +329,7 @@ import pandas as pd  # noqa: E402
 from conftest import TINY_KINDS  # noqa: E402
 
 from geolens.interventions.sink_values import sink_edit_query_heads  # noqa: E402
+from geolens.resume import write_records  # noqa: E402
 from geolens.sinks.controls_dose import (  # noqa: E402
     CheckpointMismatch,
     controls_sample,
@@ -705,7 +706,7 @@ def test_verdicts_form_one_holm_family_over_the_scopes():
     assert a["lambdas"] == [0.0, 2.0] and a["degrees"] == [60.0] and a["n_seeds"] == 3
     assert all(p["verdict"] is None and p["outcome"] == "delta_ppl" for p in out["exploratory_pairs"])
     assert all(
-        p["verdict"] is None
+        p["verdict"] == "not decided (exploratory)"
         for p in dose_summary(table.assign(), SMALL, verdicts=False, not_testable={"sink_heads": "none"})["pairs"][:1]
     )
     # a scope with nothing to edit is 'not testable', left out of the family (m = 1: the other test at full level 0.95)
@@ -760,7 +761,7 @@ def test_dose_controls_tables_follow_their_definitions(seven_layers, tmp_path):
         and summary["n_windows"] == W == 4
         and summary["n_documents"] == 2
     )
-    assert all(p["verdict"] is None for p in summary["pairs"])  # verdicts=False: an exploratory run
+    assert all(p["verdict"] == "not decided (exploratory)" for p in summary["pairs"])  # verdicts=False: exploratory
     # the summary recomputes exactly from the saved table
     write_windows(res.windows, tmp_path / "w.csv")
     again = dose_summary(read_windows(tmp_path / "w.csv"), SMALL, verdicts=False)
@@ -779,9 +780,17 @@ def test_checkpoint_resumes_to_the_same_numbers_and_refuses_another_run(seven_la
     full, tokens, documents = _small_run(model, checkpoint=ck)
     state = json.loads(ck.read_text())
     assert sorted(state["windows"], key=int) == [str(w) for w in range(tokens.shape[0])]
-    for w in ("2", "3"):  # as if interrupted after two windows
+    for w in ("2", "3"):  # as if interrupted after two windows (the checkpoint as it was written then)
         del state["windows"][w]
-    ck.write_text(json.dumps(state))
+    windows = state.pop("windows")
+    state.pop("records")
+    write_records(ck, state, {"windows": windows})
+    edited = json.loads(ck.read_text())
+    edited["windows"]["1"]["nll_clean"] += 1e-9  # an edited record is refused, not resumed
+    ck.write_text(json.dumps(edited))
+    with pytest.raises(CheckpointMismatch, match="a record was edited"):
+        _small_run(model, checkpoint=ck, resume=True)
+    write_records(ck, state, {"windows": windows})
     resumed, _, _ = _small_run(model, checkpoint=ck, resume=True)
     assert resumed.statistics == full.statistics
     pd.testing.assert_frame_equal(resumed.windows, full.windows)
@@ -791,6 +800,9 @@ def test_checkpoint_resumes_to_the_same_numbers_and_refuses_another_run(seven_la
         _small_run(model, checkpoint=ck, resume=True, rows_per_forward=5)
     ck.write_text("{}")
     with pytest.raises(CheckpointMismatch, match="not a checkpoint"):
+        _small_run(model, checkpoint=ck, resume=True)
+    ck.write_text('{"format": "geolens sink dose controls checkpoint 1", "windo')  # truncated by a crash
+    with pytest.raises(CheckpointMismatch, match="unreadable"):
         _small_run(model, checkpoint=ck, resume=True)
 
 
@@ -810,7 +822,7 @@ def test_read_protocol_reads_the_registered_block(tmp_path):
     # a copy with an edited text is no longer the pre-registered protocol
     raw = json.loads((PROTOCOL_DIR / "protocol.json").read_text())
     (tmp_path / "PROTOCOL.md").write_text("another text")
-    (tmp_path / "PROTOCOL.sha256").write_text((PROTOCOL_DIR / "PROTOCOL.sha256").read_text())
+    (tmp_path / "REGISTERED.json").write_text((PROTOCOL_DIR / "REGISTERED.json").read_text())
     (tmp_path / "protocol.json").write_text(json.dumps(raw))
     _, copied = read_protocol(tmp_path / "protocol.json")
     assert not copied["pre_registered"]

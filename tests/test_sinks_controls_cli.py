@@ -166,7 +166,9 @@ def test_controls_protocol_writes_a_summary_that_recomputes_from_its_windows(tmp
     )
     assert s["n_windows"] == 2 and s["n_documents"] == 1 and s["layers"] == [0, 6] and s["settings"]["seq_len"] == 64
     assert s["seeds"] == {"30": [0, 1, 2, 3, 4], "60": list(range(20)), "90": [0, 1, 2, 3, 4], "180": [0, 1, 2, 3, 4]}
-    assert all(p["verdict"] in (None, "not testable") for p in s["pairs"] + s["exploratory_pairs"])
+    assert all(
+        p["verdict"] in ("not decided (exploratory)", "not testable") for p in s["pairs"] + s["exploratory_pairs"]
+    )
     for p in s["pairs"]:
         assert set(p) >= {"p", "p_adj", "ci_low", "ci_high", "level", "verdict", "n_windows", "n_documents", "n_seeds"}
     windows = read_windows(out / "controls_windows.csv")
@@ -279,4 +281,5 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, protocol_run, monk
     other = [a if a != "200" else "300" for a in base]  # another --n-boot: another protocol
     assert main(other + ["--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--resume:" in err and "was made with another protocol" in err and len(err.splitlines()) == 1
+    assert "cannot resume from" in err and "was made with another protocol" in err and len(err.splitlines()) == 1
+    assert "--overwrite" in err and "Traceback" not in err

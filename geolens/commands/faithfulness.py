@@ -287,7 +287,7 @@ def run_preregistered(args) -> int:
     per document, into ``--out`` (docs/faithfulness/PROTOCOL.md). Stage ``per_term``: §2."""
     from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.errors import UsageError
-    from geolens.faithfulness.preregistered import load_protocol, run_label
+    from geolens.preregistration import load_protocol, preregistration, status_line
 
     try:
         protocol = load_protocol(args.protocol)
@@ -308,7 +308,6 @@ def run_preregistered(args) -> int:
         differences.append(f"corpus {args.corpus}, not {data['corpus']}")
     if n_documents != int(data["n_documents"]):
         differences.append(f"{n_documents} documents, not {data['n_documents']}")
-    label = run_label(protocol, differences)
     out = out_folder(args, "faithfulness", resumable=True)
     start = time.time()
     import torch
@@ -325,14 +324,15 @@ def run_preregistered(args) -> int:
     model = load_model(model_name)
     if data.get("model_mode") and model_mode(model) != data["model_mode"]:
         differences.append(f"model mode {model_mode(model)}, not {data['model_mode']}")
-        label = run_label(protocol, differences)
+    registration = preregistration(protocol, differences)
+    label = registration["status"]
     try:
         windows, sources = protocol_windows(model, protocol, load_corpus(args.corpus), n_documents=n_documents)
     except ValueError as err:
         raise UsageError(f"--corpus {args.corpus}: {err}") from None
     print(
         f"protocol {protocol.path} (version {protocol.version}, sha256 {protocol.sha256[:16]}…): {label}"
-        + "".join(f"\n  differs: {d}" for d in differences),
+        + "".join(f"\n  differs: {d}" for d in registration["reasons"]),
         flush=True,
     )
     print(
@@ -347,7 +347,8 @@ def run_preregistered(args) -> int:
         protocol_version=protocol.version,
         protocol_sha256=protocol.sha256,
         label=label,
-        differences=differences,
+        differences=registration["reasons"],
+        preregistration=registration,
         model=model_name,
         model_mode=model_mode(model),
         corpus=args.corpus,
@@ -379,16 +380,24 @@ def run_preregistered(args) -> int:
     )
     summary["seconds"] = round(time.time() - start, 1)
     if label != "pre-registered":  # an exploratory run gets no verdicts (PROTOCOL.md, preamble)
-        for pair in summary["pairs"]:
-            pair["verdict"] = None
-        summary["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
+        from geolens.preregistration import withhold_verdicts
+
+        for key in ("per_term_effects", "masking"):
+            if key in summary:
+                summary[key] = dict(summary[key], pairs=withhold_verdicts(summary[key]["pairs"]))
+        summary["pairs"] = [
+            p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]
+        ]
+        summary["note"] = "exploratory: " + "; ".join(registration["reasons"]) + ", so no verdict is given"
     write_json(summary, out / "summary.json")
     atomic_write_bytes(out / "README.md", protocol_markdown(summary).encode("utf-8"))
     if "per_term_effects" in summary:
         print(per_term_text(summary))
     if "masking" in summary:
         print(masking_markdown(summary["masking"]))
-    print(f"wrote {out}/summary.json ({summary['seconds']:.0f} s; stages {summary['stage_seconds']})")
+    print(
+        f"{status_line(registration)}: wrote {out}/summary.json ({summary['seconds']:.0f} s; stages {summary['stage_seconds']})"
+    )
     return 0
 
 
@@ -419,7 +428,7 @@ def protocol_markdown(summary: dict) -> str:
         f"# Faithfulness, protocol {summary['protocol_version']}: {summary['model']}",
         "",
         f"Command: `{summary['command']}` (add `--resume` to continue an interrupted run).",
-        f"MaskingConfig text SHA-256 `{summary['protocol_sha256']}` ({summary['label']}); "
+        f"Protocol text SHA-256 `{summary['protocol_sha256']}` ({summary['label']}); "
         f"model mode {summary['model_mode']}; corpus {summary['corpus']}, {summary['n_documents']} documents. "
         f"Stages: "
         + ", ".join(
@@ -429,6 +438,8 @@ def protocol_markdown(summary: dict) -> str:
         + ".",
         "",
     ]
+    if summary["label"] != "pre-registered":
+        lines += [f"**Exploratory run, no verdicts**: {'; '.join(summary.get('differences', []))}.", ""]
     if "per_term_effects" in summary:
         lines.append(per_term_markdown(summary))
     if "masking" in summary:

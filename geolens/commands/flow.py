@@ -106,7 +106,7 @@ def run(args) -> int:
 def _erasure_protocol(args):
     """The protocol of ``--protocol`` (one-line UsageError when it cannot be read)."""
     from geolens.errors import UsageError
-    from geolens.faithfulness.preregistered import load_protocol
+    from geolens.preregistration import load_protocol
 
     if args.protocol is None:
         raise UsageError("--erasure needs --protocol (the pre-registered protocol: docs/flow/protocol.json)")
@@ -128,8 +128,8 @@ def _erasure_protocol(args):
 
 
 def _differences(protocol, model_name: str, mode: str, n_documents: int) -> list[str]:
-    """What makes a run exploratory: settings that differ from the protocol's, or a text whose hash
-    differs from the one recorded beside it (``PROTOCOL.sha256``)."""
+    """Where a run departs from the protocol's settings (its files are checked against their
+    registration by :func:`geolens.preregistration.preregistration`)."""
     data = protocol["data"]
     out = []
     if model_name not in data["models"]:
@@ -138,9 +138,6 @@ def _differences(protocol, model_name: str, mode: str, n_documents: int) -> list
         out.append(f"model mode {mode}, the protocol's is {data['model_mode']}")
     if n_documents != int(data["n_documents"]):
         out.append(f"{n_documents} documents, the protocol's {data['n_documents']}")
-    recorded = protocol.path.with_name("PROTOCOL.sha256")
-    if not recorded.is_file() or recorded.read_text().strip() != protocol.sha256:
-        out.append("PROTOCOL.md differs from its recorded hash (PROTOCOL.sha256)")
     return out
 
 
@@ -156,11 +153,13 @@ def run_erasure(args) -> int:
     from geolens.commands._options import check_model_name, out_folder
     from geolens.data import load_corpus
     from geolens.errors import UsageError
-    from geolens.faithfulness.preregistered import protocol_windows, run_document_stage, run_label
+    from geolens.faithfulness.preregistered import protocol_windows
     from geolens.flow_erasure import ErasureSettings, measure_document, space_token, unigram_counts
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.flow import FlowRun, checked_induction, erasure_markdown
+    from geolens.preregistration import NOT_DECIDED, preregistration, status_line
+    from geolens.resume import run_document_stage
     from geolens.viz.common import to_jsonable
 
     if args.text is not None:
@@ -174,8 +173,8 @@ def run_erasure(args) -> int:
     started = time.time()
     model = load_model(name)
     mode = model_mode(model)
-    differences = _differences(protocol, args.model, mode, n_documents)
-    status = run_label(protocol, differences)
+    registration = preregistration(protocol, _differences(protocol, args.model, mode, n_documents))
+    differences, status = registration["reasons"], registration["status"]
     settings = ErasureSettings.from_protocol(protocol.settings)
     texts = load_corpus(protocol["data"]["corpus"])
     try:
@@ -200,14 +199,9 @@ def run_erasure(args) -> int:
         tokens=tokens_fingerprint(windows),
     )
     measure = lambda d: measure_document(model, windows[d], d, settings, space_id=space_id, counts=counts)  # noqa: E731
-    try:
-        tables = run_document_stage(
-            "erasure", folder, fingerprint, n_documents, measure, resume=args.resume, progress=print
-        )
-    except ValueError as err:
-        if "--resume" in str(err):
-            raise UsageError(str(err)) from None
-        raise
+    tables = run_document_stage(
+        "erasure", folder, fingerprint, n_documents, measure, resume=args.resume, progress=print
+    )
     if "rankings" in tables:
         tables["rankings"]["order"] = tables["rankings"]["order"].astype(str)
     ic = protocol["induction_check"]
@@ -216,13 +210,21 @@ def run_erasure(args) -> int:
     )
     if skipped is not None:
         print(f"known-answer check skipped: {skipped}")
-    run = FlowRun.of(tables, settings, induction=induction, status=status, induction_skipped=skipped)
+    run = FlowRun.of(
+        tables,
+        settings,
+        induction=induction,
+        status=status,
+        induction_skipped=skipped,
+        verdicts=status == "pre-registered",
+    )
     summary = dict(
         command="geolens flow --erasure",
         model=args.model,
         model_mode=mode,
         status=status,
         differences=differences,
+        preregistration=registration,
         protocol_sha256=protocol.sha256,
         protocol_version=protocol.version,
         protocol_path=str(protocol.path),
@@ -262,11 +264,14 @@ def run_erasure(args) -> int:
                 f"{best['method']}, by ≥ {best['by']:+.3g} [{best['ci_low']:+.3g}, {best['ci_high']:+.3g}] over {best['against']}"
                 if best
                 else "no method beats every other"
+                if status == "pre-registered"
+                else NOT_DECIDED
             )
         )
     decided = sum(p["verdict"] in ("holds", "reversed") for p in summary["families"]["primary"]["pairs"])
     print(
-        f"primary family: {decided} of {len(summary['families']['primary']['pairs'])} pairs decided (Holm); wrote {folder / 'summary.json'}"
+        f"primary family: {decided} of {len(summary['families']['primary']['pairs'])} pairs decided (Holm); "
+        f"{status_line(registration)}; wrote {folder / 'summary.json'}"
     )
     return 0
 

@@ -150,8 +150,8 @@ def run(args) -> int:
         labelled,
         run_multiple_choice,
     )
-    from geolens.faithfulness.result import ResumeError
     from geolens.models import load_model
+    from geolens.resume import ResumeRefused as ResumeError
 
     protocol, tasks, max_questions, settings = _settings(args)
     masks = bool(args.masks or protocol)

@@ -113,7 +113,7 @@ def _protocol_options(args):
     from dataclasses import replace
 
     from geolens.errors import UsageError
-    from geolens.faithfulness.preregistered import load_protocol
+    from geolens.preregistration import load_protocol
     from geolens.sinks.controls_protocol import read_protocol
 
     if args.controls_only or args.controls_sequences:
@@ -145,9 +145,9 @@ def run_dose_protocol(args) -> int:
     from geolens.adapter import model_mode
     from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.errors import UsageError
-    from geolens.faithfulness.preregistered import run_label
     from geolens.models import load_model
-    from geolens.sinks.controls_dose import CheckpointMismatch, controls_sample, dose_controls, write_windows
+    from geolens.preregistration import preregistration
+    from geolens.sinks.controls_dose import controls_sample, dose_controls, write_windows
     from geolens.sinks.controls_protocol import protocol_deviations
 
     protocol, registered, info, twin = _protocol_options(args)
@@ -160,8 +160,10 @@ def run_dose_protocol(args) -> int:
     t0 = time.time()
     model = load_model(model_name, compatibility_mode=args.compat)
     dtype = str(getattr(model.cfg, "dtype", "")).replace("torch.", "")
-    differences = protocol_deviations(protocol, registered, info, model=args.model, mode=model_mode(model), dtype=dtype)
-    label = run_label(twin, differences)
+    registration = preregistration(
+        twin, protocol_deviations(protocol, registered, info, model=args.model, mode=model_mode(model), dtype=dtype)
+    )
+    differences, label = registration["reasons"], registration["status"]
     try:
         tokens, documents = controls_sample(
             model,
@@ -179,21 +181,18 @@ def run_dose_protocol(args) -> int:
         flush=True,
     )
     checkpoint = out / "controls_checkpoint.json"
-    try:
-        res = dose_controls(
-            model,
-            tokens,
-            documents,
-            protocol,
-            checkpoint=checkpoint,
-            resume=args.resume,
-            rows_per_forward=args.controls_rows,
-            verdicts=not differences,
-            batch_size=args.batch_size,
-            progress=True,
-        )
-    except CheckpointMismatch as err:
-        raise UsageError(f"--resume: {err}") from None
+    res = dose_controls(
+        model,
+        tokens,
+        documents,
+        protocol,
+        checkpoint=checkpoint,
+        resume=args.resume,
+        rows_per_forward=args.controls_rows,
+        verdicts=not differences,
+        batch_size=args.batch_size,
+        progress=True,
+    )
     write_windows(res.windows, out / "controls_windows.csv")
     res.dose_response.to_csv(out / "controls_dose_response.csv", index=False, float_format="%.17g")
     res.pairs.to_csv(out / "controls_verdicts.csv", index=False, float_format="%.17g")
@@ -208,6 +207,7 @@ def run_dose_protocol(args) -> int:
         "protocol_version": info["protocol_version"],
         "protocol_file": info["protocol_file"],
         "pre_registered_text": info["pre_registered"],
+        "preregistration": registration,
         "seconds": round(time.time() - t0, 1),
         **res.summary(),
     }

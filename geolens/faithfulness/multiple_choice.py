@@ -48,8 +48,6 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens.faithfulness.layer_masking import MASKING_METRICS, Condition, distinct_masks, masking_scores, query_masks
-from geolens.faithfulness.preregistered import Preregistered, load_protocol, run_label
-from geolens.faithfulness.result import ResumeError
 from geolens.interventions.masking import pattern_mask_hooks
 from geolens.metrics import find_metric
 from geolens.multiple_choice import (
@@ -61,6 +59,9 @@ from geolens.multiple_choice import (
     prompt_and_choice_ids,
     question_row,
 )
+from geolens.preregistration import Preregistered, load_protocol, preregistration, withhold_verdicts
+from geolens.resume import ResumeRefused as ResumeError
+from geolens.resume import read_records, refuse, write_records
 from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
 
 DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
@@ -439,50 +440,41 @@ class MCCheckpoint:
 
     @classmethod
     def open(cls, path, settings: MCSettings, *, resume: bool) -> MCCheckpoint:
-        """A new checkpoint, or with ``resume`` the one at ``path`` (:class:`ResumeError` when it is
-        unreadable or was written under other settings)."""
+        """A new checkpoint, or with ``resume`` the one at ``path``, checked by
+        :func:`geolens.resume.read_records` (:class:`~geolens.resume.ResumeRefused` when it is
+        unreadable, a record was edited, or it was written under other settings)."""
         path = Path(path)
         if not (resume and path.is_file()):
             return cls(path, settings.fingerprint())
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("format") != cls.FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, expected {cls.FORMAT}")
-            saved = data["settings"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ResumeError(f"cannot resume from {path}: {err}") from None
+        data = read_records(path, ("clean", "masked"))
+        if data.get("format") != cls.FORMAT or not isinstance(data.get("settings"), dict):
+            raise refuse(
+                path, f"not a multiple-choice checkpoint (format {data.get('format')!r}, expected {cls.FORMAT})"
+            )
+        saved = data["settings"]
         for key, value in settings.fingerprint().items():
             if saved.get(key) != value:
-                raise ResumeError(
-                    f"cannot resume from {path}: it was run with {key} = {saved.get(key)}, not {value} (--overwrite starts again)"
-                )
+                raise refuse(path, f"it was run with {key} = {saved.get(key)}, not {value}")
         return cls(
             path, saved, data.get("model"), data.get("clean", {}), data.get("masked", {}), data.get("commands", [])
         )
 
     def check_model(self, fingerprint: dict) -> None:
-        """Record the model, or refuse (:class:`ResumeError`) a checkpoint made with another one."""
+        """Record the model, or refuse (:class:`~geolens.resume.ResumeRefused`) a checkpoint made with another one."""
         if self.model is None:
             self.model = fingerprint
         elif self.model != fingerprint:
-            raise ResumeError(
-                f"cannot resume from {self.path}: it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')})"
+            raise refuse(
+                self.path,
+                f"it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')}), "
+                f"not {fingerprint.get('name')}",
             )
 
     def save(self) -> None:
         if self.path is None:
             return
-        from geolens.checkpoint import atomic_write_bytes
-
-        data = dict(
-            format=self.FORMAT,
-            settings=self.settings,
-            model=self.model,
-            commands=self.commands,
-            clean=self.clean,
-            masked=self.masked,
-        )
-        atomic_write_bytes(self.path, json.dumps(data).encode("utf-8"))
+        header = dict(format=self.FORMAT, settings=self.settings, model=self.model, commands=self.commands)
+        write_records(self.path, header, {"clean": self.clean, "masked": self.masked})
 
 
 def _record(store: dict, key: str, sha: str, compute):
@@ -647,22 +639,30 @@ def _metric_drops(drops: Mapping[str, np.ndarray], tasks: np.ndarray, settings: 
 
 
 def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[str]) -> dict:
-    """``summary`` with ``protocol_version``, ``protocol_sha256``, ``label``
-    (:func:`geolens.faithfulness.preregistered.run_label`: ``pre-registered`` under ``protocol``
-    with no difference, else ``exploratory``) and ``differences``. An exploratory run gets no
-    verdicts (PROTOCOL.md): its pairs keep estimates, intervals and p-values, ``verdict`` None."""
-    diff = list(differences) if protocol is not None else ["not run under a pre-registered protocol (--protocol)"]
-    label = run_label(protocol.preregistered, diff) if protocol is not None else "exploratory"
+    """``summary`` with ``protocol_version``, ``protocol_sha256``, ``label`` and ``differences``
+    (:func:`geolens.preregistration.preregistration`: ``pre-registered`` when the protocol's files
+    are the registered ones and the run has no difference from it, else ``exploratory`` with the
+    reasons) and the whole ``preregistration`` record. An exploratory run decides nothing
+    (PROTOCOL.md): its pairs keep estimates, intervals and p-values, and their verdict is
+    ``not decided (exploratory)`` (:func:`geolens.preregistration.withhold_verdicts`)."""
+    pre = protocol.preregistered if protocol is not None else None
+    if protocol is None:
+        registration = preregistration(None)
+        registration["reasons"] = ["not run under a pre-registered protocol (--protocol)"]
+    else:
+        registration = preregistration(pre, differences)
+    label = registration["status"]
     out = dict(
-        protocol_version=protocol.preregistered.version if protocol else None,
-        protocol_sha256=protocol.preregistered.sha256 if protocol else None,
+        protocol_version=pre.version if pre else None,
+        protocol_sha256=pre.sha256 if pre else None,
         label=label,
-        differences=diff,
+        differences=registration["reasons"],
+        preregistration=registration,
         **summary,
     )
     if label != "pre-registered":
-        out["pairs"] = [dict(p, verdict=None) for p in out["pairs"]]
-        out["note"] = "exploratory: settings differ from the protocol, so no verdict is given"
+        out["pairs"] = withhold_verdicts(out["pairs"])
+        out["note"] = "exploratory: " + "; ".join(registration["reasons"]) + ", so no verdict is given"
     return out
 
 

@@ -1,9 +1,9 @@
 """The pre-registered faithfulness protocol (docs/faithfulness/PROTOCOL.md): reading it, and its data.
 
 A protocol is a text (``PROTOCOL.md``) and its machine-readable twin (``protocol.json``) in one
-folder. :func:`load_protocol` reads the twin and hashes the text: every result produced under it
-records that SHA-256 as ``protocol_sha256``, and a run whose settings differ from the twin's is
-labelled ``"exploratory"`` (:func:`run_label`) and gets no verdicts.
+folder, registered by ``REGISTERED.json``: :mod:`geolens.preregistration` reads, checks and
+labels it (a run whose files or settings differ from the registered ones is ``"exploratory"``
+and decides nothing).
 
 :func:`protocol_windows` builds the protocol's data (PROTOCOL.md §1): one window per document,
 BOS followed by the document's first ``seq_len − 1`` tokens, for the first ``n_documents``
@@ -12,64 +12,22 @@ document index of a window counts the eligible documents from 0: it seeds the po
 the per-term endpoint and names the cluster of the bootstrap.
 
 :func:`run_stages` runs the endpoints into a run folder (:func:`per_term_stage`, :func:`masking_stage`),
-each one document at a time through :func:`run_document_stage`, which saves every table atomically
-after each document and resumes after the last one saved.
+each one document at a time through :func:`geolens.resume.run_document_stage`, which saves every
+table atomically after each document and resumes, once it has checked the saved rows, after the
+last one saved.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from geolens.files import read_json
+from geolens.preregistration import Preregistered, load_protocol, run_label  # noqa: F401 - their home
+from geolens.resume import run_document_stage  # noqa: F401 - its home
 
 DEFAULT_PROTOCOL = Path("docs") / "faithfulness" / "protocol.json"
-
-
-@dataclass(frozen=True)
-class Preregistered:
-    """A protocol's twin (``settings``, the parsed JSON), where it was read and its text's hash."""
-
-    settings: dict = field(repr=False)
-    path: Path
-    sha256: str  # of the text (PROTOCOL.md next to the twin)
-
-    @property
-    def version(self) -> int:
-        return int(self.settings["version"])
-
-    def __getitem__(self, key: str):
-        return self.settings[key]
-
-
-def load_protocol(path: str | Path = DEFAULT_PROTOCOL) -> Preregistered:
-    """The twin at ``path`` and the SHA-256 of the text ``PROTOCOL.md`` beside it.
-
-    Raises ValueError (one line) when either file is missing or the twin is not JSON.
-
-    >>> from pathlib import Path
-    >>> p = load_protocol(Path(__file__).parents[2] / "docs" / "faithfulness" / "protocol.json")
-    >>> p.version, len(p.sha256), p["primary"]["outcome"]
-    (2, 64, 'kl')
-    """
-    path = Path(path)
-    text = path.with_name("PROTOCOL.md")
-    if not path.is_file():
-        raise ValueError(f"protocol {path}: no such file")
-    if not text.is_file():
-        raise ValueError(f"protocol {path}: its text {text} is missing (a protocol is the text and its twin)")
-    settings = read_json(path, f"protocol {path}")
-    return Preregistered(settings, path, hashlib.sha256(text.read_bytes()).hexdigest())
-
-
-def run_label(protocol: Preregistered, differences: list[str]) -> str:
-    """``"pre-registered"`` when the run used exactly the protocol's settings, else
-    ``"exploratory"`` (``differences`` lists what differed: a smaller sample, another model, …)."""
-    return "exploratory" if differences else "pre-registered"
 
 
 def protocol_windows(
@@ -128,64 +86,15 @@ def write_json(data: dict, path: Path) -> None:
     )
 
 
-def run_document_stage(
-    stage: str, out: Path, fingerprint: dict, n_documents: int, measure, *, resume: bool, progress=print
-):
-    """Run ``measure(d) -> {table name: DataFrame}`` for documents d = 0 … n_documents − 1, saving
-    after each document (``<stage>_<table>.csv.gz`` and ``<stage>_progress.json``, each written
-    atomically: an interrupt leaves the last complete document's tables). With ``resume`` the
-    stage continues after the documents already saved, if its progress file records the same
-    ``fingerprint`` (protocol hash, model, settings); otherwise ValueError in one line.
-    Returns the tables of all documents. The progress file also records the stage's compute time
-    (``seconds``, summed over the invocations that measured documents)."""
-    import time
-
-    import pandas as pd
-
-    from geolens.checkpoint import plain_json
-
-    progress_path = out / f"{stage}_progress.json"
-    tables: dict[str, list] = {}
-    done, seconds = 0, 0.0
-    if resume and progress_path.is_file():
-        saved = json.loads(progress_path.read_text(encoding="utf-8"))
-        if saved.get("fingerprint") != plain_json(fingerprint):
-            raise ValueError(f"--resume: {progress_path} was written by a run with other settings; use a new --out")
-        done = int(saved["documents_done"])
-        seconds = float(saved.get("seconds", 0.0))
-        for name in saved["tables"]:
-            tables[name] = [pd.read_csv(out / f"{stage}_{name}.csv.gz")]
-        progress(f"{stage}: resuming after {done} documents already in {out}")
-    for d in range(done, n_documents):
-        start = time.perf_counter()
-        for name, frame in measure(d).items():
-            tables.setdefault(name, []).append(frame)
-        merged = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
-        tables = {name: [frame] for name, frame in merged.items()}
-        for name, frame in merged.items():
-            write_table(frame, out / f"{stage}_{name}.csv.gz")
-        seconds += time.perf_counter() - start
-        write_json(
-            dict(
-                fingerprint=fingerprint,
-                documents_done=d + 1,
-                n_documents=n_documents,
-                tables=sorted(merged),
-                seconds=round(seconds, 1),
-            ),
-            progress_path,
-        )
-        progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
-    return {name: parts[0] for name, parts in tables.items()}
-
-
 def previous_summary(out: Path, sha256: str, model_name: str) -> dict:
     """The ``summary.json`` of an earlier stage run into ``out`` under the same protocol (``sha256``
     of its text) and model, so that a run of one stage keeps the other's results ({} if none)."""
+    from geolens.resume import read_json
+
     path = out / "summary.json"
     if not path.is_file():
         return {}
-    previous = json.loads(path.read_text(encoding="utf-8"))
+    previous = read_json(path, "summary")
     if previous.get("protocol_sha256") != sha256 or previous.get("model") != model_name:
         return {}
     return previous

@@ -32,6 +32,7 @@ from geolens.faithfulness.protocol import (
     same_ranking_by_construction,
     verdict,
 )
+from geolens.resume import ResumeRefused
 from geolens.stats import bootstrap_indices, percentile_ci, resample_means
 
 
@@ -337,9 +338,7 @@ class FaithfulnessResult:
 PER_SEQUENCE = "per_sequence.csv.gz"  # each document's mean NLL under each mask
 
 
-class ResumeError(ValueError):
-    """Saved results that cannot be resumed: unreadable, or made with other settings, another model
-    or other questions (one line)."""
+ResumeError = ResumeRefused  # saved results that cannot be resumed (one line): geolens.resume's
 
 
 def per_sequence_path(out_dir) -> Path:

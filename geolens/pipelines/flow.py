@@ -175,10 +175,21 @@ class FlowRun(TopicRun):
         status: str = "exploratory",
         parameters: dict | None = None,
         induction_skipped: str | None = None,
+        verdicts: bool = True,
     ) -> "FlowRun":
         """The run from its per-document tables (``conditions``, ``predictions``, ``rankings``);
-        ``induction_skipped``: why the known-answer check did not run (recorded in the summary)."""
+        ``induction_skipped``: why the known-answer check did not run (recorded in the summary);
+        ``verdicts=False`` (an exploratory run under a protocol): every pair's verdict is
+        ``not decided (exploratory)`` and no method is named most faithful."""
         summary = erasure_summary(tables, settings)
+        if not verdicts:
+            from geolens.preregistration import withhold_verdicts
+
+            for family in summary["families"].values():
+                family["pairs"] = withhold_verdicts(family["pairs"])
+            summary["most_faithful"] = {d: None for d in summary["most_faithful"]}
+            if "verdict_changes" in summary:
+                summary["verdict_changes"] = []
         if induction is not None:
             summary["induction_check"] = induction_summary(induction)
         elif induction_skipped is not None:
@@ -292,9 +303,13 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
         f"# Input-token erasure: {title}",
         "",
         f"Command: `{command}` ({summary.get('seconds', '?')} s in this invocation; the per-document stage "
-        f"{summary.get('erasure_seconds', '?')} s). MaskingConfig: `{summary.get('protocol_path', 'docs/flow/protocol.json')}` "
+        f"{summary.get('erasure_seconds', '?')} s). Protocol: `{summary.get('protocol_path', 'docs/flow/protocol.json')}` "
         f"(version {summary.get('protocol_version', '?')}, sha256 `{str(summary.get('protocol_sha256', '?'))[:12]}…`), {summary.get('status', '?')}.",
         "",
+    ]
+    if summary.get("status") == "exploratory" and summary.get("differences"):
+        lines += [f"**Exploratory run, no verdicts**: {'; '.join(summary['differences'])}.", ""]
+    lines += [
         f"Sample: {summary['n_documents']} documents, {summary['n_predictions']} predictions. Range check (PROTOCOL.md §4): "
         + "; ".join(
             f"{r}: {c['excluded_kl']} of {c['n_predictions']} predictions excluded (KL)"

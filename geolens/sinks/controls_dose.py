@@ -20,7 +20,6 @@ it says nothing about the real models; their cost is the count above.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +30,12 @@ import pandas as pd
 import torch
 
 from geolens.adapter import adapter_for, model_mode
-from geolens.checkpoint import atomic_write_bytes, model_fingerprint, plain_json, tokens_fingerprint
+from geolens.checkpoint import model_fingerprint, plain_json, tokens_fingerprint
 from geolens.data import bos_token_id
 from geolens.interventions.base import applied
 from geolens.interventions.masking import branch_hook
 from geolens.interventions.sink_values import SinkEditSpec, sink_edit_query_heads
+from geolens.resume import ResumeRefused, read_records, refuse, write_records
 from geolens.sinks.controls_protocol import SINK_HEAD_SHARE, WINDOW_COLUMNS, DoseProtocol, edit_dose
 from geolens.sinks.controls_summary import dose_summary
 from geolens.sinks.geometry import GU_EPSILON
@@ -241,8 +241,7 @@ class DoseControlsResult:
         }
 
 
-class CheckpointMismatch(ValueError):
-    """A checkpoint of :func:`dose_controls` that belongs to another run (or is no such checkpoint)."""
+CheckpointMismatch = ResumeRefused  # a checkpoint of another run, damaged or edited: geolens.resume's refusal
 
 
 def dose_controls(
@@ -318,18 +317,17 @@ def dose_controls(
     done: dict = {}
     path = Path(checkpoint) if checkpoint is not None else None
     if path is not None and resume and path.is_file():
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointMismatch(f"{path}: not a readable checkpoint ({err})") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointMismatch(f"{path}: not a checkpoint of the dose-matched sink controls")
-        other = [k for k in fingerprint if state.get("fingerprint", {}).get(k) != fingerprint[k]]
+        state = read_records(path, ("windows",))  # refused when unreadable or a record was edited
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise refuse(path, "not a checkpoint of the dose-matched sink controls")
+        saved = state.get("fingerprint") if isinstance(state.get("fingerprint"), dict) else {}
+        other = [k for k in fingerprint if saved.get(k) != fingerprint[k]]
         if other:
-            raise CheckpointMismatch(
-                f"{path} was made with another {', '.join(other)}; use a new output folder or --overwrite"
-            )
+            raise refuse(path, f"it was made with another {', '.join(other)}")
         done = state["windows"]
+        bad = sorted(set(done) - {str(w) for w in range(tokens.shape[0])})
+        if bad:
+            raise refuse(path, f"it holds windows {', '.join(bad[:5])} that this sample does not have")
     todo = [w for w in range(tokens.shape[0]) if str(w) not in done]
     it = todo
     if progress:
@@ -354,9 +352,7 @@ def dose_controls(
         del ref
         done[str(w)] = entry
         if path is not None:
-            atomic_write_bytes(
-                path, json.dumps({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "windows": done}).encode()
-            )
+            write_records(path, {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint}, {"windows": done})
     rows = []
     for w in range(tokens.shape[0]):
         entry = done[str(w)]

@@ -256,13 +256,13 @@ def read_protocol(source) -> tuple[DoseProtocol, dict]:
     ``PROTOCOL.md`` beside it.
 
     Returns (:class:`DoseProtocol`, provenance): ``protocol_file``, ``protocol_version``,
-    ``protocol_sha256`` (SHA-256 of the text), ``pre_registered`` (that hash equals the one
-    recorded in ``PROTOCOL.sha256`` beside it), and the protocol's ``models``, ``model_mode`` and
+    ``protocol_sha256`` (SHA-256 of the text), ``pre_registered`` (the text and the twin are the
+    ones registered in ``REGISTERED.json`` beside them: :mod:`geolens.preregistration`), and the protocol's ``models``, ``model_mode`` and
     ``dtype``. The ``"sink_controls"`` block gives the edits, seeds, sample and scopes;
     ``"statistics"`` ``n_boot``, ``seed`` and ``alpha``; ``"data"`` the corpus. Anything missing or
     of the wrong kind is a ``ValueError`` naming it.
     """
-    from geolens.faithfulness.preregistered import Preregistered, load_protocol
+    from geolens.preregistration import Preregistered, load_protocol
 
     twin = source if isinstance(source, Preregistered) else load_protocol(source)
     path, raw = Path(twin.path), twin.settings
@@ -307,12 +307,11 @@ def read_protocol(source) -> tuple[DoseProtocol, dict]:
         )
     except (TypeError, AttributeError) as err:
         raise ValueError(f"{where}: a setting has the wrong type ({err})") from None
-    frozen = path.with_name("PROTOCOL.sha256")
     info = {
         "protocol_file": str(path),
         "protocol_version": raw.get("version"),
         "protocol_sha256": twin.sha256,
-        "pre_registered": frozen.is_file() and frozen.read_text(encoding="utf-8").strip() == twin.sha256,
+        "pre_registered": not twin.hash_reasons(),
         "models": list(data.get("models", [])),
         "model_mode": data.get("model_mode"),
         "dtype": data.get("dtype"),
@@ -323,12 +322,11 @@ def read_protocol(source) -> tuple[DoseProtocol, dict]:
 def protocol_deviations(
     protocol: DoseProtocol, registered: DoseProtocol, info: dict, *, model: str, mode: str, dtype: str
 ) -> list[str]:
-    """Why a run is exploratory (empty: it runs the protocol): settings other than the
-    registered ones, a protocol text whose hash is not the recorded one, a model, TransformerLens
-    mode or dtype other than the protocol's."""
+    """Where a run departs from the protocol's settings (empty: it runs the protocol): settings
+    other than the registered ones, a model, TransformerLens mode or dtype other than the
+    protocol's. Whether the protocol's files are the registered ones is checked by
+    :func:`geolens.preregistration.preregistration`, which adds these reasons to its own."""
     out = protocol.differences(registered)
-    if not info.get("pre_registered"):
-        out.append("the protocol text's SHA-256 is not the one recorded beside it")
     if info.get("models") and model not in info["models"]:
         out.append(f"model {model} is not one of the protocol's ({', '.join(info['models'])})")
     if info.get("model_mode") and mode != info["model_mode"]:

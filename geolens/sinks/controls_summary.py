@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from geolens.interventions.sink_values import SinkEditSpec
+from geolens.preregistration import NOT_DECIDED
 from geolens.sinks.controls_protocol import OUTCOMES, WINDOW_COLUMNS, DoseProtocol, edit_dose
 from geolens.stats import bootstrap_indices, cluster_bootstrap_indices, holm_family, percentile_ci, resample_means
 
@@ -73,7 +74,8 @@ def dose_summary(
     ``not_testable``, a ``{scope: reason}`` for scopes with nothing to edit). Everything follows
     the module docstring: the resamples are drawn here, from ``protocol.seed``, so that the
     summary recomputes exactly from a saved table. ``verdicts=False`` (an exploratory run): every
-    number, no verdict. Returns a JSON-ready dict: ``dose_response`` (records), ``pairs`` (the
+    number, and every verdict ``not decided (exploratory)``. Returns a JSON-ready dict:
+    ``dose_response`` (records), ``pairs`` (the
     Holm family on KL), ``exploratory_pairs`` (the same on ΔPPL, no verdicts), the sample sizes,
     seeds and bootstrap settings.
     """
@@ -183,7 +185,8 @@ def dose_summary(
         tests = holm_family(estimates, samples, testable=testable, alpha=protocol.alpha)
         out = []
         for scope, t, (norm_mean, rot_mean) in zip(protocol.scopes, tests, parts):
-            verdict = t.verdict if (decide or t.verdict == "not testable") else None
+            # an exploratory run (verdicts=False) says so; a pre-registered run's Δppl family keeps None
+            verdict = t.verdict if (decide or t.verdict == "not testable") else (None if verdicts else NOT_DECIDED)
             out.append(
                 dict(
                     scope=scope,
