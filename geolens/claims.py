@@ -32,6 +32,7 @@ range check). The same rule gives the verdict column of a table of paired compar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -122,6 +123,55 @@ def table_verdict(verdict: str | None, sample: dict, *, decided: bool = True) ->
     return str(verdict)
 
 
+_NUMBER = r"[+\-−]?(?:\d+\.?\d*|\.\d+)(?:[eE][+\-]?\d+)?%?"
+_INTERVAL = re.compile(rf"\[({_NUMBER}), ({_NUMBER})\]")
+
+
+def estimate_text(value: float, low: float | None, high: float | None, n: int, *, fmt: str = "+.3f") -> str:
+    """A value with its interval, ``+0.120 [+0.050, +0.200]``, or without one when it would say
+    nothing: ``n = 1, no interval`` below two units (one window gives a zero-width bootstrap
+    interval), ``no interval`` when none was computed, and ``interval of zero width`` when both
+    ends print the same. No zero-width interval is ever printed.
+
+    >>> estimate_text(0.12, 0.05, 0.2, 8)
+    '+0.120 [+0.050, +0.200]'
+    >>> estimate_text(0.214, 0.214, 0.214, 1)
+    '+0.214 (n = 1, no interval)'
+    >>> estimate_text(0.5, 0.50001, 0.49999, 8, fmt=".2f"), estimate_text(3.0, None, None, 8, fmt=".1f")
+    ('0.50 (interval of zero width)', '3.0 (no interval)')
+    """
+    text = format(value, fmt)
+    if int(n) < 2:
+        return f"{text} (n = {int(n)}, no interval)"
+    if low is None or high is None:
+        return f"{text} (no interval)"
+    lo, hi = format(low, fmt), format(high, fmt)
+    if lo == hi:
+        return f"{text} (interval of zero width)"
+    return f"{text} [{lo}, {hi}]"
+
+
+def without_empty_intervals(text: str, n: int) -> str:
+    """``text`` (a claim's measured numbers) with every interval ``[a, b]`` that says nothing taken
+    out: all of them when the sample has fewer than two units (``n = 1, no interval``), otherwise
+    those whose two ends print the same.
+
+    >>> without_empty_intervals("Δ = +0.214 [+0.214, +0.214]; x = 1 [0, 2]", 1)
+    'Δ = +0.214 (n = 1, no interval); x = 1 (n = 1, no interval)'
+    >>> without_empty_intervals("Δ = +0.214 [+0.214, +0.214]; x = 1 [0, 2]", 8)
+    'Δ = +0.214 (interval of zero width); x = 1 [0, 2]'
+    """
+    if not isinstance(text, str):
+        return text
+
+    def replace(m: re.Match) -> str:
+        if int(n) < 2:
+            return f"(n = {int(n)}, no interval)"
+        return "(interval of zero width)" if m.group(1) == m.group(2) else m.group(0)
+
+    return _INTERVAL.sub(replace, text)
+
+
 @dataclass
 class Claim:
     """A paper claim next to what this run measured.
@@ -197,6 +247,8 @@ __all__ = [
     "Claim",
     "Decision",
     "describe_sample",
+    "estimate_text",
     "sample_size",
     "table_verdict",
+    "without_empty_intervals",
 ]

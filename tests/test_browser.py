@@ -278,6 +278,46 @@ def test_wide_tables_scroll_inside_the_page(report_page, tmp_path):
     assert table_width > box_width  # the table is wider than its box: it scrolls inside it
 
 
+FIRST_SCREEN_PX = 1200  # the first screen of a desktop window 1280 px wide
+LAYOUT_PROBE = """<script>window.addEventListener('load', () => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.top + window.scrollY, r.bottom + window.scrollY]; };
+  const out = {
+    findings: [...document.querySelectorAll('#first-screen li.finding')].map(box),
+    figures: [...document.querySelectorAll('figure')].slice(0, 1).map((f) => box(f).concat([f.closest('#first-screen') ? 1 : 0])),
+    claims: box(document.getElementById('claims')),
+    width: document.documentElement.scrollWidth,
+  };
+  const pre = document.createElement('pre'); pre.id = 'geolens-layout'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});</script>"""
+
+
+def first_screen_layout(page, dest) -> dict:
+    """The page rendered 1280 px wide: page coordinates (top, bottom) of each headline finding and
+    of the first figure, and the claim table's, read from the DOM after load."""
+    import json
+
+    dest.write_text(page.read_text(encoding="utf-8").replace("</body>", LAYOUT_PROBE + "</body>", 1), encoding="utf-8")
+    run = run_chromium(dest, "--dump-dom", "--window-size=1280,1000")
+    m = re.search(r'<pre id="geolens-layout">(.*?)</pre>', run.stdout, re.S)
+    assert m, run.stderr[-2000:]
+    return json.loads(m.group(1))
+
+
+def test_first_screen_holds_the_findings_and_the_first_figure(report_page, tmp_path):
+    """At a 1280-px-wide desktop window the headline findings (3-5) and the page's first figure
+    lie within the first 1,200 px, above the claim table; the page is no wider than the window."""
+    _, page, _ = report_page
+    layout = first_screen_layout(page, tmp_path / "layout.html")
+    findings, [figure] = layout["findings"], layout["figures"]
+    assert 3 <= len(findings) <= 5, layout
+    assert max(bottom for _, bottom in findings) <= FIRST_SCREEN_PX, layout
+    top, bottom, in_first_screen = figure
+    assert in_first_screen and 0 < top < bottom <= FIRST_SCREEN_PX, layout
+    assert layout["claims"][0] >= max(bottom, *(b for _, b in findings)), layout
+    assert layout["width"] <= 1280, layout
+
+
 @pytest.mark.bridge_only
 def test_cross_model_page_renders(tmp_path):
     """Two saved tiny reports compared (``geolens report --compare``): the page renders its claim

@@ -159,7 +159,7 @@ def test_attention_metrics_fields_are_the_registered_metrics(tiny):
 
 def test_custom_metric_in_cli_and_report(tiny_gqa, custom, capsys, tmp_path):
     from geolens.cli import main
-    from geolens.report.sections import faithfulness as section
+    from geolens.report.sections import faithfulness_protocol1 as section  # the full report's appendix
 
     with pytest.raises(SystemExit):
         main(["faithfulness", "--help"])

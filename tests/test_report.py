@@ -138,6 +138,7 @@ def test_report_json_has_every_section_numbers_and_versions(tiny_report):
     for key in ("torch", "transformers", "transformer_lens", "geolens", "circuitsvis", "model_mode"):
         assert data["versions"][key]
     assert data["params"]["n_sequences"] == 2 and data["params"]["n_heldout"] == 1 and data["params"]["seq_len"] == 16
+    assert data["params"]["report_seconds"] >= data["params"]["corpus_pass_seconds"] >= 0
     assert data["params"]["model_config"]["n_layers"] == model.cfg.n_layers
     assert set(data["sections"]) == {s.key for s in report.sections} == set(available_sections())
     for key, section in data["sections"].items():
@@ -223,13 +224,46 @@ def test_every_claim_carries_its_numbers_and_a_criterion(tiny_report):
         assert c.holds in (True, False, None)
 
 
-def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report):
+@pytest.fixture(scope="module")
+def full_faithfulness(tmp_path_factory):
+    """The faithfulness section of a full (not quick) report on the tiny model: protocol 2's
+    per-term endpoint, then protocol 1's superseded curves in an appendix."""
+    from conftest import make_tiny
+
+    model = make_tiny("gqa")
+    tokens, config = _tiny_inputs(model)
+    config.quick, config.sections = False, ["faithfulness"]
+    report = build_report(model, tokens, config, progress=False)
+    return report, write_report(report, tmp_path_factory.mktemp("full"))
+
+
+def test_full_report_keeps_protocol_1_only_in_a_labelled_appendix(full_faithfulness):
+    report, paths = full_faithfulness
+    assert [s.key for s in report.sections] == ["faithfulness", "faithfulness_protocol1"]
+    current, appendix = report.sections
+    assert appendix.appendix and not current.appendix and appendix.title.startswith("Appendix:")
+    assert "superseded" in appendix.title and appendix.intro.startswith("<b>Superseded.</b>")
+    assert "curves" not in current.numbers and not current.figures
+    assert all("superseded" in c.claim for c in appendix.claims) and appendix.claims
+    assert not any("superseded" in c.claim for c in current.claims)
+    data = json.loads(paths["json"].read_text())
+    assert data["sections"]["faithfulness_protocol1"]["appendix"] is True
+    assert not any(f["section"] == "faithfulness_protocol1" for f in data["first_screen"]["findings"])
+    page = paths["html"].read_text(encoding="utf-8")
+    assert (
+        page.index('<section id="faithfulness">')
+        < page.index('<section id="faithfulness_protocol1" class="appendix">')
+        < page.index('<section id="run">')
+    )
+
+
+def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report, full_faithfulness):
     _, report, _ = tiny_report
-    sections = {s.key: s for s in report.sections}
-    if "faithfulness" in sections:
-        pairs = sections["faithfulness"].numbers["pairs"]
+    sections = {s.key: s for s in report.sections + full_faithfulness[0].sections[1:]}
+    if "faithfulness_protocol1" in sections:
+        pairs = sections["faithfulness_protocol1"].numbers["pairs"]
         comp = pairs[(pairs.direction == "comprehensiveness") & (pairs.quantity == "delta_logprob") & pairs.claimed]
-        [claim] = [c for c in sections["faithfulness"].claims if "(comprehensiveness)" in c.claim]
+        [claim] = [c for c in sections["faithfulness_protocol1"].claims if "(comprehensiveness)" in c.claim]
         verdicts = set(comp.verdict)
         if verdicts <= {"holds", "tie", "reversed"}:
             assert claim.holds == (verdicts == {"holds"})
@@ -296,8 +330,8 @@ def test_every_verdict_shows_its_sample_size(tiny_report):
                 if sample["n_seeds"] is not None
                 else ")"
             )
-        superseded = "protocol 1" in c["claim"]  # the all-layer curves, on the held-out windows
-        if c["section"] == "pruning" or superseded:
+        assert "protocol 1" not in c["claim"] and "superseded" not in c["claim"]  # current protocols only
+        if c["section"] == "pruning":
             assert sample["windows"] == "held-out windows" and sample["n_windows"] == 1
         elif c["section"] == "faithfulness":  # the per-term endpoint, on the corpus windows
             assert sample == {
@@ -322,8 +356,6 @@ def test_every_verdict_shows_its_sample_size(tiny_report):
                 "low_power": True,
                 "low_power_reason": "2 < 20 corpus windows",
             }
-        if superseded:  # the faithfulness protocol's minimum (docs/faithfulness/protocol.json)
-            assert sample["minimum"] == 100 and sample["low_power_reason"] == "1 < 100 held-out windows"
         if c["section"] == "pruning":
             assert sample["n_seeds"] == 1 and "one seed" in sample["low_power_reason"]
     assert data["params"]["n_low_power_claims"] == len(data["claims"])  # 2 windows: every sample is below its minimum
@@ -439,7 +471,8 @@ def test_quick_report_command_prints_no_verdict_without_a_ci(tmp_path, capsys):
     verdicts = [line[: line.index("]") + 1] for line in lines]  # "[indicative (n = 3 corpus windows)]"
     assert not [v for v in verdicts if VERDICT.search(v)], verdicts
     assert all(v == "[descriptive]" or v.startswith("[indicative (n = ") for v in verdicts), verdicts
-    assert "[indicative (n = 3 corpus windows)]" in verdicts and "[indicative (n = 1 held-out windows)]" in verdicts
+    assert "[indicative (n = 3 corpus windows)]" in verdicts
+    assert "[indicative (n = 1 held-out windows, 1 seed)]" in verdicts  # pruning
     # the contribution-flow claims and the per-term endpoint's claims, decided by intervals, read indicative with their n
     flow = [line for line in lines if "Contribution flow attributes" in line]
     per_term = [line for line in lines if "measured effect" in line]
@@ -554,7 +587,7 @@ def test_faithfulness_section_per_term_numbers_are_the_pipelines_own(tiny_report
     assert effects["median_kl_of_all_terms_summed"] == pytest.approx(float(np.median(positions.kl_term_sum.to_numpy())))
     # report.json: the endpoint's numbers, and its tables with verdicts under the claims rule
     data = json.loads(paths["json"].read_text())["sections"]["faithfulness"]
-    assert {"per_term", "per_term_sample", "curves", "auc", "pairs", "range_check"} <= set(data["numbers"])
+    assert set(data["numbers"]) == {"per_term", "per_term_sample"}  # protocol 1 is not in the quick report
     assert (
         data["numbers"]["per_term_sample"]["minimum"] == 100
         and data["params"]["per_term"]["n_positions_per_document"] == 1
@@ -574,9 +607,7 @@ def test_faithfulness_section_per_term_numbers_are_the_pipelines_own(tiny_report
     assert [(r["scope"], r["metric"], r["spearman"]) for r in means["rows"]] == [
         (m["scope"], m["metric"], pytest.approx(m["spearman"])) for m in kl
     ]
-    # protocol 1's curves stay, labelled as the superseded secondary protocol
-    assert all("superseded" in caption for caption in data["tables"] if "AUC" in caption or "area under" in caption)
-    assert "superseded" in data["figures"][0]["title"]
+    assert all(caption.startswith("per-term endpoint") for caption in data["tables"]) and not data["figures"]
 
 
 def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
@@ -621,3 +652,151 @@ def test_doctests_of_the_flow_section_and_the_faithfulness_pipeline():
         for t in tests:
             runner.run(t)
     assert runner.summarize(verbose=False).failed == 0
+
+
+# --- a report a researcher scans: the first screen, citations, intervals, parameters ---------------------------
+
+
+def _visible_text(page: str) -> str:
+    """The page's text without its <head>, scripts, styles and tags (entities left as they are)."""
+    body = page.split("</head>", 1)[1]
+    body = re.sub(r"<(script|style)\b.*?</\1>", " ", body, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", body)
+
+
+def test_first_screen_has_the_run_findings_and_one_figure_before_the_claims(tiny_report):
+    from geolens.report.document import MAX_FINDINGS, headline
+
+    _, report, paths = tiny_report
+    page = paths["html"].read_text(encoding="utf-8")
+    data = json.loads(paths["json"].read_text())
+    first = page.split('<header id="first-screen">', 1)[1].split("</header>", 1)[0]
+    assert page.index('<header id="first-screen">') < page.index('<section id="claims">')
+    run = data["first_screen"]["run"]
+    assert run["model"] == "tiny-gqa" and run["n_windows"] == 2 and run["n_tokens"] == 3 * 16
+    for text in ("tiny-gqa", "2 windows × 16 tokens", "48 tokens", f"geolens {report.versions['geolens']}", "built in"):
+        assert text in first, text
+    findings = data["first_screen"]["findings"]
+    assert 3 <= len(findings) <= MAX_FINDINGS and len(findings) == len(headline(report))
+    items = re.findall(r'<li class="finding">(.*?)</li>', first, re.S)
+    assert len(items) == len(findings)
+    for item, f in zip(items, findings):
+        assert f["estimate"] in item and f["sample"] in item and f'href="#{f["section"]}"' in item
+        assert f"n = {f['n']} " in f["sample"]
+        assert (f["ci_low"] is None) == ("[" not in f["estimate"])  # the JSON keeps the interval the page prints
+    assert first.count("<img ") == 1  # one figure, a matplotlib one
+    fig = data["first_screen"]["figure"]
+    assert fig["title"] == data["sections"][fig["section"]]["figures"][fig["index"]]["title"]
+
+
+def test_each_full_citation_appears_once_and_claims_cite_by_author_and_year(tiny_report):
+    import html
+
+    from geolens.report.citations import REFERENCES, full_citation_html
+
+    _, report, paths = tiny_report
+    page = paths["html"].read_text(encoding="utf-8")
+    for ref in REFERENCES:
+        assert page.count(full_citation_html(ref)) == 1, ref.key
+        assert page.count(html.escape(ref.title)) == 1, ref.key  # nowhere else either (not in the claim table)
+    table = page.split('<section id="claims">', 1)[1].split("</section>", 1)[0]
+    rows = re.findall(r"<tr><td>.*?</tr>", table, re.S)
+    assert len(rows) == len(report.claims)
+    for row in rows:
+        source = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[1]
+        links = re.findall(r'<a href="#ref-([a-z0-9]+)">([^<]+)</a>', source)
+        assert links, source
+        for key, text in links:
+            assert f'<li id="ref-{key}">' in page and re.search(r"\b(19|20)\d\d\b", text), (key, text)
+
+
+INTERVAL = re.compile(r"\[([+\-−]?\d[\d.eE+\-−]*%?), ([+\-−]?\d[\d.eE+\-−]*%?)\]")
+
+
+def test_no_interval_of_zero_width_or_from_one_window_is_printed(tiny_report):
+    import pandas as pd
+
+    from geolens.claims import Claim, sample_size
+    from geolens.report import Report, Section
+    from geolens.report.document import Finding, _interval_columns
+
+    _, report, paths = tiny_report
+    page, data = paths["html"].read_text(encoding="utf-8"), json.loads(paths["json"].read_text())
+    intervals = INTERVAL.findall(_visible_text(page))
+    assert intervals and not [(a, b) for a, b in intervals if a == b]
+    for c in data["claims"]:
+        if c["numbers"]["sample"]["n_windows"] < 2:
+            assert not INTERVAL.search(c["measured"]), c["measured"]
+    n_pairs = 0
+    for key, section in data["sections"].items():  # the tables' interval columns, as shown (report.json = page)
+        for caption, table in section["tables"].items():
+            for lo, hi in _interval_columns(table["columns"]):
+                for row in table["rows"]:
+                    n_pairs += row[lo] is not None
+                    assert row[lo] is None or f"{row[lo]:.4g}" != f"{row[hi]:.4g}", (key, caption, lo, row)
+    assert n_pairs
+    # a run on one window: the value with "n = 1, no interval", never [+0.214, +0.214]
+    one = sample_size(1, windows="held-out windows")
+    section = Section(
+        "s",
+        "S",
+        "intro",
+        claims=[Claim("X", "paper A §3.1", "Δ = +0.214 [+0.214, +0.214]", True, "CI > 0", {"sample": one}, ci=True)],
+        tables=[("t", pd.DataFrame({"layer": [0, 1], "ci_low": [0.5, 0.1], "ci_high": [0.5, 0.3]}))],
+        findings=[Finding("One window", "a difference", 0.214, 0.214, 0.214, 1, "held-out windows")],
+    )
+    small = Report([section], dict(report.params), dict(report.versions))
+    page = render_html(small)
+    text = _visible_text(page)
+    assert "+0.214 (n = 1, no interval)" in text and "[+0.214, +0.214]" not in text
+    assert "n = 1 held-out window" in text
+    from geolens.report import report_json
+
+    data = report_json(small)
+    assert data["claims"][0]["measured"] == "Δ = +0.214 (n = 1, no interval)"
+    rows = data["sections"]["s"]["tables"]["t"]["rows"]
+    assert rows[0]["ci_low"] is None and rows[0]["ci_high"] is None and rows[1]["ci_low"] == 0.1
+    assert data["first_screen"]["findings"][0]["ci_low"] is None
+    assert data["first_screen"]["findings"][0]["estimate"] == "+0.214 (n = 1, no interval)"
+
+
+def test_quick_report_shows_no_superseded_protocol(tiny_report):
+    _, report, paths = tiny_report
+    page = paths["html"].read_text(encoding="utf-8")
+    data = json.loads(paths["json"].read_text())
+    assert not any(s.appendix for s in report.sections) and 'class="appendix"' not in page
+    assert "faithfulness_protocol1" not in data["sections"]
+    for key, section in data["sections"].items():
+        assert not section["appendix"]
+        labels = [f["title"] for f in section["figures"]] + list(section["tables"])
+        labels += [c["claim"] for c in section["claims"]]
+        assert not [t for t in labels if re.search(r"superseded|protocol 1|all-layer", t, re.I)], key
+    faith = data["sections"]["faithfulness"]
+    assert "curves" not in faith["numbers"] and "protocol" not in faith["params"]
+
+
+def test_parameters_render_as_small_tables_not_json(tiny_report):
+    from geolens.report.document import param_rows
+
+    _, report, paths = tiny_report
+    page = paths["html"].read_text(encoding="utf-8")
+    assert "parameters: {" not in page
+    tables = re.findall(r'<table class="params"><caption>(.*?)</caption>(.*?)</table>', page, re.S)
+    captions = [c for c, _ in tables]
+    assert "parameters of this run" in captions and "versions" in captions
+    for s in report.sections:
+        if not s.params:
+            continue
+        section = page.split(f'<section id="{s.key}"', 1)[1].split("</section>", 1)[0]
+        [(caption, body)] = re.findall(r'<table class="params"><caption>(.*?)</caption>(.*?)</table>', section, re.S)
+        assert caption.startswith("parameters (") and caption.endswith(" s)")
+        cells = re.findall(r"<tr><td><code>(.*?)</code></td><td>(.*?)</td></tr>", body, re.S)
+        assert len(cells) == len(param_rows(s.params)) and cells, s.key
+        assert not [v for _, v in cells if re.search(r'[{}]|&#34;|"\s*:', v)], s.key  # no JSON in a cell
+    assert param_rows({"a": {"b": 1, "c": [1, 2]}, "d": None, "e": True, "f": 0.25}) == [
+        ("a.b", "1"),
+        ("a.c", "1, 2"),
+        ("d", "none"),
+        ("e", "yes"),
+        ("f", "0.25"),
+    ]

@@ -1,7 +1,10 @@
 """Build a report: run each available section on one model and corpus, then write HTML and JSON.
 
 A section is listed only when the geolens modules it needs are installed (a section whose module
-does not exist is left out, never filled with placeholder numbers). Each section is a module of
+does not exist is left out, never filled with placeholder numbers). The quick report shows only
+current protocols; the full report adds superseded material in an appendix after every section
+(:attr:`ReportContext.shared` ``["appendix"]``: protocol 1's all-layer masking curves, which the
+faithfulness section asks for). Each section is a module of
 :mod:`geolens.report.sections` with
 
 - ``analyses(ctx) -> dict[str, CorpusAnalysis]`` (optional): the streaming corpus analyses it
@@ -80,6 +83,8 @@ class ReportContext:
     config: ReportConfig
     progress: bool = True
     shared: dict = field(default_factory=dict)  # results one section leaves for a later one
+    # shared["appendix"]: builders (ctx -> Section) of superseded material a section asks for; they run
+    # after every section and their sections come last, marked ``appendix`` (full report only)
 
     @property
     def prompt_tokens(self) -> torch.Tensor:
@@ -165,6 +170,7 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
     if h < 1 or tokens.shape[0] <= h:
         raise ValueError(f"need more windows ({tokens.shape[0]}) than n_heldout={h} (≥ 1)")
     corpus, heldout = tokens[:-h], tokens[-h:]
+    began = time.perf_counter()
     ctx = ReportContext(model=model, tokens=corpus, heldout=heldout, config=config, progress=progress)
     modules = {spec.key: spec.load() for spec in specs}
     wanted = {key: (m.analyses(ctx) if hasattr(m, "analyses") else {}) for key, m in modules.items()}
@@ -179,9 +185,15 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
         section = module.build(ctx, wanted[key])
         section.seconds = time.perf_counter() - start
         sections.append(section)
+    for build_appendix in ctx.shared.get("appendix", []):  # superseded material, after every current section
+        start = time.perf_counter()
+        section = build_appendix(ctx)
+        section.seconds = time.perf_counter() - start
+        sections.append(section)
     mark_sample_sizes(sections, int(corpus.shape[0]))
     params = asdict(config)
     params["corpus_pass_seconds"] = round(corpus_seconds, 2)
+    params["report_seconds"] = round(time.perf_counter() - began, 2)  # the corpus pass and every section
     params["n_sequences"], params["seq_len"] = int(corpus.shape[0]), int(tokens.shape[1])
     params["verdict_rule"] = (
         "holds / does not hold only when decided by confidence intervals on at least the claim's minimum sample "

@@ -185,14 +185,13 @@ def full_citation_html(ref: Reference) -> str:
 
 
 def source_html(source: str) -> str:
-    """A claim's source cell: the author-year citation with its section, then each full citation."""
-    refs = references_of(source)
-    cites = "".join(f'<br><span class="cite">{full_citation_html(r)}</span>' for r in refs)
+    """A claim's source cell: the author-year citation with its section, each citation a link to
+    its entry in the references list (the only place a full citation appears)."""
     text = html.escape(cite_text(source))
-    for r in refs:  # the author-year citation links to the references list
+    for r in references_of(source):  # the author-year citation links to the references list
         short = html.escape(r.short)
         text = text.replace(short, f'<a href="#ref-{r.key}">{short}</a>', 1)
-    return text + cites
+    return text
 
 
 def references_html(keys: list[str] | None = None) -> str:

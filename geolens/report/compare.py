@@ -254,8 +254,8 @@ def compare_reports(reports: Sequence[dict]) -> dict[str, Any]:
 
 
 COMPARE_LEGEND = (
-    "paper claim: what the cited paper states (with the report section); source: the paper and its section, with "
-    "the full citation; criterion: the rule applied; one column per model: its verdict with the sample behind it "
+    "paper claim: what the cited paper states (with the report section); source: the paper (author and year, linked to "
+    "the references at the end) and its section; criterion: the rule applied; one column per model: its verdict with the sample behind it "
     "(holds / does not hold only when decided by confidence intervals on at least the claim's minimum sample, "
     "otherwise indicative; hover for why), then the number measured."
 )

@@ -15,7 +15,7 @@ import torch
 from geolens.adapter import names_filter
 from geolens.claims import Claim
 from geolens.report.contrast import ContributionContrast
-from geolens.report.document import Section
+from geolens.report.document import Finding, Section
 from geolens.viz.contributions import contribution_heatmaps, sink_attention_vs_contribution_plot, source_colors
 
 
@@ -98,4 +98,17 @@ def build(ctx, analyses: dict) -> Section:
         numbers={"overall": overall, "per_head": per_head, "example_layer": layer, "n_samples": n_queries},
         claims=claims,
         params={"mode": "intra", "example_layer": layer, "prompt": cfg.prompt},
+        findings=[
+            Finding(
+                title="Sink attention minus sink contribution",
+                what=f"mean attention to the sink α_i0 = {a0:.3f} minus mean sink contribution c_i0 = {c0:.3f} "
+                "(means over all heads and queries; figure: per layer)",
+                value=a0 - c0,
+                low=None,
+                high=None,
+                n=int(ctx.tokens.shape[0]),
+                units="corpus windows",
+                figure=0,
+            )
+        ],
     )

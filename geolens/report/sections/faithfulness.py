@@ -1,6 +1,6 @@
 """Report section: faithfulness of the attribution metrics (docs/method.md §3, docs/faithfulness/PROTOCOL.md).
 
-**Primary: protocol 2's per-term endpoint** (PROTOCOL.md §2), from the faithfulness pipeline's
+Protocol 2's per-term endpoint (PROTOCOL.md §2), from the faithfulness pipeline's
 :func:`~geolens.pipelines.faithfulness.run_per_term`, as ``geolens faithfulness --protocol …
 --stage per_term`` measures it: for (layer, query) positions drawn per window, the exact effect of
 removing each attention term alone (KL of the next-token distribution), and per metric the mean
@@ -12,16 +12,13 @@ window on one thread, the clean forwards and Value Zeroing included, about 12 fo
 otherwise 2 positions on each of up to 32 windows; 1000 bootstrap resamples in quick mode, the
 protocol's 2000 otherwise.
 
-**Secondary: protocol 1's curves** (superseded: every layer masked at once, which takes the model
-off its distribution), from :func:`~geolens.pipelines.faithfulness.run_faithfulness` with
-:class:`~geolens.faithfulness.MaskingConfig`'s defaults (``query`` ranking on the inter-head scale,
-sink and current token removable, every prediction after the first 8 positions scored) on the
-report's held-out windows (up to 8; in quick mode 1 window and k ∈ {0.05, 0.5}), with every metric
-of :mod:`geolens.metrics` registered with ``default=True``.
+Protocol 1's all-layer curves (superseded: every layer masked at once, which takes the model off
+its distribution) are not part of this section: the full report shows them in an appendix
+(:mod:`geolens.report.sections.faithfulness_protocol1`), the quick report not at all.
 
 Every claim follows :mod:`geolens.claims`: it reads holds / does not hold only when decided by
 intervals on at least :data:`geolens.claims.PROTOCOL_MIN_DOCUMENTS` documents, so a report's
-claims read indicative, with their sample; the tables of pairs show their verdicts under the same
+claims read indicative, with their sample; the table of pairs shows its verdicts under the same
 rule (:func:`geolens.claims.table_verdict`).
 """
 
@@ -30,37 +27,10 @@ from __future__ import annotations
 import pandas as pd
 
 from geolens.claims import PROTOCOL_MIN_DOCUMENTS, describe_sample, sample_size, table_verdict
-from geolens.faithfulness import FRACTIONS, MaskingConfig
-from geolens.metrics import metric_names
-from geolens.pipelines.faithfulness import QUANTITY, FaithfulnessParams, PerTermParams, run_faithfulness, run_per_term
-from geolens.report.document import Section
+from geolens.pipelines.faithfulness import PerTermParams, run_per_term
+from geolens.report.document import Finding, Section
 
 PER_TERM_WINDOWS = "corpus windows"
-SUPERSEDED = "all-layer masking, protocol 1: superseded, secondary"
-
-
-def settings(ctx) -> dict:
-    """Run size of protocol 1's curves; the metrics are every registered one with ``default=True`` (geolens.metrics), in registry order."""
-    n = ctx.heldout.shape[0]
-    metrics = metric_names(default_only=True)
-    skip = min(8, max(0, ctx.heldout.shape[1] - 4))
-    if ctx.config.quick:
-        return {
-            "n_sequences": min(1, n),
-            "fractions": (0.05, 0.5),
-            "n_boot": 200,
-            "metrics": metrics,
-            "chunk_size": 12,
-            "skip_prefix": skip,
-        }
-    return {
-        "n_sequences": min(8, n),
-        "fractions": FRACTIONS,
-        "n_boot": 1000,
-        "metrics": metrics,
-        "chunk_size": 12,
-        "skip_prefix": skip,
-    }
 
 
 def per_term_params(ctx) -> PerTermParams:
@@ -92,9 +62,36 @@ def per_term_tables(run, sample: dict) -> dict[str, pd.DataFrame]:
     return {"metrics": kl.reset_index(drop=True), "pairs": shown.reset_index(drop=True)}
 
 
+def finding(summary: dict, sample: dict) -> list[Finding]:
+    """The headline number: mean Spearman ρ of contribution weights minus raw attention's (term
+    scope, KL), the pre-registered pair's estimate with its interval at the pair's Holm level."""
+    [pair] = [
+        p
+        for p in summary["pairs"]
+        if (p["a"], p["b"], p["scope"], p["outcome"]) == ("raw_attention", "contribution", "term", "kl")
+    ] or [None]
+    if pair is None or pair.get("estimate") is None:
+        return []
+    return [
+        Finding(
+            title="Contribution weights vs raw attention against each term's measured effect",
+            what="mean Spearman ρ with the per-term KL effects, contribution c minus raw attention α (+ = c agrees better)",
+            value=float(pair["estimate"]),
+            low=pair.get("ci_low"),
+            high=pair.get("ci_high"),
+            level=float(pair.get("level") or 0.95),
+            n=int(sample["n_windows"]),
+            units=sample["windows"],
+        )
+    ]
+
+
 def build(ctx, analyses: dict) -> Section:
+    if not ctx.config.quick:  # protocol 1, superseded: an appendix of the full report only
+        from geolens.report.sections import faithfulness_protocol1
+
+        ctx.shared.setdefault("appendix", []).append(faithfulness_protocol1.build)
     model = ctx.model
-    # primary: protocol 2's per-term endpoint
     pt_params = per_term_params(ctx)
     pt_windows = per_term_windows(ctx)
     per_term = run_per_term(model, pt_windows, pt_params, progress=ctx.progress)
@@ -103,27 +100,8 @@ def build(ctx, analyses: dict) -> Section:
     pt_tables = per_term_tables(per_term, pt_sample)
     queries = pt_params.query_range(int(pt_windows.shape[1]))
     effects = summary["single_term_effects"]
-
-    # secondary: protocol 1's all-layer curves, on the held-out windows
-    s = settings(ctx)
-    protocol = MaskingConfig(fractions=tuple(s["fractions"]), skip_prefix=s["skip_prefix"])
-    params = FaithfulnessParams(
-        protocol=protocol, metrics=s["metrics"], chunk_size=s["chunk_size"], seed=ctx.config.seed, n_boot=s["n_boot"]
-    )
-    run = run_faithfulness(model, ctx.heldout[: s["n_sequences"]], params, progress=ctx.progress)
-    result = run.result
-    auc, pairs = run.tables["auc"], run.tables["pairs"]
-    curve_sample = sample_size(len(result.clean), windows="held-out windows", minimum=PROTOCOL_MIN_DOCUMENTS)
-    shown_pairs = pairs.assign(verdict=[table_verdict(v, curve_sample) for v in pairs.verdict]) if len(pairs) else pairs
-    curves = run.figures[f"curves_{QUANTITY}"]()
-    curves.title = f"{curves.title} [{SUPERSEDED}]"
-    claims = per_term.claims(windows=PER_TERM_WINDOWS)
-    for c in run.claims(windows="held-out windows"):
-        c.claim = f"{c.claim} [{SUPERSEDED}]"
-        claims.append(c)
-
     intro = (
-        "Which attribution metric tells how much an attention term matters? The primary test (protocol 2, docs/faithfulness/PROTOCOL.md §2) "
+        "Which attribution metric tells how much an attention term matters? The test (protocol 2, docs/faithfulness/PROTOCOL.md §2) "
         "removes each term α_ij^h ṽ_j^h of a (layer, query) position alone, everything else clean, measures KL(clean ‖ removed) of "
         "the next-token distribution, and asks how well each metric's scores rank those measured effects (Spearman correlation per "
         "position, averaged; document-cluster bootstrap CIs; the pre-registered pairs as one Holm family, Holm 1979). The effects are "
@@ -134,15 +112,13 @@ def build(ctx, analyses: dict) -> Section:
         f"window drawn with layer uniform and query uniform in {queries[0]} … {queries[1]}, {describe_sample(pt_sample)}, each window one "
         f"cluster; the protocol asks for {PROTOCOL_MIN_DOCUMENTS} documents and 2000 positions, so every verdict here is indicative. "
         f"Median KL of the largest single term {effects['median_kl_of_largest_term']:.3g} nats. "
-        "The curves below are the superseded protocol 1 (secondary): the terms α_ij ṽ_j that a metric ranks highest "
-        "(comprehensiveness) or lowest (sufficiency) removed in every layer at once, without renormalising α, which takes the model "
-        f"off its distribution; {result.protocol_text()}, on {len(result.clean)} held-out window{'s' if len(result.clean) != 1 else ''}."
+        "Protocol 1 (every layer masked at once, superseded) is not shown here"
+        + (": the full report has it in an appendix." if ctx.config.quick else "; it is in the appendix.")
     )
     return Section(
         key="faithfulness",
         title="Faithfulness",
         intro=intro,
-        figures=[curves],
         tables=[
             (
                 f"per-term endpoint: mean Spearman ρ with the measured effects (KL), 95% CI over {PER_TERM_WINDOWS}",
@@ -154,33 +130,9 @@ def build(ctx, analyses: dict) -> Section:
                 pt_tables["pairs"],
                 "The interval is at the pair's Holm level; the verdict follows the claims rule.",
             ),
-            (
-                f"paired AUC differences (b − a; + = b more faithful), 95% CI over documents [{SUPERSEDED}]",
-                shown_pairs,
-                "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k; + = b more faithful.",
-            ),
-            (
-                f"area under the curve (bootstrap 95% CI over documents) [{SUPERSEDED}]",
-                auc,
-                "AUC of ΔPPL in perplexity × k, of Δ log-prob in nats × k.",
-            ),
         ],
-        numbers={
-            "per_term": summary,
-            "per_term_sample": pt_sample,
-            "curves": result.curves,
-            "auc": auc,
-            "pairs": pairs,
-            "range_check": result.range_check(),
-            "clean": result.clean,
-            "protocol": result.protocol,
-        },
-        claims=claims,
-        params={
-            "per_term": per_term.parameters,
-            "protocol": result.protocol,
-            "n_sequences": s["n_sequences"],
-            "metrics": list(s["metrics"]),
-            "n_boot": s["n_boot"],
-        },
+        numbers={"per_term": summary, "per_term_sample": pt_sample},
+        claims=per_term.claims(windows=PER_TERM_WINDOWS),
+        params={"per_term": per_term.parameters},
+        findings=finding(summary, pt_sample),
     )

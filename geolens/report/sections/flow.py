@@ -31,7 +31,7 @@ import pandas as pd
 from geolens.claims import describe_sample, sample_size, table_verdict
 from geolens.flow_erasure import ERASURE_METHODS, ErasureSettings
 from geolens.pipelines.flow import LABELS, LISTED, PROTOCOL_MIN_DOCUMENTS, FlowParams, prompt_flow, run_flow
-from geolens.report.document import Section
+from geolens.report.document import Finding, Section
 from geolens.viz.common import HTMLView
 
 PROTOCOL_POSITIONS = (15, 31, 63)  # docs/flow/protocol.json, predictions.positions
@@ -157,6 +157,37 @@ def tables(run, sample: dict) -> dict[str, pd.DataFrame]:
     return out
 
 
+def finding(run, sample: dict) -> list[Finding]:
+    """The headline number: contribution flow against a random ranking under comprehensiveness
+    (primary family), the pair's nAOPC difference in contribution flow's favour with its interval
+    at the pair's Holm level."""
+    pairs = run.tables["pairs"]
+    rows = pairs[
+        (pairs.family == "primary")
+        & (pairs.direction == "comprehensiveness")
+        & (pairs.a.isin(["contribution", "random"]) & pairs.b.isin(["contribution", "random"]))
+        & (pairs.a != pairs.b)
+    ]
+    if not len(rows):
+        return []
+    p = rows.iloc[0]
+    sign = 1.0 if p.b == "contribution" else -1.0
+    lo, hi = sorted((sign * float(p.ci_low), sign * float(p.ci_high)))
+    return [
+        Finding(
+            title="Contribution flow vs a random ranking: input-token erasure",
+            what="comprehensiveness nAOPC of contribution flow minus random (KL; + = contribution flow more faithful)",
+            value=sign * float(p.delta),
+            low=lo,
+            high=hi,
+            level=float(p.level),
+            n=int(sample["n_windows"]),
+            units=sample["windows"],
+            fmt="+.3g",
+        )
+    ]
+
+
 def build(ctx, analyses: dict) -> Section:
     model = ctx.model
     p = params(ctx)
@@ -262,4 +293,5 @@ def build(ctx, analyses: dict) -> Section:
             "route_method": "contribution",
             "induction": {"n_tokens": p.induction_tokens, "seed": p.induction_seed},
         },
+        findings=finding(run, sample),
     )

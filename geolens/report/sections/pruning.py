@@ -13,7 +13,7 @@ import numpy as np
 
 from geolens.pipelines.pruning import PruningParams, pruning_analyses, run_pruning
 from geolens.pruning import RETENTION
-from geolens.report.document import Section
+from geolens.report.document import Finding, Section
 
 
 def params(ctx) -> PruningParams:
@@ -38,6 +38,20 @@ def build(ctx, analyses: dict) -> Section:
     df = run.curves
     wide = run.tables["pruning_wide"].reset_index()
     wide.columns = [str(c) for c in wide.columns]
+    claims = run.claims(windows="held-out windows")
+    numbers = claims[0].numbers
+    finding = Finding(
+        title="Pruning heads in regime order vs random orders",
+        what=f"mean ΔPPL over retention levels {', '.join(f'{r:g}' for r in p.retention)}, regime order "
+        f"({numbers['regime']:.3g}) minus the mean of the random orders ({numbers['random']:.3g}; − = regime hurts less)",
+        value=numbers["regime"] - numbers["random"],
+        low=None,
+        high=None,
+        n=int(ctx.heldout.shape[0]),
+        units="held-out windows",
+        fmt="+.3g",
+        figure=0,
+    )
     intro = (
         "Head pruning by regime (Mudarisov et al. 2026). "
         "Heads are mean-ablated at hook_z in a fixed order down to each retention level. Orders: "
@@ -62,7 +76,8 @@ def build(ctx, analyses: dict) -> Section:
             "orders": {k: [list(h) for h in v] for k, v in run.orders.items()},
             "clean_ppl": float(np.asarray(df.clean_ppl)[0]),
         },
-        claims=run.claims(windows="held-out windows"),
+        claims=claims,
+        findings=[finding],
         params={
             "mode": "mean",
             "retention": list(p.retention),

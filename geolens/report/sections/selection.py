@@ -11,7 +11,7 @@ bootstrap samples; the full report scores all default conditions with 16 ranking
 from __future__ import annotations
 
 from geolens.pipelines.selection import MAIN, NO_SINK, SelectionParams, run_selection, selection_analyses
-from geolens.report.document import Section
+from geolens.report.document import Finding, Section
 from geolens.selection.analysis import DEFAULT_CONDITIONS
 
 
@@ -32,6 +32,27 @@ def params(ctx) -> SelectionParams:
 
 def analyses(ctx) -> dict:
     return selection_analyses(ctx.model, ctx.tokens, params(ctx))
+
+
+def finding(res: dict) -> list[Finding]:
+    """The headline number: top-N minus random F_N of the main condition at its smallest N, with its CI."""
+    comp = res["comparison"]
+    main = comp[comp.condition == MAIN].sort_values("N")
+    if not len(main):
+        return []
+    r = main.iloc[0]
+    return [
+        Finding(
+            title="Top-N vs random N-sets: separability F_N",
+            what=f"F_N of the top-{int(r.N)} set minus a random {int(r.N)}-set (cosine distance, value space, sink kept)",
+            value=float(r["diff"]),
+            low=float(r.diff_lo),
+            high=float(r.diff_hi),
+            n=int(res["n_documents"]),
+            units="corpus windows",
+            figure=0,
+        )
+    ]
 
 
 def build(ctx, analyses: dict) -> Section:
@@ -70,4 +91,5 @@ def build(ctx, analyses: dict) -> Section:
             "n_random": res["n_random"],
             "n_boot": p.n_boot,
         },
+        findings=finding(res),
     )

@@ -11,7 +11,7 @@ grid otherwise).
 from __future__ import annotations
 
 from geolens.pipelines.sinks import SinksParams, run_sinks, sinks_analyses
-from geolens.report.document import Section
+from geolens.report.document import Finding, Section
 from geolens.sinks import DEFAULT_LAMBDAS
 
 
@@ -30,6 +30,21 @@ def analyses(ctx) -> dict:
 def build(ctx, analyses: dict) -> Section:
     run = run_sinks(ctx.model, ctx.tokens, params(ctx), analyses=analyses, progress=ctx.progress)
     g, d, n, drift = run.geometry, run.decomposition, run.norm_curve, run.drift
+    findings = []
+    removed = drift.summary[drift.summary["lambda"] == 0.0]
+    if len(removed):
+        findings.append(
+            Finding(
+                title="Removing the sink's value in every head",
+                what="perplexity change when the sink value of every layer and head is removed (v_0 ← 0 · v_0)",
+                value=float(removed["delta_ppl"].iloc[0]),
+                low=None,
+                high=None,
+                n=int(drift.n_sequences),
+                units="corpus windows",
+                fmt="+.3g",
+            )
+        )
     intro = (
         "The sink (position 0) takes much of the attention. Its value geometry decides what it "
         "contributes (Cunningham & Muça Cirone 2026; sink heads counted as in Gu et al. 2024): "
@@ -76,4 +91,5 @@ def build(ctx, analyses: dict) -> Section:
             "lambdas": list(drift.lambdas),
             "low_norm_quantile": drift.low_norm_quantile,
         },
+        findings=findings,
     )

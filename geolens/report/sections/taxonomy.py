@@ -9,7 +9,7 @@ pass; the grid is :func:`geolens.viz.taxonomy.regime_grid_plot`.
 from __future__ import annotations
 
 from geolens.pipelines.taxonomy import TaxonomyParams, run_taxonomy, taxonomy_analyses
-from geolens.report.document import Section
+from geolens.report.document import Finding, Section
 from geolens.taxonomy import REGIMES
 
 
@@ -88,4 +88,18 @@ def build(ctx, analyses: dict) -> Section:
             "queries": tax.queries,
             "prefix_lengths": tax.prefix_lengths,
         },
+        findings=[
+            Finding(
+                title="Share of Mixer heads",
+                what="share of heads whose winners are mostly the sink (Retriever "
+                f"{dist['Retriever']:.2f}, Reset {dist['Reset']:.2f})",
+                value=dist["Mixer"],
+                low=None,
+                high=None,
+                n=int(tax.regimes.size),
+                units=f"heads, {ctx.tokens.shape[0]} corpus windows",
+                fmt=".2f",
+                figure=0,
+            )
+        ],
     )
