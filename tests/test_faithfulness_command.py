@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geolens.commands.faithfulness import auc_markdown, pairs_markdown, parse_fractions, parse_layers
+from geolens.commands.faithfulness import parse_fractions, parse_layers
+from geolens.pipelines.faithfulness_text import auc_markdown, pairs_markdown
 from geolens.viz.faithfulness import (
     faithfulness_curves_plot,
     mc_accuracy_plot,
@@ -150,8 +151,8 @@ def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
 def test_results_readme_and_resume(tmp_path):
     from test_faithfulness_scopes import synthetic_result
 
-    from geolens.commands.faithfulness import results_markdown
     from geolens.faithfulness.result import ResumeError, resume_state
+    from geolens.pipelines.faithfulness_text import results_markdown
 
     gaps = dict(random=0.3, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
     res = synthetic_result(gaps)
