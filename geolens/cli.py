@@ -121,13 +121,19 @@ def _file_in_traceback(err: BaseException) -> str | None:
 
 def _read_error_line(err: BaseException, folders=()) -> str:
     """One line for a file that cannot be read back (damaged, truncated, not what it claims)."""
+    from pathlib import Path
+
     where = getattr(err, "filename", None) or _file_in_traceback(err)
-    if where is None and folders:
+    ours = where is None  # a result of the run (its folder) or an input of the user's (check it)
+    if where is not None:
+        resolved = Path(where).resolve()
+        ours = any(Path(f.path).resolve() in resolved.parents for f in folders)
+    elif folders:
         where = "a file in " + ", ".join(str(f.path) for f in folders)
     detail = " ".join(str(err).split()) or type(err).__name__
+    advice = "delete it, or rerun with --overwrite" if ours else "check or replace that file"
     return (
-        f"cannot read {where or 'a saved file'}: it is damaged or truncated ({type(err).__name__}: {detail}); "
-        "delete it, or rerun with --overwrite"
+        f"cannot read {where or 'a saved file'}: it is damaged or truncated ({type(err).__name__}: {detail}); {advice}"
     )
 
 

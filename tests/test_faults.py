@@ -315,7 +315,7 @@ def test_figure_write_errors_are_one_line(tmp_path, capsys, monkeypatch, code, a
 # --- damaged files read back ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["json", "gzip_not_gzip", "gzip_truncated"])
+@pytest.mark.parametrize("damage", ["json", "gzip_not_gzip", "gzip_truncated", "input_json"])
 def test_damaged_result_files_are_one_line_naming_the_file(tmp_path, capsys, monkeypatch, damage):
     """A result file read back during a run (a resume's progress, a summary) that is damaged: one
     line naming the file, exit 1, the folder left incomplete."""
@@ -326,8 +326,8 @@ def test_damaged_result_files_are_one_line_naming_the_file(tmp_path, capsys, mon
 
     def read_back(folder, *args, **kwargs):
         real(folder, *args, **kwargs)
-        if damage == "json":
-            path = folder / "progress.json"
+        if damage in ("json", "input_json"):  # a result of the run, or a file of the user's
+            path = (folder if damage == "json" else tmp_path) / "progress.json"
             path.write_text('{"done": [1, 2')
             json.loads(path.read_text())
         else:
@@ -339,9 +339,14 @@ def test_damaged_result_files_are_one_line_naming_the_file(tmp_path, capsys, mon
 
     monkeypatch.setattr(geolens.pipelines, "write_tables", read_back)
     rc, err, _ = run_cli(taxonomy(tmp_path, out), capsys)
-    name = "progress.json" if damage == "json" else "rows.csv.gz"
-    kind = {"json": "JSONDecodeError", "gzip_not_gzip": "BadGzipFile", "gzip_truncated": "EOFError"}[damage]
-    one_line(rc, err, 1, "taxonomy", str(out / name), kind, "damaged or truncated", "(incomplete)")
+    path = (
+        tmp_path / "progress.json"
+        if damage == "input_json"
+        else out / ("progress.json" if damage == "json" else "rows.csv.gz")
+    )
+    kind = {"gzip_not_gzip": "BadGzipFile", "gzip_truncated": "EOFError"}.get(damage, "JSONDecodeError")
+    advice = "check or replace that file" if damage == "input_json" else "delete it, or rerun with --overwrite"
+    one_line(rc, err, 1, "taxonomy", f"cannot read {path}:", kind, "damaged or truncated", advice, "(incomplete)")
     assert folder_state(out) == "incomplete"
 
 
