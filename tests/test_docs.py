@@ -476,3 +476,19 @@ def test_built_pages_in_headless_chromium(site):
     ):
         assert any(expected in h for h in headings), (expected, headings)
     assert "contribution_weights" in api and "value_zeroing" in api
+
+
+@pytest.mark.slow
+def test_readme_attribute_quickstart_runs():
+    """The README's first Python block, as printed, on the shipped SmolLM2: three methods' scores
+    of every token, a labelled table and a Figure."""
+    from matplotlib.figure import Figure
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "geolens.attribute(" in b]
+    scope: dict = {}
+    exec(compile(code, "README.md (attribute quickstart)", "exec"), scope)
+    att = scope["att"]
+    assert att.level == "model" and att.scores.shape == (3, len(att.tokens))
+    assert list(att.to_dataframe().columns)[:2] == ["position", "token"]
+    assert isinstance(att.plot(), Figure)
