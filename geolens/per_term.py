@@ -49,6 +49,7 @@ are refused.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal, Sequence
 
@@ -86,6 +87,13 @@ class PerTermEffects:
     ran: Tensor  # bool, same shape: the terms run (α ≠ 0); the others are 0 without running
     model_mode: str
     method: str  # "fast" (batched single-position forwards) or "naive" (a full forward per term)
+    # The fast path's numerical floor (:func:`numerical_floor`, the largest over its batches; None
+    # for the naive path): how far the in-batch clean row is from the clean reference.
+    floor: float | None = None  # first-order bound on a computed KL's error, nats
+    reference_kl: float | None = None  # KL(reference ‖ in-batch clean row)
+    target: int | None = None  # the token of ``delta_logp_target`` (e.g. the actual next token)
+    delta_logp_target: Tensor | None = None  # log p̃(target) − log p(target), float64
+    target_floor: float | None = None  # the floor of ``delta_logp_target``
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,8 +141,8 @@ def _check_args(model, tokens, layer, query, scope, outcome, batch_size):
 
 @dataclass
 class _Clean:
-    alpha: Float[Tensor, "head source"]  # α_i· of layer l at the query, float32
-    v: Float[Tensor, "source head d_head"]  # kv heads expanded, float32
+    alpha: Float[Tensor, "head source"]  # α_i· of layer l at the query, float32 (float64 model: float64)
+    v: Float[Tensor, "source head d_head"]  # kv heads expanded, float32 (float64 model: float64)
     resid_pre: Float[Tensor, "d_model"]  # entering layer l at the query
     logits: Float[Tensor, "d_vocab"]  # clean logits at the query
 
@@ -145,7 +153,7 @@ def _clean_state(model, tokens: Tensor, layer: int, query: int) -> _Clean:
     adapter = adapter_for(model)
     wanted = {adapter.pattern_hook(layer), adapter.value_hook(layer), adapter.resid_pre_hook(layer)}
     logits, cache = model.run_with_cache(tokens[:, : query + 1], names_filter=lambda name: name in wanted)
-    view = get_attention_layer(model, cache, layer)
+    view = get_attention_layer(model, cache, layer, dtype=_state_dtype(model))
     return _Clean(
         alpha=view.pattern[0, :, query],
         v=view.v[0],
@@ -176,9 +184,10 @@ def _terms(clean: _Clean, scope: str, only: Sequence | None = None) -> tuple[Ten
 
 
 def _outcomes(
-    logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "d_vocab"], top: int, outcome
+    logits: Float[Tensor, "batch d_vocab"], reference: Float[Tensor, "d_vocab"], top: int, outcome, target=None
 ) -> dict[str, Tensor]:
-    """KL(reference ‖ row) and p_row(top) − p_reference(top) per row, in float64."""
+    """KL(reference ‖ row) and p_row(top) − p_reference(top) per row, in float64; with ``target``,
+    also log p_row(target) − log p_reference(target) (``delta_logp_target``)."""
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     ref = torch.log_softmax(reference.to(torch.float64), dim=-1)
     out = {}
@@ -186,16 +195,50 @@ def _outcomes(
         out["kl"] = (ref.exp() * (ref - logp)).sum(-1)
     if "delta_p" in outcome:
         out["delta_p"] = logp[:, top].exp() - ref[top].exp()
+    if target is not None:
+        out["delta_logp_target"] = logp[:, target] - ref[target]
+    return out
+
+
+EPS64 = float(torch.finfo(torch.float64).eps)
+
+
+def numerical_floor(row: Tensor, reference: Tensor, target: int | None = None) -> dict[str, float]:
+    """How precisely a batch resolves effects: ``row`` is the batch's unperturbed row, ``reference``
+    the clean forward's logits at the same position (docs/faithfulness/v3/PROTOCOL.md §3).
+
+    With δ_t the difference of their log-probabilities and p the reference distribution:
+    ``floor`` = Σ_t p_t |δ_t| + ε Σ_t p_t |log p_t| (a perturbed row carrying an error of δ's size
+    moves its computed KL by at most Σ p|δ| to first order; the sum itself rounds at ε Σ p |log p|,
+    ε = 2⁻⁵²); ``reference_kl`` = KL(reference ‖ row); with ``target``, ``target_floor`` =
+    |δ_target| + ε |log p_target|.
+
+    >>> x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    >>> f = numerical_floor(x, x)
+    >>> f["reference_kl"] == 0.0, 0 < f["floor"] < 1e-15
+    (True, True)
+    """
+    logp = torch.log_softmax(row.to(torch.float64), -1)
+    ref = torch.log_softmax(reference.to(torch.float64), -1)
+    p = ref.exp()
+    delta = logp - ref
+    weighted = torch.where(p > 0, p * ref.abs(), torch.zeros_like(p))
+    out = dict(
+        floor=float((p * delta.abs()).sum() + EPS64 * weighted.sum()),
+        reference_kl=float(torch.where(p > 0, p * (ref - logp), torch.zeros_like(p)).sum()),
+    )
+    if target is not None:
+        out["target_floor"] = float(delta[target].abs() + EPS64 * ref[target].abs())
     return out
 
 
 def _assemble(
-    model, layer, query, scope, outcome, clean, ran, terms, values: dict[str, list[Tensor]], method
+    model, layer, query, scope, outcome, clean, ran, terms, values: dict[str, list[Tensor]], method, extra=None
 ) -> PerTermEffects:
     top = int(clean.logits.argmax())
     fields = {}
-    for name in OUTCOMES:
-        if name not in outcome:
+    for name in OUTCOMES + ("delta_logp_target",):
+        if name not in outcome and name not in values:
             fields[name] = None
             continue
         full = torch.zeros(ran.shape, dtype=torch.float64)
@@ -207,8 +250,21 @@ def _assemble(
                 full[[h for h, _ in terms], [j for _, j in terms]] = flat
         fields[name] = full
     p = torch.softmax(clean.logits.to(torch.float64), -1)[top]
+    extra = dict(extra or {})
+    if "delta_logp_target" in values:
+        extra["delta_logp_target"] = fields["delta_logp_target"]
     return PerTermEffects(
-        layer, query, scope, fields["kl"], fields["delta_p"], top, float(p), ran.cpu(), model_mode(model), method
+        layer,
+        query,
+        scope,
+        fields["kl"],
+        fields["delta_p"],
+        top,
+        float(p),
+        ran.cpu(),
+        model_mode(model),
+        method,
+        **extra,
     )
 
 
@@ -243,21 +299,28 @@ def _z_hook(delta: Tensor) -> Callable:
 
 
 def _removal_effects(
-    model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int, only=None
+    model, clean: _Clean, prefix, layer: int, query: int, scope: str, outcome, batch_size: int, only=None, target=None
 ) -> PerTermEffects:
-    """The fast path's batches for one scope, given the clean state and the clean prefix's KV cache."""
+    """The fast path's batches for one scope, given the clean state and the clean prefix's KV cache.
+    Records the largest :func:`numerical_floor` over its batches (none ran: None)."""
     adapter = adapter_for(model)
     values: dict[str, list[Tensor]] = {name: [] for name in outcome}
+    if target is not None:
+        values["delta_logp_target"] = []
     ran, terms = _terms(clean, scope, only)
     top = int(clean.logits.argmax())
+    floors: dict[str, float] = {}
     for chunk in _chunks(terms, batch_size):
         resid = clean.resid_pre.expand(len(chunk) + 1, -1)
         with applied(model, [(adapter.z_hook(layer), _z_hook(_z_removal(clean, chunk)))]):
             logits = adapter.single_position_logits(resid, layer, query, prefix)
         _check_reference(logits[0], clean.logits, layer, query, dtype=_param_dtype(model))
-        for name, value in _outcomes(logits[1:], logits[0], top, outcome).items():
+        for key, value in numerical_floor(logits[0], clean.logits, target).items():
+            floors[key] = max(floors.get(key, value), value)
+        for name, value in _outcomes(logits[1:], logits[0], top, outcome, target).items():
             values[name].append(value)
-    return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "fast")
+    extra = dict(floors, target=None if target is None else int(target))
+    return _assemble(model, layer, query, scope, outcome, clean, ran, terms, values, "fast", extra)
 
 
 def per_term_effects(
@@ -317,10 +380,19 @@ class PositionEffects:
     """Everything measured at one (layer, query) by :func:`position_effects`."""
 
     term: PerTermEffects  # scope "term": [head, source]
-    source: PerTermEffects  # scope "source": [source]
-    grad_z: Float[Tensor, "head d_head"]  # ∂ log p_{t*} / ∂ z_i^h at the clean forward (float32)
+    source: PerTermEffects | None  # scope "source": [source] (None when not asked for)
+    grad_z: Float[Tensor, "head d_head"]  # ∂ log p_{t*} / ∂ z_i^h at the clean forward (the model's dtype)
     alpha: Float[Tensor, "head source"]  # α_i· of the layer, sources 0 … query
     v: Float[Tensor, "source head d_head"]  # the layer's values, kv heads expanded
+    grad_z_target: Tensor | None = None  # ∂ log p_target / ∂ z_i^h, with ``target=`` (else None)
+
+    @property
+    def grad_x_act_target(self) -> Tensor | None:
+        """:attr:`grad_x_act` for the log-probability of ``target`` (None without ``target=``)."""
+        if self.grad_z_target is None:
+            return None
+        dots = torch.einsum("hd,jhd->hj", self.grad_z_target.double(), self.v.double())
+        return -(self.alpha.double() * dots)
 
     @property
     def grad_x_act(self) -> Float[Tensor, "head source"]:
@@ -331,11 +403,12 @@ class PositionEffects:
         return -(self.alpha.double() * dots)
 
 
-def _gradient(model, clean: _Clean, prefix, layer: int, query: int) -> Tensor:
-    """∂ log p_{t*} / ∂ z_i^h at the clean single-position forward: a zero probe added to ``hook_z``."""
+def _gradient(model, clean: _Clean, prefix, layer: int, query: int, token: int | None = None) -> Tensor:
+    """∂ log p_{token} / ∂ z_i^h (default token t*) at the clean single-position forward: a zero
+    probe added to ``hook_z``."""
     adapter = adapter_for(model)
     n_heads, d_head = clean.v.shape[1:]
-    top = int(clean.logits.argmax())
+    top = int(clean.logits.argmax()) if token is None else int(token)
     probe = torch.zeros(n_heads, d_head, dtype=clean.v.dtype, device=clean.v.device, requires_grad=True)
 
     def add_probe(z: Tensor, hook) -> Tensor:
@@ -351,7 +424,7 @@ def _gradient(model, clean: _Clean, prefix, layer: int, query: int) -> Tensor:
 def clean_position(model, logits: Tensor, cache, layer: int, query: int) -> _Clean:
     """The clean state of (``layer``, ``query``) read from a ``run_with_cache`` of the whole text
     (``logits [1, pos, d_vocab]``; ``cache`` holding the layer's pattern, v and resid_pre)."""
-    view = get_attention_layer(model, cache, layer)
+    view = get_attention_layer(model, cache, layer, dtype=_state_dtype(model))
     adapter = adapter_for(model)
     return _Clean(
         alpha=view.pattern[0, :, query, : query + 1],
@@ -371,6 +444,8 @@ def position_effects(
     kv_cache=None,
     outcome: str | Sequence[str] = OUTCOMES,
     batch_size: int = 128,
+    target: int | None = None,
+    scopes: Sequence[str] = ("term", "source"),
 ) -> PositionEffects:
     """:func:`per_term_effects` at both scopes, and the gradient of log p_{t*} with respect to
     each head's z_i (for :attr:`PositionEffects.grad_x_act`), for one (``layer``, ``query``),
@@ -380,6 +455,11 @@ def position_effects(
     a ``run_with_cache`` of the whole ``tokens`` holding the layer's pattern, v and resid_pre) and
     ``kv_cache`` (``adapter_for(model).prefix_kv_cache(tokens)``, cropped here to the positions
     before ``query``) are then computed once per text.
+
+    ``target`` (a token id, e.g. the actual next token): each scope also measures
+    ``delta_logp_target`` (log p̃ − log p of that token) and the result carries the gradient of its
+    log-probability (:attr:`PositionEffects.grad_x_act_target`). ``scopes``: drop ``"source"`` to
+    measure the term scope only (``source`` is then None).
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -405,10 +485,68 @@ def position_effects(
             prefix = adapter.prefix_kv_cache(tokens[:, :query])
         else:
             prefix = adapter.crop_kv_cache(kv_cache, query)
-        term = _removal_effects(model, clean, prefix, layer, query, "term", outcome, batch_size)
-        source = _removal_effects(model, clean, prefix, layer, query, "source", outcome, batch_size)
+        term = _removal_effects(model, clean, prefix, layer, query, "term", outcome, batch_size, target=target)
+        source = (
+            _removal_effects(model, clean, prefix, layer, query, "source", outcome, batch_size, target=target)
+            if "source" in scopes
+            else None
+        )
     grad = _gradient(model, clean, prefix, layer, query)
-    return PositionEffects(term, source, grad, clean.alpha, clean.v)
+    grad_target = None if target is None else _gradient(model, clean, prefix, layer, query, int(target))
+    return PositionEffects(term, source, grad, clean.alpha, clean.v, grad_target)
+
+
+@contextmanager
+def float64_exact(model):
+    """Within the block, a model cast to float64 computes its attention softmax and its RMS norms in
+    float64 too: the TransformerLens bridge's attention and Hugging Face's Llama and Gemma 3 RMS
+    norms compute them in float32 whatever the model's dtype, which rounds α and the normalised
+    residual to float32 precision (docs/faithfulness/v3/PROTOCOL.md §1). Inputs in other dtypes
+    keep the model's own computation; the rotary angles are left as the model computes them. The
+    patches are instance attributes, removed on exit.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa").to(torch.float64)
+    >>> with float64_exact(model):
+    ...     e = per_term_effects(model, tiny_tokens(model, length=12)[:1], layer=1, query=-1)
+    >>> e.kl.dtype, e.floor < 1e-12
+    (torch.float64, True)
+    """
+    import types
+
+    patched = []
+    for module in model.modules():
+        kind = type(module)
+        if hasattr(kind, "_masked_softmax"):
+
+            def softmax(self, scores, dtype=None, _original=kind._masked_softmax):
+                return _original(self, scores, dtype=torch.float64 if scores.dtype == torch.float64 else dtype)
+
+            object.__setattr__(module, "_masked_softmax", types.MethodType(softmax, module))  # not forwarded to HF
+            patched.append((module, "_masked_softmax"))
+        elif kind.__name__.endswith("RMSNorm") and kind.__module__.startswith("transformers"):
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+            offset = "Gemma" in kind.__name__  # Gemma's weight is an offset from 1
+
+            def norm(self, x, _original=kind.forward, _eps=eps, _offset=offset):
+                if x.dtype != torch.float64 or _eps is None:
+                    return _original(self, x)
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps)
+                return y * (1.0 + self.weight) if _offset else self.weight * y
+
+            object.__setattr__(module, "forward", types.MethodType(norm, module))
+            patched.append((module, "forward"))
+    try:
+        yield model
+    finally:
+        for module, name in patched:
+            if name in vars(module):
+                object.__delattr__(module, name)
+
+
+def _state_dtype(model) -> torch.dtype:
+    """The dtype of the clean state (α, v): float64 for a float64 model, else float32."""
+    return torch.float64 if _param_dtype(model) == torch.float64 else torch.float32
 
 
 def _param_dtype(model) -> torch.dtype | None:

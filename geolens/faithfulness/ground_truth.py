@@ -66,16 +66,16 @@ MIN_TERMS = 5
 
 
 def draw_positions(
-    document_index: int, n_layers: int, n_positions: int, queries: tuple[int, int]
+    document_index: int, n_layers: int, n_positions: int, queries: tuple[int, int], *, seed: int = 2026
 ) -> list[tuple[int, int]]:
     """The (layer, query) positions of one document (PROTOCOL.md §2): for each position in turn,
     the layer uniform in 0 … L−1, then the query uniform in ``queries`` (inclusive), from
-    ``numpy.random.default_rng([2026, document_index])``.
+    ``numpy.random.default_rng([seed, document_index])`` (protocol 2: 2026; protocol 3: 3).
 
     >>> draw_positions(0, 30, 3, (8, 126)) == draw_positions(0, 30, 3, (8, 126))
     True
     """
-    rng = np.random.default_rng([2026, int(document_index)])
+    rng = np.random.default_rng([int(seed), int(document_index)])
     lo, hi = int(queries[0]), int(queries[1])
     out = []
     for _ in range(int(n_positions)):

@@ -155,7 +155,15 @@ def per_term_stage(
     """The per-term endpoint (PROTOCOL.md §2) on ``windows``, one document at a time
     (:func:`~geolens.faithfulness.ground_truth.ground_truth_document`) through
     :func:`run_document_stage`, then its :func:`~geolens.faithfulness.ground_truth.ground_truth_summary`
-    with the size of the single-term effects (:func:`~geolens.faithfulness.ground_truth.single_term_effects`)."""
+    with the size of the single-term effects (:func:`~geolens.faithfulness.ground_truth.single_term_effects`).
+    A protocol of version 3 or later runs its own per-term endpoint (docs/faithfulness/v3/PROTOCOL.md:
+    :func:`~geolens.faithfulness.norm_controlled.norm_controlled_stage`)."""
+    if protocol.version >= 3:
+        from geolens.faithfulness.norm_controlled import norm_controlled_stage
+
+        return norm_controlled_stage(
+            model, windows, protocol, out, corpus=corpus, model_name=model_name, resume=resume, progress=progress
+        )
     from geolens.faithfulness.ground_truth import ground_truth_document, ground_truth_summary, single_term_effects
 
     primary, stats = protocol["primary"], protocol["statistics"]
@@ -226,6 +234,10 @@ def run_stages(
     family), ``not_testable`` (the pairs that cannot differ by construction: :func:`not_testable_pairs`)
     and ``stage_seconds`` (each complete endpoint's compute time, from its progress file).
     """
+    if protocol.version >= 3 and set(stages) - {"per_term"}:
+        from geolens.errors import UsageError
+
+        raise UsageError(f"protocol {protocol.version} registers the per-term endpoint only: use --stage per_term")
     previous = previous_summary(out, protocol.sha256, model_name) if resume else {}
     options = dict(corpus=corpus, model_name=model_name, resume=resume, progress=progress)
     summary: dict = {"stages": dict(per_term="not run", masking="not run")}
