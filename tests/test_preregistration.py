@@ -157,7 +157,7 @@ def test_an_edited_faithfulness_protocol_runs_exploratory_with_no_verdicts(tmp_p
     assert any("PROTOCOL.md was edited" in r for r in pre["reasons"])
     assert any("protocol.json was edited" in r for r in pre["reasons"])
     assert pre["text_sha256"] == summary["protocol_sha256"] and len(pre["json_sha256"]) == 64
-    verdicts = [p["verdict"] for p in summary["pairs"]]
+    verdicts = [p["verdict"] for p in summary["pairs"] + summary["per_term_effects"].get("exploratory_pairs", [])]
     assert verdicts and not any(v in DECIDING or v is None for v in verdicts)
     assert "→ None" not in printed and f"→ {NOT_DECIDED}" in printed and "exploratory (" in printed
     readme = (out / "README.md").read_text()
@@ -181,14 +181,18 @@ def _interrupt_at(monkeypatch, module, name: str, document: int, position: int =
     return real
 
 
-@pytest.fixture
-def interrupted_stage(tmp_path, corpus, monkeypatch, capsys):
-    """A faithfulness per-term stage over 2 documents, killed after document 0."""
+@pytest.fixture(scope="module")
+def stage_template(tmp_path_factory):
+    """A faithfulness per-term stage over 2 documents, killed after document 0 (run once, copied per test)."""
     import geolens.faithfulness.ground_truth as gt
 
-    out = tmp_path / "run"
-    args = faithfulness_args(FAITHFULNESS / "protocol.json", corpus, out, "--max-documents", "2")
-    with monkeypatch.context() as patch:
+    root = tmp_path_factory.mktemp("stage")
+    words = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
+    corpus = root / "docs.txt"
+    corpus.write_text("\n\n".join(" ".join(words[(k * d) % len(words)] for k in range(400)) for d in (1, 2)))
+    out = root / "run"
+    args = faithfulness_args(FAITHFULNESS / "protocol.json", str(corpus), out, "--max-documents", "2")
+    with pytest.MonkeyPatch.context() as patch:
         _interrupt_at(patch, gt, "ground_truth_document", 1)
         assert main(args) == 130
     progress = json.loads((out / "per_term_progress.json").read_text())
@@ -201,8 +205,16 @@ def interrupted_stage(tmp_path, corpus, monkeypatch, capsys):
             "positions",
         }
     )
-    capsys.readouterr()
     return out, args
+
+
+@pytest.fixture
+def interrupted_stage(stage_template, tmp_path, capsys):
+    template, args = stage_template
+    out = tmp_path / "run"
+    shutil.copytree(template, out)
+    capsys.readouterr()
+    return out, [str(out) if a == str(template) else a for a in args]
 
 
 def test_faithfulness_resume_refuses_an_edited_progress_record(interrupted_stage, capsys):

@@ -242,6 +242,8 @@ def run_preregistered(args) -> int:
         for key in ("per_term_effects", "masking"):
             if key in summary:
                 summary[key] = dict(summary[key], pairs=withhold_verdicts(summary[key]["pairs"]))
+                if "exploratory_pairs" in summary[key]:  # the secondary outcome's pairs decide nothing either
+                    summary[key]["exploratory_pairs"] = withhold_verdicts(summary[key]["exploratory_pairs"])
                 if "norm_controlled" in summary[key]:  # protocol 3 keeps its family there too
                     nc = summary[key]["norm_controlled"]
                     summary[key]["norm_controlled"] = dict(
