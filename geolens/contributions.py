@@ -470,9 +470,12 @@ def contribution_weight_pair_from_layer(
 
 
 def _layers(model, layer: int | None) -> list[int]:
+    from geolens.adapter import adapter_for
+
+    n_layers = adapter_for(model).cfg.n_layers  # a transformers model read as it is has no model.cfg
     if layer is None:
-        return list(range(model.cfg.n_layers))
-    return [check_layer(layer, model.cfg.n_layers)]
+        return list(range(n_layers))
+    return [check_layer(layer, n_layers)]
 
 
 def _contribution_weights(

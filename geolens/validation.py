@@ -433,13 +433,14 @@ def check_cache_model(model, cache) -> None:
     )
 
 
-def check_cache_layers(model, cache: Mapping) -> None:
+def check_cache_layers(model, cache: Mapping, n_layers: int | None = None) -> None:
     """Refuse a cache holding blocks the model does not have (a cache of another model), or one
-    stamped by :func:`geolens.run_with_cache` with another model's weights (:func:`check_cache_model`)."""
+    stamped by :func:`geolens.run_with_cache` with another model's weights (:func:`check_cache_model`).
+    ``n_layers``: the model's depth (default ``model.cfg.n_layers``)."""
     check_cache_model(model, cache)
     if not hasattr(cache, "keys"):
         return
-    n_layers = model.cfg.n_layers
+    n_layers = model.cfg.n_layers if n_layers is None else int(n_layers)
     deepest = _deepest_block(cache)
     if deepest >= n_layers:
         raise ValueError(

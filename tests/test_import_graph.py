@@ -32,6 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "streaming",
         "visibility",
         "adapter",
+        "families",
         "geometry",
         "contributions",
     ),

@@ -22,8 +22,9 @@ One idea per module:
   ``HookedTransformer``), :mod:`~geolens.adapter.bridge` (:class:`BridgeAdapter`, TransformerLens
   4.x ``TransformerBridge``), :mod:`~geolens.adapter.gemma` (:class:`GemmaBridgeAdapter`,
   :class:`GemmaHookedAdapter`: a norm after attention), :mod:`~geolens.adapter.olmo2`
-  (:class:`Olmo2BridgeAdapter`: norms after attention and MLP only); the HF-native families live
-  in :mod:`geolens.hf.families`;
+  (:class:`Olmo2BridgeAdapter`: norms after attention and MLP only); what geolens knows of each
+  model family (module names, norms, the TransformerLens 2.x config mapping, the HF-native layout)
+  is in :mod:`geolens.families`, one module per family, which names the classes here that read it;
 - :mod:`~geolens.adapter.registry`: :func:`adapter_for`, :func:`register_family` and the free
   functions that delegate to the adapter (:func:`model_mode`, :func:`n_kv_heads`,
   :func:`attn_out_hook`, :func:`output_weights`, :func:`sliding_window`, ...);

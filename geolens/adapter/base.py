@@ -2,8 +2,9 @@
 of a model (docs/method.md §0).
 
 One subclass per family (:mod:`geolens.adapter.hooked`, :mod:`geolens.adapter.bridge`,
-:mod:`geolens.adapter.gemma`, the HF-native families of :mod:`geolens.hf.families`) overrides what
-differs; :func:`geolens.adapter.adapter_for` picks the class of a model.
+:mod:`geolens.adapter.gemma`, the HF-native families of :mod:`geolens.hf.families`, built from
+:mod:`geolens.families`) overrides what differs; :func:`geolens.adapter.adapter_for` picks the
+class of a model.
 """
 
 from __future__ import annotations
@@ -109,15 +110,21 @@ class ModelAdapter:
         """Which TransformerLens numerics produced a cache: ``"bridge"``, ``"bridge-compat"`` or ``"hooked"``."""
         raise NotImplementedError
 
+    @property
+    def cfg(self):
+        """The model's TransformerLens-style config (``model.cfg``; the HF-native backend's view of
+        the HF config, which a ``transformers`` model read by geolens does not carry)."""
+        return self.model.cfg
+
     # --- heads
 
     @property
     def n_heads(self) -> int:
-        return int(self.model.cfg.n_heads)
+        return int(self.cfg.n_heads)
 
     @property
     def n_kv_heads(self) -> int:
-        cfg = self.model.cfg
+        cfg = self.cfg
         n = getattr(cfg, "n_key_value_heads", None)
         return int(n) if n else int(cfg.n_heads)
 
@@ -144,7 +151,7 @@ class ModelAdapter:
     @property
     def is_causal(self) -> bool:
         """Whether every layer's query i attends to keys j ≤ i only (TransformerLens' ``attention_dir``)."""
-        return getattr(self.model.cfg, "attention_dir", "causal") == "causal"
+        return getattr(self.cfg, "attention_dir", "causal") == "causal"
 
     pattern_hook = _block_hook(PATTERN, "The attention pattern of block ``layer``, ``[batch, head, query, key]``.")
     value_hook = _block_hook(VALUE, "The values of block ``layer``, ``[batch, pos, kv_head, d_head]``.")
@@ -177,7 +184,7 @@ class ModelAdapter:
         """The cache entries geolens reads: pattern, v and z per layer (plus the attention output).
         z is optional (:attr:`AttentionLayer.z` recomputes it from α and v when the cache lacks it)
         but saves that product; it is used only once a random projection of it agrees with α and v."""
-        layers = range(self.model.cfg.n_layers) if layers is None else layers
+        layers = range(self.cfg.n_layers) if layers is None else layers
         names = []
         for l in layers:
             names += [self.pattern_hook(l), self.value_hook(l), self.z_hook(l)]
@@ -189,7 +196,7 @@ class ModelAdapter:
 
     def output_weights(self, layer: int) -> tuple[Float[Tensor, "head d_head d_model"], Float[Tensor, "d_model"]]:
         """(W_O, b_O) of one layer in TL layout; b_O is zeros when the model has none."""
-        cfg = self.model.cfg
+        cfg = self.cfg
         attn = self.model.blocks[layer].attn
         W_O = attn.W_O
         if W_O.ndim == 2:  # some bridge components keep nn.Linear layout [d_model, head*d_head]
@@ -244,7 +251,7 @@ class ModelAdapter:
         n_heads: both come back with n_heads. A 2-D ``W_V`` (nn.Linear layout
         ``[kv_head*d_head, d_model]``, kept by bridge components without a config) is reshaped.
         """
-        cfg = self.model.cfg
+        cfg = self.cfg
         attn = self.model.blocks[layer].attn
         W_V = attn.W_V
         if W_V.ndim == 2:
@@ -275,7 +282,7 @@ class ModelAdapter:
         if self.post_attention_norm:
             attn_out = self.attention_output_norm(layer)(attn_out)
         resid_mid = resid_pre + attn_out
-        mlp_in = resid_pre if getattr(self.model.cfg, "parallel_attn_mlp", False) else resid_mid
+        mlp_in = resid_pre if getattr(self.cfg, "parallel_attn_mlp", False) else resid_mid
         mlp_out = block.mlp(block.ln2(mlp_in) if self.pre_mlp_norm else mlp_in)
         if self.post_attention_norm:
             mlp_out = block.ln2_post(mlp_out)

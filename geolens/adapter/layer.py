@@ -189,10 +189,10 @@ def get_attention_layer(
     ((2, 4, 20, 20), (2, 20, 4, 8), (4, 8, 32))
     """
     adapter = adapter_for(model)
-    cfg = model.cfg
+    cfg = adapter.cfg
     layer = check_layer(layer, cfg.n_layers)
     dtype = check_dtype(dtype)
-    check_cache_layers(model, cache)
+    check_cache_layers(model, cache, cfg.n_layers)
     pattern = _cache_get(cache, adapter.pattern_hook(layer))
     v = _cache_get(cache, adapter.value_hook(layer))
     if pattern.ndim != 4 or v.ndim != 4:

@@ -7,11 +7,14 @@
 >>> tuple(cache["blocks.0.attn.hook_pattern"].shape), geolens.adapter_for(model).family
 ((1, 4, 5, 5), 'hf-llama')
 
-- :mod:`geolens.hf.families`: one adapter class per family (Llama, Mistral, Qwen2, Qwen3,
-  Gemma 2, Gemma 3, Phi-3, OLMo 2, GPT-2, GPT-NeoX, and a generic fallback);
+- :mod:`geolens.hf.base`: :class:`HFAdapter`, a model read through its family's module layout;
+- :mod:`geolens.hf.families`: one adapter class per family of :mod:`geolens.families` (Llama,
+  Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, OLMo 2, GPT-2, GPT-NeoX), and the generic fallback;
 - :mod:`geolens.hf.capture`: the hook points (a registered attention function wrapping each
   family's eager attention, and module hooks);
-- :mod:`geolens.hf.backend`: the TransformerLens-style entry points given to the model instance;
+- :mod:`geolens.hf.backend`: the per-model state (held apart from the model: reading a model
+  never changes it) and :func:`prepare`, the one place that gives the instance TransformerLens-style
+  entry points (``model.cfg``, ``model.to_tokens``, ...);
 - :mod:`geolens.hf.check`: the load-time check of the attention reading;
 - :mod:`geolens.hf.streamed`: streamed mode, what :func:`geolens.run_corpus` uses on an HF-native
   model: each analysis's ``update`` runs layer by layer inside the forward, and each layer's

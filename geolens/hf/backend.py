@@ -1,12 +1,19 @@
 """The HF-native backend: a plain ``transformers`` model that every geolens function accepts.
 
-:func:`attach` (called by the model's :class:`~geolens.hf.families.HFAdapter`, i.e. by
-``geolens.adapter.adapter_for(model)``, with the load-time check) gives a ``PreTrainedModel`` *instance* the few
-TransformerLens-style entry points geolens calls, without changing its class or its Hugging Face
-forward:
+A ``PreTrainedModel`` is read as it is: ``geolens.adapter_for(model)`` and
+:func:`run_with_cache` never change it (no attribute, no hook left behind: its ``__dict__`` is the
+same object for object after the call). The backend's per-model state (the hook points of
+:mod:`geolens.hf.capture`, the config view below, whether the load-time check has run) lives in a
+``WeakKeyDictionary`` keyed by the model (:func:`sites`, :func:`config`).
+
+:func:`prepare` (what ``geolens.load_model(..., backend="hf")``, ``run_corpus`` and
+``stream_corpus`` call) is the one place that gives the *instance* the few TransformerLens-style
+entry points geolens and its users call on a model, without changing its class or its Hugging
+Face forward:
 
 - ``model.cfg``: the shapes geolens reads (``n_layers``, ``n_heads``, ``n_key_value_heads``,
-  ``d_head``, ``d_model``, ``d_vocab``, ``n_ctx``, ``model_name``), from the HF config;
+  ``d_head``, ``d_model``, ``d_vocab``, ``n_ctx``, ``model_name``), from the HF config
+  (:func:`config`);
 - ``model.run_with_cache(tokens, names_filter=None, attention_mask=None, stop_at_layer=None)``
   → ``(logits, cache)``, a dict keyed by TransformerLens hook names (:mod:`geolens.hf.capture`);
 - ``model.hooks(fwd_hooks=...)``, ``model.run_with_hooks(tokens, fwd_hooks=...)`` and
@@ -20,7 +27,7 @@ Padded batches: with ``attention_mask`` and no ``position_ids``, positions are c
 real tokens of each row (as ``generate`` does), so a left-padded row of an absolute-position model
 (GPT-2) equals the prompt run alone.
 
-Before the first forward through these entry points, :func:`geolens.hf.check.check_attention`
+Before the first forward through the backend, :func:`geolens.hf.check.check_attention`
 verifies on a short random input that the attention output rebuilt from the captured pattern and
 v, Σ_h z^h W_O^h + b_O, equals the attention module's output in every layer; a family whose
 attention geolens would read wrongly raises there, naming the family and the layer.
@@ -39,7 +46,8 @@ from torch import Tensor
 from geolens.adapter import adapter_for
 from geolens.hf.capture import Run, Sites, StopForward
 
-_STATE: "weakref.WeakKeyDictionary[Any, Sites]" = weakref.WeakKeyDictionary()
+_STATE: "weakref.WeakKeyDictionary[Any, Sites]" = weakref.WeakKeyDictionary()  # model → its backend state
+_PREPARED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models given entry points by prepare
 _TL_KEYWORDS = ("return_type", "stop_at_layer")
 
 
@@ -58,32 +66,49 @@ class HFConfig(types.SimpleNamespace):
 
 
 def sites(model) -> Sites:
-    """The hook points of a model prepared by :func:`attach`."""
+    """The hook points of a ``transformers`` model (its backend state, made at the first call and
+    held weakly; the model itself is not changed). ``TypeError`` for any other model."""
     try:
         return _STATE[model]
     except KeyError:
-        raise TypeError(
-            f"{type(model).__name__} is not prepared for geolens: call geolens.adapter_for(model) first"
-        ) from None
+        pass
+    except TypeError:
+        raise TypeError(f"{type(model).__name__} is not a transformers model") from None
+    adapter = adapter_for(model)
+    if adapter.model_mode != "hf":
+        raise TypeError(f"{type(model).__name__} is not a transformers model (the HF-native backend)")
+    state = Sites(model, adapter, adapter.check_attention)
+    state.cfg = _config(model, adapter)
+    _STATE[model] = state
+    return state
+
+
+def is_hf_native(model) -> bool:
+    """Whether ``model`` is read by the HF-native backend (a ``transformers`` model); changes nothing."""
+    try:
+        return adapter_for(model).model_mode == "hf"
+    except Exception:
+        return False
 
 
 def is_prepared(model) -> bool:
+    """Whether :func:`prepare` has given ``model`` its entry points (``model.cfg``, ...)."""
     try:
-        return model in _STATE
+        return model in _PREPARED
     except TypeError:
         return False
 
 
-def attach(model, adapter, check: Callable[[Any], object]) -> None:
-    """Give ``model`` (a ``PreTrainedModel``) the TransformerLens-style entry points (module
-    docstring); ``check(model)`` runs before the first forward through them (it raises when the
-    attention reading is wrong). Idempotent; the class and the Hugging Face forward are left as
-    they are."""
-    if is_prepared(model):
-        return
+def config(model) -> HFConfig:
+    """The TransformerLens-style config view of a ``transformers`` model (``model.cfg`` once
+    prepared), without preparing it."""
+    return sites(model).cfg
+
+
+def _config(model, adapter) -> HFConfig:
     hf = adapter.config
     n_ctx = getattr(hf, "max_position_embeddings", None)
-    cfg = HFConfig(
+    return HFConfig(
         n_layers=adapter.n_layers,
         n_heads=adapter.n_heads,
         n_key_value_heads=adapter.n_kv_heads,
@@ -96,12 +121,19 @@ def attach(model, adapter, check: Callable[[Any], object]) -> None:
         attention_dir="causal",
         _model=weakref.ref(model),
     )
-    state = Sites(model, adapter, check)
-    _STATE[model] = state
+
+
+def attach(model) -> None:
+    """Give ``model`` (a ``PreTrainedModel``) the TransformerLens-style entry points (module
+    docstring), through :func:`prepare` only. Idempotent; the class and the Hugging Face forward
+    are left as they are."""
+    if is_prepared(model):
+        return
+    state = sites(model)
     if "forward" in vars(model):  # an instance forward of someone else's (accelerate's device hooks): kept
         object.__setattr__(model, "_hf_forward", vars(model)["forward"])
     values = {
-        "cfg": cfg,
+        "cfg": state.cfg,
         "forward": types.MethodType(_forward, model),
         "hook_dict": {name: name for name in sorted(state.names)},
         "run_with_cache": types.MethodType(cached_forward, model),
@@ -113,6 +145,7 @@ def attach(model, adapter, check: Callable[[Any], object]) -> None:
         values["tokenizer"] = None
     for key, value in values.items():
         object.__setattr__(model, key, value)
+    _PREPARED.add(model)
 
 
 def _forward(model, *args, **kwargs):
@@ -126,7 +159,7 @@ def _forward(model, *args, **kwargs):
 
 
 def set_tokenizer(model, tokenizer) -> None:
-    """``model.tokenizer`` (read by ``to_tokens``, the corpora and the reports)."""
+    """``model.tokenizer`` (read by ``to_tokens``, the corpora and the reports); by :func:`prepare`."""
     object.__setattr__(model, "tokenizer", tokenizer)
 
 
@@ -214,7 +247,7 @@ def tl_forward(
         inputs["position_ids"] = position_ids.to(device)
     run = Run()
     if stop_at_layer is not None:  # blocks 0 … stop − 1 run (negative: counted from the end)
-        n_layers = model.cfg.n_layers
+        n_layers = sites(model).adapter.n_layers
         run.stop_at_layer = int(stop_at_layer) + n_layers if int(stop_at_layer) < 0 else int(stop_at_layer)
         return_type = None
     with sites(model).active(run):
@@ -266,19 +299,20 @@ def cached_forward(
 
 
 def prepare(model, tokenizer=None, *, check: bool = True):
-    """Make a ``transformers`` causal LM ready for geolens and return it (the same object): its
-    family's adapter attaches the entry points of the module docstring, ``tokenizer`` becomes
-    ``model.tokenizer``, and (``check=True``) the attention reading is checked against the
-    model's own forward now (:func:`geolens.hf.check.check_attention`) instead of at the first use.
+    """Make a ``transformers`` causal LM ready for geolens and return it (the same object): the one
+    place that attaches the TransformerLens-style entry points of the module docstring to the
+    instance, ``tokenizer`` becomes ``model.tokenizer``, and (``check=True``) the attention reading
+    is checked against the model's own forward now (:func:`geolens.hf.check.check_attention`)
+    instead of at the first use.
 
     >>> from geolens.hf.tiny import tiny_family
     >>> model = prepare(tiny_family("qwen3"))
     >>> model.cfg.n_layers, model.cfg.d_head, type(model).__name__
     (2, 8, 'Qwen3ForCausalLM')
     """
-    adapter_for(model)  # a transformers model's family adapter attaches the entry points
-    if not is_prepared(model):
+    if adapter_for(model).model_mode != "hf":
         raise TypeError(f"geolens.hf.prepare takes a transformers PreTrainedModel, got {type(model).__name__}")
+    attach(model)
     if tokenizer is not None:
         set_tokenizer(model, tokenizer)
     if check:
@@ -320,14 +354,13 @@ def run_with_cache(
     """
     from geolens.validation import refuse_unmasked_padding, stamp_cache
 
-    adapter_for(model)  # a transformers model's family adapter attaches the entry points
     if attention_mask is None and isinstance(tokens, Tensor):
         refuse_unmasked_padding(model, tokens)
-    if not is_prepared(model):
+    if adapter_for(model).model_mode == "hf":  # read as it is: nothing is attached to the model
+        logits, cache = cached_forward(model, tokens, attention_mask, names_filter)
+    else:
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
         logits, cache = model.run_with_cache(tokens, names_filter=names_filter, **kwargs)
-    else:
-        logits, cache = cached_forward(model, tokens, attention_mask, names_filter)
     return logits, stamp_cache(model, cache)
 
 
@@ -354,7 +387,7 @@ def to_tokens(
         if tok.bos_token_id is None:
             raise ValueError("prepend_bos=True but the tokenizer has no BOS token")
         rows = [[tok.bos_token_id] + r for r in rows]
-    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    n_ctx = config(model).n_ctx
     longest = max(len(r) for r in rows)
     if n_ctx is not None and longest > int(n_ctx):
         if not truncate:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from geolens.adapter import adapter_for, expand_kv_heads
-from geolens.hf.backend import cached_forward
+from geolens.hf.backend import cached_forward, config
 
 
 class AttentionCheckError(RuntimeError):
@@ -28,7 +28,7 @@ class AttentionCheckError(RuntimeError):
 
 def check_tokens(model, *, n_pos: int = 24, batch: int = 2, seed: int = 0) -> torch.Tensor:
     """The check's input: ``[batch, n_pos]`` token ids drawn from a fixed seed (n_pos capped at the context)."""
-    cfg = model.cfg
+    cfg = config(model)
     n = min(n_pos, cfg.n_ctx or n_pos)
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.d_vocab, (batch, n), generator=generator)

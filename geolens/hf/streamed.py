@@ -60,10 +60,9 @@ def stream_layers(
     dtype of the view (float32 by default)."""
     from geolens.hf.backend import sites, tl_forward
     from geolens.hf.capture import Run
-    from geolens.hf.families import HFAdapter
 
     adapter = adapter_for(model)
-    if not isinstance(adapter, HFAdapter):
+    if adapter.model_mode != "hf":
         raise TypeError(
             f"streamed mode runs on the HF-native backend (a transformers model), got {type(model).__name__}"
         )
@@ -126,7 +125,10 @@ def stream_corpus(
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    adapter_for(model)  # prepares a plain transformers model (model.cfg)
+    if adapter_for(model).model_mode == "hf":
+        from geolens.hf.backend import prepare
+
+        prepare(model, check=False)  # the entry points the corpus helpers read (model.cfg, model.tokenizer)
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [n_sequences, seq_len], got shape {tuple(tokens.shape)}")
     check_context(model, int(tokens.shape[1]), name="a token window")
@@ -144,17 +146,20 @@ def stream_corpus(
 
 def hf_native(model) -> bool:
     """Whether ``model`` is a ``transformers`` model (the HF-native backend); it is then prepared
-    for geolens (``model.cfg``, the load-time check). False for a TransformerLens model."""
+    for geolens (:func:`geolens.hf.prepare`: ``model.cfg`` and the other entry points the analyses
+    call; the load-time check runs at the first forward). False for a TransformerLens model."""
     try:
         from transformers import PreTrainedModel
     except ImportError:  # pragma: no cover - transformers is a dependency
         return False
     if not isinstance(model, PreTrainedModel):
         return False
-    from geolens.hf.backend import is_prepared
+    from geolens.hf.backend import prepare
 
-    adapter_for(model)  # a transformers model's family adapter attaches the entry points
-    return is_prepared(model)
+    if adapter_for(model).model_mode != "hf":
+        return False
+    prepare(model, check=False)
+    return True
 
 
 def layerwise(analysis, model) -> bool:

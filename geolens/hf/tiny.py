@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from geolens import families as _families
+
 WINDOW = 8
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt2", "gpt_neox")
-"""The families of the support matrix (HF ``config.model_type`` spellings, Gemma 3's text model aside)."""
+FAMILIES = tuple(_families.FAMILIES)
+"""The families of the support matrix (:data:`geolens.families.FAMILIES`: HF ``config.model_type``
+spellings, Gemma 3's text model aside)."""
 
 
 def _configs(n_layers: int, n_ctx: int) -> dict:
