@@ -25,7 +25,7 @@ manifest lists, or those an interrupted run recorded as written) into a hidden
 early interrupt) moves them back, a run that completes deletes them. Files that no geolens run
 wrote are never moved or deleted.
 
-One writer at a time: an open folder holds an OS lock (``fcntl.flock``) on a file ``.geolens-lock``
+One writer at a time (:mod:`geolens.folder_lock`): an open folder holds an OS lock (``fcntl.flock``) on a file ``.geolens-lock``
 inside it, which names the process (pid, command, start time) and is removed when the run ends. A
 second :func:`open_run_folder` on a folder in use (any command, with or without ``--overwrite`` or
 ``--resume``) raises :class:`FolderInUse`, a :class:`~geolens.errors.UsageError` naming the folder
@@ -47,7 +47,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,10 +54,11 @@ from typing import Literal
 
 from geolens._version import __version__
 from geolens.errors import UsageError
+from geolens.folder_lock import LOCK, FolderLock
+from geolens.folder_lock import FolderInUse as FolderInUse  # re-exported: run_folder.FolderInUse
 
 MANIFEST = "manifest.json"
 INCOMPLETE = "INCOMPLETE"
-LOCK = ".geolens-lock"
 DEFAULT_ROOT = Path("geolens-runs")
 
 State = Literal["absent", "empty", "complete", "incomplete", "damaged", "unmarked"]
@@ -79,102 +79,6 @@ def _open_list() -> list:
 
 class IncompleteResults(ValueError):
     """A results folder that is incomplete or damaged (one-line message naming it)."""
-
-
-class FolderInUse(UsageError):
-    """An output folder another running process writes into (one line naming the folder and that process)."""
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def _lock_holder(path: Path) -> dict:
-    """What a lock file says of its process (``{}`` when unreadable)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _describe_holder(holder: dict) -> str:
-    pid = holder.get("pid", "?")
-    command = holder.get("command") or "geolens"
-    started = holder.get("started")
-    when = f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
-    return f"process {pid} ({command}{when})"
-
-
-class _FolderLock:
-    """The lock of one output folder: ``fcntl.flock`` on ``<folder>/.geolens-lock`` (module docstring)."""
-
-    def __init__(self, folder: Path, command: str, option: str = "--out"):
-        self.path = folder / LOCK
-        self.fd: int | None = None
-        self._acquire(command, option)
-
-    def _refuse(self, option: str, holder: dict) -> None:
-        raise FolderInUse(
-            f"{option} {self.path.parent} is in use by another geolens run: {_describe_holder(holder)}; "
-            "wait for it to end or choose another folder"
-        )
-
-    def _acquire(self, command: str, option: str) -> None:
-        import fcntl
-
-        for _ in range(20):  # the file may be replaced between open and flock: retry on the new one
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                self._refuse(option, _lock_holder(self.path))
-            except OSError:  # no flock on this file system: the pid in the file decides
-                holder = _lock_holder(self.path)
-                pid = int(holder.get("pid", 0) or 0)
-                if pid != os.getpid() and _pid_alive(pid):
-                    os.close(fd)
-                    self._refuse(option, holder)
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # the previous holder removed it meanwhile: lock the current file
-                os.close(fd)
-                continue
-            self.fd = fd
-            record = {
-                "pid": os.getpid(),
-                "command": f"geolens {command}",
-                "argv": sys.argv,
-                "started": time.time(),
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-            return
-        raise OSError(f"cannot take the lock {self.path}: it keeps being replaced")
-
-    def release(self) -> None:
-        """Remove the lock file, then unlock (idempotent)."""
-        if self.fd is None:
-            return
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError:
-            pass
-        try:
-            os.close(self.fd)  # closing the last descriptor releases the flock
-        finally:
-            self.fd = None
 
 
 def _sha256(path: Path) -> str:
@@ -292,7 +196,7 @@ class RunFolder:
     _old_marker: str | None = None
     _stash: Path | None = None
     _before: dict = field(default_factory=dict)
-    _lock: _FolderLock | None = None
+    _lock: FolderLock | None = None
 
     def release(self) -> None:
         """Give up the folder's lock (done when the run completes or is left)."""
@@ -531,7 +435,7 @@ def open_run_folder(
     lock = None
     if path.is_dir():  # a folder in use is refused first, whatever it holds and whatever the options
         try:
-            lock = _FolderLock(path, command, option)
+            lock = FolderLock(path, command, option)
         except OSError as err:
             raise UsageError(
                 f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out"
@@ -581,7 +485,7 @@ def _open_locked(path, lock, command, overwrite, resume, resumable, replot, opti
         ) from err
     if lock is None:
         try:
-            lock = _FolderLock(path, command, option)
+            lock = FolderLock(path, command, option)
         except BaseException:
             for folder in created:
                 try:

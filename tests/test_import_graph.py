@@ -67,7 +67,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "methods",
         "attribution",
     ),
-    "interfaces": ("pipelines", "report", "commands", "run_folder", "cli", "__main__", "__init__"),
+    "interfaces": ("pipelines", "report", "commands", "run_folder", "folder_lock", "cli", "__main__", "__init__"),
 }
 
 # Edges allowed to close a cycle or point up the layers while another change reshapes their code,
