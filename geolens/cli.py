@@ -155,6 +155,13 @@ def _io_error_line(err: OSError, folders=()) -> str | None:
             return f"{err.filename}: {err.strerror}"
         return None
     text = str(err) if isinstance(err, WriteError) else None
+    if text is None and err.filename and _while_reading(err):
+        advice = (
+            "make it readable (check its permissions) or write elsewhere (--out)"
+            if err.errno in (errno.EACCES, errno.EPERM)
+            else _IO_ADVICE[err.errno]
+        )
+        return f"cannot read {err.filename}: {err.strerror or type(err).__name__}; {advice}"
     if text is None:
         where = (
             f" {err.filename}"
@@ -163,6 +170,16 @@ def _io_error_line(err: OSError, folders=()) -> str | None:
         )
         text = f"cannot write{where}: {err.strerror or type(err).__name__}"
     return f"{text}; {_IO_ADVICE[err.errno]}"
+
+
+def _while_reading(err: BaseException) -> bool:
+    """Whether the innermost Python frames of ``err`` were reading (``read_text``, ``load``, ...)."""
+    names = []
+    tb = err.__traceback__
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return any(("read" in name or "load" in name) for name in names[-2:])
 
 
 def main(argv: list[str] | None = None) -> int:

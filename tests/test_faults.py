@@ -350,6 +350,31 @@ def test_damaged_result_files_are_one_line_naming_the_file(tmp_path, capsys, mon
     assert folder_state(out) == "incomplete"
 
 
+def test_unreadable_result_file_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """A result file read back that cannot be read (permissions): ``cannot read FILE``, not ``cannot write``."""
+    import geolens.pipelines
+
+    out = tmp_path / "out"
+    real = geolens.pipelines.write_tables
+    real_read = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == "progress.json":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_read(self, *args, **kwargs)
+
+    def read_back(folder, *args, **kwargs):
+        real(folder, *args, **kwargs)
+        (folder / "progress.json").write_text("{}")
+        (folder / "progress.json").read_text()
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(geolens.pipelines, "write_tables", read_back)
+    rc, err, _ = run_cli(taxonomy(tmp_path, out), capsys)
+    one_line(rc, err, 1, "taxonomy", f"cannot read {out / 'progress.json'}: Permission denied", "make it readable")
+    assert folder_state(out) == "incomplete"
+
+
 def test_geolens_cache_naming_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("x")
