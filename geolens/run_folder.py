@@ -9,7 +9,8 @@ folder moves through three states, each visible on disk:
   the folder says it is incomplete; :func:`require_complete` (used by the readers: ``geolens
   report --compare``, and by anyone loading saved results) refuses such a folder, or any folder
   inside one, in one line. ``geolens faithfulness --replot`` may replot an incomplete run (the
-  runs that resume are read while under way); the folder then stays incomplete.
+  runs that resume are read while under way), but not while a live process holds the folder
+  (replotting writes into it: see the lock below); the folder then stays incomplete.
 - **complete** — at the end, ``manifest.json`` lists every file with its size and SHA-256, then
   ``INCOMPLETE`` is removed. A folder with a manifest whose files are missing or altered is
   refused like an incomplete one.
