@@ -91,8 +91,7 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
     ends = np.r_[starts[1:], x.size]
     ranks = np.empty(x.size, dtype=np.float64)
-    for start, end in zip(starts, ends):
-        ranks[order[start:end]] = (start + end + 1) / 2.0
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # one value per run of ties
     return ranks
 
 
