@@ -178,19 +178,31 @@ def load_questions(name: str, *, max_questions: int | None = None) -> list[Quest
 
 def prompt_and_choice_ids(model, question: Question) -> tuple[list[int], list[list[int]]]:
     """(BOS + prompt token ids, each choice's token ids, tokenised as " " + choice); ValueError for
-    a question without choices, an answer index out of range or a choice that tokenises to nothing."""
+    a question without choices, an answer index out of range or a choice that tokenises to nothing,
+    and (a :class:`~geolens.errors.UsageError`, one line on the command line) for a prompt and choice
+    longer than the model's context: the prompt is never cut."""
+    from geolens.errors import UsageError
+    from geolens.validation import _full_text_tokens
+
     if not question.choices:
         raise ValueError(f"question {question.prompt[:40]!r} has no choices")
     if not 0 <= question.answer < len(question.choices):
         raise ValueError(f"answer index {question.answer} out of range for {len(question.choices)} choices")
     tok = model.tokenizer
-    prompt = model.to_tokens(question.prompt, prepend_bos=True)[0].tolist()
+    prompt = _full_text_tokens(model, question.prompt, prepend_bos=True)[0][0].tolist()
     ids = []
     for c in question.choices:
         c_ids = tok(" " + c.strip(), add_special_tokens=False)["input_ids"]
         if not c_ids:
             raise ValueError(f"choice {c!r} tokenises to nothing")
         ids.append(list(c_ids))
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    longest = len(prompt) + max(len(c) for c in ids)
+    if n_ctx is not None and longest > int(n_ctx):
+        raise UsageError(
+            f"question {question.prompt[:40]!r}: its prompt and longest choice are {longest} tokens (BOS included), "
+            f"longer than the model's context of {int(n_ctx)} tokens; shorten it (a prompt is never cut)"
+        )
     return prompt, ids
 
 

@@ -435,6 +435,18 @@ def test_over_long_text_in_the_python_api():
     assert tuple(hf.to_tokens(LONG, truncate=True).shape) == (1, 128)
 
 
+def test_over_long_multiple_choice_prompt_is_refused_not_cut():
+    from geolens.errors import UsageError
+    from geolens.multiple_choice import Question, prompt_and_choice_ids
+    from geolens.testing import tiny_bridge
+
+    model = tiny_bridge("gqa")
+    prompt, choices = prompt_and_choice_ids(model, Question("the cat sat on the", ("mat", "dog"), 0))
+    assert len(prompt) == 19 and [len(c) for c in choices] == [4, 4]
+    with pytest.raises(UsageError, match="245 tokens .* context of 128 tokens; shorten it"):
+        prompt_and_choice_ids(model, Question(LONG, ("mat", "dog"), 0))
+
+
 def test_padded_batch_without_its_mask_is_refused():
     import geolens
     from geolens.flow import contribution_flow, flow_names_filter
