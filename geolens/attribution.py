@@ -4,7 +4,7 @@
 runs one forward with cache, and reads the scores of the prediction (or query) at ``position``
 from :func:`geolens.contribution_flow`, :func:`geolens.attention_metrics`' metrics (through the
 metric registry, :mod:`geolens.metrics`), :func:`geolens.value_zeroing` or the gradient
-baselines of :mod:`geolens.flow_erasure`. Its scores equal theirs (tests/test_attribution.py).
+baselines of :mod:`geolens.flow.erasure`. Its scores equal theirs (tests/test_attribution.py).
 The methods, their levels and citations are in the one registry, :func:`geolens.list_methods`.
 
 The result carries the model's string tokens, the scores, and how they were made; it shows itself
@@ -29,8 +29,14 @@ from torch import Tensor
 
 from geolens._version import __version__
 from geolens.adapter import get_attention_layer, names_filter
-from geolens.flow import contribution_flow, flow_names_filter
-from geolens.flow_erasure import erase, gradient_x_input, integrated_gradients, space_token
+from geolens.flow import (
+    contribution_flow,
+    erase,
+    flow_names_filter,
+    gradient_x_input,
+    integrated_gradients,
+    space_token,
+)
 from geolens.hf import run_with_cache
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
@@ -335,7 +341,7 @@ def attribute(
     The scores equal the functional API's: row ``position`` of :func:`geolens.contribution_flow`,
     of :func:`geolens.attention_metrics` (mode ``"inter"`` for a layer, ``"intra"`` for a head,
     unless ``mode=``), of :func:`geolens.value_zeroing`, and the gradient baselines of
-    :mod:`geolens.flow_erasure` for the model's top-1 next token.
+    :mod:`geolens.flow.erasure` for the model's top-1 next token.
 
     Args:
         model: a loaded model (TransformerBridge, HookedTransformer or transformers model) or any

@@ -8,7 +8,7 @@ of three levels:
   :func:`geolens.register_metric`); summed over heads, they score a whole layer;
 - ``"layer"``: one layer as a whole (Value Zeroing);
 - ``"model"``: the whole model, i.e. which input tokens a prediction comes from (the flows of
-  :func:`geolens.contribution_flow` and the gradient baselines of :mod:`geolens.flow_erasure`).
+  :func:`geolens.contribution_flow` and the gradient baselines of :mod:`geolens.flow.erasure`).
 
 Each :class:`Method` says what it needs (``"cache"``: one forward with cache; ``"gradients"``:
 backward passes; ``"reruns"``: extra forwards per source; ``"none"``), where it comes from
@@ -47,7 +47,7 @@ class Method:
         label: how tables and plots name it.
         description: one line: what it computes.
         family: ``"metric"`` (:mod:`geolens.metrics`), ``"flow"`` (:func:`geolens.contribution_flow`)
-            or ``"gradient"`` (:mod:`geolens.flow_erasure`).
+            or ``"gradient"`` (:mod:`geolens.flow.erasure`).
         key: its name inside its family (the CLI's and the protocols' spelling).
         signed: its scores take both signs (a plot centres its colours on 0).
     """

@@ -12,7 +12,7 @@ study                  command                                         code
 faithfulness stages    ``geolens faithfulness --protocol P``           :mod:`geolens.faithfulness.preregistered`
 multiple choice        ``geolens mc --protocol P``                     :mod:`geolens.faithfulness.multiple_choice`
 sink controls          ``geolens sinks --controls-protocol P``         :mod:`geolens.sinks.controls_dose`
-flow erasure           ``geolens flow --erasure --protocol P``         :mod:`geolens.flow_erasure`
+flow erasure           ``geolens flow --erasure --protocol P``         :mod:`geolens.flow.erasure`
 =====================  ==============================================  ===========================================
 
 (the first three under docs/faithfulness/protocol.json, the last under docs/flow/protocol.json).

@@ -1,7 +1,7 @@
 """geolens.attribute and geolens.Attribution: the one call from a text to a labelled picture.
 
 Its scores must equal the functional API's (contribution_flow, attention_metrics, value_zeroing,
-the gradient baselines of geolens.flow_erasure) on tiny models of both backends, and on the real
+the gradient baselines of geolens.flow.erasure) on tiny models of both backends, and on the real
 SmolLM2 and Gemma 3 models (slow tier), on sentences the tests were not written around; the
 result object gives a labelled table, a Figure, HTML, and an exact save/load round trip.
 """
@@ -13,8 +13,7 @@ import torch
 
 import geolens
 from geolens.attribution import Attribution
-from geolens.flow import flow_names_filter
-from geolens.flow_erasure import erase, gradient_x_input, integrated_gradients, space_token
+from geolens.flow import erase, flow_names_filter, gradient_x_input, integrated_gradients, space_token
 from geolens.metrics import unregister_metric
 from geolens.testing import tiny_bridge
 

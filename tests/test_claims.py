@@ -367,7 +367,7 @@ def test_per_term_pairs_are_the_protocols():
     [("pre-registered", 100, "holds"), ("pre-registered", 8, "indicative"), ("exploratory", 100, "indicative")],
 )
 def test_flow_claims_read_a_verdict_only_pre_registered_on_the_protocols_minimum(status, n, want):
-    from geolens.flow_erasure import DIRECTIONS, ErasureSettings
+    from geolens.flow import DIRECTIONS, ErasureSettings
     from geolens.pipelines.flow import flow_claims
 
     settings = ErasureSettings(methods=("random", "alti", "contribution"), replacements=("space",))

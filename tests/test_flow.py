@@ -16,7 +16,7 @@ from test_faithfulness import naive_value_zeroing
 from test_padding import _pad, _prompts, _real
 
 import geolens
-from geolens.flow import (
+from geolens.flow.core import (
     FLOW_METHODS,
     _post_norm_scale,
     contribution_flow,
@@ -287,7 +287,7 @@ def test_bad_input_is_one_line(tiny_gqa):
 
 
 def test_prompt_flow_is_each_methods_last_row_and_its_routes(tiny):
-    from geolens.flow_routes import flow_routes
+    from geolens.flow.routes import flow_routes
     from geolens.pipelines.flow import LISTED, prompt_flow
 
     model, tokens, _ = tiny

@@ -269,7 +269,7 @@ def test_fewer_documents_make_an_exploratory_run(capsys, tmp_path, protocol):
 
 
 def test_resume_continues_after_the_last_saved_document(capsys, tmp_path, protocol, monkeypatch):
-    import geolens.flow_erasure as fe
+    import geolens.flow.erasure as fe
 
     straight = tmp_path / "straight"
     rc, _, err = run_cli(

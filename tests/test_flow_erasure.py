@@ -1,4 +1,4 @@
-"""The input-token erasure test of contribution flow (geolens.flow_erasure, docs/flow/PROTOCOL.md):
+"""The input-token erasure test of contribution flow (geolens.flow.erasure, docs/flow/PROTOCOL.md):
 erasure against hand-built forwards, gradient × input against float64 finite differences,
 integrated gradients against a step-by-step float64 Riemann sum and its completeness, nAOPC on a
 hand-made example, the document-cluster bootstrap and Holm, the known-answer check, the claims,
@@ -18,13 +18,14 @@ import torch
 from conftest import TINY_KINDS, make_tiny
 
 from geolens.adapter import adapter_for
-from geolens.flow import contribution_flow, flow_names_filter
-from geolens.flow_erasure import (
+from geolens.flow import (
     ERASURE_METHODS,
     ErasureSettings,
+    contribution_flow,
     erase,
     erasure_outcomes,
     erasure_sets,
+    flow_names_filter,
     gradient_x_input,
     induction_check,
     induction_summary,
@@ -39,7 +40,7 @@ from geolens.flow_erasure import (
     space_token,
     unigram_counts,
 )
-from geolens.flow_erasure_summary import (
+from geolens.flow.summary import (
     erasure_summary,
     family_tables,
     most_faithful,
@@ -883,8 +884,8 @@ def test_one_smollm2_window_end_to_end(smollm2, smollm2_tokens):
 def test_doctests():
     import doctest
 
-    import geolens.flow_erasure as module
-    import geolens.flow_erasure_summary as summary
+    import geolens.flow.erasure as module
+    import geolens.flow.summary as summary
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

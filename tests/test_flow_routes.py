@@ -1,4 +1,4 @@
-"""geolens.flow_routes (issue #24 item 3): the routes graph against a naive reference over
+"""geolens.flow.routes (issue #24 item 3): the routes graph against a naive reference over
 layer_mixing, the JSON round trip, the self-contained HTML view, one-line errors, and the
 induction known answer on SmolLM2 (slow tier)."""
 
@@ -12,7 +12,7 @@ import torch
 from conftest import TINY_KINDS, make_tiny
 
 from geolens.flow import flow_names_filter, layer_mixing
-from geolens.flow_routes import FlowGraph, flow_routes
+from geolens.flow.routes import FlowGraph, flow_routes
 from geolens.testing import tiny_tokens
 from geolens.viz.flow import flow_routes_html, flow_routes_page
 

@@ -11,8 +11,7 @@ import pytest
 
 import geolens
 from geolens import methods
-from geolens.flow import FLOW_METHODS
-from geolens.flow_erasure import ERASURE_METHODS
+from geolens.flow import ERASURE_METHODS, FLOW_METHODS
 from geolens.metrics import metric_names, unregister_metric
 
 ROOT = Path(__file__).resolve().parents[1]

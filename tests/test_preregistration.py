@@ -319,7 +319,7 @@ def flow_protocol(tmp_path) -> Path:
 def test_flow_erasure_json_edit_alone_is_exploratory_and_resume_checks_its_rows(
     tmp_path, flow_protocol, monkeypatch, capsys
 ):
-    import geolens.flow_erasure as fe
+    import geolens.flow.erasure as fe
 
     out = tmp_path / "run"
     args = ["flow", "--erasure", "--protocol", str(flow_protocol), "--model", "tiny-gqa", "--out", str(out)]

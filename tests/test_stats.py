@@ -353,9 +353,9 @@ def test_no_other_module_draws_bootstrap_indices():
         ("sinks/controls.py", "positions = rng.integers(1, T, size=W)"),
         ("faithfulness/ground_truth.py", "layer = int(rng.integers(0, n_layers))"),
         ("faithfulness/ground_truth.py", "out.append((layer, int(rng.integers(lo, hi + 1))))"),
-        ("flow_erasure.py", "return torch.from_numpy(rng.choice(p.size, size=n_pos, p=p / p.sum())).to(torch.long)"),
+        ("flow/erasure.py", "return torch.from_numpy(rng.choice(p.size, size=n_pos, p=p / p.sum())).to(torch.long)"),
         (
-            "flow_erasure.py",
+            "flow/induction.py",
             "ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)",
         ),
         ("hf/check.py", "return torch.randint(0, cfg.d_vocab, (batch, n), generator=generator)"),  # check tokens

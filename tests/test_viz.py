@@ -242,7 +242,7 @@ def _flow_labels(page: str) -> dict[int, str]:
 
 
 def test_flow_view_labels_every_token_on_its_axis():
-    from geolens.flow_routes import FlowGraph
+    from geolens.flow.routes import FlowGraph
     from geolens.viz.flow import flow_routes_html
 
     tokens = ["<bos>", "the", " cat", " sat", " on", " the"]
@@ -264,7 +264,7 @@ def test_flow_view_labels_every_token_on_its_axis():
 
 
 def test_flow_view_of_a_long_prompt_labels_every_token_within_a_bounded_width():
-    from geolens.flow_routes import FlowGraph
+    from geolens.flow.routes import FlowGraph
     from geolens.viz.flow import MAX_WIDTH, MIN_COL_W, PAD_X, flow_routes_html
 
     n = 60

@@ -6,12 +6,12 @@ by each contribution-flow method (docs/method.md §10, :func:`geolens.contributi
 ``--value-zeroing`` (it reruns the model once per layer and token: costly). With ``--out DIR`` (or
 ``--name``) it also writes, through the run-folder machinery,
 
-- ``flow.html``: the information-flow routes of that prediction (:func:`geolens.flow_routes.flow_routes`,
+- ``flow.html``: the information-flow routes of that prediction (:func:`geolens.flow.routes.flow_routes`,
   Ferrando & Voita 2024, edges whose share exceeds ``--threshold`` by ``--method``), interactive;
 - ``flow.json``: the parameters, the tokens, every method's full attribution row and the routes.
 
 ``geolens flow --erasure --protocol docs/flow/protocol.json --out DIR`` runs instead the
-input-token erasure test of docs/flow/PROTOCOL.md (:mod:`geolens.flow_erasure`, the pipeline
+input-token erasure test of docs/flow/PROTOCOL.md (:mod:`geolens.flow.erasure`, the pipeline
 :func:`geolens.pipelines.flow.FlowRun`) on the protocol's Lee windows: each document's tables are
 saved as it finishes (``erasure_<table>.csv.gz``, ``erasure_progress.json``, written atomically),
 ``--resume`` continues after the last saved document, and at the end it writes ``summary.json``
@@ -117,7 +117,7 @@ def _erasure_protocol(args):
             raise ValueError(
                 f"protocol {args.protocol}: not an input-token erasure protocol (endpoint {settings.get('endpoint')!r})"
             )
-        from geolens.flow_erasure import ErasureSettings
+        from geolens.flow import ErasureSettings
 
         ErasureSettings.from_protocol(settings)
     except (KeyError, TypeError) as err:
@@ -154,7 +154,7 @@ def run_erasure(args) -> int:
     from geolens.data import load_corpus
     from geolens.errors import UsageError
     from geolens.faithfulness.preregistered import protocol_windows
-    from geolens.flow_erasure import ErasureSettings, measure_document, space_token, unigram_counts
+    from geolens.flow.erasure import ErasureSettings, measure_document, space_token, unigram_counts
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
     from geolens.pipelines.flow import FlowRun, checked_induction, erasure_markdown

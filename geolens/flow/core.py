@@ -91,7 +91,8 @@ def flow_names_filter(model, layers=None) -> Callable[[str], bool]:
     return lambda name: name in wanted
 
 
-def _cached(cache, name: str) -> Tensor:
+def cache_entry(cache, name: str) -> Tensor:
+    """``cache[name]``, or a one-line KeyError saying which hook the flow needs (flow_names_filter)."""
     try:
         return cache[name]
     except KeyError:
@@ -151,8 +152,8 @@ class LayerResidual:
         adapter = adapter_for(model)
         self.view: AttentionLayer = get_attention_layer(model, cache, layer, dtype=dtype, attention_mask=attention_mask)
         layer = self.view.layer
-        x = _cached(cache, adapter.resid_pre_hook(layer))
-        update = _cached(cache, adapter.block_attn_out_hook(layer))
+        x = cache_entry(cache, adapter.resid_pre_hook(layer))
+        update = cache_entry(cache, adapter.block_attn_out_hook(layer))
         tol = _row_tolerance(x.dtype)
         b, n = x.shape[:2]
         real = (
@@ -353,14 +354,14 @@ def _check(model, cache, method, target_layer, attention_mask, tokens, dtype):
             raise ValueError(
                 "method='value_zeroing_rollout' reruns the model: pass tokens= (the tokens the cache was run on)"
             )
-        pattern = _cached(cache, adapter_for(model).pattern_hook(0))
+        pattern = cache_entry(cache, adapter_for(model).pattern_hook(0))
         if tuple(tokens.shape) != (pattern.shape[0], pattern.shape[-1]):
             raise ValueError(
                 f"tokens has shape {tuple(tokens.shape)}, the cache holds [batch, pos] = {(pattern.shape[0], pattern.shape[-1])}"
             )
     check_cache_layers(model, cache)  # a cache stamped with another model's weights is refused
     if attention_mask is not None:
-        pattern = _cached(cache, adapter_for(model).pattern_hook(0))
+        pattern = cache_entry(cache, adapter_for(model).pattern_hook(0))
         attention_mask = check_attention_mask(attention_mask, pattern.shape[0], pattern.shape[-1]).to(pattern.device)
     elif tokens is not None:
         refuse_unmasked_padding(model, tokens)

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from geolens.adapter import adapter_for
-from geolens.flow import FLOW_METHODS, _cached, check_flow_method, layer_mixing
+from geolens.flow.core import FLOW_METHODS, cache_entry, check_flow_method, layer_mixing
 
 # (layer, source, target, share): the edge (layer − 1, source) → (layer, target), share M^(layer)[target, source]
 Edge = tuple[int, int, int, float]
@@ -192,7 +192,7 @@ def flow_routes(
     method = check_flow_method(method)
     threshold = _check_threshold(threshold)
     n_layers = model.cfg.n_layers
-    pattern = _cached(cache, adapter_for(model).pattern_hook(0))  # a missing entry: one line naming it
+    pattern = cache_entry(cache, adapter_for(model).pattern_hook(0))  # a missing entry: one line naming it
     b, n = pattern.shape[0], pattern.shape[-1]
     batch_index = _check_index(batch_index, b, "batch_index")
     position = _check_index(position, n, "position")

@@ -1,6 +1,6 @@
 """The statistics of the input-token erasure test (docs/flow/PROTOCOL.md §4-5).
 
-From the per-prediction tables that :func:`geolens.flow_erasure.measure_document` writes:
+From the per-prediction tables that :func:`geolens.flow.erasure.measure_document` writes:
 :func:`naopc_table` (each method's normalised AOPC per prediction, with the range check),
 :func:`family_tables` (per-method means and Holm-corrected paired verdicts on one set of
 document-cluster resamples), :func:`replacement_differences` (each method's nAOPC under the
@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
-from geolens.flow_erasure import DIRECTIONS, ErasureSettings, erasure_sets, method_pairs
+from geolens.flow.erasure import DIRECTIONS, ErasureSettings, erasure_sets, method_pairs
+from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, percentile_ci, resample_means
 
 
 def naopc_table(conditions, settings: ErasureSettings):
@@ -25,8 +27,6 @@ def naopc_table(conditions, settings: ErasureSettings):
     erasure's outcomes and ``in_range_kl`` / ``in_range_dp`` the range check (full erasure moves
     KL ≥ ``min_kl_all``, p(t*) down by ≥ ``min_drop_all``). Out-of-range rows keep NaN ratios.
     """
-    import pandas as pd
-
     c = conditions
     full = c[c.method == "all"].set_index(["document", "position", "replacement"])[["kl", "delta_p"]]
     full = full.rename(columns={"kl": "kl_all", "delta_p": "dp_all"})
@@ -98,7 +98,6 @@ def family_tables(
     gets its 95% interval and no verdict. Returns ``{"methods": [...], "pairs": [...],
     "n_predictions", "n_documents"}``.
     """
-    from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, percentile_ci, resample_means
 
     wide = _wide(naopc, replacement, outcome, settings)
     n_pred = int(len(wide))
@@ -190,9 +189,6 @@ def curves_table(conditions, settings: ErasureSettings):
     """Mean KL and Δp at each fraction per (replacement, method, direction), with 95%
     document-cluster intervals (one set of resamples for every curve: each prediction has every
     condition)."""
-    import pandas as pd
-
-    from geolens.stats import cluster_bootstrap_indices, mean_ci
 
     c = conditions[conditions.method != "all"]
     keys = ["replacement", "method", "direction", "fraction"]
@@ -238,9 +234,6 @@ def replacement_differences(naopc, settings: ErasureSettings, outcome: str = "kl
     "robustness", "outcome", "n_predictions", "n_documents", "tests": [...]}`` (no tests when no
     prediction is in range under both, or with one replacement).
     """
-    import pandas as pd
-
-    from geolens.stats import cluster_bootstrap_indices, holm_family, resample_means
 
     key = "kl" if outcome == "kl" else "dp"
     second = settings.replacements[1] if len(settings.replacements) > 1 else None

@@ -2,8 +2,8 @@
 methods against gradient baselines and random (docs/flow/PROTOCOL.md), and the induction
 known-answer check.
 
-:func:`run_flow` runs both on one window per document (:func:`geolens.flow_erasure.measure_document`
-for each, then :func:`geolens.flow_erasure_summary.erasure_summary`) and returns a :class:`FlowRun`.
+:func:`run_flow` runs both on one window per document (:func:`geolens.flow.erasure.measure_document`
+for each, then :func:`geolens.flow.summary.erasure_summary`) and returns a :class:`FlowRun`.
 ``geolens flow --erasure`` runs the same per-document function under the pre-registered protocol,
 saving each document as it finishes, and builds its :class:`FlowRun` from the saved tables with
 :meth:`FlowRun.of`. :meth:`FlowRun.load` reads a finished run folder (e.g.
@@ -12,7 +12,7 @@ saving each document as it finishes, and builds its :class:`FlowRun` from the sa
 :func:`prompt_flow` is the one-prompt look of ``geolens flow "prompt"`` and of the report's flow
 section: every listed method's attribution row of the last prediction
 (:func:`geolens.contribution_flow`) and its information-flow routes
-(:func:`geolens.flow_routes.flow_routes`), from one cached forward.
+(:func:`geolens.flow.routes.flow_routes`), from one cached forward.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from geolens.flow import FLOW_METHODS
-from geolens.flow_erasure import DIRECTIONS, ErasureSettings, induction_check, induction_summary, measure_document
-from geolens.flow_erasure_summary import curves_table, erasure_summary
+from geolens.flow import DIRECTIONS, FLOW_METHODS, ErasureSettings, induction_check, induction_summary, measure_document
+from geolens.flow.summary import curves_table, erasure_summary
 from geolens.pipelines import TopicRun
 
 LABELS = {
@@ -66,7 +65,7 @@ class PromptFlow:
     words: list[str]
     position: int
     rows: dict[str, torch.Tensor]
-    routes: object | None = None  # geolens.flow_routes.FlowGraph
+    routes: object | None = None  # geolens.flow.routes.FlowGraph
     predicted: str | None = None
     p_predicted: float | None = None
 
@@ -104,7 +103,7 @@ def prompt_flow(
 ) -> PromptFlow:
     """The last prediction of ``tokens`` ``[1, pos]`` (BOS first): each of ``methods``' row of
     :func:`geolens.contribution_flow` at the last position, and, with ``routes``, the
-    information-flow routes of that prediction (:func:`geolens.flow_routes.flow_routes`, edges
+    information-flow routes of that prediction (:func:`geolens.flow.routes.flow_routes`, edges
     whose ``route_method`` share exceeds ``threshold``), all from one cached forward.
 
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -114,7 +113,7 @@ def prompt_flow(
     (['alti', 'attention_rollout', 'contribution'], 1.0, True)
     """
     from geolens.flow import contribution_flow, flow_names_filter
-    from geolens.flow_routes import flow_routes, token_strings
+    from geolens.flow.routes import flow_routes, token_strings
 
     if tokens.ndim != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be one prompt [1, pos ≥ 2] (BOS first), got shape {tuple(tokens.shape)}")
@@ -158,7 +157,7 @@ class FlowRun(TopicRun):
     document), ``naopc`` (per method, family and direction), ``pairs`` (every pair of both
     families, and the exploratory Δp pairs), ``curves`` (mean outcome per fraction),
     ``replacements`` (each method's nAOPC difference between the two replacements, when both ran)
-    and ``induction``; ``summary``: :func:`geolens.flow_erasure_summary.erasure_summary` plus the known-answer
+    and ``induction``; ``summary``: :func:`geolens.flow.summary.erasure_summary` plus the known-answer
     check; ``status``: ``"pre-registered"`` or ``"exploratory"`` (only the former decides claims)."""
 
     summary: dict
@@ -256,7 +255,7 @@ def run_flow(model, windows, params: FlowParams = FlowParams(), *, progress: boo
     from tqdm.auto import tqdm
 
     from geolens.data import load_corpus
-    from geolens.flow_erasure import space_token, unigram_counts
+    from geolens.flow import space_token, unigram_counts
 
     s = params.erasure
     counts = (
@@ -281,7 +280,7 @@ def run_flow(model, windows, params: FlowParams = FlowParams(), *, progress: boo
 
 
 def checked_induction(model, **kwargs) -> tuple[pd.DataFrame | None, str | None]:
-    """(:func:`geolens.flow_erasure.induction_check`'s table, None), or (None, why) when the
+    """(:func:`geolens.flow.induction.induction_check`'s table, None), or (None, why) when the
     vocabulary is too small for the sequence (the tiny test models)."""
     try:
         return induction_check(model, **kwargs), None
@@ -469,7 +468,7 @@ NO_RULE = "the protocol pre-registers no decision rule for this comparison (docs
 
 def replacement_claim(moved: dict, *, windows: str = "documents", status: str = "pre-registered"):
     """The claim that the erasure outcomes do not depend on the replacement token, from
-    :func:`geolens.flow_erasure_summary.replacement_differences`: each method's nAOPC difference
+    :func:`geolens.flow.summary.replacement_differences`: each method's nAOPC difference
     (robustness − primary replacement, KL) per direction with its interval at its Holm level. The
     protocol fixes no margin or rule for it, so the claim is indicative whatever its intervals say
     (its sample is marked with that reason), and its numbers are reported as they are."""

@@ -123,7 +123,7 @@ SECTIONS: list[SectionSpec] = [
         requires=("geolens.faithfulness", "geolens.faithfulness.ground_truth", "geolens.viz.faithfulness"),
     ),
     SectionSpec(
-        "flow", "flow", requires=("geolens.flow", "geolens.flow_erasure", "geolens.flow_routes", "geolens.viz.flow")
+        "flow", "flow", requires=("geolens.flow", "geolens.flow.erasure", "geolens.flow.routes", "geolens.viz.flow")
     ),
     SectionSpec("pruning", "pruning", requires=("geolens.pruning", "geolens.taxonomy", "geolens.viz.faithfulness")),
 ]

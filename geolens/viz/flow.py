@@ -1,6 +1,6 @@
-"""Interactive view of information-flow routes (:func:`geolens.flow_routes.flow_routes`).
+"""Interactive view of information-flow routes (:func:`geolens.flow.routes.flow_routes`).
 
-Arrays in, HTML out: :func:`flow_routes_html` takes a :class:`~geolens.flow_routes.FlowGraph`
+Arrays in, HTML out: :func:`flow_routes_html` takes a :class:`~geolens.flow.routes.FlowGraph`
 (or its ``to_dict()``) and returns one self-contained HTML fragment — inline SVG, CSS and a few
 lines of plain JavaScript, nothing fetched — that displays in a notebook
 (``IPython.display.HTML(flow_routes_html(graph))``); :func:`flow_routes_page` wraps it in a

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from geolens.claims import describe_sample, sample_size, table_verdict
-from geolens.flow_erasure import ERASURE_METHODS, ErasureSettings
+from geolens.flow import ERASURE_METHODS, ErasureSettings
 from geolens.pipelines.flow import LABELS, LISTED, PROTOCOL_MIN_DOCUMENTS, FlowParams, prompt_flow, run_flow
 from geolens.report.document import Finding, Section
 from geolens.viz.common import HTMLView
