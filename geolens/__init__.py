@@ -42,8 +42,8 @@ _PUBLIC = {
     "run_with_cache": "geolens.hf",
     # contribution weights and their geometry (docs/method.md §1-2)
     "contribution_weights": "geolens.contributions",
-    "attention_metrics": "geolens.contributions",
-    "influence_factors": "geolens.contributions",
+    "attention_metrics": "geolens.factors",
+    "influence_factors": "geolens.factors",
     "layer_metrics": "geolens.contributions",
     "per_source_totals": "geolens.contributions",
     "projected_value_norms": "geolens.geometry",
@@ -117,13 +117,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from geolens.adapter import adapter_for, get_attention_layer, names_filter
     from geolens.attribution import Attribution, attribute
-    from geolens.contributions import (
-        attention_metrics,
-        contribution_weights,
-        influence_factors,
-        layer_metrics,
-        per_source_totals,
-    )
+    from geolens.contributions import contribution_weights, layer_metrics, per_source_totals
+    from geolens.factors import attention_metrics, influence_factors
     from geolens.faithfulness import MaskingConfig, faithfulness_curves, value_zeroing
     from geolens.flow import contribution_flow
     from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms

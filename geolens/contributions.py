@@ -25,14 +25,14 @@ its row of contribution weights, relative norms and alignments is defined as 0 a
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.adapter import AttentionLayer, cache_lookup, get_attention_layer, model_mode, required_hook_names
+from geolens.adapter import AttentionLayer, cache_lookup, get_attention_layer, required_hook_names
 from geolens.geometry import (
     CONTRIBUTION_TEMPORARIES,
     METRIC_TEMPORARIES,
@@ -216,57 +216,6 @@ def _contribution_pass(
     return out, n_zero, probed
 
 
-@dataclass
-class InfluenceFactors:
-    """The three factors of Cunningham & Muça Cirone (2026, §2.1) per (batch, head, query, key); c = α·rel·cos.
-
-    ``mode`` says which output o_i they refer to: the head's (intra) or the layer's (inter).
-    ``model_mode`` records the TransformerLens mode that produced the cache (docs/tl-notes.md: the
-    compatibility mode changes ṽ for LayerNorm models).
-    """
-
-    attention: Float[Tensor, "batch head query key"]
-    relative_norm: Float[Tensor, "batch head query key"]  # ‖ṽ_j‖ / ‖o_i‖
-    alignment: Float[Tensor, "batch head query key"]  # cos(o_i, ṽ_j)
-    layer: int
-    mode: Mode
-    model_mode: str
-
-    @property
-    def contribution(self) -> Float[Tensor, "batch head query key"]:
-        return self.attention * self.relative_norm * self.alignment
-
-
-@dataclass
-class AttentionMetrics:
-    """Raw attention, the two value-weighted baselines and contribution weights, same shape.
-
-    - ``raw_attention``: α_ij
-    - ``value_weighted``: α_ij ‖ṽ_j‖ (Kobayashi et al. 2020)
-    - ``output_normalized``: α_ij ‖ṽ_j‖ / ‖o_i‖
-    - ``contribution``: c_ij = α_ij ‖ṽ_j‖/‖o_i‖ · cos(o_i, ṽ_j)
-
-    Each tensor field is named after the metric of :mod:`geolens.metrics` it holds (its label,
-    colour and description are there); ``METRIC_NAMES`` lists them in field order.
-    """
-
-    raw_attention: Float[Tensor, "batch head query key"]
-    value_weighted: Float[Tensor, "batch head query key"]
-    output_normalized: Float[Tensor, "batch head query key"]
-    contribution: Float[Tensor, "batch head query key"]
-    layer: int
-    mode: Mode
-    model_mode: str
-
-    METRIC_NAMES = ()  # the tensor fields, set below the class
-
-    def as_dict(self) -> dict[str, Tensor]:
-        return {name: getattr(self, name) for name in self.METRIC_NAMES}
-
-
-AttentionMetrics.METRIC_NAMES = tuple(f.name for f in fields(AttentionMetrics) if str(f.type).startswith("Float["))
-
-
 class LayerMetrics(NamedTuple):
     """Everything the efficient form gives for one layer and one mode (:func:`layer_metrics`).
 
@@ -325,7 +274,7 @@ def layer_metrics(
 
 
 @dataclass(frozen=True)
-class _ReadOptions:
+class ReadOptions:
     """The keyword arguments that :func:`contribution_weights`, :func:`attention_metrics` and
     :func:`influence_factors` share (documented in :func:`contribution_weights`): how a layer is
     read from the cache and computed. Each public function declares them in its own signature
@@ -355,36 +304,6 @@ class _ReadOptions:
             query_chunk_size=self.query_chunk_size,
             memory_budget_bytes=self.memory_budget_bytes,
         )
-
-
-def influence_factors(
-    model,
-    cache,
-    layer: int,
-    mode: Mode = "intra",
-    *,
-    dtype: torch.dtype = torch.float32,
-    eps: float = 0.0,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-    attention_mask: Tensor | None = None,
-) -> InfluenceFactors:
-    """Attention, relative norm ‖ṽ_j‖/‖o_i‖ and alignment cos(o_i, ṽ_j) (docs/method.md §1).
-
-    Arguments as in :func:`contribution_weights`; padded positions (``attention_mask``) are 0.
-
-    >>> import geolens
-    >>> from geolens.testing import tiny_bridge, tiny_tokens
-    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
-    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
-    >>> f = geolens.influence_factors(model, cache, layer=0)
-    >>> c = geolens.contribution_weights(model, cache, layer=0)
-    >>> bool(((f.attention * f.relative_norm * f.alignment) - c).abs().max() < 1e-5)  # c = α · ‖ṽ‖/‖o‖ · cos
-    True
-    """
-    options = _ReadOptions(dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
-    l, m = options.metrics(model, cache, layer, mode)
-    return InfluenceFactors(m.attention, m.relative_norm, m.alignment, l, mode, model_mode(model))
 
 
 def _layer_contributions(
@@ -483,7 +402,7 @@ def _contribution_weights(
 ):
     """``[mode, (layer,) batch, head, query, key]``: the shared body of :func:`contribution_weights`
     and :func:`contribution_weight_pair`."""
-    options = _ReadOptions(dtype, check_eps(eps), query_chunk_size, memory_budget_bytes, attention_mask)
+    options = ReadOptions(dtype, check_eps(eps), query_chunk_size, memory_budget_bytes, attention_mask)
     layers = _layers(model, layer)
     given, out = out, None  # out: [mode, (layer,) batch, head, query, key], each layer written in place
     for i, l in enumerate(layers):
@@ -618,43 +537,3 @@ def per_source_totals(
     ((2, 20, 20), 1.0)
     """
     return inter_contributions.sum(dim=-3)
-
-
-def attention_metrics(
-    model,
-    cache,
-    layer: int,
-    mode: Mode = "intra",
-    *,
-    dtype: torch.dtype = torch.float32,
-    eps: float = 0.0,
-    query_chunk_size: int | None = None,
-    memory_budget_bytes: int | None = None,
-    attention_mask: Tensor | None = None,
-) -> AttentionMetrics:
-    """Raw attention, value-weighted, output-normalised value-weighted and contribution weights.
-
-    All four are ``[batch, head, query, key]`` (docs/method.md §2 baselines). ``mode`` picks which output
-    norm ‖o_i‖ the output-normalised baseline and the contribution weights use: the head's
-    (``"intra"``) or the layer's (``"inter"``). Other arguments as in :func:`contribution_weights`
-    (``attention_mask``: padded positions are 0 in all four).
-
-    >>> import geolens
-    >>> from geolens.testing import tiny_bridge, tiny_tokens
-    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
-    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
-    >>> m = geolens.attention_metrics(model, cache, layer=1, mode="inter")
-    >>> tuple(m.contribution.shape), round(float(m.contribution[0, :, 7].sum()), 4)  # Σ_h Σ_j c_ij = 1
-    ((2, 4, 20, 20), 1.0)
-    """
-    options = _ReadOptions(dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask)
-    l, m = options.metrics(model, cache, layer, mode)
-    return AttentionMetrics(
-        raw_attention=m.attention,
-        value_weighted=m.attention * m.value_norm,
-        output_normalized=m.attention * m.relative_norm,
-        contribution=m.contribution,
-        layer=l,
-        mode=mode,
-        model_mode=model_mode(model),
-    )

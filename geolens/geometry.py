@@ -251,7 +251,7 @@ def query_chunk_for_budget(
 
     One query row of one temporary takes ``batch · head · key · itemsize`` bytes; the efficient
     form keeps at most ``n_temporaries`` such tensors alive at once (3 for contribution weights,
-    6 for :func:`geolens.contributions.attention_metrics`, measured in
+    6 for :func:`geolens.factors.attention_metrics`, measured in
     ``tests/test_long_context.py``). The outputs themselves (``[batch, head, query, key]``, the
     size of the attention pattern) are not part of the budget. Raises if even one query row does
     not fit.

@@ -140,15 +140,15 @@ def test_bad_mode_and_layer(tiny_gqa):
 
 def test_the_cache_readers_declare_their_shared_keyword_arguments_alike():
     """contribution_weights, attention_metrics and influence_factors take the options of
-    contributions._ReadOptions, keyword-only, with its defaults, after (model, cache, layer, mode)."""
+    contributions.ReadOptions, keyword-only, with its defaults, after (model, cache, layer, mode)."""
     import inspect
     from dataclasses import fields
 
-    from geolens.contributions import _ReadOptions
+    from geolens.contributions import ReadOptions
 
     for fn in (geolens.contribution_weights, geolens.attention_metrics, geolens.influence_factors):
         params = inspect.signature(fn).parameters
         assert list(params)[:4] == ["model", "cache", "layer", "mode"], fn.__name__
-        for f in fields(_ReadOptions):
+        for f in fields(ReadOptions):
             assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, (fn.__name__, f.name)
             assert params[f.name].default == f.default, (fn.__name__, f.name)

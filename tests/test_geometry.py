@@ -14,11 +14,11 @@ import geolens
 from geolens import geometry
 from geolens.contributions import (
     LayerMetrics,
-    attention_metrics,
     contribution_weight_pair_from_layer,
     contribution_weights_from_layer,
     layer_metrics,
 )
+from geolens.factors import attention_metrics
 from geolens.geometry import (
     fill_query_chunks,
     gram,

@@ -441,7 +441,7 @@ def test_tiny_models_agree_with_the_bridge(kind):
             )
         )
     a, b = results
-    for key in (*geolens.contributions.AttentionMetrics.METRIC_NAMES, "vz"):
+    for key in (*geolens.factors.AttentionMetrics.METRIC_NAMES, "vz"):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
     torch.testing.assert_close(a["contributions"].intra, b["contributions"].intra, rtol=0, atol=1e-5)
     torch.testing.assert_close(a["contributions"].inter, b["contributions"].inter, rtol=0, atol=1e-5)

@@ -35,6 +35,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "families",
         "geometry",
         "contributions",
+        "factors",
     ),
     "corpus engine": (
         "data",

@@ -144,7 +144,7 @@ def test_custom_metric_in_contribution_heatmaps(tiny_gqa, custom):
 
 def test_attention_metrics_fields_are_the_registered_metrics(tiny):
     from geolens import attention_metrics, get_attention_layer
-    from geolens.contributions import AttentionMetrics
+    from geolens.factors import AttentionMetrics
 
     assert AttentionMetrics.METRIC_NAMES == ("raw_attention", "value_weighted", "output_normalized", "contribution")
     model, _, cache = tiny

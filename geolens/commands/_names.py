@@ -29,3 +29,19 @@ DEFAULT_METRICS = tuple(m for m in METRICS if m != "value_zeroing")
 COSTLY_METRICS = {
     "value_zeroing": "1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row"
 }
+
+
+def metric_choices() -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """(every metric, the default ones, {costly metric: its description}) for ``--metrics`` help:
+    the live registry when :mod:`geolens.metrics` is already loaded (so that a metric registered
+    with ``geolens.register_metric`` in this process is listed), else the copies above, without
+    importing torch."""
+    import sys
+
+    registry = sys.modules.get("geolens.metrics")
+    if registry is None:
+        return METRICS, DEFAULT_METRICS, COSTLY_METRICS
+    names = registry.metric_names()
+    default = registry.metric_names(default_only=True)
+    costly = {m: registry.get_metric(m).description for m in names if m not in default}
+    return names, default, costly

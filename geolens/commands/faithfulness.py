@@ -33,7 +33,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     from geolens.commands._faithfulness_protocol import V1_OPTIONS
-    from geolens.commands._names import COSTLY_METRICS, DEFAULT_METRICS, FRACTIONS, METRICS, RANKING_SCOPES
+    from geolens.commands._names import FRACTIONS, RANKING_SCOPES, metric_choices
     from geolens.commands._options import add_out, add_run_options, layer_spec, non_negative_int, positive_int
 
     p = subparsers.add_parser(
@@ -67,13 +67,14 @@ def register(subparsers) -> None:
         help="terms ranked together: per (layer, head, query) row, per query across heads (primary), per source summed over heads",
     )
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="removal fractions k, each in (0, 1)")
+    metrics, default_metrics, costly_metrics = metric_choices()
     p.add_argument(
         "--metrics",
         default="",
-        help=f"comma-separated metrics, from {', '.join(METRICS)} (geolens.metrics; default: "
-        f"{','.join(DEFAULT_METRICS)}"
+        help=f"comma-separated metrics, from {', '.join(metrics)} (geolens.metrics; default: "
+        f"{','.join(default_metrics)}"
         + "".join(
-            f"; not by default: {m} ({text})" for m, text in COSTLY_METRICS.items()
+            f"; not by default: {m} ({text})" for m, text in costly_metrics.items()
         )  # the primary run leaves them out
         + ")",
     )

@@ -37,7 +37,8 @@ import pandas as pd
 import torch
 
 from geolens.adapter import PATTERN, VALUE, hook_name, model_mode, sliding_window
-from geolens.contributions import InfluenceFactors, ZeroNormOutputWarning, influence_factors
+from geolens.contributions import ZeroNormOutputWarning
+from geolens.factors import InfluenceFactors, influence_factors
 from geolens.runner import run_analysis
 from geolens.sinks._accumulate import add_moments_at
 from geolens.streaming import CorpusAnalysis, Moments

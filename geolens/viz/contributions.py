@@ -34,7 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter import get_attention_layer, model_mode
-from geolens.contributions import attention_metrics
+from geolens.factors import attention_metrics
 from geolens.metrics import LayerInputs, get_metric
 from geolens.validation import check_choice
 from geolens.viz.common import Component, HTMLView, PlotView, new_figure
