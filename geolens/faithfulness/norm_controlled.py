@@ -624,12 +624,25 @@ def summary_markdown(summary: dict) -> str:
             f"| {m} | {cell(part['strata'], m)} | {cell(res['partial'], m)} | {cell(part['top_decile']['partial'], m)} "
             f"| {cell(part['signed']['partial'], m)} | {cell(part['signed']['magnitude']['partial'], m)} |"
         )
-    lines += ["", "Per third of the stack (mean partial ρ, 95 % CI, bootstrap over (document, layer) clusters):", ""]
     thirds = [g for g in part["per_layer"]["groups"] if g["group"].startswith("layers ")]
-    for g in thirds:
-        lines.append(
-            f"- {g['group']}, {g['metric']}: {g['mean']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] (n={g['n_positions']})"
-        )
+    names = list(dict.fromkeys(g["group"] for g in thirds))
+    lines += [
+        "",
+        "Per third of the stack (mean partial ρ, 95 % interval from a bootstrap over the (document, layer) "
+        "clusters of the third; exploratory; `per_layer` in summary.json has every layer):",
+        "",
+        "| metric | "
+        + " | ".join(f"{n} (n={next(g['n_positions'] for g in thirds if g['group'] == n)})" for n in names)
+        + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for m in TERM_METRICS:
+        row = {g["group"]: g for g in thirds if g["metric"] == m}
+        cells = [
+            f"{row[n]['mean']:+.3f} [{row[n]['ci_low']:+.3f}, {row[n]['ci_high']:+.3f}]" if n in row else "–"
+            for n in names
+        ]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
