@@ -157,7 +157,8 @@ def run_erasure(args) -> int:
     from geolens.flow.erasure import ErasureSettings, measure_document, space_token, unigram_counts
     from geolens.models import load_model
     from geolens.pipelines import save_figures, write_tables
-    from geolens.pipelines.flow import FlowRun, checked_induction, erasure_markdown
+    from geolens.pipelines.flow import FlowRun, checked_induction
+    from geolens.pipelines.flow_text import erasure_markdown
     from geolens.preregistration import NOT_DECIDED, preregistration, status_line
     from geolens.resume import run_document_stage
     from geolens.viz.common import to_jsonable
