@@ -509,11 +509,11 @@ N_POS = 12  # longer than the tiny models' sliding window (8)
 
 @pytest.fixture(scope="module")
 def support_matrix():
-    """scripts/support_matrix.py: tiny models of each family on each backend, and its checks of
-    geolens against naive references and full reruns of the model (each raises on a mismatch)."""
-    from conftest import load_script
+    """tests/support_checks.py (the support matrix's checks): tiny models of each family on each
+    backend, and its checks of geolens against naive references and full reruns of the model (each
+    raises on a mismatch)."""
+    import support_checks as module
 
-    module = load_script("support_matrix")
     assert module.N_POS == N_POS
     return module
 

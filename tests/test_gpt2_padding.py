@@ -3,7 +3,7 @@ that hosts it: the HF-native backend (both environments), TransformerLens 4.x's
 ``TransformerBridge`` (main environment) and TransformerLens 2.x's ``HookedTransformer``
 (``.venvs/tl2``), all on the same tiny random GPT-2 weights.
 
-The models and the comparison are the support matrix's own (scripts/support_matrix.py: ``build``,
+The models and the comparison are the support matrix's own (tests/support_checks.py: ``build``,
 which converts the HF GPT-2 to a ``HookedTransformer`` with TransformerLens' ``convert_gpt2_weights``,
 and the ``padding`` check: a left- and a right-padded batch, logits at the real positions and every
 layer's contribution weights against the prompt run alone). Here they run in the fast tier on each
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_BRIDGE, HAS_HOOKED, load_script
+from conftest import HAS_BRIDGE, HAS_HOOKED
 
 import geolens
 from geolens.hf.tiny import tiny_family
@@ -25,7 +25,9 @@ BACKENDS = ["hf", "tl4-bridge", "tl2-hooked"]
 
 @pytest.fixture(scope="module")
 def sm():
-    return load_script("support_matrix")
+    import support_checks
+
+    return support_checks
 
 
 def build(sm, backend: str):
