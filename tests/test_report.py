@@ -749,15 +749,16 @@ def test_no_interval_of_zero_width_or_from_one_window_is_printed(tiny_report):
     page = render_html(small)
     text = _visible_text(page)
     assert "+0.214 (n = 1, no interval)" in text and "[+0.214, +0.214]" not in text
-    assert "n = 1 held-out window" in text
+    assert "n = 1 held-out window, no interval" in text
     from geolens.report import report_json
 
     data = report_json(small)
     assert data["claims"][0]["measured"] == "Δ = +0.214 (n = 1, no interval)"
     rows = data["sections"]["s"]["tables"]["t"]["rows"]
     assert rows[0]["ci_low"] is None and rows[0]["ci_high"] is None and rows[1]["ci_low"] == 0.1
-    assert data["first_screen"]["findings"][0]["ci_low"] is None
-    assert data["first_screen"]["findings"][0]["estimate"] == "+0.214 (n = 1, no interval)"
+    [finding] = data["first_screen"]["findings"]
+    assert finding["ci_low"] is None and finding["estimate"] == "+0.214"
+    assert finding["sample"] == "n = 1 held-out window, no interval"
 
 
 def test_quick_report_shows_no_superseded_protocol(tiny_report):

@@ -50,7 +50,8 @@ class Finding:
 
     @property
     def estimate(self) -> str:
-        return estimate_text(self.value, self.low, self.high, self.n, fmt=self.fmt)
+        """The value, with its interval only where one is printed (:func:`geolens.claims.estimate_text`)."""
+        return estimate_text(self.value, self.low, self.high, self.n, fmt=self.fmt).split(" (", 1)[0]
 
     @property
     def interval_shown(self) -> bool:
@@ -58,10 +59,14 @@ class Finding:
 
     @property
     def sample(self) -> str:
-        """``95% CI, n = 8 corpus windows`` (the level only when an interval is shown)."""
-        level = f"{100 * self.level:.3g}% CI, " if self.interval_shown else ""
+        """``95% CI, n = 8 corpus windows``, or why no interval is printed: ``n = 1 held-out
+        window, no interval``, ``n = 8 corpus windows, no interval`` (none computed),
+        ``…, interval of zero width``."""
         units = self.units[:-1] if self.n == 1 and self.units.endswith("windows") else self.units
-        return f"{level}n = {self.n} {units}"
+        if self.interval_shown:
+            return f"{100 * self.level:.3g}% CI, n = {self.n} {units}"
+        why = estimate_text(self.value, self.low, self.high, self.n, fmt=self.fmt).split(" (", 1)[1].rstrip(")")
+        return f"n = {self.n} {units}, {why.split(', ')[-1]}"
 
     def as_json(self, section: str) -> dict[str, Any]:
         """What the first screen prints, with the numbers behind it (``ci_low``/``ci_high`` are
