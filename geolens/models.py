@@ -211,7 +211,8 @@ def load_model(
         backend: ``"transformer_lens"`` (default: a TL 4.x ``TransformerBridge``, or a 2.x/3.x
             ``HookedTransformer`` for the tiny models where that is what TL has) or ``"hf"``: the
             ``transformers`` ``PreTrainedModel`` itself, eager attention, with geolens'
-            entry points attached to the instance (:mod:`geolens.hf`; its attention reading is
+            entry points attached to the instance by :func:`geolens.hf.prepare`, the one place
+            that attaches them (:mod:`geolens.hf`; its attention reading is
             checked against its own forward before the first analysis). The tiny models are the
             same HF weights on both backends.
         compatibility_mode: call ``enable_compatibility_mode()`` (HookedTransformer numerics;

@@ -8,7 +8,7 @@ changes the model it reads.
 - ``adapter_for(model)`` and ``geolens.run_with_cache(model, ...)`` leave a ``transformers`` model
   as it was (its ``__dict__`` object for object, its config, no hook left on any module), while
   ``geolens.hf.prepare`` is the one place that attaches entry points (``model.cfg``, ...);
-- on a TransformerBridge each family gets one of its ``TL_ADAPTERS``.
+- on a TransformerBridge each family gets one of its ``TL_ADAPTERS`` (and the bridge is not changed either).
 """
 
 from __future__ import annotations
@@ -129,4 +129,6 @@ def test_on_a_bridge_each_family_gets_one_of_its_tl_adapters(name):
     bridge = transformer_bridge(
         f"geolens-tiny-{name}", tiny_family(name), tiny_tokenizer(), compatibility_mode=False, device="cpu"
     )
+    before = dict(vars(bridge))
     assert type(geolens.adapter_for(bridge)) in family(name).TL_ADAPTERS
+    assert vars(bridge).keys() == before.keys() and all(vars(bridge)[k] is v for k, v in before.items())

@@ -80,6 +80,9 @@ def unregister_family(family: type[ModelAdapter]) -> None:
 def adapter_for(model: TLModel) -> ModelAdapter:
     """The :class:`ModelAdapter` of ``model``'s family, built once per model and cached (weakly).
 
+    It never changes ``model``: no attribute, no hook (a ``transformers`` model stays as it was:
+    ``tests/test_families.py``; only :func:`geolens.hf.prepare` attaches entry points to one).
+
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads
