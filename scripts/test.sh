@@ -8,7 +8,9 @@
 #      fast tier (bash scripts/install.sh --min builds it).
 #
 # Extra arguments go to pytest in every run (e.g. -m "not slow" for the fast tier only; a -m given
-# here replaces the run's own). Each run keeps pytest's own output, its last line included ("N
+# here replaces the run's own). Each run uses pytest-xdist when the environment has it:
+# GEOLENS_TEST_WORKERS workers (default 2, this machine's cores; 0 runs serially), whole files
+# per worker (--dist loadfile: a file's fixtures load once). Each run keeps pytest's own output, its last line included ("N
 # passed, ..."; the summary never writes a number before "passed"). The summary after the last
 # run gives, per environment and tier, the passed / failed / skipped counts (read from a
 # --junitxml report per run), the skip reasons with what installs the missing piece, and the
@@ -27,7 +29,11 @@ run() {
   local label=$1 py=$2 required=$3 n xml rc
   shift 3
   n=$(wc -l <"$RUNS"); xml="$REPORTS/run$n.xml"
-  "$py" -m pytest --junitxml="$xml" "$@"
+  local workers=${GEOLENS_TEST_WORKERS:-2} parallel=()
+  if [ "$workers" != 0 ] && "$py" -c "import xdist" 2>/dev/null; then
+    parallel=(-n "$workers" --dist loadfile)
+  fi
+  "$py" -m pytest "${parallel[@]}" --junitxml="$xml" "$@"
   rc=$?
   printf '%s\t%s\t%s\t%s\t%s\n' "$label" "$py" "$xml" "$rc" "$required" >>"$RUNS"
 }
