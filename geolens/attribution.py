@@ -38,6 +38,7 @@ from geolens.flow import (
     space_token,
 )
 from geolens.hf import run_with_cache
+from geolens.hf.backend import is_prepared
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
 from geolens.validation import check_layer, text_length, text_tokens
@@ -252,6 +253,11 @@ def _model_name(model) -> str:
 
 def _resolve_model(model, backend: str):
     if not isinstance(model, str):
+        if getattr(model, "cfg", None) is None and not is_prepared(model):  # a transformers model as loaded
+            raise ValueError(
+                f"this {type(model).__name__} has no geolens entry points: call geolens.hf.prepare(model, tokenizer) "
+                "first (or load it with geolens.load_model(name, backend='hf'))"
+            )
         return model, _model_name(model)
     from geolens.models import load_model
 

@@ -110,6 +110,17 @@ def test_hf_backend_scores_equal_its_functional_api():
     torch.testing.assert_close(c.scores, ref, atol=1e-6, rtol=0)
 
 
+def test_a_transformers_model_needs_prepare_first():
+    from geolens.hf import prepare
+    from geolens.testing import tiny_hf_model, tiny_tokenizer
+
+    raw = tiny_hf_model("gqa")  # as transformers gives it: no tokenizer, no entry points
+    with pytest.raises(ValueError, match=r"call geolens.hf.prepare\(model, tokenizer\) first"):
+        geolens.attribute(raw, TEXT, "alti")
+    att = geolens.attribute(prepare(raw, tiny_tokenizer()), TEXT, "alti")
+    assert att.scores.shape == (len(TEXT) + 1,)
+
+
 def test_model_by_name_is_loaded_once():
     a = geolens.attribute("tiny-mha", TEXT, "attention_rollout")
     b = geolens.attribute("tiny-mha", TEXT, "attention_rollout")
