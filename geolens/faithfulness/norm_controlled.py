@@ -558,6 +558,27 @@ def summary_text(part: dict) -> str:
     return "\n".join(lines)
 
 
+def _num(x: float) -> str:
+    """``+0.123``; a value that rounds to ±0.000 but is not 0 keeps two significant digits (``+0.00021``)."""
+    text = f"{x:+.3f}"
+    return f"{x:+.2g}" if x != 0 and text in ("+0.000", "-0.000") else text
+
+
+def _in_words(metrics: list[dict]) -> str:
+    """One sentence sorting the metrics by where their mean partial ρ's 95 % interval lies."""
+    above = [m["metric"] for m in metrics if m["ci_low"] > 0]
+    below = [m["metric"] for m in metrics if m["ci_high"] < 0]
+    zero = [m["metric"] for m in metrics if m["ci_low"] == m["ci_high"] == 0]
+    other = [m["metric"] for m in metrics if m["metric"] not in above + below + zero]
+    parts = [
+        f"predict the KL beyond the norm (interval above 0): {', '.join(above) or 'none'}",
+        f"rank against it once the norm is fixed (interval below 0): {', '.join(below) or 'none'}",
+        f"cannot be told from 0: {', '.join(other) or 'none'}",
+        f"0 by construction: {', '.join(zero) or 'none'}",
+    ]
+    return "In words (per-metric 95 % intervals, before any correction): " + "; ".join(parts) + "."
+
+
 def summary_markdown(summary: dict) -> str:
     """README.md section of a protocol-3 run, in words and tables."""
     part = summary["per_term_effects"]
@@ -573,6 +594,8 @@ def summary_markdown(summary: dict) -> str:
         f"Spearman correlation of the metric with the KL given the norm; mean over positions, 95 % "
         f"document-cluster bootstrap intervals (B = {nc['n_boot']}). Value-weighted and output-normalised inter "
         f"rank as the norm does, so theirs is 0 by construction.",
+        "",
+        _in_words(nc["metrics"]),
         "",
         "| metric | mean partial ρ | 95 % CI | protocol 2's plain ρ (float64) |",
         "|---|---|---|---|",
@@ -593,7 +616,7 @@ def summary_markdown(summary: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for p in nc["pairs"]:
-        ci = "–" if p.get("ci_low") is None else f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]"
+        ci = "–" if p.get("ci_low") is None else f"[{_num(p['ci_low'])}, {_num(p['ci_high'])}]"
         padj = "–" if p.get("p_adj") is None else f"{p['p_adj']:.3g}"
         lines.append(f"| {p['a']} → {p['b']} | {p['estimate']:+.3f} | {ci} | {padj} | {p['verdict']} |")
     for p in nc["not_testable"]:
