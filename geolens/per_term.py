@@ -506,7 +506,7 @@ def float64_exact(model):
     patches are instance attributes, removed on exit.
 
     >>> from geolens.testing import tiny_bridge, tiny_tokens
-    >>> model = tiny_bridge("gqa").to(torch.float64)
+    >>> model = tiny_bridge("gqa", dtype=torch.float64)
     >>> with float64_exact(model):
     ...     e = per_term_effects(model, tiny_tokens(model, length=12)[:1], layer=1, query=-1)
     >>> e.kl.dtype, e.floor < 1e-12
