@@ -4,7 +4,7 @@ On SmolLM2-135M (CPU), for sequence lengths 128 and 512 (batch 1), measures in o
 
 (a) a plain ``run_with_cache`` (all hooks cached);
 (b) geolens all-layer contribution weights, intra and inter together in one pass
-    (``mode="both"``: shared z, Gram products and pattern read; the cache's ``hook_z`` is used
+    (``contribution_weight_pair``: shared z, Gram products and pattern read; the cache's ``hook_z`` is used
     once Freivalds' check against α and v passes, during the same read of α) from that cache;
 (b2) the same two results as two single-mode passes (the previous way), side by side;
 (b1) intra only, one pass;
@@ -43,7 +43,7 @@ Backends side by side (``--backend hf``): the same weights loaded twice, as a Tr
 ``TransformerBridge`` and as the plain ``transformers`` model (``geolens.load_model(...,
 backend="hf")``); per length, in interleaved rounds whose order rotates, each backend's forward
 with the cache geolens reads (``geolens.run_with_cache(model, tokens,
-names_filter=geolens.names_filter(model))``) and geolens' all-layer ``mode="both"`` contributions
+names_filter=geolens.names_filter(model))``) and geolens' all-layer ``contribution_weight_pair`` contributions
 from that cache. Prints each backend's contributions / forward ratio (best times, and the
 geometric mean of the per-round ratios with a 95% t-interval) and the ratio of the two ratios, HF
 over TransformerLens, round by round: the HF-native cache costs no more, relative to its own
@@ -71,7 +71,7 @@ from _common import require, smoke_folder  # benchmarks/_common.py
 
 import geolens
 from geolens.adapter import get_attention_layer
-from geolens.contributions import contribution_weights_from_layer
+from geolens.contributions import contribution_weight_pair_from_layer, contribution_weights_from_layer
 
 
 def rss_bytes() -> int:
@@ -178,7 +178,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
 
         def geolens_all():
             return [
-                tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both"))
+                tuple(contribution_weight_pair_from_layer(get_attention_layer(model, cache, l)))
                 for l in range(n_layers)
             ]
 
@@ -202,7 +202,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
 
         def geolens_mapped():
             return [
-                tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both", out=mapped[l]))
+                tuple(contribution_weight_pair_from_layer(get_attention_layer(model, cache, l), out=mapped[l]))
                 for l in range(n_layers)
             ]
 
@@ -266,7 +266,7 @@ def bench(model, seq_len: int, naive_layers: int, repeats: int, model_name: str 
 
 def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
     """The ``--backend hf`` comparison of the module docstring: per length, each backend's forward
-    with geolens' cache (a) and all-layer ``mode="both"`` contributions from it (b), in rounds."""
+    with geolens' cache (a) and all-layer ``contribution_weight_pair`` contributions from it (b), in rounds."""
     from geolens.data import corpus_windows
 
     models = {"tl": geolens.load_model(model_name), "hf": geolens.load_model(model_name, backend="hf")}
@@ -284,7 +284,7 @@ def backends_side_by_side(model_name: str, lengths, repeats: int) -> dict:
 
                 def contributions(model=model, cache=caches[name]):
                     return [
-                        tuple(contribution_weights_from_layer(get_attention_layer(model, cache, l), "both"))
+                        tuple(contribution_weight_pair_from_layer(get_attention_layer(model, cache, l)))
                         for l in range(n_layers)
                     ]
 
@@ -359,14 +359,14 @@ def memory_child(seq_len: int, model_name: str = "smollm2-135m") -> None:
 
         _, short = model.run_with_cache(tokens[:, :8], names_filter=geolens.names_filter(model))
         for l in range(model.cfg.n_layers):
-            contribution_weights_from_layer(get_attention_layer(model, short, l), "both")
+            contribution_weight_pair_from_layer(get_attention_layer(model, short, l))
         gram_bytes = sum(e[2].numel() * e[2].element_size() for t in (_GRAMS, _CROSS_GRAMS) for e in t.values())
         del short
         with PeakRSS() as mem:
             total = 0.0
             for l in range(model.cfg.n_layers):
                 view = get_attention_layer(model, cache, l)
-                total += sum(float(c.sum()) for c in contribution_weights_from_layer(view, "both"))
+                total += sum(float(c.sum()) for c in contribution_weight_pair_from_layer(view))
                 del view
     print(mem.extra, gram_bytes)
 
@@ -406,7 +406,7 @@ def streamed_forward(model, tokens, *, with_geolens: bool, budget: int = BUDGET,
                         out = buffers.get(shape)
                         if out is None:
                             out = buffers[shape] = sub.pattern.new_empty(shape)
-                    intra, inter = contribution_weights_from_layer(sub, "both", out=out)
+                    intra, inter = contribution_weight_pair_from_layer(sub, out=out)
                     acc += float(intra.sum()) + float(inter.sum())
                 del view
             if x.is_cuda:

@@ -7,7 +7,7 @@ The model is built from a config with random weights (no download): 32 layers, d
 
 - the plain forward time (no hooks);
 - the forward time with geolens inside it: hooks on ``hook_v`` / ``hook_pattern`` compute the
-  intra and inter contribution weights of every layer as it is produced (``mode="both"``,
+  intra and inter contribution weights of every layer as it is produced (``contribution_weight_pair``,
   query-chunked under ``--budget-gib``), reduce them and drop them (as ``benchmarks/contributions.py
   --scaling`` does on CPU); the geolens share is the time spent inside those hooks;
 - the peak GPU memory of each (``torch.cuda.max_memory_allocated``), absolute.

@@ -496,6 +496,16 @@ def position_effects(
     return PositionEffects(term, source, grad, clean.alpha, clean.v, grad_target)
 
 
+def _weight_is_offset(module, forward) -> bool:
+    """Whether an RMSNorm scales by (1 + weight) rather than by weight, read from the module's own
+    output on an all-ones row (whose RMS is 1), not from its family's name."""
+    weight = module.weight.detach().to(torch.float32)
+    with torch.no_grad():
+        out = forward(module, torch.ones(1, weight.shape[-1], dtype=module.weight.dtype, device=weight.device))
+    out = out.detach().to(torch.float32).reshape(-1)
+    return float((out - (1.0 + weight)).abs().max()) < float((out - weight).abs().max())
+
+
 @contextmanager
 def float64_exact(model):
     """Within the block, a model cast to float64 computes its attention softmax and its RMS norms in
@@ -526,7 +536,7 @@ def float64_exact(model):
             patched.append((module, "_masked_softmax"))
         elif kind.__name__.endswith("RMSNorm") and kind.__module__.startswith("transformers"):
             eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-            offset = "Gemma" in kind.__name__  # Gemma's weight is an offset from 1
+            offset = _weight_is_offset(module, kind.forward)  # Gemma's weight is an offset from 1
 
             def norm(self, x, _original=kind.forward, _eps=eps, _offset=offset):
                 if x.dtype != torch.float64 or _eps is None:

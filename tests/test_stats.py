@@ -359,6 +359,7 @@ def test_no_other_module_draws_bootstrap_indices():
             "ids = torch.from_numpy(np.random.default_rng(seed).choice(candidates, size=n_tokens, replace=False)).to(torch.long)",
         ),
         ("hf/check.py", "return torch.randint(0, cfg.d_vocab, (batch, n), generator=generator)"),  # check tokens
+        ("families/convert.py", "t = torch.randint(4, 64, (n_rows, n_pos), generator=g)"),  # check tokens
         ("hf/streamed.py", ">>> tokens = torch.randint(4, 64, (6, 10), generator=torch.Generator().manual_seed(0))"),
     }
     for path in PACKAGE.rglob("*.py"):
