@@ -15,7 +15,6 @@ import geolens
 from geolens.attribution import Attribution
 from geolens.flow import erase, flow_names_filter, gradient_x_input, integrated_gradients, space_token
 from geolens.metrics import unregister_metric
-from geolens.testing import tiny_bridge
 
 TEXT = "the cat sat on the mat"
 MODEL_METHODS = ["contribution_flow", "alti", "attention_rollout", "value_zeroing_rollout"]
@@ -25,7 +24,7 @@ HEAD_METRICS = ["raw_attention", "value_weighted", "output_normalized", "contrib
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_bridge("gqa")
+    return geolens.load_model("tiny-gqa")  # a TransformerBridge on TL 4.x, a HookedTransformer on TL 2.x
 
 
 def _tokens(model, text=TEXT):
@@ -183,7 +182,7 @@ def test_grad_scores_round_trip_float64(model, tmp_path):
 
 
 def test_over_long_text_is_refused_or_truncated_on_request():
-    model = tiny_bridge("gqa")  # n_ctx 128, one token per character
+    model = geolens.load_model("tiny-gqa")  # n_ctx 128, one token per character
     text = "x" * 200
     with pytest.raises(ValueError, match=r"201 tokens long .*context of 128 tokens.*pass truncate=True"):
         geolens.attribute(model, text, "attention_rollout")

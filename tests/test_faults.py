@@ -405,6 +405,7 @@ def test_over_long_text_is_refused_in_one_line_or_truncated_on_request(tmp_path,
     assert record["truncated"] is True and record["n_text_tokens"] == 241 and len(record["tokens"]) == 128
 
 
+@pytest.mark.bridge_only  # builds the TL 4.x tiny bridge
 def test_over_long_text_in_analyze(capsys, monkeypatch):
     import geolens.models
     from geolens.testing import tiny_bridge
@@ -417,6 +418,7 @@ def test_over_long_text_in_analyze(capsys, monkeypatch):
     assert rc == 0 and "truncated to the model's context" in stdout and "128 tokens incl. BOS" in stdout
 
 
+@pytest.mark.bridge_only  # builds the TL 4.x tiny bridge
 def test_over_long_text_in_the_python_api():
     from geolens.hf.tiny import tiny_family
     from geolens.testing import tiny_bridge, tiny_tokenizer
@@ -435,6 +437,7 @@ def test_over_long_text_in_the_python_api():
     assert tuple(hf.to_tokens(LONG, truncate=True).shape) == (1, 128)
 
 
+@pytest.mark.bridge_only  # builds the TL 4.x tiny bridge
 def test_over_long_multiple_choice_prompt_is_refused_not_cut():
     from geolens.errors import UsageError
     from geolens.multiple_choice import Question, prompt_and_choice_ids
@@ -447,6 +450,7 @@ def test_over_long_multiple_choice_prompt_is_refused_not_cut():
         prompt_and_choice_ids(model, Question(LONG, ("mat", "dog"), 0))
 
 
+@pytest.mark.bridge_only  # builds the TL 4.x tiny bridge
 def test_padded_batch_without_its_mask_is_refused():
     import geolens
     from geolens.flow import contribution_flow, flow_names_filter
@@ -464,6 +468,7 @@ def test_padded_batch_without_its_mask_is_refused():
         contribution_flow(model, cache, tokens=torch.cat([tokens[1:], tokens[:1]]))
 
 
+@pytest.mark.bridge_only  # builds the TL 4.x tiny bridge
 def test_a_cache_of_another_model_is_refused():
     import geolens
     from geolens.testing import tiny_bridge

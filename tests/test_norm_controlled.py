@@ -22,6 +22,8 @@ from geolens.faithfulness.norm_controlled import (
 from geolens.per_term import float64_exact, per_term_effects
 from geolens.testing import tiny_bridge, tiny_tokens
 
+pytestmark = pytest.mark.bridge_only  # float64_exact is about the TL 4.x bridge's softmax; built on tiny bridges
+
 V3 = Path(__file__).parents[1] / "docs" / "faithfulness" / "v3"
 
 

@@ -222,12 +222,16 @@ class FlowRun(TopicRun):
             for name in ("conditions", "predictions", "rankings")
         }
         induction = pd.read_csv(folder / "induction.csv") if (folder / "induction.csv").is_file() else None
+        from geolens.preregistration import NOT_DECIDED
+
+        withheld = any(p.get("verdict") == NOT_DECIDED for f in saved["families"].values() for p in f["pairs"])
         return cls.of(
             tables,
             settings,
             induction=induction,
             status=saved.get("status", "exploratory"),
             parameters={"folder": str(folder)},
+            verdicts=not withheld,  # an exploratory run under a protocol decides nothing, loaded or not
         )
 
     @property
