@@ -16,7 +16,6 @@ into a table (:meth:`Attribution.to_dataframe`) and saves to a JSON file that lo
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -37,11 +36,12 @@ from geolens.flow import (
     integrated_gradients,
     space_token,
 )
+from geolens.flow.baselines import check_position
 from geolens.hf import run_with_cache
 from geolens.hf.backend import is_prepared
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
-from geolens.validation import check_layer, text_length, text_tokens
+from geolens.validation import check_layer, checked_text_tokens
 
 FORMAT = "geolens.Attribution/1"
 _VERSIONED = ("torch", "transformer-lens", "transformers")
@@ -269,29 +269,17 @@ def _resolve_model(model, backend: str):
 
 
 def _tokenize(model, text: str, truncate: bool) -> tuple[Tensor, int | None]:
-    """The text's tokens (never cut silently: :func:`geolens.validation.text_tokens`) and, when it
-    was cut to the context on request, its full length."""
+    """The text's tokens (never cut silently: :func:`geolens.validation.checked_text_tokens`) and,
+    when it was cut to the context on request, its full length."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"text must be a non-empty string, got {text!r}")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tokens = text_tokens(model, text, truncate=truncate)
-    cut = [w for w in caught if "truncated to the model's context" in str(w.message)]
-    for w in caught:
-        if w not in cut:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return tokens, (text_length(model, text) if cut else None)
+    tokens, n = checked_text_tokens(model, text, truncate=truncate)
+    return tokens, (n if tokens.shape[-1] < n else None)
 
 
 def _str_tokens(model, ids: Sequence[int]) -> list[str]:
     tok = model.tokenizer
     return [tok.decode([int(t)]) for t in ids]
-
-
-def _check_position(position, n: int) -> int:
-    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not -n <= int(position) < n:
-        raise ValueError(f"position must be an integer in [{-n}, {n}) for this text of {n} tokens, got {position!r}")
-    return int(position) % n
 
 
 def _check_levels(found: list[Method], layer, head) -> str:
@@ -402,7 +390,7 @@ def attribute(
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     n = int(tokens.shape[-1])
-    position = _check_position(position, n)
+    position = check_position(position, n)
     if level != "model" and mode is None:
         mode = "intra" if level == "head" else "inter"
 

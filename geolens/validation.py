@@ -105,34 +105,39 @@ def text_tokens(model, text: str, *, prepend_bos: bool = True, truncate: bool = 
     ...
     ValueError: the text is 601 tokens long (BOS included), longer than the model's context of 128 tokens: shorten it, or pass truncate=True to keep its first 128 tokens
     """
+    tokens, n = checked_text_tokens(model, text, prepend_bos=prepend_bos, truncate=truncate)
+    if tokens.shape[-1] < n:
+        import warnings
+
+        warnings.warn(
+            f"the text is {n} tokens long: truncated to the model's context, its first {tokens.shape[-1]} tokens",
+            stacklevel=2,
+        )
+    return tokens
+
+
+def checked_text_tokens(model, text: str, *, prepend_bos: bool = True, truncate: bool = False) -> tuple[Tensor, int]:
+    """:func:`text_tokens` without its warning, and the text's full token count: ``(tokens, n)``,
+    ``tokens`` cut to the context only when ``truncate`` (then ``tokens.shape[-1] < n``).
+
+    >>> from geolens.testing import tiny_bridge
+    >>> tokens, n = checked_text_tokens(tiny_bridge("gqa"), "x" * 200, truncate=True)
+    >>> tokens.shape[-1], n
+    (128, 201)
+    """
     if not isinstance(text, str):
         raise TypeError(f"text must be a string, got {type(text).__name__}")
     tokens, n = _full_text_tokens(model, text, prepend_bos=prepend_bos)
     n_ctx = getattr(model.cfg, "n_ctx", None)
     if n_ctx is None or n <= int(n_ctx):
-        return tokens
+        return tokens, n
     n_ctx = int(n_ctx)
     if not truncate:
         raise ValueError(
             f"the text is {n} tokens long{' (BOS included)' if prepend_bos else ''}, longer than the model's "
             f"context of {n_ctx} tokens: shorten it, or pass truncate=True to keep its first {n_ctx} tokens"
         )
-    import warnings
-
-    warnings.warn(
-        f"the text is {n} tokens long: truncated to the model's context, its first {n_ctx} tokens", stacklevel=2
-    )
-    return tokens[:, :n_ctx]
-
-
-def text_length(model, text: str, *, prepend_bos: bool = True) -> int:
-    """The number of tokens of ``text`` (BOS included when ``prepend_bos``), never cut to the context.
-
-    >>> from geolens.testing import tiny_bridge
-    >>> text_length(tiny_bridge("gqa"), "x" * 200)
-    201
-    """
-    return _full_text_tokens(model, text, prepend_bos=prepend_bos)[1]
+    return tokens[:, :n_ctx], n
 
 
 def _full_text_tokens(model, text: str, *, prepend_bos: bool) -> tuple[Tensor, int]:

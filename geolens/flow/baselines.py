@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -71,9 +72,14 @@ def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: in
     return f.detach(), grad.detach()
 
 
-def _check_position(tokens: Tensor, position: int) -> int:
-    n = tokens.shape[-1]
-    if isinstance(position, bool) or int(position) != position or not -n <= int(position) < n:
+def check_position(position, n: int) -> int:
+    """``position`` of a sequence of ``n`` tokens as an index in [0, n) (negative counts from the
+    end), or a one-line ValueError.
+
+    >>> check_position(-1, 8)
+    7
+    """
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not -n <= int(position) < n:
         raise ValueError(f"position must be an integer in [{-n}, {n}), got {position!r}")
     return int(position) % n
 
@@ -91,7 +97,7 @@ def gradient_x_input(
     (8,)
     """
     tokens = as_row(tokens)
-    position = _check_position(tokens, position)
+    position = check_position(position, tokens.shape[-1])
     x = input_embeddings(model, tokens[: position + 1])
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
@@ -136,6 +142,7 @@ def integrated_gradients(
     Σ_j IG_j = f(x) − f(x′) up to the discretisation error (:attr:`IntegratedGradients.completeness_gap`).
     ``batch_size`` interpolation steps go through one forward and backward.
 
+    >>> from geolens.flow.erasure import erase
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")
     >>> t = tiny_tokens(model, length=8)[0]
@@ -148,7 +155,7 @@ def integrated_gradients(
         raise ValueError(f"baseline has shape {tuple(baseline.shape)}, the tokens {tuple(tokens.shape)}")
     if int(n_steps) < 1 or int(batch_size) < 1:
         raise ValueError(f"n_steps and batch_size must be positive integers, got {n_steps!r} and {batch_size!r}")
-    position = _check_position(tokens, position)
+    position = check_position(position, tokens.shape[-1])
     x = input_embeddings(model, tokens[: position + 1])
     xb = input_embeddings(model, baseline[: position + 1])
     if target is None:
