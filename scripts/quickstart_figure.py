@@ -1,7 +1,8 @@
-"""The README's quickstart picture: ``geolens.attribute(...).plot()`` on SmolLM2-135M, saved to
-docs/images/quickstart.png (the README and the docs site show it).
+"""The README's quickstart picture: ``geolens.attribute(...).plot()`` on SmolLM2-135M. By default it
+is written outside docs/ (geolens-runs/quickstart.png); the published copy that the README and the
+docs site show is made with
 
-    python scripts/quickstart_figure.py [--out docs/images/quickstart.png]
+    python scripts/quickstart_figure.py --out docs/images/quickstart.png
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ METHODS = ["contribution_flow", "alti", "integrated_gradients"]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs/images/quickstart.png"))
+    parser.add_argument("--out", default="geolens-runs/quickstart.png", help="where to write the PNG")
     args = parser.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     att = geolens.attribute("smollm2-135m", TEXT, method=METHODS)
     att.plot().savefig(args.out, dpi=110, bbox_inches="tight")
     print(att)
