@@ -68,7 +68,7 @@ for arg in "$@"; do
       fi
       echo "install.sh --min:" $(core_versions .venvs/min/bin/python) ;;
     --browser)
-      # tests/test_browser.py opens the report in headless Chromium (skipped when it is missing).
+      # tests/report/test_browser.py opens the report in headless Chromium (skipped when it is missing).
       if ! command -v chromium >/dev/null 2>&1; then
         SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
         $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium

@@ -72,3 +72,72 @@ def factors(model, cache, layer, mode):
         rel[bi, hi, i, j] = w.norm() / o.norm()
         cos[bi, hi, i, j] = torch.dot(o, w) / (o.norm() * w.norm())
     return rel, cos
+
+
+def naive_value_zeroing(model, tokens, layer, final_norm=False):
+    """One full forward per source token j, v_j zeroed at ``layer`` only; 1 − cos of resid_post
+    (after ``ln_final`` with ``final_norm``)."""
+    from geolens.interventions import applied  # the hook context only; the computation is the loops below
+
+    n = tokens.shape[1]
+    out = torch.zeros(tokens.shape[0], n, n, dtype=torch.float64)
+    name_v, name_r = f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.hook_resid_post"
+    for b in range(tokens.shape[0]):
+        seq = tokens[b : b + 1]
+        with torch.no_grad():
+            _, cache = model.run_with_cache(seq, names_filter=lambda name: name == name_r)
+        post = (lambda r: model.ln_final(r)) if final_norm else (lambda r: r)
+        with torch.no_grad():
+            clean = post(cache[name_r])[0].double()
+        for j in range(n):
+            got = {}
+
+            def zero(v, hook, j=j):
+                v = v.clone()
+                v[:, j] = 0.0
+                return v
+
+            def save(r, hook):
+                got["r"] = post(r)[0].double()
+
+            with torch.no_grad(), applied(model, [(name_v, zero), (name_r, save)]):
+                model(seq, return_type="logits")
+            for i in range(n):
+                a, c = clean[i], got["r"][i]
+                out[b, i, j] = 1.0 - torch.dot(a, c) / (a.norm() * c.norm())
+    return out
+
+
+# Padded batches of the tiny tokenizer (tests of padding, flow).
+PAD = 2
+TEXTS = ("the cat sat on the mat.", "a dog ran", "hello there world")
+
+
+def padding_prompts():
+    """The three ``TEXTS`` as tiny-tokenizer id rows of different lengths, BOS first."""
+    from geolens.testing import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    return [torch.tensor([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"]) for t in TEXTS]
+
+
+def pad_prompts(prompts, side: str):
+    """``prompts`` padded with ``PAD`` on ``side`` ('left' or 'right'): tokens and attention mask ``[batch, pos]``."""
+    n = max(len(p) for p in prompts)
+    rows, masks = [], []
+    for p in prompts:
+        fill = torch.full((n - len(p),), PAD)
+        rows.append(torch.cat([fill, p]) if side == "left" else torch.cat([p, fill]))
+        m = torch.zeros(n, dtype=torch.long)
+        if side == "left":
+            m[n - len(p) :] = 1
+        else:
+            m[: len(p)] = 1
+        masks.append(m)
+    return torch.stack(rows), torch.stack(masks)
+
+
+def real_span(mask_row: torch.Tensor) -> slice:
+    """The slice of a padded row's real (mask 1) positions."""
+    idx = mask_row.nonzero().flatten()
+    return slice(int(idx[0]), int(idx[-1]) + 1)

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from conftest import make_tiny
+from reference import pad_prompts, padding_prompts, real_span
 
 import geolens
 from geolens import attention_metrics, contribution_weights, influence_factors, names_filter
@@ -16,34 +17,6 @@ from geolens.contributions import ZeroNormOutputWarning
 from geolens.runner import run_corpus
 from geolens.sinks.norm_curve import NormCurve
 from geolens.testing import tiny_tokenizer
-
-PAD = 2
-TEXTS = ("the cat sat on the mat.", "a dog ran", "hello there world")
-
-
-def _prompts():
-    tok = tiny_tokenizer()
-    return [torch.tensor([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"]) for t in TEXTS]
-
-
-def _pad(prompts, side: str):
-    n = max(len(p) for p in prompts)
-    rows, masks = [], []
-    for p in prompts:
-        fill = torch.full((n - len(p),), PAD)
-        rows.append(torch.cat([fill, p]) if side == "left" else torch.cat([p, fill]))
-        m = torch.zeros(n, dtype=torch.long)
-        if side == "left":
-            m[n - len(p) :] = 1
-        else:
-            m[: len(p)] = 1
-        masks.append(m)
-    return torch.stack(rows), torch.stack(masks)
-
-
-def _real(mask_row: torch.Tensor) -> slice:
-    idx = mask_row.nonzero().flatten()
-    return slice(int(idx[0]), int(idx[-1]) + 1)
 
 
 @pytest.fixture(scope="module", params=["gqa", "mha", "gemma"])
@@ -57,8 +30,8 @@ def model(request):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padded_batch_equals_each_prompt_alone(model, side):
-    prompts = _prompts()
-    tokens, mask = _pad(prompts, side)
+    prompts = padding_prompts()
+    tokens, mask = pad_prompts(prompts, side)
     _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=names_filter(model))
     for layer in range(model.cfg.n_layers):
         padded = {
@@ -77,7 +50,7 @@ def test_padded_batch_equals_each_prompt_alone(model, side):
             }
             fa = influence_factors(model, alone_cache, layer)
             alone["relative_norm"], alone["alignment"] = fa.relative_norm, fa.alignment
-            real = _real(mask[row])
+            real = real_span(mask[row])
             pad = ~mask[row].bool()
             for name, value in padded.items():
                 got = value[row][:, real, real]
@@ -88,7 +61,7 @@ def test_padded_batch_equals_each_prompt_alone(model, side):
 
 
 def test_padded_queries_raise_no_zero_norm_warning(model):
-    tokens, mask = _pad(_prompts(), "left")
+    tokens, mask = pad_prompts(padding_prompts(), "left")
     _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=names_filter(model))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ZeroNormOutputWarning)
@@ -96,14 +69,14 @@ def test_padded_queries_raise_no_zero_norm_warning(model):
 
 
 def test_masked_cache_without_mask_is_refused(model):
-    tokens, mask = _pad(_prompts(), "left")
+    tokens, mask = pad_prompts(padding_prompts(), "left")
     _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=names_filter(model))
     with pytest.raises(ValueError, match="attention_mask="):
         contribution_weights(model, cache, 0)
 
 
 def test_mask_that_does_not_match_the_cache_is_refused(model):
-    tokens, mask = _pad(_prompts(), "left")
+    tokens, mask = pad_prompts(padding_prompts(), "left")
     _, cache = model.run_with_cache(tokens, names_filter=names_filter(model))  # run WITHOUT the mask
     with pytest.raises(ValueError, match="attend to positions that attention_mask marks as padding"):
         contribution_weights(model, cache, 0, attention_mask=mask)
@@ -118,7 +91,7 @@ def test_mask_that_does_not_match_the_cache_is_refused(model):
     ],
 )
 def test_bad_attention_mask(model, bad, match):
-    tokens, mask = _pad(_prompts(), "right")
+    tokens, mask = pad_prompts(padding_prompts(), "right")
     _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=names_filter(model))
     bad = bad(tokens.shape[1])
     with pytest.raises(ValueError, match=match):
@@ -142,7 +115,7 @@ def _tiny_two():
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_run_corpus_with_mask_equals_prompts_alone(model, side):
     prompts = _tiny_two()
-    tokens, mask = _pad(prompts, side)
+    tokens, mask = pad_prompts(prompts, side)
     [padded] = run_corpus(model, tokens, [norm_curve(model)], attention_mask=mask, progress=False, batch_size=2)
     alone = norm_curve(model)
     for p in prompts:
@@ -153,16 +126,16 @@ def test_run_corpus_with_mask_equals_prompts_alone(model, side):
 
 
 def test_run_corpus_refuses_unmasked_padding(model):
-    tokens, _ = _pad(_tiny_two(), "left")
+    tokens, _ = pad_prompts(_tiny_two(), "left")
     with pytest.raises(ValueError, match="looks padded.*attention_mask="):
         run_corpus(model, tokens, [norm_curve(model)], progress=False)
-    tokens, _ = _pad(_tiny_two(), "right")
+    tokens, _ = pad_prompts(_tiny_two(), "right")
     with pytest.raises(ValueError, match="looks padded"):
         run_corpus(model, tokens, [norm_curve(model)], progress=False)
 
 
 def test_run_corpus_accepts_equal_rows_and_rejects_holes(model):
-    tokens, mask = _pad(_tiny_two(), "left")
+    tokens, mask = pad_prompts(_tiny_two(), "left")
     holes = mask.clone()
     holes[1, 3] = 0
     with pytest.raises(ValueError, match="padding between real tokens"):

@@ -32,7 +32,7 @@ One idea per module:
 - :mod:`~geolens.adapter.cache`: reading cache entries.
 
 Everything else in geolens goes through the names below; no other module branches on the model
-family or the TransformerLens version (``tests/test_adapter.py`` scans for it).
+family or the TransformerLens version (``tests/adapter/test_adapter.py`` scans for it).
 """
 
 from geolens.adapter.base import ModelAdapter

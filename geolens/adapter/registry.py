@@ -81,7 +81,7 @@ def adapter_for(model: TLModel) -> ModelAdapter:
     """The :class:`ModelAdapter` of ``model``'s family, built once per model and cached (weakly).
 
     It never changes ``model``: no attribute, no hook (a ``transformers`` model stays as it was:
-    ``tests/test_families.py``; only :func:`geolens.hf.prepare` attaches entry points to one).
+    ``tests/families/test_families.py``; only :func:`geolens.hf.prepare` attaches entry points to one).
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens

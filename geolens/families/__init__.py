@@ -16,13 +16,13 @@ adapter classes from the ``HF`` layouts; :mod:`geolens.hf.tiny` builds a tiny ra
 
 Where a family goes (CONTRIBUTING.md): a new ``geolens/families/<name>.py`` with those names, added
 to :data:`FAMILIES` below; the HF-native adapter, the support matrix (``scripts/support_matrix.py``)
-and ``tests/test_families.py`` pick it up from there. A TransformerLens block layout geolens does
+and ``tests/families/test_families.py`` pick it up from there. A TransformerLens block layout geolens does
 not know yet (a new norm placement) is a new class in :mod:`geolens.adapter`, matched by structure,
 not by name.
 
 **No adapter changes the model it reads.** ``geolens.adapter_for(model)`` and
 ``geolens.run_with_cache(model, ...)`` on a ``transformers`` model leave it as it is (its
-``__dict__``, its attributes, its class and its forward: ``tests/test_families.py``); the per-model
+``__dict__``, its attributes, its class and its forward: ``tests/families/test_families.py``); the per-model
 state of the HF-native backend (hook points, the TransformerLens-style config view, whether the
 load-time check has run) lives in a ``WeakKeyDictionary`` keyed by the model
 (:mod:`geolens.hf.backend`). Only :func:`geolens.hf.prepare` (what ``load_model(..., backend="hf")``,

@@ -13,7 +13,7 @@ family, as module-level names:
 - ``TL_ADAPTERS``: the :mod:`geolens.adapter` classes that read it on TransformerLens (a
   ``TransformerBridge``, a ``HookedTransformer``). They match a block layout, not a name (a norm
   after attention: :class:`~geolens.adapter.GemmaBridgeAdapter`), so they stay in
-  :mod:`geolens.adapter`; ``tests/test_families.py`` checks that each family gets one of them;
+  :mod:`geolens.adapter`; ``tests/families/test_families.py`` checks that each family gets one of them;
 - ``hooked_config(c)``: the TransformerLens 2.x ``HookedTransformerConfig`` fields for the HF
   config ``c`` and the name of TransformerLens' weight converter (or ``NotImplementedError`` where
   TransformerLens 2.x cannot hold the family), as :func:`geolens.families.convert.hooked_from_hf`

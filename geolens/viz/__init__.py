@@ -1,6 +1,6 @@
 """Visualisations: circuitsvis views and matplotlib plots that display in notebooks and save.
 
-What a function returns follows its name (tests/test_viz.py checks it):
+What a function returns follows its name (tests/viz/test_viz.py checks it):
 
 - a figure function returns a :class:`HTMLView` (circuitsvis components, rendered with the JS
   bundle shipped inside the circuitsvis wheel, never a CDN) or a :class:`PlotView` (matplotlib);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from reference import naive_value_zeroing
 
 from geolens.faithfulness import (
     ALL_METRICS,
@@ -17,40 +18,8 @@ from geolens.faithfulness import (
     metric_scores,
     value_zeroing,
 )
-from geolens.interventions import active_hook_count, applied
+from geolens.interventions import active_hook_count
 from geolens.interventions.masking import masked_token_nll, token_nll
-
-
-def naive_value_zeroing(model, tokens, layer, final_norm=False):
-    """One full forward per source token j, v_j zeroed at ``layer`` only; 1 − cos of resid_post
-    (after ``ln_final`` with ``final_norm``)."""
-    n = tokens.shape[1]
-    out = torch.zeros(tokens.shape[0], n, n, dtype=torch.float64)
-    name_v, name_r = f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.hook_resid_post"
-    for b in range(tokens.shape[0]):
-        seq = tokens[b : b + 1]
-        with torch.no_grad():
-            _, cache = model.run_with_cache(seq, names_filter=lambda name: name == name_r)
-        post = (lambda r: model.ln_final(r)) if final_norm else (lambda r: r)
-        with torch.no_grad():
-            clean = post(cache[name_r])[0].double()
-        for j in range(n):
-            got = {}
-
-            def zero(v, hook, j=j):
-                v = v.clone()
-                v[:, j] = 0.0
-                return v
-
-            def save(r, hook):
-                got["r"] = post(r)[0].double()
-
-            with torch.no_grad(), applied(model, [(name_v, zero), (name_r, save)]):
-                model(seq, return_type="logits")
-            for i in range(n):
-                a, c = clean[i], got["r"][i]
-                out[b, i, j] = 1.0 - torch.dot(a, c) / (a.norm() * c.norm())
-    return out
 
 
 def test_value_zeroing_matches_naive_rerun(tiny):

@@ -31,7 +31,7 @@ from geolens.per_term import per_term_effects, position_effects
 from geolens.stats import cluster_bootstrap_indices, percentile_ci, resample_means
 from geolens.testing import tiny_tokens
 
-PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "protocol.json"
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "faithfulness" / "protocol.json"
 
 
 def naive_spearman(x, y) -> float:

@@ -24,7 +24,7 @@ from geolens.testing import tiny_bridge, tiny_tokens
 
 pytestmark = pytest.mark.bridge_only  # float64_exact is about the TL 4.x bridge's softmax; built on tiny bridges
 
-V3 = Path(__file__).parents[1] / "docs" / "faithfulness" / "v3"
+V3 = Path(__file__).parents[2] / "docs" / "faithfulness" / "v3"
 
 
 def _loop_ranks(x: list[float]) -> list[float]:

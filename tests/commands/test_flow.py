@@ -19,7 +19,7 @@ from geolens.preregistration import register
 from geolens.run_folder import require_complete
 from geolens.stats import VERDICTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TEXT = "the cat sat on the mat"
 

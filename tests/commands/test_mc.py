@@ -11,7 +11,7 @@ import pytest
 
 from geolens.cli import build_parser, main
 
-PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "protocol.json"
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "faithfulness" / "protocol.json"
 ROWS = [
     dict(prompt="the cat sat on the", choices=["mat", "dog"], answer=0),
     dict(prompt="one two", choices=["three", "a"], answer=0),

@@ -44,7 +44,7 @@ from geolens.interventions.masking import random_scores
 from geolens.stats import cluster_bootstrap_indices, holm, percentile_ci, resample_means
 from geolens.testing import tiny_tokens
 
-TWIN = Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "protocol.json"
+TWIN = Path(__file__).resolve().parents[2] / "docs" / "faithfulness" / "protocol.json"
 N_POS = 40  # beyond the tiny Gemma's 16-token sliding window: some sources are no terms there
 
 

@@ -10,7 +10,7 @@ that do not use its capture:
 Value Zeroing, per-term effects and padded batches (GPT-2's absolute positions included) are
 checked per family and backend by the support matrix (scripts/support_matrix.py, run by
 tests/test_support_matrix.py); GPT-2's padding also on TransformerLens 2.x's HookedTransformer
-(tests/test_gpt2_padding.py).
+(tests/hf/test_gpt2_padding.py).
 
 Slow tier: the shipped SmolLM2 and Gemma 3 on both backends (HF-native and TransformerLens 4.x).
 """

@@ -50,7 +50,7 @@ from geolens.flow.summary import (
 from geolens.interventions.base import active_hook_count
 from geolens.stats import cluster_bootstrap_indices, holm, percentile_ci
 
-FOLDER = Path(__file__).resolve().parents[1] / "docs" / "flow"
+FOLDER = Path(__file__).resolve().parents[2] / "docs" / "flow"
 
 
 KINDS: dict[int, str] = {}

@@ -1,7 +1,7 @@
 """The report explains itself (issue 26): citations instead of nicknames, human table headers with a
 legend under every table, and figures whose legends and ticks do not cover or overlap the data.
 
-Built on the tiny random GQA model (every section, quick mode) like tests/test_report.py.
+Built on the tiny random GQA model (every section, quick mode) like tests/report/test_report.py.
 """
 
 from __future__ import annotations

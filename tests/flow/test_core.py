@@ -12,8 +12,7 @@ import pytest
 import reference
 import torch
 from conftest import make_tiny
-from test_faithfulness import naive_value_zeroing
-from test_padding import _pad, _prompts, _real
+from reference import naive_value_zeroing, pad_prompts, padding_prompts, real_span
 
 import geolens
 from geolens.flow.core import (
@@ -157,7 +156,7 @@ def test_post_norm_scale_is_exact_for_rmsnorm_and_refuses_layernorm():
 def test_flow_matches_naive_composition(tiny, method):
     model, tokens, cache = tiny
     last = model.cfg.n_layers - 1
-    # value_zeroing computes 1 − cos in float32 (absolute error ~2e-7, tests/test_faithfulness.py),
+    # value_zeroing computes 1 − cos in float32 (absolute error ~2e-7, tests/faithfulness/test_faithfulness.py),
     # and in the tiny GPT-2 a row of scores sums to ~1e-4: ~1e-3 once the rows are normalised
     atol = 2e-3 if method == "value_zeroing_rollout" else 1e-6
     flows = naive_flows(model, cache, tokens, method)
@@ -228,14 +227,14 @@ def model(request):
 def test_padded_batch_equals_each_prompt_alone(model, side, method):
     if method == "value_zeroing_rollout" and side == "right":
         pytest.skip("Value Zeroing runs each padded row on its real tokens alone: one side is enough (and costly)")
-    prompts = _prompts()
-    tokens, mask = _pad(prompts, side)
+    prompts = padding_prompts()
+    tokens, mask = pad_prompts(prompts, side)
     _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=flow_names_filter(model))
     R = contribution_flow(model, cache, method, attention_mask=mask, tokens=tokens, query_chunk_size=4)
     for row, prompt in enumerate(prompts):
         _, alone_cache = model.run_with_cache(prompt[None], names_filter=flow_names_filter(model))
         alone = contribution_flow(model, alone_cache, method, tokens=prompt[None])
-        real = _real(mask[row])
+        real = real_span(mask[row])
         torch.testing.assert_close(R[row][real, real], alone[0], atol=1e-5, rtol=1e-4)
         pad = ~mask[row].bool()
         assert bool((R[row][pad] == 0).all()) and bool((R[row][:, pad] == 0).all())  # padding gets no share

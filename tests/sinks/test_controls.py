@@ -343,7 +343,7 @@ from geolens.sinks.controls_protocol import DoseProtocol, edit_dose, protocol_de
 from geolens.sinks.controls_summary import dose_summary, two_stage_means  # noqa: E402
 from geolens.stats import holm  # noqa: E402
 
-PROTOCOL_DIR = Path(__file__).resolve().parents[1] / "docs" / "faithfulness"
+PROTOCOL_DIR = Path(__file__).resolve().parents[2] / "docs" / "faithfulness"
 SMALL = DoseProtocol(
     lambdas=(0.0, 0.5, 2.0), seeds_by_angle=((60.0, 3), (180.0, 2)), n_documents=2, seq_len=12, n_boot=300
 )

@@ -105,7 +105,7 @@ def test_bad_controls_arguments_are_one_line_errors(tmp_path, patched, argv, mes
 import hashlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "protocol.json"
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "faithfulness" / "protocol.json"
 PARAGRAPHS = [
     "the cat sat on the mat and looked at the birds in the old tree by the river, then it slept in the sun until the evening came and the light went down.",
     "too short.",

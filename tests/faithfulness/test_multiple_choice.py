@@ -230,7 +230,7 @@ def test_replot_multiple_choice_from_a_partial_run(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # Multiple choice under the pre-registered protocol (PROTOCOL.md §5): geolens.faithfulness.multiple_choice
 
-PROTOCOL_JSON = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "faithfulness" / "protocol.json"
+PROTOCOL_JSON = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "faithfulness" / "protocol.json"
 SIX = (
     "raw_attention",
     "value_weighted",

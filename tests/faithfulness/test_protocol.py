@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-FOLDER = Path(__file__).resolve().parents[1] / "docs" / "faithfulness"
+FOLDER = Path(__file__).resolve().parents[2] / "docs" / "faithfulness"
 
 
 def _protocol():
