@@ -109,11 +109,12 @@ def run_preregistered(args) -> int:
             outcome=protocol["primary"]["outcome"],
             fractions=protocol["secondary"].get("fractions"),
             primary_endpoint=protocol["primary"]["endpoint"],
-            positions_per_document=protocol["primary"]["positions_per_document"],
+            positions_per_document=protocol["primary"].get("positions_per_document"),
         ),
         multiple_comparison=protocol["statistics"]["multiple_comparison"],
     )
-    stages = ("per_term", "masking") if args.stage == "all" else (args.stage,)
+    registered = protocol.settings.get("stages", ["per_term", "masking"] if protocol.version < 3 else ["per_term"])
+    stages = tuple(registered) if args.stage == "all" else (args.stage,)
     summary.update(
         run_stages(
             model,

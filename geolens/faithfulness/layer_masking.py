@@ -21,7 +21,8 @@ query i at once, and the effect on the model's next-token predictions is measure
   ``output_normalized_inter`` α‖ṽ_j^h‖/‖o_i‖ (the layer's: it ranks a query's terms exactly as
   value-weighted does; formed only because pair 3 names it, and its forwards are shared with
   value-weighted's identical masks), ``contribution`` c_ij^h (inter mode, signed),
-  ``contribution_abs`` |c_ij^h|, ``value_zeroing`` (Mohebbi et al. 2023,
+  ``contribution_abs`` |c_ij^h|, ``contribution_negated`` −c_ij^h (protocol 3's opposite-sign
+  control: its comprehensiveness removes the most negative terms first), ``value_zeroing`` (Mohebbi et al. 2023,
   :func:`geolens.faithfulness.value_zeroing`) and ``random``: uniform scores of
   :func:`geolens.interventions.masking.random_scores` seeded by :func:`masking_random_seed`.
 - **Conditions** of a layer: every (metric, direction, k), plus **all removed**: every α of the
@@ -68,6 +69,7 @@ MASKING_METRICS: tuple[str, ...] = (
     "output_normalized_inter",
     "contribution",
     "contribution_abs",
+    "contribution_negated",
     "value_zeroing",
     "random",
 )
@@ -105,19 +107,23 @@ class Condition(NamedTuple):
 # The protocol's choices
 
 
-def masking_layers(document_index: int, n_layers: int) -> tuple[int, int, int]:
-    """The three layers masked in document d (PROTOCOL.md §3): d mod L, (d + ⌊L/3⌋) mod L and
-    (d + 2⌊L/3⌋) mod L, one in each third of the stack; over L consecutive documents every layer
-    is masked equally often. With L < 3 the three coincide.
+def masking_layers(document_index: int, n_layers: int, per_document: int = 3) -> tuple[int, ...]:
+    """The layers masked in document d: protocol 2 (PROTOCOL.md §3) masks three, d mod L,
+    (d + ⌊L/3⌋) mod L and (d + 2⌊L/3⌋) mod L, one in each third of the stack; over L consecutive
+    documents every layer is masked equally often. With L < 3 the three coincide.
+    ``per_document`` = 1 (the masking addendum of protocol 3, ``secondary.n_layers_per_document``)
+    keeps the first, d mod L.
 
-    >>> masking_layers(0, 30), masking_layers(7, 30), masking_layers(17, 18)
-    ((0, 10, 20), (7, 17, 27), (17, 5, 11))
+    >>> masking_layers(0, 30), masking_layers(7, 30), masking_layers(17, 18), masking_layers(31, 30, 1)
+    ((0, 10, 20), (7, 17, 27), (17, 5, 11), (1,))
     """
     d, L = _check_index(document_index), int(n_layers)
     if L < 1:
         raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+    if per_document not in (1, 2, 3):
+        raise ValueError(f"layers per document must be 1, 2 or 3, got {per_document!r}")
     step = L // 3
-    return (d % L, (d + step) % L, (d + 2 * step) % L)
+    return (d % L, (d + step) % L, (d + 2 * step) % L)[: int(per_document)]
 
 
 def masking_random_seed(document_index: int, layer: int) -> int:
@@ -258,6 +264,10 @@ def masking_scores(
     inputs: dict[str, LayerInputs] = {}
     out = {}
     for m in metrics:
+        if m == "contribution_negated":  # the opposite-sign control: −c, the most negative terms first
+            c = out["contribution"] if "contribution" in out else masking_scores(view, ["contribution"])["contribution"]
+            out[m] = -c
+            continue
         metric, mode = mode_variant(m) or (find_metric(m), "inter")
         if metric is not None and metric.per_layer:
             if mode not in inputs:
@@ -437,7 +447,8 @@ def layer_masking_document(
     metrics = protocol_metrics(protocol)
     if unigram_logprobs is not None and tuple(unigram_logprobs.shape) != (int(model.cfg.d_vocab),):
         raise ValueError(f"unigram_logprobs must be [d_vocab={model.cfg.d_vocab}], got {tuple(unigram_logprobs.shape)}")
-    layers = list(dict.fromkeys(masking_layers(document_index, model.cfg.n_layers)))
+    per_document = int(second.get("n_layers_per_document", 3))
+    layers = list(dict.fromkeys(masking_layers(document_index, model.cfg.n_layers, per_document)))
     adapter = adapter_for(model)
     wanted = names_filter(model, layers)
     resid_names = {adapter.resid_pre_hook(l) for l in layers}

@@ -338,7 +338,7 @@ def _per_k(kept, table, fractions, formed, directions, documents, indices) -> di
     return dict(metrics=metrics, pairs=pairs)
 
 
-def _per_layer(naopc: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
+def _per_layer(naopc: pd.DataFrame, n_boot: int, seed: int, name: str = "naopc") -> list[dict]:
     values = naopc.mean(axis=1)
     out = []
     for (layer, metric, direction), part in values.groupby(level=["layer", "metric", "direction"]):
@@ -350,7 +350,7 @@ def _per_layer(naopc: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
                 layer=int(layer),
                 direction=direction,
                 metric=metric,
-                naopc=float(m),
+                **{name: float(m)},
                 ci_low=float(lo),
                 ci_high=float(hi),
                 n_documents=int(len(part)),
@@ -359,4 +359,188 @@ def _per_layer(naopc: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
     return out
 
 
-__all__ = ["MIN_DELTA_P_ALL_REMOVED", "masking_summary"]
+# ---------------------------------------------------------------------------------------------
+# Protocol 3's masking addendum (docs/faithfulness/v3/masking/PROTOCOL.md): nothing is excluded
+
+
+def _aopc(conditions: pd.DataFrame, outcome: str, fractions: list[float]) -> pd.Series:
+    """AOPC per (document, layer, metric, direction): the mean over the k grid of ``outcome``(k),
+    in its own units (nats for the KL), with no denominator."""
+    grid = conditions.pivot_table(
+        index=["document", "layer", "metric", "direction"], columns="k", values=outcome, aggfunc="first"
+    )
+    missing = [k for k in fractions if k not in grid.columns]
+    if missing or grid[fractions].isna().any().any():
+        raise ValueError(f"some (document, layer, metric, direction) lack fractions of the grid {fractions}")
+    groups = grid.groupby(level=["document", "layer"]).size()
+    if (groups != groups.max()).any():
+        raise ValueError(
+            "some (document, layer) lack conditions of a metric or direction that others have: the comparison must be paired"
+        )
+    return grid[fractions].mean(axis=1)
+
+
+def _metric_rows(per_doc: pd.DataFrame, boot: np.ndarray, name: str) -> list[dict]:
+    lo, hi = percentile_ci(boot, 0.95, omit_nan=True)
+    return [
+        _none_if_nan(
+            dict(
+                direction=d,
+                metric=m,
+                **{name: float(per_doc.iloc[:, c].mean())},
+                ci_low=float(lo[c]),
+                ci_high=float(hi[c]),
+                n_documents=int(per_doc.iloc[:, c].notna().sum()),
+            )
+        )
+        for c, (d, m) in enumerate(per_doc.columns)
+    ]
+
+
+def _protocol_2_rules(rows: pd.DataFrame, min_kl: float) -> dict:
+    """What protocol 2's range and ceiling rules would have excluded from these rows, reported
+    and not applied: the (document, layer)s each rule flags, per layer, and the layers a rule
+    would have dropped whole (every one of their (document, layer)s flagged)."""
+    table, range_check, ceiling = _exclusions(rows, min_kl)
+    per_layer = table.groupby(level="layer").agg(
+        n_documents=("excluded", "size"),
+        range_flagged=("range_excluded", "sum"),
+        ceiling_flagged=("ceiling_excluded", "sum"),
+        flagged=("excluded", "sum"),
+    )
+    whole = per_layer.index[per_layer.flagged == per_layer.n_documents]
+    return dict(
+        note="protocol 2's rules, reported and not applied: no condition, (document, layer) or layer is excluded",
+        range_rule=dict(min_kl_all_removed=range_check["min_kl_all_removed"], flagged=range_check["excluded"]),
+        ceiling_rule=dict(
+            rule=ceiling["rule"],
+            n_conditions=ceiling["n_conditions"],
+            n_off_distribution=ceiling["n_off_distribution"],
+            share=ceiling["share"],
+            flagged=ceiling["excluded"],
+        ),
+        per_layer=[
+            dict(layer=int(layer), **{k: int(v) for k, v in row.items()}) for layer, row in per_layer.iterrows()
+        ],
+        layers_a_rule_would_drop=[int(layer) for layer in whole],
+    )
+
+
+def _off_distribution(rows: pd.DataFrame) -> list[dict]:
+    """Per (metric, direction): the conditions whose masked mean NLL exceeds the unigram
+    cross-entropy of the same next tokens (reported, never excluded)."""
+    checked = rows[rows.unigram_ce.notna()]
+    off = (checked.nll > checked.unigram_ce).groupby([checked.metric, checked.direction]).agg(["sum", "size"])
+    return [
+        dict(metric=m, direction=d, n_off_distribution=int(r["sum"]), n_conditions=int(r["size"]))
+        for (m, d), r in off.iterrows()
+    ]
+
+
+def masking_summary_no_exclusion(
+    rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None
+) -> dict:
+    """The masking endpoint of protocol 3's addendum (docs/faithfulness/v3/masking/PROTOCOL.md)
+    from :func:`~geolens.faithfulness.layer_masking.layer_masking_document`'s rows: no
+    condition, (document, layer) or layer is excluded (``whole_layers_excluded`` = 0).
+
+    - **Primary**: the AOPC of the KL in nats (the mean over the k grid of KL(k), no
+      denominator, so no range rule is needed) of each (document, layer, metric, direction); per
+      document the mean over its layers; per metric and direction the mean over documents with a
+      95% document-bootstrap interval; the pairs ``protocol["pairs"]`` in both directions
+      (Δ > 0: b more faithful, as in :func:`masking_summary`) form one Holm family; a pair whose
+      masks are identical in every condition of a direction is "not testable".
+    - **Secondary** (95% intervals, no verdicts): the nAOPC with a pooled denominator, AOPC
+      divided by the mean all-removed KL of the layer's documents (a constant of the layer, so
+      no document is dropped); the AOPC of the drop −Δp of the clean top-1; per-layer AOPC.
+    - **Reported**: the conditions off the unigram ceiling per metric and direction, and what
+      protocol 2's range and ceiling rules would have excluded (:func:`_protocol_2_rules`), with
+      ``layers_a_rule_would_drop``.
+    """
+    _check_rows(rows)
+    second, stats = protocol["secondary"], protocol["statistics"]
+    n_boot = int(stats["n_boot"]) if n_boot is None else int(n_boot)
+    seed = int(stats["seed"]) if seed is None else int(seed)
+    alpha = float(stats.get("alpha", 0.05))
+    fractions = [float(k) for k in second["fractions"]]
+    directions = [d for d in DIRECTIONS if d in set(rows.direction)]
+    rules = _protocol_2_rules(rows, float(second.get("range_check_min_kl_all_removed", 1e-3)))
+    all_removed = rows[rows.metric == ALL_REMOVED].set_index(["document", "layer"])
+    conditions = rows[rows.metric != ALL_REMOVED]
+    aopc = _aopc(conditions, "kl", fractions)
+    per_doc = _per_document(aopc)
+    documents = per_doc.index.to_numpy()
+    indices = cluster_bootstrap_indices(documents, n_boot, seed)
+    boot = resample_means(per_doc.to_numpy(), indices)
+    columns = list(per_doc.columns)
+    present = set(conditions.metric)
+    formed, not_formed = _pair_list(protocol, present)
+    hashes = conditions.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
+    tests = []
+    for direction in directions:
+        sign = 1.0 if direction == "comprehensiveness" else -1.0
+        for a, b in formed:
+            if (direction, a) not in columns or (direction, b) not in columns:
+                not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
+                continue
+            ca, cb = columns.index((direction, a)), columns.index((direction, b))
+            ha = hashes.xs((a, direction), level=("metric", "direction"))
+            hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
+            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
+            entry = dict(
+                endpoint="masking", outcome="aopc_kl", direction=direction, a=a, b=b, n_documents=int(len(per_doc))
+            )
+            tests.append((entry, float(delta.mean()), sign * (boot[:, cb] - boot[:, ca]), not bool((ha == hb).all())))
+    decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
+    pairs = [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
+
+    layer_kl_all = all_removed.kl.groupby(level="layer").mean()
+    pooled = aopc / layer_kl_all.reindex(aopc.index.get_level_values("layer")).to_numpy()
+    pooled_doc = _per_document(pooled).reindex(documents)
+    pooled_boot = resample_means(pooled_doc.to_numpy(), indices, omit_nan=True)
+    drop = _aopc(conditions.assign(drop=-conditions.delta_p), "drop", fractions)
+    drop_doc = _per_document(drop).reindex(documents)
+    drop_boot = resample_means(drop_doc.to_numpy(), indices)
+    return dict(
+        endpoint="aopc_kl",
+        outcome="kl",
+        units="nats",
+        masking_scope="layer",
+        ranking_scope="query",
+        fractions=fractions,
+        directions=directions,
+        layers_per_document=int(second.get("n_layers_per_document", 3)),
+        exclusions="none",
+        whole_layers_excluded=0,
+        document_layers_excluded=0,
+        conditions_excluded=0,
+        n_documents=int(len(per_doc)),
+        n_document_layers=int(len(all_removed)),
+        multiple_comparison="holm",
+        alpha=alpha,
+        n_boot=n_boot,
+        seed=seed,
+        metrics=_metric_rows(per_doc, boot, "aopc_kl"),
+        pairs=pairs,
+        pairs_not_formed=not_formed,
+        kl_all_removed_by_layer=[dict(layer=int(l), kl=float(v)) for l, v in layer_kl_all.items()],
+        off_distribution=_off_distribution(rows),
+        protocol_2_rules=rules,
+        secondary=dict(
+            note="95% intervals on the same document resamples, no verdicts",
+            pooled_naopc=dict(
+                denominator="mean all-removed KL of the layer's documents",
+                metrics=_metric_rows(pooled_doc, pooled_boot, "naopc"),
+                pairs=_pair_intervals(pooled_doc, pooled_boot, formed, directions),
+            ),
+            aopc_drop=dict(
+                outcome="-delta_p of the clean top-1",
+                metrics=_metric_rows(drop_doc, drop_boot, "aopc_drop"),
+                pairs=_pair_intervals(drop_doc, drop_boot, formed, directions),
+            ),
+            per_layer=_per_layer(aopc.to_frame("aopc"), n_boot, seed, "aopc_kl"),
+        ),
+    )
+
+
+__all__ = ["MIN_DELTA_P_ALL_REMOVED", "masking_summary", "masking_summary_no_exclusion"]

@@ -117,7 +117,7 @@ def masking_stage(
     :func:`~geolens.faithfulness.masking_summary.masking_summary`."""
     from geolens.data import load_corpus
     from geolens.faithfulness.layer_masking import layer_masking_document, unigram_logprobs
-    from geolens.faithfulness.masking_summary import masking_summary
+    from geolens.faithfulness.masking_summary import masking_summary, masking_summary_no_exclusion
 
     unigram = unigram_logprobs(model, load_corpus(corpus))
     fingerprint = dict(
@@ -138,6 +138,8 @@ def masking_stage(
     tables = run_document_stage(
         "masking", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress
     )
+    if protocol["secondary"].get("exclusions") == "none":  # protocol 3's masking addendum
+        return masking_summary_no_exclusion(tables["rows"], protocol.settings)
     return masking_summary(tables["rows"], protocol.settings)
 
 
@@ -234,10 +236,14 @@ def run_stages(
     family), ``not_testable`` (the pairs that cannot differ by construction: :func:`not_testable_pairs`)
     and ``stage_seconds`` (each complete endpoint's compute time, from its progress file).
     """
-    if protocol.version >= 3 and set(stages) - {"per_term"}:
+    registered = set(protocol.settings.get("stages", ["per_term", "masking"] if protocol.version < 3 else ["per_term"]))
+    if set(stages) - registered:
         from geolens.errors import UsageError
 
-        raise UsageError(f"protocol {protocol.version} registers the per-term endpoint only: use --stage per_term")
+        names = " or ".join(f"--stage {s}" for s in sorted(registered))
+        raise UsageError(
+            f"protocol {protocol.path} registers the {', '.join(sorted(registered))} endpoint only: use {names}"
+        )
     previous = previous_summary(out, protocol.sha256, model_name) if resume else {}
     options = dict(corpus=corpus, model_name=model_name, resume=resume, progress=progress)
     summary: dict = {"stages": dict(per_term="not run", masking="not run")}
@@ -250,7 +256,7 @@ def run_stages(
         summary["stages"]["per_term"] = "complete"
     if "masking" in stages:
         summary["masking"] = masking_stage(model, windows, protocol, out, **options)
-        summary["ceiling_check"] = summary["masking"]["ceiling_check"]
+        summary["ceiling_check"] = summary["masking"].get("ceiling_check", summary["masking"].get("protocol_2_rules"))
         summary["stages"]["masking"] = "complete"
     summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
     summary["not_testable"] = not_testable_pairs(protocol)

@@ -1,5 +1,6 @@
 """The text and files of ``geolens faithfulness`` runs: the markdown renderers (README, pairs,
-AUC tables, the protocol-2 stages) and the writers of protocol 1's folder (tables, summary,
+AUC tables, the protocol-2 stages; protocol 3's per-term endpoint in
+:mod:`geolens.pipelines.norm_controlled_text`) and the writers of protocol 1's folder (tables, summary,
 figures; multiple choice), moved out of :mod:`geolens.commands.faithfulness` unchanged.
 
 Every renderer reads only what a run's summary or result holds, so the same folder gives the
@@ -12,6 +13,8 @@ import json
 from pathlib import Path
 
 import pandas as pd
+
+from geolens.pipelines.norm_controlled_text import norm_controlled_markdown, norm_controlled_text
 
 
 def auc_markdown(auc: pd.DataFrame) -> str:
@@ -218,9 +221,7 @@ def per_term_text(summary: dict) -> str:
     if not part:
         return ""
     if "norm_controlled" in part:  # protocol 3
-        from geolens.faithfulness.norm_controlled import summary_text
-
-        return summary_text(part)
+        return norm_controlled_text(part)
     lines = [
         f"per-term endpoint ({part['n_positions']} positions, {part['n_documents']} documents; outcome KL): mean Spearman [95% CI]"
     ]
@@ -272,8 +273,50 @@ def protocol_markdown(summary: dict) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def masking_no_exclusion_markdown(part: dict) -> str:
+    """Protocol 3's masking addendum: AOPC (nats) per metric and direction, the Holm family, the
+    pooled nAOPC, and what protocol 2's rules would have excluded (nothing is)."""
+    rules = part["protocol_2_rules"]
+    lines = [
+        f"## Per-layer masking, no exclusion ({part['n_documents']} documents, {part['n_document_layers']} "
+        f"(document, layer) pairs, {part['layers_per_document']} layer per document)",
+        "",
+        f"Excluded: {part['conditions_excluded']} conditions, {part['document_layers_excluded']} (document, layer) "
+        f"pairs, whole layers {part['whole_layers_excluded']}. Protocol 2's rules, reported only, would have flagged "
+        f"{len(rules['range_rule']['flagged'])} (document, layer) pairs by the range rule and "
+        f"{len(rules['ceiling_rule']['flagged'])} by the ceiling rule, and dropped the whole layers "
+        f"{rules['layers_a_rule_would_drop'] or 'none'}.",
+        "",
+        "| metric | direction | AOPC of the KL (nats) | 95% CI | pooled nAOPC | 95% CI |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    pooled = {(m["metric"], m["direction"]): m for m in part["secondary"]["pooled_naopc"]["metrics"]}
+    for m in part["metrics"]:
+        q = pooled[(m["metric"], m["direction"])]
+        lines.append(
+            f"| {m['metric']} | {m['direction']} | {m['aopc_kl']:.4g} | [{m['ci_low']:.4g}, {m['ci_high']:.4g}] "
+            f"| {q['naopc']:.4g} | [{q['ci_low']:.4g}, {q['ci_high']:.4g}] |"
+        )
+    lines += [
+        "",
+        "### Pre-registered pairs (AOPC of the KL; one Holm family; Δ > 0: b more faithful)",
+        "",
+        "| direction | a → b | Δ (nats) | CI | p_adj | verdict |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for p in part["pairs"]:
+        ci = "" if p.get("ci_low") is None else f"[{p['ci_low']:+.4g}, {p['ci_high']:+.4g}]"
+        p_adj = "" if p.get("p_adj") is None else f"{p['p_adj']:.3g}"
+        lines.append(
+            f"| {p['direction']} | {p['a']} → {p['b']} | {p['estimate']:+.4g} | {ci} | {p_adj} | {p['verdict']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def masking_markdown(part: dict) -> str:
     """The per-layer masking endpoint: nAOPC per metric and direction, the checks, the family."""
+    if part.get("exclusions") == "none":
+        return masking_no_exclusion_markdown(part)
     rc, cc = part["range_check"], part["ceiling_check"]
     lines = [
         f"## Per-layer masking endpoint ({part['n_documents']} documents, {part['n_document_layers_used']} of "
@@ -310,9 +353,7 @@ def per_term_markdown(summary: dict) -> str:
     """The per-term endpoint's tables and its family."""
     part = summary["per_term_effects"]
     if "norm_controlled" in part:  # protocol 3
-        from geolens.faithfulness.norm_controlled import summary_markdown
-
-        return summary_markdown(summary)
+        return norm_controlled_markdown(summary)
     lines = [
         f"## Per-term endpoint ({part['n_positions']} positions from {part['n_documents']} documents)",
         "",
