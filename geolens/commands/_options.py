@@ -188,6 +188,33 @@ def resolve_layers(text: str, n_layers: int, option: str = "--layers") -> tuple[
     return tuple(sorted(out))
 
 
+def layer_selection(text: str, n_layers: int, option: str) -> list[int]:
+    """``all``, ``none`` (or empty), ``every:K`` (0, K, 2K, …) or a comma list of layers, checked
+    against a model of ``n_layers`` layers (no negative indices); else UsageError.
+
+    >>> layer_selection("every:3", 7, "--controls-layers"), layer_selection("none", 7, "--controls-layers")
+    ([0, 3, 6], [])
+    """
+    text = (text or "").strip()
+    try:
+        if text == "all":
+            return list(range(n_layers))
+        if text in ("", "none"):
+            return []
+        if text.startswith("every:"):
+            k = int(text.split(":", 1)[1])
+            if k < 1:
+                raise ValueError("K must be ≥ 1")
+            return list(range(0, n_layers, k))
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise UsageError(f"{option} must be all, none, every:K or comma-separated layers ({e})") from None
+    bad = [l for l in layers if not 0 <= l < n_layers]
+    if bad:
+        raise UsageError(f"{option} {bad} out of range for a model with {n_layers} layers")
+    return layers
+
+
 def check_indices(values: Sequence[int] | None, count: int, what: str, option: str) -> list[int] | None:
     """Each of ``values`` checked by :func:`check_index` (``None`` stays ``None``)."""
     return None if values is None else [check_index(v, count, what, option) for v in values]
@@ -237,6 +264,20 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
 
 BACKENDS = {"tl": "transformer_lens", "hf": "hf"}
 """``--backend`` values → :func:`geolens.models.load_model`'s ``backend``."""
+
+
+def load_run_model(args, name: str):
+    """The model of a run, ``name`` checked by :func:`check_model_name`: autograd off, ``--threads``
+    applied (when the command has it and it is not 0), then :func:`geolens.models.load_model`
+    (looked up now: tests replace it) with ``--compat``."""
+    import torch
+
+    from geolens import models
+
+    torch.set_grad_enabled(False)
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    return models.load_model(name, compatibility_mode=args.compat)
 
 
 def check_backend(backend: str, *, compat: bool = False) -> str:
@@ -392,6 +433,15 @@ def add_run_options(p, *, tiny: bool = False, own: dict[str, dict] | None = None
         }
         kwargs = {**shared, "default": defaults[name], **own.get(name, {})}
         p.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
+def add_compat(p) -> None:
+    """``--compat``: TransformerLens compatibility mode (HookedTransformer numerics), off by default."""
+    p.add_argument(
+        "--compat",
+        action="store_true",
+        help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default",
+    )
 
 
 def add_out(p, *, help: str = "output folder", resumable: bool = False, optional: bool = False) -> None:
