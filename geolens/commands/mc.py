@@ -149,6 +149,7 @@ def run(args) -> int:
         differences,
         labelled,
         run_multiple_choice,
+        seed_from_records,
     )
     from geolens.models import load_model
     from geolens.resume import ResumeRefused as ResumeError
@@ -160,10 +161,21 @@ def run(args) -> int:
     model_name = check_model_name(args.model, tiny=True)
     questions = _questions(tasks, max_questions)
     command = " ".join(["geolens"] + sys.argv[1:])
+    resume = args.resume
+    if protocol is not None and protocol.records and args.out and not args.resume:
+        try:  # protocol 3's re-analysis: the stored records become the run's checkpoint (hash checked)
+            seeded = seed_from_records(protocol, model_name, Path(args.out))
+        except ValueError as err:
+            raise UsageError(f"--protocol: {err}") from None
+        if seeded:
+            print(f"re-analysis: the per-question records of {seeded} (SHA-256 checked) are this run's checkpoint")
+            resume = True
     try:  # a resumed checkpoint must agree with these settings: refused before the model loads
-        checkpoint = MCCheckpoint.open(Path(args.out or ".") / CHECKPOINT, settings, resume=args.resume)
+        checkpoint = MCCheckpoint.open(Path(args.out or ".") / CHECKPOINT, settings, resume=resume)
     except ResumeError as err:
         raise UsageError(str(err)) from None
+    if resume != args.resume:
+        args.resume = True  # the folder now holds the seeded checkpoint
     out = out_folder(args, "mc", resumable=True)
     checkpoint.path = out / CHECKPOINT
     checkpoint.commands.append(command)

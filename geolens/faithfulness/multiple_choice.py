@@ -91,6 +91,9 @@ class MCSettings:
         pairs: the (a, b) metric pairs of the Holm family.
         n_boot, seed: bootstrap resamples and the seed of every draw (eligibility and pairs).
         alpha: the family-wise error rate of the Holm family.
+        mask_tasks: ``eligible`` (protocol 2: only the tasks whose clean accuracy is above chance
+            are masked) or ``all`` (protocol 3's addendum: every task of a fixed set, eligibility
+            reported only).
     """
 
     normalize: str = "mean"
@@ -100,8 +103,11 @@ class MCSettings:
     n_boot: int = 2000
     seed: int = 0
     alpha: float = 0.05
+    mask_tasks: str = "eligible"
 
     def __post_init__(self) -> None:
+        if self.mask_tasks not in ("eligible", "all"):
+            raise ValueError(f"mask_tasks must be 'eligible' or 'all', got {self.mask_tasks!r}")
         if self.normalize not in SCORING:
             raise ValueError(f"normalize must be 'sum' or 'mean', got {self.normalize!r}")
         if isinstance(self.layer_step, bool) or int(self.layer_step) != self.layer_step or self.layer_step < 1:
@@ -152,6 +158,8 @@ class MCProtocol:
     preregistered: Preregistered
     tasks: tuple[str, ...]
     settings: MCSettings
+    records: dict = field(default_factory=dict)  # model → {path, sha256}: stored records a re-analysis reads
+    source: str | None = None  # what the records are (protocol 3's addendum: a re-analysis)
 
 
 def mc_protocol(path) -> MCProtocol:
@@ -172,7 +180,7 @@ def mc_protocol(path) -> MCProtocol:
             "outcome": "answer_margin_drop",
             "direction": "comprehensiveness",
             "multiple_comparison": "holm",
-            "masking": "eligible tasks only",
+            "masking": ("eligible tasks only", "every task of the set"),
             "layers": tuple(_LAYER_STEPS),
         }
         for key, value in fixed.items():
@@ -196,8 +204,9 @@ def mc_protocol(path) -> MCProtocol:
             n_boot=int(mc["n_boot"]),
             seed=int(spec["statistics"]["seed"]),
             alpha=float(spec["statistics"]["alpha"]),
+            mask_tasks="all" if mc["masking"] == "every task of the set" else "eligible",
         )
-        return MCProtocol(pre, tuple(mc["tasks"]), settings)
+        return MCProtocol(pre, tuple(mc["tasks"]), settings, dict(mc.get("records", {})), mc.get("source"))
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(
             f"protocol {path}: {err if isinstance(err, ValueError) else f'missing or malformed field {err}'}"
@@ -235,7 +244,7 @@ def differences(
         out.append(f"tasks {list(tasks)}, not {list(protocol.tasks)}")
     if max_questions:
         out.append(f"the first {max_questions} questions of each task, not all")
-    for key in ("normalize", "layer_step", "fractions", "pairs", "n_boot", "seed", "alpha"):
+    for key in ("normalize", "layer_step", "fractions", "pairs", "n_boot", "seed", "alpha", "mask_tasks"):
         got, want = getattr(settings, key), getattr(protocol.settings, key)
         if got != want:
             out.append(f"{key} = {got}, not {want}")
@@ -430,7 +439,9 @@ class MCResult:
             tasks=tasks,
             eligible_tasks=[t for t in tasks if t["eligible"]],
             excluded_tasks=[t for t in tasks if not t["eligible"]],
-            eligibility="clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)",
+            eligibility="clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)"
+            + ("" if s.mask_tasks == "eligible" else "; reported only, every task of the set is masked"),
+            tasks_used=[t["task"] for t in tasks if t["eligible"] or s.mask_tasks == "all"],
             n_questions_masked=int(self.n_masked),
             bootstrap="task-stratified over questions",
             n_boot=int(s.n_boot),
@@ -484,7 +495,7 @@ def run_multiple_choice(
     table = pd.DataFrame(rows).drop(columns=["sha"])
     tasks = eligibility(table, n_boot=settings.n_boot, seed=settings.seed)
     table["clean_scores"] = [";".join(f"{x:.6g}" for x in s) for s in table.pop("scores")]
-    eligible = set(tasks.task[tasks.eligible])
+    eligible = set(tasks.task if settings.mask_tasks == "all" else tasks.task[tasks.eligible])
     todo = [(i, key, q) for i, (key, _, q) in enumerate(keyed) if q.task in eligible] if masks else []
     drops = {m: np.full(len(keyed), np.nan) for m in metrics}
     margins = {}
@@ -551,6 +562,28 @@ def _metric_drops(drops: Mapping[str, np.ndarray], tasks: np.ndarray, settings: 
     return pd.DataFrame(rows)
 
 
+def seed_from_records(protocol: MCProtocol | None, model_name: str, out: Path) -> str | None:
+    """Copy the stored per-question records that ``protocol`` names for ``model_name``
+    (``multiple_choice.records``, protocol 3's re-analysis) into ``out`` as its checkpoint, after
+    checking their SHA-256, unless ``out`` already holds a checkpoint; returns the path copied
+    (None when the protocol names no records for this model or the checkpoint exists).
+    ValueError in one line when the records are missing or changed."""
+    entry = (protocol.records if protocol is not None else {}).get(model_name)
+    target = Path(out) / CHECKPOINT
+    if not entry or target.exists():
+        return None
+    source = Path(entry["path"])
+    if not source.is_file():
+        raise ValueError(f"the protocol's records for {model_name}, {source}, do not exist")
+    data = source.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry["sha256"]:
+        raise ValueError(f"{source} has SHA-256 {digest[:16]}…, not the protocol's {entry['sha256'][:16]}…")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return str(source)
+
+
 def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[str]) -> dict:
     """``summary`` with ``protocol_version``, ``protocol_sha256``, ``label`` and ``differences``
     (:func:`geolens.preregistration.preregistration`: ``pre-registered`` when the protocol's files
@@ -565,6 +598,8 @@ def labelled(summary: dict, protocol: MCProtocol | None, differences: Sequence[s
     else:
         registration = preregistration(pre, differences)
     label = registration["status"]
+    if protocol is not None and protocol.source:
+        summary = dict(summary, source=protocol.source, records=protocol.records)
     out = dict(
         protocol_version=pre.version if pre else None,
         protocol_sha256=pre.sha256 if pre else None,
@@ -596,5 +631,6 @@ __all__ = [
     "question_key",
     "question_sha",
     "run_multiple_choice",
+    "seed_from_records",
     "stratified_indices",
 ]
