@@ -7,6 +7,8 @@ apply the docs/method.md §1–2 definitions literally.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -141,3 +143,19 @@ def real_span(mask_row: torch.Tensor) -> slice:
     """The slice of a padded row's real (mask 1) positions."""
     idx = mask_row.nonzero().flatten()
     return slice(int(idx[0]), int(idx[-1]) + 1)
+
+
+# Sink-value edits (tests of the sink controls).
+def naive_v0(v0, spec, layer, kv, n_kv):
+    """v_0' by hand, float64, Python arithmetic: λ v_0, or cos θ v_0 + sin θ ‖v_0‖ u (u: g Gram-Schmidt against v_0)."""
+    from geolens.interventions.sink_values import rotation_direction  # the seeded direction g itself
+
+    v0 = v0.double()
+    if spec.kind == "scale":
+        return spec.lam * v0
+    g = rotation_direction(spec.seed, layer, n_kv, v0.shape[0])[kv]
+    n0 = math.sqrt(sum(float(x) ** 2 for x in v0))
+    u = g - sum(float(a) * float(b) for a, b in zip(g, v0)) / n0**2 * v0
+    u = u / math.sqrt(sum(float(x) ** 2 for x in u))
+    t = math.radians(spec.degrees)
+    return math.cos(t) * v0 + math.sin(t) * n0 * u

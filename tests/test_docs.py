@@ -447,8 +447,8 @@ def test_reliability_page_exists():
 
 def _dump_dom(page: Path) -> str:
     """The DOM of ``page`` after headless Chromium ran its scripts, through the browser tests' one
-    launcher (:func:`test_browser.run_chromium`: process group killed at its limit, one retry)."""
-    from test_browser import run_chromium
+    launcher (:func:`chromium.run_chromium`: process group killed at its limit, one retry)."""
+    from chromium import run_chromium
 
     run = run_chromium(page, "--dump-dom")
     if run.returncode == 0 and "</html>" in run.stdout:

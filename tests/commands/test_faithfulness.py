@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from constructed import synthetic_result
 
 from geolens.commands.faithfulness import parse_fractions, parse_layers
 from geolens.pipelines.faithfulness_text import auc_markdown, pairs_markdown
@@ -149,8 +150,6 @@ def test_coinciding_faithfulness_curves_are_named_with_the_reason(tmp_path):
 
 
 def test_results_readme_and_resume(tmp_path):
-    from test_faithfulness_scopes import synthetic_result
-
     from geolens.faithfulness.result import ResumeError, resume_state
     from geolens.pipelines.faithfulness_text import results_markdown
 
@@ -179,8 +178,6 @@ def test_results_readme_and_resume(tmp_path):
 
 def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys):
     """--replot reads what FaithfulnessResult.save wrote (summary.json, per_sequence.csv.gz, clean.csv)."""
-    from test_faithfulness_scopes import synthetic_result
-
     from geolens.cli import main
 
     res = synthetic_result(
@@ -198,8 +195,6 @@ def test_replot_rewrites_tables_and_figures_from_saved_results(tmp_path, capsys)
 
 
 def test_per_sequence_saved_gzipped_deterministic_and_old_csv_still_read(tmp_path):
-    from test_faithfulness_scopes import synthetic_result
-
     from geolens.faithfulness import FaithfulnessResult
     from geolens.faithfulness.result import resume_state
 

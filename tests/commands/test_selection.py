@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from constructed import write_corpus
 
 from geolens.cli import main
 from geolens.selection.effective_set import effective_set_size
@@ -14,8 +15,6 @@ from geolens.selection.effective_set import effective_set_size
 
 def test_selection_command_writes_tables_and_figures(tmp_path):
     out = tmp_path / "sel"
-    from test_taxonomy_command import write_corpus
-
     lee = write_corpus(tmp_path / "lee.txt", 0)
     rc = main(
         [

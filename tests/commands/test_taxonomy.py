@@ -7,18 +7,11 @@ import json
 import numpy as np
 import pandas as pd
 import torch
+from constructed import write_corpus
 
 from geolens import taxonomy
 from geolens.cli import main
 from geolens.viz.taxonomy import regime_grid_html, regime_grid_plot
-
-
-def write_corpus(path, seed):
-    """A small local text corpus (blank-line separated documents; works without gensim)."""
-    rng = np.random.default_rng(seed)
-    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "news", "today"]
-    path.write_text("\n\n".join(" ".join(rng.choice(words, 40)) + "." for _ in range(6)), encoding="utf-8")
-    return str(path)
 
 
 def test_taxonomy_command_writes_tables_and_figures(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from constructed import synthetic_result
 from reference import naive_value_zeroing
 
 from geolens.faithfulness import (
@@ -253,8 +254,6 @@ def test_value_zeroing_runs_in_bfloat16(kind):
 
 
 def test_pairs_that_cannot_differ_are_not_testable_and_testable_ones_keep_their_verdict():
-    from test_faithfulness_scopes import synthetic_result
-
     from geolens.faithfulness import claimed_order_holds, same_ranking_by_construction
 
     res = synthetic_result(

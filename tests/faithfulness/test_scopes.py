@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import reference
 import torch
+from constructed import synthetic_result
 
 from geolens.faithfulness import (
     CLAIMED_ORDER,
@@ -242,36 +243,6 @@ def test_intra_mode_query_scope_separates_output_normalised(tiny_gqa):
         s = metric_scores(model, tokens[:1], q, ["value_weighted", "output_normalized"])
         a, b = (curve_masks(s[m], q) for m in ("value_weighted", "output_normalized"))
         assert (a != b).float().mean() < 1e-3, (scope, mode)  # equal up to float32 near-ties
-
-
-def synthetic_result(gaps, *, n=40, random_shift=1.0, seed=0, fractions=(0.1, 0.5, 0.9)):
-    """Per-document NLLs: metric m's comprehensiveness NLL = clean + gaps[m]·k + noise."""
-    rng = np.random.default_rng(seed)
-    clean = rng.normal(3.0, 0.3, size=n)
-    rows = []
-    for m, g in gaps.items():
-        for d in ("comprehensiveness", "sufficiency"):
-            for k in fractions:
-                shift = (g if d == "comprehensiveness" else -g + 1.0) * k
-                noise = rng.normal(0, 0.02, size=n)
-                for s in range(n):
-                    rows.append(
-                        dict(
-                            sequence=s, metric=m, direction=d, fraction=k, nll=clean[s] + shift + noise[s], n_removed=1
-                        )
-                    )
-    protocol = dict(
-        layers=[0, 1],
-        masking_scope="all",
-        ranking="query",
-        allow_sink=True,
-        allow_current=True,
-        mode="inter",
-        fractions=tuple(fractions),
-        skip_prefix=8,
-    )
-    cl = pd.DataFrame(dict(sequence=range(n), nll=clean, n_scored=100, sink_nll=clean + 0.5))
-    return FaithfulnessResult(protocol=protocol, per_sequence=pd.DataFrame(rows), clean=cl, n_boot=1000)
 
 
 def test_verdicts_follow_the_paired_ci():

@@ -10,6 +10,7 @@ from geolens.adapter import attn_out_hook, has_post_attention_norm, hook_name, i
 from geolens.interventions import active_hook_count, applied
 from geolens.interventions.sink_values import (
     PartialKVGroupError,
+    SinkEditSpec,
     affected_query_heads,
     kv_heads_of,
     mean_sink_value_applied,
@@ -19,6 +20,7 @@ from geolens.interventions.sink_values import (
     scale_sink_value,
     scale_sink_value_hooks,
     scaled_sink_value,
+    sink_edit,
 )
 from geolens.testing import tiny_tokens
 
@@ -178,3 +180,18 @@ def test_context_manager_output_matches_run_with_hooks(model_tokens):
         with scaled_sink_value(model, 0.3, layers=[0]):
             got = model(tokens)
     assert torch.equal(ref, got)
+
+
+def test_gqa_edits_happen_in_kv_head_space():
+    """kv_heads=[1] edits only kv head 1; the layer output equals Σ_h α ṽ with the edited kv value."""
+    model = make_tiny("gqa")  # 4 query heads, 2 kv heads
+    tokens = tiny_tokens(model, length=12)
+    layer = 0
+    edit = sink_edit(model, SinkEditSpec("rotate", seed=3), layers=[layer], kv_heads=[1])
+    assert edit.query_heads == (2, 3)
+    _, v_base, pattern, _ = _run(model, tokens, layer=layer)
+    _, v_new, _, out_new = _run(model, tokens, edit.fwd_hooks, layer=layer)
+    assert v_new.shape[2] == 2
+    assert torch.equal(v_new[:, :, 0], v_base[:, :, 0]) and torch.equal(v_new[:, 1:], v_base[:, 1:])
+    assert not torch.allclose(v_new[:, 0, 1], v_base[:, 0, 1])
+    torch.testing.assert_close(out_new.double(), _expected_attn_out(model, pattern, v_new, layer), atol=1e-5, rtol=1e-4)

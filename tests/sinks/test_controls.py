@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny
+from conftest import TINY_KINDS, make_tiny
+from reference import naive_v0
 
 from geolens.adapter import hook_name
 from geolens.interventions import active_hook_count, applied
@@ -17,8 +18,10 @@ from geolens.interventions.sink_values import (
     rotation_direction,
     sink_edit,
     sink_edit_applied,
+    sink_edit_query_heads,
 )
 from geolens.sinks.controls import ALL, ROTATE_POOLED, default_conditions, edited_window, sink_controls
+from geolens.sinks.controls_protocol import edit_dose
 from geolens.testing import tiny_tokens
 
 V = "attn.hook_v"
@@ -126,23 +129,6 @@ def test_rescale_hits_the_mean_non_sink_norm_and_keeps_the_direction(model_token
     torch.testing.assert_close(r[:, 0].double().norm(dim=-1), target, rtol=1e-5, atol=1e-6)
     cos = torch.nn.functional.cosine_similarity(r[:, 0].double(), v[:, 0].double(), dim=-1)
     torch.testing.assert_close(cos, torch.ones_like(cos), atol=1e-6, rtol=0)
-
-
-def test_gqa_edits_happen_in_kv_head_space():
-    """kv_heads=[1] edits only kv head 1; the layer output equals Σ_h α ṽ with the edited kv value."""
-    from test_sinks_interventions import _expected_attn_out, _run
-
-    model = make_tiny("gqa")  # 4 query heads, 2 kv heads
-    tokens = tiny_tokens(model, length=12)
-    layer = 0
-    edit = sink_edit(model, SinkEditSpec("rotate", seed=3), layers=[layer], kv_heads=[1])
-    assert edit.query_heads == (2, 3)
-    _, v_base, pattern, _ = _run(model, tokens, layer=layer)
-    _, v_new, _, out_new = _run(model, tokens, edit.fwd_hooks, layer=layer)
-    assert v_new.shape[2] == 2
-    assert torch.equal(v_new[:, :, 0], v_base[:, :, 0]) and torch.equal(v_new[:, 1:], v_base[:, 1:])
-    assert not torch.allclose(v_new[:, 0, 1], v_base[:, 0, 1])
-    torch.testing.assert_close(out_new.double(), _expected_attn_out(model, pattern, v_new, layer), atol=1e-5, rtol=1e-4)
 
 
 def test_per_row_specs_equal_separate_forwards(model_tokens):
@@ -321,55 +307,6 @@ def test_controls_on_smollm2(smollm2, smollm2_tokens):
 # Dose-matched controls (docs/faithfulness/PROTOCOL.md §6): rotations by θ, per-query-head edits,
 # the windows, the sink heads, the two-stage bootstrap, Holm, the checkpoint.
 
-import json  # noqa: E402
-from dataclasses import replace  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pandas as pd  # noqa: E402
-from conftest import TINY_KINDS  # noqa: E402
-
-from geolens.interventions.sink_values import sink_edit_query_heads  # noqa: E402
-from geolens.resume import write_records  # noqa: E402
-from geolens.sinks.controls_dose import (  # noqa: E402
-    CheckpointMismatch,
-    controls_sample,
-    dose_controls,
-    dose_window,
-    gu_sink_heads,
-    read_windows,
-    write_windows,
-)
-from geolens.sinks.controls_protocol import DoseProtocol, edit_dose, protocol_deviations, read_protocol  # noqa: E402
-from geolens.sinks.controls_summary import dose_summary, two_stage_means  # noqa: E402
-from geolens.stats import holm  # noqa: E402
-
-PROTOCOL_DIR = Path(__file__).resolve().parents[2] / "docs" / "faithfulness"
-SMALL = DoseProtocol(
-    lambdas=(0.0, 0.5, 2.0), seeds_by_angle=((60.0, 3), (180.0, 2)), n_documents=2, seq_len=12, n_boot=300
-)
-ONE = replace(SMALL, scopes=("all_heads",))
-DOCS = [
-    "the cat sat on the mat, then it ran off.",
-    "no",
-    "a dog ran far away!! it came back at noon.",
-    "one two three four five six seven",
-    "big red boxes fly high over the hills.",
-    "short",
-]
-
-
-def _naive_v0(v0, spec, layer, kv, n_kv):
-    """v_0' by hand, float64, Python arithmetic: λ v_0, or cos θ v_0 + sin θ ‖v_0‖ u (u: g Gram-Schmidt against v_0)."""
-    v0 = v0.double()
-    if spec.kind == "scale":
-        return spec.lam * v0
-    g = rotation_direction(spec.seed, layer, n_kv, v0.shape[0])[kv]
-    n0 = math.sqrt(sum(float(x) ** 2 for x in v0))
-    u = g - sum(float(a) * float(b) for a, b in zip(g, v0)) / n0**2 * v0
-    u = u / math.sqrt(sum(float(x) ** 2 for x in u))
-    t = math.radians(spec.degrees)
-    return math.cos(t) * v0 + math.sin(t) * n0 * u
-
 
 @pytest.mark.parametrize("degrees", [30.0, 60.0, 90.0, 180.0])
 def test_rotation_by_theta_keeps_the_norm_and_moves_v0_by_2_sin_half_theta(model_tokens, degrees):
@@ -392,22 +329,11 @@ def test_rotation_by_theta_keeps_the_norm_and_moves_v0_by_2_sin_half_theta(model
             basis = torch.linalg.qr(torch.stack([v0[b, k], g[k]], 1))[0]
             off = r0[b, k] - basis @ (basis.T @ r0[b, k])
             assert float(off.norm()) < 1e-5 * float(n0[b, k])
-            torch.testing.assert_close(r0[b, k], _naive_v0(v[b, 0, k], spec, 1, k, v.shape[2]), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(r0[b, k], naive_v0(v[b, 0, k], spec, 1, k, v.shape[2]), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(r[:, 1:], v[:, 1:])
     if degrees == 90.0:  # the earlier rotate control is the 90° rotation in the same plane
         _, r90 = _values(model, tokens, sink_edit(model, SinkEditSpec("rotate", seed=4), layers=[1]).fwd_hooks)
         torch.testing.assert_close(r90, r, rtol=1e-5, atol=1e-6)
-
-
-def test_doses_of_the_protocol_match_at_one():
-    p = DoseProtocol()
-    assert [edit_dose(SinkEditSpec("scale", x)) for x in p.lambdas] == [1.0, 0.5, 0.5, 1.0]
-    assert [edit_dose(SinkEditSpec("rotate", degrees=a)) for a in p.degrees] == pytest.approx(
-        [0.517638090205, 1.0, 1.414213562373, 2.0]
-    )
-    assert p.matched_lambdas == (0.0, 2.0) and p.matched_degrees == (60.0,)
-    assert [len(p.seeds(a)) for a in p.degrees] == [5, 20, 5, 5] and p.seeds(60.0) == tuple(range(20))
-    assert len(p.edits()) == 4 + 35 and p.layers(18) == [0, 6, 12]
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
@@ -447,7 +373,7 @@ def test_query_head_edit_changes_only_the_chosen_heads_exactly(kind):
     for h in range(1, H):  # the other heads of layer 0, bit for bit
         assert torch.equal(z[:, :, h], z_clean[:, :, h])
     for b in range(tokens.shape[0]):  # head 0 by hand: z_i = Σ_j α_ij v_j with v_0 replaced for this head only
-        v0_new = _naive_v0(v[b, 0, 0], spec, 0, 0, v.shape[2])
+        v0_new = naive_v0(v[b, 0, 0], spec, 0, 0, v.shape[2])
         for i in range(T):
             ref = sum(float(pattern[b, 0, i, j]) * (v0_new if j == 0 else v[b, j, 0].double()) for j in range(i + 1))
             torch.testing.assert_close(z[b, i, 0].double(), ref, rtol=1e-5, atol=1e-6)
@@ -456,7 +382,7 @@ def test_query_head_edit_changes_only_the_chosen_heads_exactly(kind):
     for h in range(H):
         k = h // group
         for b in range(tokens.shape[0]):
-            v0_new = _naive_v0(v1[b, 0, k], spec, 1, k, v1.shape[2]) if h in (2, 3) else v1[b, 0, k].double()
+            v0_new = naive_v0(v1[b, 0, k], spec, 1, k, v1.shape[2]) if h in (2, 3) else v1[b, 0, k].double()
             ref = torch.stack(
                 [
                     sum(
@@ -467,418 +393,6 @@ def test_query_head_edit_changes_only_the_chosen_heads_exactly(kind):
             )
             torch.testing.assert_close(z1[b, :, h].double(), ref, rtol=1e-5, atol=1e-6)
     assert active_hook_count(model) == before
-
-
-def _hand_built(model, window, spec, layers, heads):
-    """(NLL, KL) of one edit by a hand-built forward: at each edited layer, v_0 (all heads: at hook_v)
-    or z of the chosen heads (Σ_j α_ij v_j with v_0 replaced, loops) by hand; KL and NLL in float64
-    from explicit per-position sums."""
-    store = {}
-
-    def v_hook(layer):
-        def hook(v, hook=None):
-            store[layer] = v
-            if heads is not None:
-                return v
-            out = v.clone()
-            for k in range(v.shape[2]):
-                out[0, 0, k] = _naive_v0(v[0, 0, k], spec, layer, k, v.shape[2]).to(v.dtype)
-            return out
-
-        return hook
-
-    def p_hook(layer):
-        def hook(p, hook=None):
-            store[("p", layer)] = p
-
-        return hook
-
-    def z_hook(layer):
-        def hook(z, hook=None):
-            v, p = store[layer], store[("p", layer)]
-            out = z.clone()
-            group = p.shape[1] // v.shape[2]
-            for h in heads.get(layer, ()):
-                k = h // group
-                v0_new = _naive_v0(v[0, 0, k], spec, layer, k, v.shape[2])
-                for i in range(z.shape[1]):
-                    out[0, i, h] = sum(
-                        float(p[0, h, i, j]) * (v0_new if j == 0 else v[0, j, k].double()) for j in range(i + 1)
-                    ).to(z.dtype)
-            return out
-
-        return hook
-
-    hooks = [(hook_name(l, V), v_hook(l)) for l in layers]
-    if heads is not None:
-        hooks += [(hook_name(l, "attn.hook_pattern"), p_hook(l)) for l in layers] + [
-            (hook_name(l, "attn.hook_z"), z_hook(l)) for l in layers
-        ]
-    with torch.no_grad():
-        clean = model(window, return_type="logits")[0].double()
-        with applied(model, hooks):
-            edited = model(window, return_type="logits")[0].double()
-    T = window.shape[1]
-    nll_c = nll_e = kl = 0.0
-    for i in range(T - 1):
-        lc = clean[i] - math.log(float(clean[i].exp().sum()))
-        le = edited[i] - math.log(float(edited[i].exp().sum()))
-        t = int(window[0, i + 1])
-        nll_c -= float(lc[t]) / (T - 1)
-        nll_e -= float(le[t]) / (T - 1)
-        kl += float((lc.exp() * (lc - le)).sum()) / (T - 1)
-    return nll_c, nll_e, kl
-
-
-@pytest.mark.parametrize("kind", TINY_KINDS)
-@pytest.mark.parametrize("scope", ["all_heads", "sink_heads"])
-def test_dose_window_equals_hand_built_forwards(kind, scope):
-    model = make_tiny(kind, n_layers=7)  # edited layers 0 and 6
-    window = tiny_tokens(model, TEXTS[:1], length=10)
-    specs = [
-        SinkEditSpec("scale", 0.0),
-        SinkEditSpec("scale", 1.5),
-        SinkEditSpec("rotate", seed=0, degrees=60.0),
-        SinkEditSpec("rotate", seed=3, degrees=180.0),
-        SinkEditSpec("scale", 2.0),
-    ]
-    heads = None if scope == "all_heads" else {0: (1,), 6: (0, 3)}
-    res = dose_window(
-        model, window, specs, [0, 6], heads=heads, rows_per_forward=2
-    )  # three batched forwards, one row alone
-    for r, spec in enumerate(specs):
-        nll_c, nll_e, kl = _hand_built(model, window, spec, [0, 6], heads)
-        assert res.nll_clean == pytest.approx(nll_c, rel=1e-6)
-        assert res.nll[r] == pytest.approx(nll_e, rel=1e-5)
-        assert res.kl[r] == pytest.approx(kl, rel=1e-3, abs=1e-7)
-        assert res.delta_ppl[r] == pytest.approx(math.exp(nll_e) - math.exp(nll_c), rel=1e-3, abs=1e-6)
-    assert (res.kl > 0).all()
-    assert active_hook_count(model) == 0
-
-
-def test_sink_heads_follow_the_gu_criterion():
-    model = make_tiny("gqa", n_layers=3)
-    tokens = tiny_tokens(model, TEXTS, length=9)
-    table = gu_sink_heads(model, tokens, [0, 2], eps=0.2, share=0.5)
-    names = [hook_name(l, "attn.hook_pattern") for l in (0, 2)]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    T = tokens.shape[1]
-    for _, row in table.iterrows():
-        head = int(row["head"])
-        pattern = cache[hook_name(int(row["layer"]), "attn.hook_pattern")]
-        hits = [sum(float(pattern[b, head, i, 0]) for i in range(T)) / T > 0.2 for b in range(tokens.shape[0])]
-        assert row["gu_sink_share"] == pytest.approx(sum(hits) / len(hits))
-        assert row["sink_head"] == (sum(hits) / len(hits) > 0.5)
-        assert row["kv_head"] == head // 2
-    assert sorted(set(table.layer)) == [0, 2] and len(table) == 2 * model.cfg.n_heads
-
-
-def test_controls_sample_takes_the_first_two_windows_of_each_long_document():
-    model = make_tiny("gqa")
-    tokens, documents = controls_sample(model, DOCS, seq_len=12, n_documents=3)
-    assert documents.tolist() == [0, 0, 2, 2, 3, 3]  # documents 1 ("no") and 5 are too short; 4 is not needed
-    from geolens.data import token_windows
-
-    for d in (0, 2, 3):
-        expected = token_windows(model, [DOCS[d]], 12)[:2]
-        assert torch.equal(tokens[documents == d], expected)
-    ids = model.tokenizer(DOCS[0], add_special_tokens=False)["input_ids"]
-    assert tokens[1, 1:].tolist() == ids[11:22] and tokens[0, 0] == model.tokenizer.bos_token_id
-    with pytest.raises(ValueError, match="only 4 of 6 documents have at least 22 tokens; 5 are needed"):
-        controls_sample(model, DOCS, seq_len=12, n_documents=5)
-
-
-def _constructed_table(doc_effect, seed_effect, *, norm=(0.0, 0.0), scopes=("all_heads",), protocol=SMALL, G=4):
-    """A complete windows table: 2 windows per document; rotations x = doc_effect[d] + seed_effect[s]
-    (+ 0.1 per angle index), norm edits norm[i] + doc_effect[d]; both outcomes the same numbers."""
-    rows = []
-    for scope_i, scope in enumerate(scopes):
-        for w in range(2 * G):
-            d = 10 + w // 2  # document labels need not start at 0
-            for i, lam in enumerate(protocol.lambdas):
-                x = norm[i % len(norm)] + doc_effect[w // 2] + scope_i
-                rows.append(
-                    dict(
-                        window=w,
-                        document=d,
-                        scope=scope,
-                        edit="scale",
-                        lam=lam,
-                        degrees=np.nan,
-                        seed=pd.NA,
-                        dose=abs(1 - lam),
-                        nll_clean=1.0,
-                        nll=1.0,
-                        delta_ppl=x,
-                        kl=x,
-                    )
-                )
-            for a_i, a in enumerate(protocol.degrees):
-                for s in protocol.seeds(a):
-                    x = doc_effect[w // 2] + seed_effect[s] + 0.1 * a_i
-                    rows.append(
-                        dict(
-                            window=w,
-                            document=d,
-                            scope=scope,
-                            edit="rotate",
-                            lam=np.nan,
-                            degrees=a,
-                            seed=s,
-                            dose=edit_dose(SinkEditSpec("rotate", degrees=a)),
-                            nll_clean=1.0,
-                            nll=1.0,
-                            delta_ppl=x,
-                            kl=x,
-                        )
-                    )
-    table = pd.DataFrame(rows)
-    table["seed"] = table["seed"].astype("Int64")
-    return table
-
-
-def test_two_stage_bootstrap_resamples_documents_then_seeds():
-    rng = np.random.default_rng(5)
-    doc_effect, seed_effect = rng.normal(size=4), rng.normal(size=3)
-    table = _constructed_table(doc_effect, seed_effect)
-    out = dose_summary(table, ONE)
-    rows = {(r["edit"], r["lam"] if r["edit"] == "scale" else r["degrees"]): r for r in out["dose_response"]}
-    # by hand: one generator; first G document draws per resample, then seeds per angle in ascending order
-    gen = np.random.default_rng(SMALL.seed)
-    docs = gen.integers(0, 4, size=(SMALL.n_boot, 4))
-    seeds = {a: gen.integers(0, len(SMALL.seeds(a)), size=(SMALL.n_boot, len(SMALL.seeds(a)))) for a in SMALL.degrees}
-    for a_i, a in enumerate(SMALL.degrees):
-        means = []
-        for b in range(SMALL.n_boot):
-            vals = [
-                doc_effect[d] + seed_effect[s] + 0.1 * a_i for d in docs[b] for _window in range(2) for s in seeds[a][b]
-            ]
-            means.append(sum(vals) / len(vals))
-        lo, hi = np.quantile(means, [0.025, 0.975])
-        r = rows[("rotate", a)]
-        assert (r["kl_low"], r["kl_high"]) == pytest.approx((lo, hi), rel=1e-12)
-        assert r["n_seeds"] == len(SMALL.seeds(a)) and r["n_windows"] == 8 and r["n_documents"] == 4
-        assert r["bootstrap"] == "documents, then seeds"
-    norm_means = [np.mean([doc_effect[d] for d in docs[b]]) for b in range(SMALL.n_boot)]
-    assert (rows[("scale", 0.0)]["kl_low"], rows[("scale", 0.0)]["kl_high"]) == pytest.approx(
-        tuple(np.quantile(norm_means, [0.025, 0.975])), rel=1e-12
-    )
-    # seed variance alone widens a rotation's interval, never a norm edit's
-    only_seeds = {
-        (r["edit"], r["lam"] or r["degrees"]): r
-        for r in dose_summary(_constructed_table(np.zeros(4), seed_effect), ONE)["dose_response"]
-    }
-    assert only_seeds[("rotate", 60.0)]["kl_high"] - only_seeds[("rotate", 60.0)]["kl_low"] > 0.1
-    assert only_seeds[("scale", 2.0)]["kl_high"] == only_seeds[("scale", 2.0)]["kl_low"]
-    # and document variance alone widens both
-    only_docs = {
-        (r["edit"], r["lam"] or r["degrees"]): r
-        for r in dose_summary(_constructed_table(doc_effect, np.zeros(3)), ONE)["dose_response"]
-    }
-    assert only_docs[("rotate", 60.0)]["kl_high"] > only_docs[("rotate", 60.0)]["kl_low"]
-    assert two_stage_means(np.ones((2, 3)), [np.array([0, 1])], np.array([[2, 2, 0]])).tolist() == [1.0]
-
-
-def test_verdicts_form_one_holm_family_over_the_scopes():
-    rng = np.random.default_rng(1)
-    doc_effect = rng.normal(scale=0.01, size=4)
-    seed_effect = rng.normal(scale=0.01, size=3)
-    # all_heads: the norm edits at dose 1 (λ = 0, 2) sit 1 above the 60° rotation; sink_heads: equal (scope_i adds 1)
-    table = _constructed_table(doc_effect, seed_effect, norm=(1.0, 0.0, 1.0), scopes=("all_heads",))
-    sink = _constructed_table(doc_effect, seed_effect, norm=(-1.0, 0.0, -1.0), scopes=("all_heads",)).assign(
-        scope="sink_heads"
-    )
-    sink.loc[sink.edit == "scale", ["kl", "delta_ppl"]] += (
-        1.0  # sink: norm = doc effect, equal to the rotation on average
-    )
-    out = dose_summary(pd.concat([table, sink], ignore_index=True), SMALL)
-    pairs = {p["scope"]: p for p in out["pairs"]}
-    a, s = pairs["all_heads"], pairs["sink_heads"]
-    assert a["estimate"] == pytest.approx(1.0 - np.mean(seed_effect), abs=1e-12)
-    assert a["norm_edit"] == pytest.approx(1.0 + doc_effect.mean()) and a["rotation"] == pytest.approx(
-        doc_effect.mean() + seed_effect.mean()
-    )
-    assert a["verdict"] == "holds" and a["ci_low"] > 0 and a["rank"] == 1 and a["level"] == pytest.approx(1 - 0.05 / 2)
-    assert [a["p_adj"], s["p_adj"]] == pytest.approx(holm([a["p"], s["p"]]).tolist())
-    assert s["rank"] == 2 and s["level"] == pytest.approx(0.95)
-    assert s["verdict"] == ("tie" if s["ci_low"] <= 0 <= s["ci_high"] else s["verdict"])
-    assert a["lambdas"] == [0.0, 2.0] and a["degrees"] == [60.0] and a["n_seeds"] == 3
-    assert all(p["verdict"] is None and p["outcome"] == "delta_ppl" for p in out["exploratory_pairs"])
-    assert all(
-        p["verdict"] == "not decided (exploratory)"
-        for p in dose_summary(table.assign(), SMALL, verdicts=False, not_testable={"sink_heads": "none"})["pairs"][:1]
-    )
-    # a scope with nothing to edit is 'not testable', left out of the family (m = 1: the other test at full level 0.95)
-    alone = dose_summary(table, SMALL, not_testable={"sink_heads": "no sink head"})
-    nt = {p["scope"]: p for p in alone["pairs"]}
-    assert (
-        nt["sink_heads"]["verdict"] == "not testable"
-        and nt["sink_heads"]["p"] is None
-        and nt["sink_heads"]["note"] == "no sink head"
-    )
-    assert nt["all_heads"]["level"] == pytest.approx(0.95) and nt["all_heads"]["p_adj"] == nt["all_heads"]["p"]
-    with pytest.raises(ValueError, match="rows for 8 windows"):
-        dose_summary(table.iloc[1:], SMALL, not_testable={"sink_heads": "none"})
-    with pytest.raises(ValueError, match="not tested"):
-        dose_summary(pd.concat([table, sink]), SMALL, not_testable={"sink_heads": "none"})
-
-
-def _small_run(model, tmp_path=None, **kwargs):
-    tokens, documents = controls_sample(model, DOCS, seq_len=SMALL.seq_len, n_documents=SMALL.n_documents)
-    kw = dict(sink_heads={0: (1,), 6: (0, 3)}, verdicts=False, rows_per_forward=4)
-    kw.update(kwargs)
-    return dose_controls(model, tokens, documents, SMALL, **kw), tokens, documents
-
-
-@pytest.fixture(scope="module")
-def seven_layers():
-    return make_tiny("gqa", n_layers=7)
-
-
-def test_dose_controls_tables_follow_their_definitions(seven_layers, tmp_path):
-    model = seven_layers
-    res, tokens, documents = _small_run(model)
-    W = tokens.shape[0]
-    n_edits = len(SMALL.edits())
-    assert len(res.windows) == W * 2 * n_edits and res.layers == [0, 6]
-    w1 = res.windows[(res.windows.window == 1) & (res.windows.scope == "sink_heads")]
-    direct = dose_window(model, tokens[1:2], SMALL.edits(), [0, 6], heads={0: (1,), 6: (0, 3)})
-    np.testing.assert_allclose(w1.kl.to_numpy(), direct.kl, rtol=1e-6, atol=1e-12)
-    np.testing.assert_allclose(w1.delta_ppl.to_numpy(), direct.delta_ppl, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(
-        res.windows.delta_ppl, np.exp(res.windows.nll) - np.exp(res.windows.nll_clean), rtol=1e-13, atol=1e-13
-    )
-    rows = res.dose_response
-    assert len(rows) == 2 * (len(SMALL.lambdas) + len(SMALL.degrees))
-    r = rows[(rows.scope == "all_heads") & (rows.edit == "rotate") & (rows.degrees == 60.0)].iloc[0]
-    sub = res.windows[(res.windows.scope == "all_heads") & (res.windows.degrees == 60.0)]
-    assert r.kl == pytest.approx(sub.kl.mean(), rel=1e-12) and r.n_seeds == 3 and r.dose == 1.0
-    assert (rows.kl_low <= rows.kl).all() and (rows.kl <= rows.kl_high).all()
-    summary = res.summary()
-    assert (
-        summary["sink_heads"] == {"0": [1], "6": [0, 3]}
-        and summary["n_windows"] == W == 4
-        and summary["n_documents"] == 2
-    )
-    assert all(p["verdict"] == "not decided (exploratory)" for p in summary["pairs"])  # verdicts=False: exploratory
-    # the summary recomputes exactly from the saved table
-    write_windows(res.windows, tmp_path / "w.csv")
-    again = dose_summary(read_windows(tmp_path / "w.csv"), SMALL, verdicts=False)
-    assert again == res.statistics
-    json.dumps(summary)  # JSON-ready
-    # no sink head at all: that scope is not run and not testable
-    none, _, _ = _small_run(model, sink_heads={0: (), 6: ()})
-    assert set(none.windows.scope) == {"all_heads"}
-    assert {p["scope"]: p["verdict"] for p in none.statistics["pairs"]}["sink_heads"] == "not testable"
-    assert active_hook_count(model) == 0
-
-
-def test_checkpoint_resumes_to_the_same_numbers_and_refuses_another_run(seven_layers, tmp_path):
-    model = seven_layers
-    ck = tmp_path / "ck.json"
-    full, tokens, documents = _small_run(model, checkpoint=ck)
-    state = json.loads(ck.read_text())
-    assert sorted(state["windows"], key=int) == [str(w) for w in range(tokens.shape[0])]
-    for w in ("2", "3"):  # as if interrupted after two windows (the checkpoint as it was written then)
-        del state["windows"][w]
-    windows = state.pop("windows")
-    state.pop("records")
-    write_records(ck, state, {"windows": windows})
-    edited = json.loads(ck.read_text())
-    edited["windows"]["1"]["nll_clean"] += 1e-9  # an edited record is refused, not resumed
-    ck.write_text(json.dumps(edited))
-    with pytest.raises(CheckpointMismatch, match="a record was edited"):
-        _small_run(model, checkpoint=ck, resume=True)
-    write_records(ck, state, {"windows": windows})
-    resumed, _, _ = _small_run(model, checkpoint=ck, resume=True)
-    assert resumed.statistics == full.statistics
-    pd.testing.assert_frame_equal(resumed.windows, full.windows)
-    with pytest.raises(CheckpointMismatch, match="sink_heads"):
-        _small_run(model, checkpoint=ck, resume=True, sink_heads={0: (2,), 6: ()})
-    with pytest.raises(CheckpointMismatch, match="rows_per_forward"):
-        _small_run(model, checkpoint=ck, resume=True, rows_per_forward=5)
-    ck.write_text("{}")
-    with pytest.raises(CheckpointMismatch, match="not a checkpoint"):
-        _small_run(model, checkpoint=ck, resume=True)
-    ck.write_text('{"format": "geolens sink dose controls checkpoint 1", "windo')  # truncated by a crash
-    with pytest.raises(CheckpointMismatch, match="unreadable"):
-        _small_run(model, checkpoint=ck, resume=True)
-
-
-def test_read_protocol_reads_the_registered_block(tmp_path):
-    import hashlib
-
-    protocol, info = read_protocol(PROTOCOL_DIR / "protocol.json")
-    assert protocol == DoseProtocol()  # the defaults are the pre-registered settings
-    assert DoseProtocol.from_dict(json.loads(json.dumps(SMALL.to_dict()))) == SMALL
-    assert info["protocol_sha256"] == hashlib.sha256((PROTOCOL_DIR / "PROTOCOL.md").read_bytes()).hexdigest()
-    assert info["pre_registered"] and info["protocol_version"] == 2
-    assert protocol_deviations(protocol, protocol, info, model="smollm2-135m", mode="bridge", dtype="float32") == []
-    small = replace(protocol, n_documents=5)
-    reasons = protocol_deviations(small, protocol, info, model="tiny-gqa", mode="hooked", dtype="float32")
-    assert any("n_documents 5 instead of 50" in r for r in reasons) and any("tiny-gqa" in r for r in reasons)
-    assert any("hooked" in r for r in reasons) and any("fewer than 100" in r for r in reasons)
-    # a copy with an edited text is no longer the pre-registered protocol
-    raw = json.loads((PROTOCOL_DIR / "protocol.json").read_text())
-    (tmp_path / "PROTOCOL.md").write_text("another text")
-    (tmp_path / "REGISTERED.json").write_text((PROTOCOL_DIR / "REGISTERED.json").read_text())
-    (tmp_path / "protocol.json").write_text(json.dumps(raw))
-    _, copied = read_protocol(tmp_path / "protocol.json")
-    assert not copied["pre_registered"]
-    bad = {
-        "missing.json": None,
-        "nojson.json": "{",
-        "noblock.json": json.dumps({"version": 2}),
-        "nolayers.json": json.dumps(
-            {**raw, "sink_controls": {k: v for k, v in raw["sink_controls"].items() if k != "layers"}}
-        ),
-        "layers.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "layers": "some layers"}}),
-        "windows.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "n_windows": 99}}),
-        "lambdas.json": json.dumps({**raw, "sink_controls": {**raw["sink_controls"], "lambdas": [0.5, 1.5]}}),
-    }
-    messages = {
-        "missing.json": "no such file",
-        "nojson.json": "not valid JSON",
-        "noblock.json": 'no "sink_controls" block',
-        "nolayers.json": "has no 'layers'",
-        "layers.json": "every <ordinal> layer",
-        "windows.json": "whole number of windows",
-        "lambdas.json": "norm edit and a rotation of dose 1",
-    }
-    for name, text in bad.items():
-        if text is not None:
-            (tmp_path / name).write_text(text)
-        with pytest.raises(ValueError, match=messages[name]):
-            read_protocol(tmp_path / name)
-
-
-def test_bad_dose_inputs_raise_one_line_errors(seven_layers):
-    model = seven_layers
-    with pytest.raises(ValueError, match="degrees= is the angle of a rotation"):
-        SinkEditSpec("scale", 0.0, degrees=30)
-    with pytest.raises(ValueError, match="random_token"):
-        sink_edit_query_heads(model, SinkEditSpec("random_token", 0.0), layers=[0])
-    with pytest.raises(IndexError, match="query heads \\[7\\]"):
-        sink_edit_query_heads(model, SinkEditSpec("scale", 0.0), layers=[0], heads={0: [7]})
-    with pytest.raises(ValueError, match="does not touch"):
-        sink_edit_query_heads(model, SinkEditSpec("scale", 0.0), layers=[0], heads={3: [1]})
-    with pytest.raises(ValueError, match="depends on the data"):
-        edit_dose(SinkEditSpec("mean_tail"))
-    with pytest.raises(ValueError, match="λ = 1 edits nothing"):
-        DoseProtocol(lambdas=(0.0, 1.0))
-    with pytest.raises(ValueError, match="scopes"):
-        DoseProtocol(scopes=("all",))
-    window = tiny_tokens(model, TEXTS[:1], length=8)
-    with pytest.raises(ValueError, match="selects no head"):
-        dose_window(model, window, [SinkEditSpec("scale", 0.0)], [0, 6], heads={0: (), 6: ()})
-    with pytest.raises(ValueError, match="one sequence"):
-        dose_window(model, window.expand(2, -1), [SinkEditSpec("scale", 0.0)], [0])
-    with pytest.raises(ValueError, match="not edited"):
-        dose_controls(model, window.expand(2, -1), [0, 0], SMALL, sink_heads={3: (1,)})
-    with pytest.raises(ValueError, match="one document per window"):
-        dose_controls(model, window.expand(2, -1), [0], SMALL)
-    assert active_hook_count(model) == 0
 
 
 @pytest.mark.bridge_only
