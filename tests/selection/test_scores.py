@@ -15,7 +15,6 @@ from geolens.selection import (
     bound_violations,
     distances,
     head_selection_scores,
-    inversion_count,
     power_of_two_sizes,
     selection_scores,
     top_n_mask,
@@ -118,17 +117,6 @@ def test_metrics_need_not_be_monotone_in_n():
     diffs = sep.f.diff(dim=-1)
     assert bool((diffs > 0).any()) and bool((diffs < 0).any())  # both directions occur
     assert_bound_property(sep)
-
-
-def test_inversion_count_matches_double_loop_with_ties():
-    D = torch.tensor([[0.0, 1.0, 1.0, 2.0, 0.5, 1.0], [3.0, 3.0, 3.0, 3.0, 3.0, 3.0]])
-    sel = torch.tensor([[True, True, False, False, False, True], [True, False, True, False, False, False]])
-    vis = torch.tensor([True, True, True, True, True, False])
-    got = inversion_count(D, sel, vis)
-    for r in range(2):
-        S = [i for i in range(6) if sel[r, i]]
-        O = [j for j in range(6) if vis[j] and not sel[r, j]]
-        assert float(got[r]) == sum(1 for i in S for j in O if D[r, j] <= D[r, i])
 
 
 def test_sizes_and_errors():
