@@ -9,14 +9,14 @@ and which file, and says how to start again. It never resumes silently.
 
 Three shapes of saved work, one rule each:
 
-- **Per-document tables** (:func:`run_document_stage`: the faithfulness stages, the flow
-  erasure test): ``<stage>_<table>.csv.gz`` plus ``<stage>_progress.json``, which names the
-  documents done (``documents``), each table's row count and the SHA-256 of its file
-  (``rows``). On resume the settings (``fingerprint``: protocol, model, sample) must be the
-  same, every table file must be readable with the recorded count and digest, and the documents
-  in the rows must be exactly the documents done. A progress record from before digests were
-  kept (the completed runs in docs/) is accepted only when the rows on disk hold exactly
-  documents 0 … done − 1.
+- **Per-document tables** (:func:`run_document_stage`: the faithfulness stages, through
+  :func:`run_protocol_stage`, and the flow erasure test): ``<stage>_<table>.csv.gz`` plus
+  ``<stage>_progress.json``, which names the documents done (``documents``), each table's row
+  count and the SHA-256 of its file (``rows``). On resume the settings (``fingerprint``:
+  protocol, model, sample) must be the same, every table file must be readable with the recorded
+  count and digest, and the documents in the rows must be exactly the documents done. A progress
+  record from before digests were kept (the completed runs in docs/) is accepted only when the
+  rows on disk hold exactly documents 0 … done − 1.
 - **Records in one JSON file** (:func:`write_records` / :func:`read_records`: the multiple-choice
   checkpoint, the sink controls' checkpoint): the file records how many records it holds, their
   ids and the SHA-256 of their canonical JSON; a record edited, added or removed is refused. A
@@ -246,6 +246,49 @@ def run_document_stage(
     return {name: parts[0] for name, parts in tables.items()}
 
 
+def run_protocol_stage(
+    stage: str,
+    out: Path,
+    protocol,
+    windows,
+    measure: Callable[[int], dict],
+    *,
+    corpus: str,
+    model_name: str,
+    resume: bool,
+    progress=print,
+    **settings,
+):
+    """:func:`run_document_stage` for an endpoint of a pre-registered ``protocol`` (anything with
+    the ``sha256`` of its text, e.g. a :class:`geolens.preregistration.Preregistered`) on its
+    ``windows`` (one row per document). The fingerprint its saved tables are checked against is
+    the stage, the protocol's SHA-256, the model, the corpus, the number of documents, then
+    ``settings`` in the order given (the order of the keys in ``<stage>_progress.json``).
+
+    >>> import tempfile, types
+    >>> import pandas as pd, torch
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...     tables = run_protocol_stage(
+    ...         "demo", Path(out), types.SimpleNamespace(sha256="0" * 64), torch.zeros(2, 8, dtype=torch.long),
+    ...         lambda d: {"rows": pd.DataFrame(dict(document=[d]))}, corpus="lee", model_name="tiny-gqa",
+    ...         resume=False, progress=lambda line: None, queries=[2, 6],
+    ...     )
+    ...     saved = read_json(Path(out) / "demo_progress.json")["fingerprint"]
+    >>> list(saved), len(tables["rows"])
+    (['stage', 'protocol_sha256', 'model', 'corpus', 'n_documents', 'queries'], 2)
+    """
+    n_documents = int(windows.shape[0])
+    fingerprint = dict(
+        stage=stage,
+        protocol_sha256=protocol.sha256,
+        model=model_name,
+        corpus=corpus,
+        n_documents=n_documents,
+        **settings,
+    )
+    return run_document_stage(stage, out, fingerprint, n_documents, measure, resume=resume, progress=progress)
+
+
 def write_record(data: dict, path: Path) -> None:
     """``data`` as indented JSON, written atomically (numpy scalars as Python numbers)."""
     from geolens.checkpoint import atomic_write_bytes, json_default
@@ -313,6 +356,7 @@ __all__ = [
     "records_digest",
     "refuse",
     "run_document_stage",
+    "run_protocol_stage",
     "sha256_bytes",
     "state_digest",
     "write_record",
