@@ -81,9 +81,8 @@ SOURCE_SUFFIXES = (".py", ".j2", ".html", ".css", ".js")  # code; data files (mc
 # (the last into the geolens/flow package).
 LONG_FILES_ALLOWED: tuple[str, ...] = (
     # grown by protocol 3's per-term endpoint (docs/faithfulness/v3), whose published runs used
-    # this code; next, split each by idea (float64_exact and the numerical floor out of
-    # per_term.py, the secondary analyses and the README writer out of norm_controlled.py)
-    "per_term.py",
+    # this code; next, split by idea (the secondary analyses and the README writer out of
+    # norm_controlled.py; per_term.py is now the geolens/per_term package)
     "faithfulness/norm_controlled.py",
 )
 

@@ -1,0 +1,102 @@
+"""Effects resolved to float64 precision (docs/faithfulness/v3/PROTOCOL.md §1, §3).
+
+:func:`float64_exact` makes a model cast to float64 compute its attention softmax and its RMS norms
+in float64 too; :func:`numerical_floor` says how precisely a batch of single-position forwards
+resolves effects, from its unperturbed row against the clean forward.
+"""
+
+from __future__ import annotations
+
+import types
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+EPS64 = float(torch.finfo(torch.float64).eps)
+
+
+def numerical_floor(row: Tensor, reference: Tensor, target: int | None = None) -> dict[str, float]:
+    """How precisely a batch resolves effects: ``row`` is the batch's unperturbed row, ``reference``
+    the clean forward's logits at the same position (docs/faithfulness/v3/PROTOCOL.md §3).
+
+    With δ_t the difference of their log-probabilities and p the reference distribution:
+    ``floor`` = Σ_t p_t |δ_t| + ε Σ_t p_t |log p_t| (a perturbed row carrying an error of δ's size
+    moves its computed KL by at most Σ p|δ| to first order; the sum itself rounds at ε Σ p |log p|,
+    ε = 2⁻⁵²); ``reference_kl`` = KL(reference ‖ row); with ``target``, ``target_floor`` =
+    |δ_target| + ε |log p_target|.
+
+    >>> x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    >>> f = numerical_floor(x, x)
+    >>> f["reference_kl"] == 0.0, 0 < f["floor"] < 1e-15
+    (True, True)
+    """
+    logp = torch.log_softmax(row.to(torch.float64), -1)
+    ref = torch.log_softmax(reference.to(torch.float64), -1)
+    p = ref.exp()
+    delta = logp - ref
+    weighted = torch.where(p > 0, p * ref.abs(), torch.zeros_like(p))
+    out = dict(
+        floor=float((p * delta.abs()).sum() + EPS64 * weighted.sum()),
+        reference_kl=float(torch.where(p > 0, p * (ref - logp), torch.zeros_like(p)).sum()),
+    )
+    if target is not None:
+        out["target_floor"] = float(delta[target].abs() + EPS64 * ref[target].abs())
+    return out
+
+
+def _weight_is_offset(module, forward) -> bool:
+    """Whether an RMSNorm scales by (1 + weight) rather than by weight, read from the module's own
+    output on an all-ones row (whose RMS is 1), not from its family's name."""
+    weight = module.weight.detach().to(torch.float32)
+    with torch.no_grad():
+        out = forward(module, torch.ones(1, weight.shape[-1], dtype=module.weight.dtype, device=weight.device))
+    out = out.detach().to(torch.float32).reshape(-1)
+    return float((out - (1.0 + weight)).abs().max()) < float((out - weight).abs().max())
+
+
+@contextmanager
+def float64_exact(model):
+    """Within the block, a model cast to float64 computes its attention softmax and its RMS norms in
+    float64 too: the TransformerLens bridge's attention and Hugging Face's Llama and Gemma 3 RMS
+    norms compute them in float32 whatever the model's dtype, which rounds α and the normalised
+    residual to float32 precision (docs/faithfulness/v3/PROTOCOL.md §1). Inputs in other dtypes
+    keep the model's own computation; the rotary angles are left as the model computes them. The
+    patches are instance attributes, removed on exit.
+
+    >>> from geolens.per_term import per_term_effects
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa", dtype=torch.float64)
+    >>> with float64_exact(model):
+    ...     e = per_term_effects(model, tiny_tokens(model, length=12)[:1], layer=1, query=-1)
+    >>> e.kl.dtype, e.floor < 1e-12
+    (torch.float64, True)
+    """
+    patched = []
+    for module in model.modules():
+        kind = type(module)
+        if hasattr(kind, "_masked_softmax"):
+
+            def softmax(self, scores, dtype=None, _original=kind._masked_softmax):
+                return _original(self, scores, dtype=torch.float64 if scores.dtype == torch.float64 else dtype)
+
+            object.__setattr__(module, "_masked_softmax", types.MethodType(softmax, module))  # not forwarded to HF
+            patched.append((module, "_masked_softmax"))
+        elif kind.__name__.endswith("RMSNorm") and kind.__module__.startswith("transformers"):
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+            offset = _weight_is_offset(module, kind.forward)  # Gemma's weight is an offset from 1
+
+            def norm(self, x, _original=kind.forward, _eps=eps, _offset=offset):
+                if x.dtype != torch.float64 or _eps is None:
+                    return _original(self, x)
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps)
+                return y * (1.0 + self.weight) if _offset else self.weight * y
+
+            object.__setattr__(module, "forward", types.MethodType(norm, module))
+            patched.append((module, "forward"))
+    try:
+        yield model
+    finally:
+        for module, name in patched:
+            if name in vars(module):
+                object.__delattr__(module, name)
