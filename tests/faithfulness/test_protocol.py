@@ -3,6 +3,8 @@
 The text is frozen: its SHA-256 is recorded in PROTOCOL.sha256, and runs under it record the same
 hash. Editing the text makes a new protocol version, deliberately (bump ``version`` in
 protocol.json and the hash together). The machine-readable twin must say what the text says.
+The protocol's rules in code (geolens.faithfulness.protocol): layer groups, the sign of each
+direction and the verdict of an interval.
 """
 
 from __future__ import annotations
@@ -10,6 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+
+import pytest
+from constructed import synthetic_result
+
+from geolens.faithfulness import (
+    claimed_order_holds,
+    faithfulness_sign,
+    layer_group,
+    verdict,
+)
 
 FOLDER = Path(__file__).resolve().parents[2] / "docs" / "faithfulness"
 
@@ -72,3 +84,26 @@ def test_the_text_states_what_the_twin_says():
     planned = {"output_normalized_intra", "output_normalized_inter", "grad_x_act", "contribution_abs"}
     for name in p["primary"]["metrics_source"]:
         assert name in registered or name in planned, name
+
+
+def test_faithfulness_sign_and_verdict():
+    assert (
+        faithfulness_sign("comprehensiveness", "delta_ppl") == 1 and faithfulness_sign("sufficiency", "delta_ppl") == -1
+    )
+    assert (
+        faithfulness_sign("comprehensiveness", "delta_logprob") == -1
+        and faithfulness_sign("sufficiency", "delta_logprob") == 1
+    )
+    assert verdict(0.1, 0.2) == "holds" and verdict(-0.2, -0.1) == "reversed"
+    assert verdict(0.0, 0.0) == "tie" and verdict(-0.1, 0.1) == "tie" and verdict(0.1, 0.2, False) == "no range"
+    assert verdict(0.1, 0.2, True, 1) == "too few documents" and verdict(0.1, 0.2, True, 5) == "holds"
+    one = synthetic_result(dict(random=0.3, raw_attention=0.5, contribution=2.0), n=1)
+    assert set(one.pairs().verdict) == {"too few documents"}
+    assert not claimed_order_holds(one.pairs())["decided"]
+
+
+def test_layer_groups():
+    assert layer_group("early", 30) == tuple(range(10)) and layer_group("late", 30) == tuple(range(20, 30))
+    assert layer_group("middle", 4) == (2,) and layer_group("early", 4) == (0, 1)
+    with pytest.raises(ValueError, match="unknown layer group"):
+        layer_group("top", 30)

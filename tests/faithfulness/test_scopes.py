@@ -1,37 +1,27 @@
-"""Ranking scopes of the faithfulness protocol (row / query / source) against naive references,
-the paired verdicts, the range check and the bad-input errors (issue 10)."""
+"""Ranking scopes of the faithfulness protocol (row / query / source): the removal masks of
+geolens.interventions.masking against a naive scoped removal, the masked forward against a
+hand-built attention output, and the bad-input errors (issue 10)."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-import pandas as pd
 import pytest
 import reference
 import torch
-from constructed import synthetic_result
 
 from geolens.faithfulness import (
-    CLAIMED_ORDER,
-    FaithfulnessResult,
     MaskingConfig,
-    claimed_order_holds,
     curve_masks,
     faithfulness_curves,
-    faithfulness_sign,
-    layer_group,
     metric_scores,
-    verdict,
 )
 from geolens.interventions import active_hook_count, applied
 from geolens.interventions.masking import (
     mask_from_ranks,
-    masked_token_nll,
     pattern_mask_hooks,
     removal_masks,
     removal_ranks,
-    token_nll,
 )
 
 
@@ -87,45 +77,6 @@ def test_query_scope_shared_score_removes_whole_sources():
     assert torch.equal(a, b)
 
 
-def naive_metric(model, cache, layer, metric, mode):
-    """[head, q, k] float64 scores of one sequence from the explicit-loop references."""
-    pattern, _, _ = reference.raw_tensors(model, cache, layer)
-    vt = reference.projected_values(model, cache, layer)  # [b, h, k, dm]
-    alpha = pattern[0]
-    if metric == "raw_attention":
-        return alpha
-    vnorm = vt[0].norm(dim=-1)[:, None, :]
-    if metric == "value_weighted":
-        return alpha * vnorm
-    if metric == "output_normalized":
-        rel, _ = reference.factors(model, cache, layer, mode)
-        return alpha * rel[0]
-    c = reference.contributions(model, cache, layer, mode)[0]
-    return c.abs() if metric == "contribution_abs" else c
-
-
-@pytest.mark.parametrize("scope", ["query", "source"])
-@pytest.mark.parametrize("mode", ["inter", "intra"])
-def test_scoped_metric_scores_match_naive(tiny, scope, mode):
-    model, tokens, cache = tiny
-    seq = tokens[:1]
-    layers = (0, model.cfg.n_layers - 1)
-    protocol = MaskingConfig(layers=layers, ranking=scope, mode=mode)
-    metrics = ["raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs"]
-    with torch.no_grad():
-        _, c1 = model.run_with_cache(seq)
-    got = metric_scores(model, seq, protocol, metrics)
-    for m in metrics:
-        for n, l in enumerate(layers):
-            want = naive_metric(model, c1, l, "contribution" if m == "contribution_abs" else m, mode)
-            if scope == "source":
-                want = want.sum(0, keepdim=True)
-            if m == "contribution_abs":
-                want = want.abs()
-            assert got[m][n, 0].shape == want.shape, m
-            assert torch.allclose(got[m][n, 0].double(), want, atol=1e-5, rtol=1e-4), (m, l)
-
-
 def naive_attention_output(model, cache, layer, removed):
     """Σ_h Σ_{j kept} α_ij^h ṽ_j^h + b_O with explicit loops, float64; ``removed`` a set of (h, i, j)."""
     pattern, _, _ = reference.raw_tensors(model, cache, layer)
@@ -177,160 +128,6 @@ def test_masked_forward_equals_hand_built_output(tiny, scope):
         model, {k: v[:1] for k, v in cache.items()} if hasattr(cache, "items") else cache, layer, naive
     )
     assert torch.allclose(out, want, atol=1e-5, rtol=1e-4), (out - want).abs().max()
-
-
-def test_all_layer_curves_match_one_forward_per_mask(tiny_gqa):
-    """Batched all-layer masked forwards (chunks of 5 masks) equal one hand-hooked forward per mask."""
-    model, tokens, _ = tiny_gqa
-    protocol = MaskingConfig(ranking="query", fractions=(0.1, 0.5, 0.9), skip_prefix=3)
-    metrics = ["contribution", "value_weighted", "output_normalized", "random"]
-    res = faithfulness_curves(model, tokens[:2], protocol, metrics, chunk_size=5, progress=False, n_boot=50)
-    layers = list(range(model.cfg.n_layers))
-    seq = tokens[1:2]
-    scores = metric_scores(model, seq, protocol, ["contribution"])["contribution"]
-    masks = curve_masks(scores, protocol)
-    with torch.no_grad():
-        clean = token_nll(model(seq, return_type="logits"), seq)[0, 3:]
-        with applied(model, pattern_mask_hooks(model, masks[:, 4:5], layers)):  # sufficiency, k = 0.5
-            masked = token_nll(model(seq, return_type="logits"), seq)[0, 3:]
-    df = res.per_sequence
-    row = df[
-        (df.sequence == 1) & (df.metric == "contribution") & (df.direction == "sufficiency") & (df.fraction == 0.5)
-    ]
-    assert row.nll.item() == pytest.approx(float(masked.double().mean()), abs=1e-5)
-    cl = res.clean.set_index("sequence").loc[1]
-    assert cl.nll == pytest.approx(float(clean.double().mean()), abs=1e-5) and cl.n_scored == tokens.shape[1] - 4
-    # the sink alone: α_i0 = 0 for i ≥ 1 in every head and layer
-    sink = torch.zeros(len(layers), 1, model.cfg.n_heads, 12, 12, dtype=torch.bool)
-    sink[..., 1:, 0] = True
-    assert cl.sink_nll == pytest.approx(
-        float(masked_token_nll(model, seq, sink, layers, branch=False)[0, 3:].double().mean()), abs=1e-5
-    )
-    # inter mode: output-normalised ranks like value-weighted (‖o_i‖ constant per query) and is reused
-    vw = df[df.metric == "value_weighted"].nll.to_numpy()
-    assert np.array_equal(vw, df[df.metric == "output_normalized"].nll.to_numpy())
-    assert (df[df.metric == "output_normalized"].same_as == "value_weighted").all()
-    # corpus-level ΔPPL = exp(token-weighted mean NLL) − exp(clean), by hand
-    curves = res.curves
-    sub = df[(df.metric == "random") & (df.direction == "comprehensiveness") & (df.fraction == 0.9)].sort_values(
-        "sequence"
-    )
-    want = math.exp(sub.nll.mean()) - math.exp(res.clean.nll.mean())  # equal n_scored per document
-    got = curves[
-        (curves.metric == "random") & (curves.direction == "comprehensiveness") & (curves.fraction == 0.9)
-    ].delta_ppl.item()
-    assert got == pytest.approx(want, rel=1e-9)
-    assert res.range_check()["random_delta_ppl_at_max_fraction"] == pytest.approx(want, rel=1e-9)
-    summary = res.summary()
-    assert summary["protocol"]["ranking_scope"] == "query" and summary["protocol"]["layers"] == layers
-    assert {"a", "b", "direction", "quantity", "auc_diff", "ci_low", "ci_high", "verdict"} <= set(summary["pairs"][0])
-
-
-def test_intra_mode_query_scope_separates_output_normalised(tiny_gqa):
-    from geolens.faithfulness import same_ranking_by_construction
-
-    model, tokens, _ = tiny_gqa
-    p = MaskingConfig(ranking="query", mode="intra", fractions=(0.3,))
-    s = metric_scores(model, tokens[:1], p, ["value_weighted", "output_normalized"])
-    a, b = (curve_masks(s[m], p) for m in ("value_weighted", "output_normalized"))
-    assert not torch.equal(a, b)  # each head divided by its own output norm: rankings differ
-    assert not same_ranking_by_construction(p)
-    res = faithfulness_curves(model, tokens[:1], p, ["value_weighted", "output_normalized"], progress=False, n_boot=10)
-    assert (res.per_sequence.same_as == "").all()  # run separately, no reuse
-    for scope, mode in [("row", "intra"), ("row", "inter"), ("query", "inter"), ("source", "inter")]:
-        q = MaskingConfig(ranking=scope, mode=mode, fractions=(0.1, 0.5, 0.9))
-        assert same_ranking_by_construction(q)
-        s = metric_scores(model, tokens[:1], q, ["value_weighted", "output_normalized"])
-        a, b = (curve_masks(s[m], q) for m in ("value_weighted", "output_normalized"))
-        assert (a != b).float().mean() < 1e-3, (scope, mode)  # equal up to float32 near-ties
-
-
-def test_verdicts_follow_the_paired_ci():
-    gaps = dict(random=0.3, raw_attention=1.0, value_weighted=1.0, output_normalized=0.5, contribution=2.0)
-    res = synthetic_result(gaps)
-    res.protocol = dict(res.protocol, mode="intra")  # where output-normalised can differ from value-weighted
-    pairs = res.pairs()
-    assert len(pairs) and (pairs.n_boot == 1000).all()
-    for r in pairs.itertuples():  # never a verdict contradicting its CI
-        assert r.ci_low <= r.auc_diff <= r.ci_high
-        assert r.verdict == ("holds" if r.ci_low > 0 else "reversed" if r.ci_high < 0 else "tie")
-    comp = claimed_order_holds(pairs, "comprehensiveness", "delta_ppl")
-    assert comp["pairs"] == {
-        "raw_attention < value_weighted": "tie",
-        "value_weighted < output_normalized": "reversed",
-        "output_normalized < contribution": "holds",
-    }
-    assert not comp["holds"]
-    # sufficiency here moves all metrics' NLL by (1 − gap)·k: a larger gap is again more faithful
-    suff = claimed_order_holds(pairs, "sufficiency", "delta_ppl")
-    assert suff["pairs"]["output_normalized < contribution"] == "holds"
-    # Δ log-prob agrees in sign with ΔPPL after the faithfulness sign
-    lp = claimed_order_holds(pairs, "comprehensiveness", "delta_logprob")
-    assert lp["pairs"] == comp["pairs"]
-    row = pairs[
-        (pairs.a == "output_normalized")
-        & (pairs.b == "contribution")
-        & (pairs.direction == "comprehensiveness")
-        & (pairs.quantity == "delta_logprob")
-    ]
-    assert row.auc_diff.item() == pytest.approx(
-        1.5 * (0.4 * 0.6 / 2 + 0.4 * 1.4 / 2), rel=0.05
-    )  # ∫ 1.5·k dk over [0.1, 0.9]
-    full = claimed_order_holds(
-        synthetic_result(
-            dict(random=0.1, raw_attention=0.5, value_weighted=1.0, output_normalized=1.5, contribution=2.0)
-        ).pairs()
-    )
-    assert full["holds"] and set(full["pairs"]) == {f"{a} < {b}" for a, b in zip(CLAIMED_ORDER, CLAIMED_ORDER[1:])}
-
-
-def test_no_range_decides_nothing():
-    res = synthetic_result(dict(random=0.0001, raw_attention=0.5, contribution=2.0))
-    rc = res.range_check()
-    assert rc["random_delta_ppl_rel_at_max_fraction"] < 0.01 and not rc["has_range"]
-    assert rc["sink_only_delta_ppl"] == pytest.approx(
-        math.exp(res.clean.nll.mean() + 0.5) - math.exp(res.clean.nll.mean())
-    )
-    assert set(res.pairs().verdict) == {"no range"}
-    assert "NO RANGE" in str(res)
-    assert synthetic_result(dict(random=0.1, raw_attention=0.5)).range_check()["has_range"]
-
-
-def test_faithfulness_sign_and_verdict():
-    assert (
-        faithfulness_sign("comprehensiveness", "delta_ppl") == 1 and faithfulness_sign("sufficiency", "delta_ppl") == -1
-    )
-    assert (
-        faithfulness_sign("comprehensiveness", "delta_logprob") == -1
-        and faithfulness_sign("sufficiency", "delta_logprob") == 1
-    )
-    assert verdict(0.1, 0.2) == "holds" and verdict(-0.2, -0.1) == "reversed"
-    assert verdict(0.0, 0.0) == "tie" and verdict(-0.1, 0.1) == "tie" and verdict(0.1, 0.2, False) == "no range"
-    assert verdict(0.1, 0.2, True, 1) == "too few documents" and verdict(0.1, 0.2, True, 5) == "holds"
-    one = synthetic_result(dict(random=0.3, raw_attention=0.5, contribution=2.0), n=1)
-    assert set(one.pairs().verdict) == {"too few documents"}
-    assert not claimed_order_holds(one.pairs())["decided"]
-
-
-def test_save_load_round_trip(tmp_path):
-    res = synthetic_result(dict(random=0.3, raw_attention=1.0, contribution=2.0))
-    res.meta = dict(model="toy", seq_len=128, n_sequences=40)
-    res.save(tmp_path)
-    back = FaithfulnessResult.load(tmp_path)
-    pd.testing.assert_frame_equal(back.pairs(), res.pairs())
-    saved, original = back.summary()["range_check"], res.summary()["range_check"]
-    assert saved.keys() == original.keys()
-    for key, value in original.items():  # floats survive the CSV round trip to the last bit or two
-        assert saved[key] == (
-            pytest.approx(value, rel=1e-12) if not isinstance(value, (str, bool)) and value is not None else value
-        ), key
-
-
-def test_layer_groups():
-    assert layer_group("early", 30) == tuple(range(10)) and layer_group("late", 30) == tuple(range(20, 30))
-    assert layer_group("middle", 4) == (2,) and layer_group("early", 4) == (0, 1)
-    with pytest.raises(ValueError, match="unknown layer group"):
-        layer_group("top", 30)
 
 
 def test_bad_input_one_line_errors(tiny_gqa):

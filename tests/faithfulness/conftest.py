@@ -1,0 +1,44 @@
+"""Shared inputs of the faithfulness tests: protocol 2's masking protocol on short windows and one
+masked document per tiny model (``masking_protocol`` and ``N_POS`` are imported as
+``from faithfulness.conftest import ...``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_KINDS, make_tiny
+
+from geolens.faithfulness.layer_masking import layer_masking_document
+from geolens.interventions.base import active_hook_count
+from geolens.testing import tiny_tokens
+
+TWIN = Path(__file__).resolve().parents[2] / "docs" / "faithfulness" / "protocol.json"
+N_POS = 40  # beyond the tiny Gemma's 16-token sliding window: some sources are no terms there
+
+
+def masking_protocol(**secondary) -> dict:
+    """Protocol 2's twin (docs/faithfulness/protocol.json) with scored positions 4 … N_POS − 4 and ``secondary`` overrides."""
+    p = json.loads(TWIN.read_text(encoding="utf-8"))
+    p["secondary"]["scored_positions"] = [4, N_POS - 4, 4]
+    p["secondary"].update(secondary)
+    return p
+
+
+@pytest.fixture(scope="package", params=TINY_KINDS)
+def document(request):
+    """One masked document of a 3-layer tiny model: (model, tokens, protocol, unigram, rows, logits, cache)."""
+    model = make_tiny(request.param, n_layers=3)
+    tokens = tiny_tokens(model, length=N_POS)[:1]
+    protocol = masking_protocol()
+    unigram = torch.log_softmax(
+        torch.randn(model.cfg.d_vocab, generator=torch.Generator().manual_seed(1), dtype=torch.float64), -1
+    )
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+    before = active_hook_count(model)  # transformers keeps hooks of its own after a first forward
+    rows = layer_masking_document(model, tokens, 4, protocol=protocol, unigram_logprobs=unigram, batch_size=32)
+    assert active_hook_count(model) == before
+    return model, tokens, protocol, unigram, rows, logits, cache
