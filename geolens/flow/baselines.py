@@ -14,6 +14,7 @@ and :func:`geolens.attribute`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -84,12 +85,37 @@ def check_position(position, n: int) -> int:
     return int(position) % n
 
 
+def prefix_mean_baseline(x: Float[Tensor, "pos d_model"], erasable: Sequence[int]) -> Float[Tensor, "pos d_model"]:
+    """x′ of the flow erasure test's protocol 2 (docs/flow/v2/PROTOCOL.md): every erasable
+    position's input embedding replaced by the mean input embedding of the erasable positions,
+    the others (BOS, the predicting position) kept. It inserts no token, so it differs from every
+    erasure replacement.
+
+    >>> import torch
+    >>> x = torch.tensor([[1.0, 0.0], [2.0, 4.0], [4.0, 0.0], [9.0, 9.0]])
+    >>> prefix_mean_baseline(x, [1, 2]).tolist()
+    [[1.0, 0.0], [3.0, 2.0], [3.0, 2.0], [9.0, 9.0]]
+    """
+    idx = torch.as_tensor(list(erasable), dtype=torch.long)
+    if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]:
+        raise ValueError(f"erasable positions must be a non-empty subset of 0..{x.shape[0] - 1}, got {list(erasable)}")
+    out = x.clone()
+    out[idx] = x[idx].mean(0, keepdim=True)
+    return out
+
+
 def gradient_x_input(
-    model, tokens: Int[Tensor, "pos"], position: int = -1, *, target: int | None = None
+    model,
+    tokens: Int[Tensor, "pos"],
+    position: int = -1,
+    *,
+    target: int | None = None,
+    baseline_embeddings: Float[Tensor, "pos d_model"] | None = None,
 ) -> Float[Tensor, "pos"]:
     """Gradient × input of f = log p(target) at ``position`` (default target: the clean top-1):
     a_j = Σ_d x_jd ∂f/∂x_jd for j ≤ position, x the input embeddings (:func:`input_embeddings`);
-    0 after ``position``. Float64.
+    0 after ``position``. Float64. With ``baseline_embeddings`` x′ (rows 0..position):
+    a_j = Σ_d (x_jd − x′_jd) ∂f/∂x_jd, the first-order term of integrated gradients from x′.
 
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")
@@ -102,9 +128,16 @@ def gradient_x_input(
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     _, grad = _logprob_and_gradient(model, x[None], target)
+    delta = x if baseline_embeddings is None else x - _check_embeddings(baseline_embeddings, x)
     out = torch.zeros(tokens.shape[0], dtype=torch.float64)
-    out[: position + 1] = (x.to(torch.float64) * grad[0].to(torch.float64)).sum(-1).cpu()
+    out[: position + 1] = (delta.to(torch.float64) * grad[0].to(torch.float64)).sum(-1).cpu()
     return out
+
+
+def _check_embeddings(xb: Tensor, x: Tensor) -> Tensor:
+    if tuple(xb.shape) != tuple(x.shape):
+        raise ValueError(f"baseline_embeddings must be [pos={x.shape[0]}, d_model={x.shape[1]}], got {tuple(xb.shape)}")
+    return xb.to(x)
 
 
 @dataclass
@@ -122,6 +155,12 @@ class IntegratedGradients:
         """Σ_j IG_j − (f(x) − f(x′)): 0 up to the Riemann sum's discretisation error."""
         return float(self.attributions.sum()) - (self.f_input - self.f_baseline)
 
+    @property
+    def rel_gap(self) -> float:
+        """|completeness gap| / max(|f(x) − f(x′)|, 0.01): the gap relative to what the path
+        integrates (0.01 nats at least, so that a flat path does not inflate it)."""
+        return abs(self.completeness_gap) / max(abs(self.f_input - self.f_baseline), 0.01)
+
 
 def integrated_gradients(
     model,
@@ -132,6 +171,9 @@ def integrated_gradients(
     target: int | None = None,
     n_steps: int = 32,
     batch_size: int = 8,
+    baseline_embeddings: Float[Tensor, "pos d_model"] | None = None,
+    tolerance: float | None = None,
+    max_steps: int = 864,
 ) -> IntegratedGradients:
     """Integrated gradients (Sundararajan, Taly & Yan 2017) of f = log p(target) at ``position``
     on the input embeddings, from the input of the ``baseline`` tokens (same length) to that of
@@ -142,6 +184,12 @@ def integrated_gradients(
     Σ_j IG_j = f(x) − f(x′) up to the discretisation error (:attr:`IntegratedGradients.completeness_gap`).
     ``batch_size`` interpolation steps go through one forward and backward.
 
+    ``baseline_embeddings`` gives x′ itself (rows 0..position, e.g. :func:`prefix_mean_baseline`)
+    instead of ``baseline`` tokens (pass ``baseline=None``). With ``tolerance``, the number of
+    steps triples (S, 3S, 9S, …, at most ``max_steps``; the midpoints of S are among those of 3S,
+    so each round only adds the new ones) until :attr:`IntegratedGradients.rel_gap` ≤ ``tolerance``;
+    ``n_steps`` of the result is the number used.
+
     >>> from geolens.flow.erasure import erase
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")
@@ -150,24 +198,46 @@ def integrated_gradients(
     >>> abs(ig.completeness_gap) < 1e-2 * max(1.0, abs(ig.f_input - ig.f_baseline))
     True
     """
-    tokens, baseline = as_row(tokens), as_row(baseline)
-    if baseline.shape != tokens.shape:
-        raise ValueError(f"baseline has shape {tuple(baseline.shape)}, the tokens {tuple(tokens.shape)}")
+    tokens = as_row(tokens)
+    if (baseline is None) == (baseline_embeddings is None):
+        raise ValueError("give exactly one of baseline (tokens) and baseline_embeddings")
     if int(n_steps) < 1 or int(batch_size) < 1:
         raise ValueError(f"n_steps and batch_size must be positive integers, got {n_steps!r} and {batch_size!r}")
+    if tolerance is not None and not float(tolerance) > 0:
+        raise ValueError(f"tolerance must be positive, got {tolerance!r}")
     position = check_position(position, tokens.shape[-1])
     x = input_embeddings(model, tokens[: position + 1])
-    xb = input_embeddings(model, baseline[: position + 1])
+    if baseline is not None:
+        baseline = as_row(baseline)
+        if baseline.shape != tokens.shape:
+            raise ValueError(f"baseline has shape {tuple(baseline.shape)}, the tokens {tuple(tokens.shape)}")
+        xb = input_embeddings(model, baseline[: position + 1])
+    else:
+        xb = _check_embeddings(baseline_embeddings, x)
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     diff = x - xb
-    total = torch.zeros(x.shape, dtype=torch.float64)
-    alphas = (torch.arange(int(n_steps), dtype=torch.float64) + 0.5) / int(n_steps)
-    for start in range(0, int(n_steps), int(batch_size)):
-        a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
-        _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * diff[None], target)
-        total += grad.to(torch.float64).sum(0).cpu()
     ends, _ = _logprob_and_gradient(model, torch.stack([x, xb]), target)
-    out = torch.zeros(tokens.shape[0], dtype=torch.float64)
-    out[: position + 1] = (diff.to(torch.float64).cpu() * total / int(n_steps)).sum(-1)
-    return IntegratedGradients(out, float(ends[0]), float(ends[1]), int(n_steps), int(target))
+    total = torch.zeros(x.shape, dtype=torch.float64)
+
+    def add(alphas: Tensor) -> None:
+        for start in range(0, len(alphas), int(batch_size)):
+            a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
+            _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * diff[None], target)
+            total.add_(grad.to(torch.float64).sum(0).cpu())
+
+    def result(steps: int) -> IntegratedGradients:
+        out = torch.zeros(tokens.shape[0], dtype=torch.float64)
+        out[: position + 1] = (diff.to(torch.float64).cpu() * total / steps).sum(-1)
+        return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, int(target))
+
+    steps = int(n_steps)
+    add((torch.arange(steps, dtype=torch.float64) + 0.5) / steps)
+    ig = result(steps)
+    while tolerance is not None and ig.rel_gap > float(tolerance) and 3 * steps <= int(max_steps):
+        s = torch.arange(3 * steps, dtype=torch.float64)
+        new = s[(s % 3) != 1]  # (s + ½)/(3S) with s ≡ 1 (mod 3) are the midpoints of S
+        steps *= 3
+        add((new + 0.5) / steps)
+        ig = result(steps)
+    return ig

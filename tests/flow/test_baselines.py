@@ -1,0 +1,106 @@
+"""geolens.flow.baselines: the prefix-mean baseline x′, gradient × input from a baseline and the
+adaptive integrated gradients of the flow erasure protocol 2 (docs/flow/v2/PROTOCOL.md), against
+float64 step-by-step references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny
+
+from geolens.adapter import adapter_for
+from geolens.flow import erase, input_embeddings, integrated_gradients, space_token
+from geolens.flow.baselines import gradient_x_input, prefix_mean_baseline
+
+TEXT = "the river rose overnight and the bridge was closed to traffic until noon."
+
+
+@pytest.fixture(scope="module")
+def m64():
+    m = make_tiny("gqa")
+    m.to(torch.float64)
+    return m
+
+
+def tokens_of(model, n: int = 12) -> torch.Tensor:
+    ids = model.tokenizer(TEXT, add_special_tokens=False)["input_ids"][: n - 1]
+    return torch.tensor([model.tokenizer.bos_token_id] + ids)
+
+
+def riemann(model, x, xb, target: int, steps: int) -> torch.Tensor:
+    """(x − x′) · the midpoint mean gradient, one autograd call per step, float64."""
+    adapter = adapter_for(model)
+    total = torch.zeros_like(x)
+    for s in range(steps):
+        point = (xb + (s + 0.5) / steps * (x - xb)).clone().requires_grad_(True)
+        with torch.enable_grad():
+            f = torch.log_softmax(adapter.forward_from_layer(point[None], 0)[0, -1], -1)[target]
+            (grad,) = torch.autograd.grad(f, point)
+        total += grad
+    return ((x - xb) * total).sum(-1) / steps
+
+
+def test_prefix_mean_baseline_by_hand_and_bad_positions():
+    x = torch.arange(12.0).reshape(4, 3)
+    got = prefix_mean_baseline(x, [1, 2])
+    assert got[0].tolist() == x[0].tolist() and got[3].tolist() == x[3].tolist()
+    assert got[1].tolist() == got[2].tolist() == [(3 + 6) / 2, (4 + 7) / 2, (5 + 8) / 2]
+    assert x[1].tolist() == [3.0, 4.0, 5.0]  # the input is not changed
+    with pytest.raises(ValueError, match="erasable"):
+        prefix_mean_baseline(x, [])
+    with pytest.raises(ValueError, match="erasable"):
+        prefix_mean_baseline(x, [4])
+
+
+def test_embedding_baseline_equals_the_token_baseline_it_embeds(m64):
+    t = tokens_of(m64, 9)
+    position = 7
+    baseline = erase(t, (torch.arange(9) > 0) & (torch.arange(9) < position), space_token(m64))
+    by_tokens = integrated_gradients(m64, t, baseline, position, n_steps=6)
+    xb = input_embeddings(m64, baseline[: position + 1])
+    by_embeddings = integrated_gradients(m64, t, None, position, n_steps=6, baseline_embeddings=xb)
+    assert torch.equal(by_tokens.attributions, by_embeddings.attributions)
+    assert by_tokens.f_baseline == by_embeddings.f_baseline
+    with pytest.raises(ValueError, match="exactly one"):
+        integrated_gradients(m64, t, baseline, position, baseline_embeddings=xb)
+    with pytest.raises(ValueError, match="baseline_embeddings"):
+        integrated_gradients(m64, t, None, position, baseline_embeddings=xb[:-1])
+
+
+def test_adaptive_steps_triple_until_the_gap_is_within_tolerance(m64):
+    """The nested midpoint sums (S, 3S, 9S) equal a direct Riemann sum at the final step count,
+    and the gap ends within the tolerance (or at max_steps)."""
+    t = tokens_of(m64, 9)
+    position = 7
+    x = input_embeddings(m64, t[: position + 1])
+    xb = prefix_mean_baseline(x, range(1, position))
+    fixed = integrated_gradients(m64, t, None, position, n_steps=2, baseline_embeddings=xb)
+    ig = integrated_gradients(m64, t, None, position, n_steps=2, baseline_embeddings=xb, tolerance=1e-4, max_steps=162)
+    assert fixed.rel_gap > 1e-4, "the test needs a path that 2 steps do not integrate"
+    assert ig.n_steps in (6, 18, 54, 162) and (ig.rel_gap <= 1e-4 or ig.n_steps == 162)
+    expected = riemann(m64, x, xb, ig.target, ig.n_steps)
+    assert ig.attributions[: position + 1].tolist() == pytest.approx(expected.tolist(), abs=1e-12, rel=1e-9)
+    span = ig.f_input - ig.f_baseline
+    assert ig.rel_gap == pytest.approx(abs(float(ig.attributions.sum()) - span) / max(abs(span), 0.01))
+    with pytest.raises(ValueError, match="tolerance"):
+        integrated_gradients(m64, t, None, position, baseline_embeddings=xb, tolerance=0)
+
+
+def test_gradient_x_input_from_a_baseline_is_the_first_order_term(m64):
+    """(x − x′)·∇f(x) by hand; with x′ = 0 it is plain gradient × input, exactly."""
+    t = tokens_of(m64, 9)
+    position = 6
+    x = input_embeddings(m64, t[: position + 1])
+    xb = prefix_mean_baseline(x, range(1, position))
+    got = gradient_x_input(m64, t, position, baseline_embeddings=xb)
+    target = integrated_gradients(m64, t, None, position, n_steps=1, baseline_embeddings=xb).target
+    point = x.clone().requires_grad_(True)
+    with torch.enable_grad():
+        f = torch.log_softmax(adapter_for(m64).forward_from_layer(point[None], 0)[0, -1], -1)[target]
+        (grad,) = torch.autograd.grad(f, point)
+    for j in range(position + 1):
+        expected = sum(float(x[j, d] - xb[j, d]) * float(grad[j, d]) for d in range(x.shape[1]))
+        assert float(got[j]) == pytest.approx(expected, abs=1e-12, rel=1e-9), j
+    assert got[0] == 0 and got[position] == 0  # BOS and the predicting position keep their own x
+    plain = gradient_x_input(m64, t, position)
+    assert torch.equal(plain, gradient_x_input(m64, t, position, baseline_embeddings=torch.zeros_like(x)))
