@@ -34,6 +34,7 @@ _PUBLIC = {
     "attribute": "geolens.attribution",
     "Attribution": "geolens.attribution",
     "list_methods": "geolens.methods",
+    "evaluate_attribution": "geolens.faithfulness.evaluation",
     # models and activations
     "load_model": "geolens.models",
     "adapter_for": "geolens.adapter",
@@ -68,6 +69,7 @@ __all__ = [
     "attribute",
     "Attribution",
     "list_methods",
+    "evaluate_attribution",
     "load_model",
     "adapter_for",
     "names_filter",
@@ -120,6 +122,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from geolens.contributions import contribution_weights, layer_metrics, per_source_totals
     from geolens.factors import attention_metrics, influence_factors
     from geolens.faithfulness import MaskingConfig, faithfulness_curves, value_zeroing
+    from geolens.faithfulness.evaluation import evaluate_attribution
     from geolens.flow import contribution_flow
     from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms
     from geolens.hf import run_with_cache
