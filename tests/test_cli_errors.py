@@ -166,6 +166,11 @@ def test_unknown_faithfulness_metric(capsys, out):
 # --- report sections, models, output folders ------------------------------------------------------
 
 
+def test_faithfulness_mc_task_names_geolens_mc(capsys, out):
+    """Multiple choice has one command: the former ``faithfulness --mc-task`` is a one-line error naming it."""
+    usage_error(["faithfulness", "--mc-task", "bigbench:general_knowledge", "--out", out], capsys, "geolens mc")
+
+
 def test_unknown_report_section(capsys, out):
     usage_error(["report", "--sections", "sinks,bogus", "--out", out], capsys, "bogus", "sinks")
 
@@ -287,12 +292,12 @@ def test_analyze_layer_out_of_range(tiny_model, capsys):
 
 def test_faithfulness_layers_out_of_range(tiny_model, capsys, out, docs):
     usage_error(
-        ["faithfulness", "--corpus", docs, "--layers", "0-5", "--mc-task", "", "--out", out],
+        ["faithfulness", "--corpus", docs, "--layers", "0-5", "--out", out],
         capsys,
         "--layers 5",
         "2 layers",
     )
-    usage_error(["faithfulness", "--corpus", docs, "--layers=-3", "--mc-task", "", "--out", out], capsys, "--layers -3")
+    usage_error(["faithfulness", "--corpus", docs, "--layers=-3", "--out", out], capsys, "--layers -3")
 
 
 def test_sinks_drift_layers_and_kv_heads_out_of_range(tiny_model, capsys, out, docs):
@@ -308,7 +313,7 @@ def test_layers_in_range_reach_the_corpus(tiny_model, out, docs):
     with pytest.raises(CorpusWorkStarted):
         main(["report", "--corpus", docs, "--example-layer", "-2", "--out", out])
     with pytest.raises(CorpusWorkStarted):
-        main(["faithfulness", "--corpus", docs, "--layers=-2,-1", "--mc-task", "", "--out", out])
+        main(["faithfulness", "--corpus", docs, "--layers=-2,-1", "--out", out])
 
 
 def test_too_few_windows_is_a_usage_error(monkeypatch, capsys, tmp_path):

@@ -71,6 +71,7 @@ def test_command_help_imports_nothing_heavy(command):
         (["reprot"], "did you mean 'report'?"),
         (["flow", "a prompt", "--top-k", "0"], "--top-k"),
         (["faithfulness", "--ranking", "quey"], "did you mean 'query'?"),
+        (["faithfulness", "--mc-task", "bigbench:general_knowledge"], "`geolens mc`"),
         (["sinks", "--lambdas", "1,x"], "--lambdas"),
         (["flow", "a prompt", "--model", "./no/such/folder"], "--model ./no/such/folder"),
         (["flow", "a prompt", "--model", "EleutherAI/pythia-70m"], "not in the local Hugging Face cache"),

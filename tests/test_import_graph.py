@@ -73,6 +73,13 @@ LAYERS: dict[str, tuple[str, ...]] = {
 # whose edge no longer exists). None today.
 ALLOWED_EDGES: dict[tuple[str, str], str] = {}
 
+# Within a layer, an idea that sits below another: (lower, higher) → why no module of the lower
+# (the module itself or one under it) imports a module of the higher.
+BELOW: dict[tuple[str, str], str] = {
+    ("geolens.multiple_choice", "geolens.faithfulness"): "questions and their scoring are what multiple "
+    "choice under masks (geolens.faithfulness.mc_curves, geolens.faithfulness.multiple_choice) builds on",
+}
+
 MAX_LINES = 600
 SOURCE_SUFFIXES = (".py", ".j2", ".html", ".css", ".js")  # code; data files (mc_data/) aside
 # Files allowed over MAX_LINES (glob patterns under geolens/) while another change reshapes them,
@@ -264,6 +271,23 @@ def test_imports_run_down_the_layers(graph):
     assert not up, "imports that point up the layers (core maths → corpus engine → topics → interfaces):\n" + "\n".join(
         up
     )
+
+
+def _in(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_ideas_below_others_do_not_import_them(graph):
+    assert all(low in graph and high in graph for low, high in BELOW), f"BELOW names a missing module: {list(BELOW)}"
+    bad = [
+        f"{a} → {b}: {why}"
+        for (low, high), why in BELOW.items()
+        for a, targets in sorted(graph.items())
+        if _in(a, low)
+        for b in sorted(targets)
+        if _in(b, high)
+    ]
+    assert not bad, "imports of an idea that sits above the importer (BELOW):\n" + "\n".join(bad)
 
 
 def test_pipelines_do_not_import_the_report(graph):

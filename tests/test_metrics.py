@@ -100,7 +100,8 @@ def test_custom_metric_scores_under_source_ranking(tiny_gqa, custom):
 
 
 def test_custom_metric_is_drawn_with_its_label_and_colour(tiny_gqa, custom):
-    from geolens.multiple_choice import Question, mc_conditions, mc_under_masks_per_question
+    from geolens.faithfulness.mc_curves import mc_conditions, mc_under_masks_per_question
+    from geolens.multiple_choice import Question
     from geolens.viz.faithfulness import faithfulness_curves_plot, mc_accuracy_plot
 
     model, tokens, _ = tiny_gqa

@@ -12,6 +12,7 @@ import torch
 
 import geolens.multiple_choice as mc
 from geolens.faithfulness import MaskingConfig
+from geolens.faithfulness.mc_curves import mc_under_masks_per_question
 from geolens.multiple_choice import (
     DEFAULT_TASKS,
     MC_TASKS,
@@ -22,7 +23,6 @@ from geolens.multiple_choice import (
     choice_scores,
     load_questions,
     mc_summary,
-    mc_under_masks_per_question,
     paired_difference,
     score_questions,
 )

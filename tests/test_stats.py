@@ -531,7 +531,7 @@ def test_mc_summary_and_paired_difference_are_the_former_formula():
 
 
 def test_mc_pairs_is_the_former_formula():
-    from geolens.multiple_choice import mc_pairs
+    from geolens.faithfulness.mc_curves import mc_pairs
 
     g = np.random.default_rng(0)
     rows = []

@@ -1,6 +1,7 @@
 """``geolens faithfulness`` without ``--protocol`` (protocol 1): the comprehensiveness / sufficiency
-curves, ``--replot`` and multiple choice under masks (:mod:`geolens.commands.faithfulness` has the
-options; the text and files are :mod:`geolens.pipelines.faithfulness_text`'s)."""
+curves and ``--replot`` (:mod:`geolens.commands.faithfulness` has the options; the text and files
+are :mod:`geolens.pipelines.faithfulness_text`'s). Multiple choice runs with ``geolens mc``;
+``--replot`` still rewrites the tables of a folder of protocol 1's masked multiple choice."""
 
 from __future__ import annotations
 
@@ -101,8 +102,8 @@ def _language_modelling(model, args, protocol, metrics, out: Path):
 
 
 def run_curves(args) -> int:
-    """Protocol 1 (no ``--protocol``): the masking curves, ``--replot`` and multiple choice under masks."""
-    from geolens.commands._options import check_corpus, check_model_name, check_multiple_choice, out_folder
+    """Protocol 1 (no ``--protocol``): the masking curves and ``--replot``."""
+    from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.errors import UsageError
     from geolens.faithfulness import MaskingConfig
     from geolens.metrics import metric_names
@@ -112,7 +113,6 @@ def run_curves(args) -> int:
         raise UsageError(f"{'--stage' if args.stage != 'all' else '--max-documents'} needs --protocol")
 
     fractions = parse_fractions(args.fractions)
-    mc_fractions = parse_fractions(args.mc_fractions, "--mc-fractions")
     metrics = (
         tuple(m.strip() for m in args.metrics.split(",") if m.strip())
         if args.metrics
@@ -150,11 +150,6 @@ def run_curves(args) -> int:
     out = out_folder(args, "faithfulness", resumable=True)  # a later usage error removes it again
     if args.n_sequences > 0:
         check_corpus(args.corpus)
-    questions = None
-    if args.mc_task and args.mc_questions > 0:
-        questions = check_multiple_choice(args.mc_task)[: args.mc_questions]
-        if not questions:
-            raise UsageError(f"--mc-task {args.mc_task}: no question")
     import torch
 
     from geolens.models import load_model
@@ -180,37 +175,5 @@ def run_curves(args) -> int:
     )
     if args.n_sequences > 0:
         _language_modelling(model, args, protocol, metrics, out)
-    if questions:
-        from geolens.faithfulness.result import ResumeError, questions_in_blocks
-        from geolens.multiple_choice import mc_under_masks_per_question
-
-        mc_protocol = MaskingConfig(
-            layers=protocol.layers,
-            ranking=protocol.ranking,
-            allow_sink=protocol.allow_sink,
-            allow_current=protocol.allow_current,
-            mode=protocol.mode,
-            fractions=mc_fractions,
-        )
-        print(f"multiple choice: {args.mc_task}, {len(questions)} questions; " + mc_protocol.describe(model))
-        t1 = time.time()
-        try:
-            per_q = questions_in_blocks(
-                mc_under_masks_per_question,
-                model,
-                questions,
-                mc_protocol,
-                metrics,
-                out,
-                task=args.mc_task,
-                seed=args.seed,
-                chunk_size=args.mc_chunk_size,
-                block=args.block,
-                resume=args.resume,
-                progress=lambda text: print(text, flush=True),
-            )
-        except ResumeError as err:
-            raise UsageError(str(err)) from None
-        mc_outputs(per_q, out, n_boot=args.n_boot, seed=args.seed, seconds=round(time.time() - t1, 1))
     print(f"results in {out}/")
     return 0

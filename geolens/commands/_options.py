@@ -12,7 +12,6 @@ ten-layer model is an error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import tempfile
@@ -322,22 +321,6 @@ def check_corpus(name: str, option: str = "--corpus") -> str:
     except (OSError, ValueError, ModuleNotFoundError) as err:
         raise UsageError(f"{option} {name}: {err}") from err
     return name
-
-
-def check_multiple_choice(name: str, option: str = "--mc-task"):
-    """Load one or several comma-separated multiple-choice sets
-    (:func:`geolens.multiple_choice.load_questions`), concatenated, or UsageError."""
-    from geolens.multiple_choice import load_questions
-
-    questions = []
-    for part in (p.strip() for p in name.split(",")):
-        if not part:
-            continue
-        try:
-            questions += load_questions(part)
-        except (OSError, ValueError, KeyError, TypeError, ModuleNotFoundError, json.JSONDecodeError) as err:
-            raise UsageError(f"{option} {part}: {type(err).__name__}: {err} ({option} '' skips it)") from err
-    return questions
 
 
 def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:

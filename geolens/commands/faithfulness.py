@@ -1,4 +1,4 @@
-"""``geolens faithfulness``: comprehensiveness / sufficiency curves and MC accuracy under masks.
+"""``geolens faithfulness``: comprehensiveness / sufficiency curves of attribution metrics by causal masking.
 
 The primary protocol (the defaults; docs/method.md §3): every layer masked at once, ``query``
 ranking (all (head, source) terms of a query on the inter-head scale), sink and current token
@@ -10,15 +10,28 @@ removable, k ∈ {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, every predict
 Writes under ``--out``: ``summary.json`` (protocol, clean PPL, range check, AUCs, the paired
 differences with their verdicts), ``per_sequence.csv.gz`` (each document's mean NLL under each mask),
 ``clean.csv``, ``curves.csv``, ``auc.csv``, ``pairs.csv``, ``pairs.md``,
-``curves_delta_ppl.png``, ``curves_delta_logprob.png`` and, with ``--mc-task``, ``mc.csv`` and
-``mc.png``. The protocol and the range check are printed first. Documents are processed in
-blocks; after each block every table and figure is rewritten for the documents done so far, and
-``--resume`` continues an interrupted run from its ``per_sequence.csv.gz`` (same protocol only).
+``curves_delta_ppl.png`` and ``curves_delta_logprob.png``. The protocol and the range check are
+printed first. Documents are processed in blocks; after each block every table and figure is
+rewritten for the documents done so far, and ``--resume`` continues an interrupted run from its
+``per_sequence.csv.gz`` (same protocol only). Multiple choice runs with ``geolens mc``: the former
+``--mc-task`` is a one-line error that says so.
 """
 
 from __future__ import annotations
 
+import argparse
+
 from geolens.commands._faithfulness_curves import parse_fractions, parse_layers  # noqa: F401 - their home
+
+
+def _no_mc_task(text: str) -> str:
+    """argparse type of the removed ``--mc-task``: ``''`` passes; a task is the one-line error naming ``geolens mc``."""
+    if text.strip():
+        raise argparse.ArgumentTypeError(
+            "multiple choice runs with `geolens mc` (`--masks` for the masked run); protocol 1's masks on "
+            "multiple choice remain in Python, geolens.faithfulness.mc_curves"
+        )
+    return ""
 
 
 def run(args) -> int:
@@ -92,19 +105,10 @@ def register(subparsers) -> None:
         "--skip-prefix", type=non_negative_int, default=8, help="score every prediction after the first N positions"
     )
     p.add_argument(
-        "--mc-task",
-        default="",
-        help="bigbench:<task>, hf:boolq|winogrande|mmlu, a .jsonl, several of them comma-separated, or '' to skip (default)",
-    )
-    p.add_argument("--mc-questions", type=non_negative_int, default=25)
-    p.add_argument(
-        "--mc-fractions", default="0.1,0.5,0.9", help="removal fractions of the multiple-choice part, each in (0, 1)"
+        "--mc-task", type=_no_mc_task, default="", help="removed: multiple choice runs with geolens mc (an error)"
     )
     p.add_argument("--chunk-size", type=positive_int, default=12, help="masks per batched forward")
-    p.add_argument("--mc-chunk-size", type=positive_int, default=60)
-    p.add_argument(
-        "--block", type=positive_int, default=5, help="documents (multiple choice: questions) per saved block"
-    )
+    p.add_argument("--block", type=positive_int, default=5, help="documents per saved block")
     p.add_argument("--resume", action="store_true", help="continue the run already in --out (same protocol)")
     p.add_argument("--n-boot", type=positive_int, default=1000)
     p.add_argument("--seed", type=int, default=0)

@@ -8,6 +8,7 @@ One module per idea:
 - :mod:`~geolens.faithfulness.masks`: each metric's scores on a sequence and the masks they give;
 - :mod:`~geolens.faithfulness.curves`: :func:`faithfulness_curves` over a corpus;
 - :mod:`~geolens.faithfulness.result`: :class:`FaithfulnessResult` (statistics, save, load, resume);
+- :mod:`~geolens.faithfulness.mc_curves`: multiple choice under the curves' masks (protocol 1);
 - the pre-registered protocol (docs/faithfulness/PROTOCOL.md): :mod:`~geolens.faithfulness.preregistered`,
   the per-layer masking endpoint :mod:`~geolens.faithfulness.layer_masking` and its statistics
   :mod:`~geolens.faithfulness.masking_summary`, the per-term endpoint

@@ -5,8 +5,8 @@ statistic from them with one set of bootstrap resamples of documents (corpus-lev
 paired differences with their verdicts, the range check); :meth:`~FaithfulnessResult.save` and
 :meth:`~FaithfulnessResult.load` write and read a run's folder, each file written atomically
 (:func:`geolens.checkpoint.atomic_write_bytes`); :func:`resume_state` gives the documents an
-interrupted run already saved, and :func:`questions_in_blocks` runs multiple choice under masks
-block by block, resumable in the same way.
+interrupted run already saved (multiple choice under these masks runs block by block, resumable
+in the same way: :func:`geolens.faithfulness.mc_curves.questions_in_blocks`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from geolens.checkpoint import atomic_write_bytes, plain_json
+from geolens.checkpoint import atomic_write_bytes
 from geolens.faithfulness.preregistered import write_table
 from geolens.faithfulness.protocol import (
     CLAIMED_STEPS,
@@ -372,68 +372,6 @@ def resume_state(out_dir, protocol: dict) -> tuple[pd.DataFrame, pd.DataFrame] |
     per, clean = pd.read_csv(per_sequence_path(out), keep_default_na=False), pd.read_csv(out / "clean.csv")
     per["fraction"] = per["fraction"].astype(float)
     return per, clean
-
-
-def questions_in_blocks(
-    run_block,
-    model,
-    questions,
-    protocol,
-    metrics,
-    out_dir,
-    *,
-    task: str,
-    seed: int,
-    chunk_size: int,
-    block: int,
-    resume: bool,
-    progress=print,
-) -> pd.DataFrame:
-    """Multiple choice under masks in blocks of ``block`` questions: ``run_block(model, questions,
-    protocol, metrics, seed=, chunk_size=, first_question=, qids=)`` (as
-    :func:`geolens.multiple_choice.mc_under_masks_per_question`) for each block, whose rows are
-    appended to ``mc_questions.csv`` in ``out_dir`` as they land; ``mc_progress.json`` records the
-    task, the question count, the protocol, the metrics and the seed. With ``resume`` the questions
-    already saved under the same record are kept and the rest run (:class:`ResumeError` when the
-    record differs). Each file is written atomically. Returns the rows of every question."""
-    out = Path(out_dir)
-    seen: dict[str, int] = {}
-    qids = []
-    for q in questions:
-        qids.append(seen.get(q.task, 0))
-        seen[q.task] = qids[-1] + 1
-    path, info_path = out / "mc_questions.csv", out / "mc_progress.json"
-    info = dict(
-        task=task, n_questions=len(questions), protocol=protocol.to_dict(model), metrics=list(metrics), seed=seed
-    )
-    done = pd.DataFrame()
-    if resume and path.exists() and info_path.exists():
-        if json.loads(info_path.read_text()) != plain_json(info):
-            raise ResumeError(
-                f"--resume: {out}/mc_questions.csv was made with other tasks, metrics or protocol; use a new --out"
-            )
-        done = pd.read_csv(path)
-    atomic_write_bytes(info_path, json.dumps(info, indent=2).encode())
-    n_done = done[done.metric == "clean"].shape[0] if len(done) else 0
-    if n_done:
-        progress(f"multiple choice: resuming after {n_done} questions already in {path}")
-    parts = [done] if len(done) else []
-    for start in range(n_done, len(questions), max(1, int(block))):
-        stop = min(start + max(1, int(block)), len(questions))
-        part = run_block(
-            model,
-            questions[start:stop],
-            protocol,
-            metrics,
-            seed=seed,
-            chunk_size=chunk_size,
-            first_question=start,
-            qids=qids[start:stop],
-        )
-        parts.append(part)
-        write_table(pd.concat(parts, ignore_index=True), path)
-        progress(f"  {stop} / {len(questions)} questions (saved)")
-    return pd.concat(parts, ignore_index=True)
 
 
 def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness", quantity: str = "delta_ppl") -> dict:

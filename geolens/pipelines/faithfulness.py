@@ -7,10 +7,9 @@ documents (all at once by default); after each block the results so far are one
 :class:`~geolens.faithfulness.FaithfulnessResult` (``on_block`` sees it: ``geolens
 faithfulness`` rewrites its tables and figures then, so an interrupted run keeps a consistent set,
 and ``--resume`` passes the documents already done as ``done``). The report's faithfulness
-section runs it on its held-out windows. Multiple choice under masks (``geolens faithfulness
---mc-task``) is run by the command: per-question rows from
-:func:`geolens.multiple_choice.mc_under_masks_per_question`, summarised by
-:func:`~geolens.multiple_choice.mc_conditions` and :func:`~geolens.multiple_choice.mc_pairs`.
+section runs it on its held-out windows. Multiple choice under these masks is
+:mod:`geolens.faithfulness.mc_curves` (``geolens faithfulness --replot`` rewrites a saved run's
+tables; multiple choice runs with ``geolens mc``).
 
 **MaskingConfig 2's primary endpoint** (docs/faithfulness/PROTOCOL.md §2) is the per-term ground truth:
 :func:`per_term_document` measures, for positions (layer, query) drawn per document, the exact

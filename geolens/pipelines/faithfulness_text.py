@@ -162,8 +162,8 @@ def mc_outputs(per_q, out: Path, *, n_boot: int, seed: int, seconds: float | Non
     """``mc.csv`` (accuracy and log p(correct) per condition), ``mc_pairs.csv`` (paired verdicts),
     ``mc_protocol.json`` and ``mc.png`` from the per-question rows (``mc_questions.csv``) and the
     run's ``mc_progress.json``; printed too. A partial run counts the questions answered so far."""
+    from geolens.faithfulness.mc_curves import mc_conditions, mc_pairs
     from geolens.faithfulness.protocol import layer_span
-    from geolens.multiple_choice import mc_conditions, mc_pairs
     from geolens.viz.faithfulness import mc_accuracy_plot
 
     info = json.loads((out / "mc_progress.json").read_text())

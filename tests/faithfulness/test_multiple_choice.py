@@ -8,15 +8,8 @@ import pytest
 import torch
 
 from geolens.faithfulness import MaskingConfig
-from geolens.multiple_choice import (
-    Question,
-    choice_loglik,
-    choice_tokens,
-    load_questions,
-    mc_conditions,
-    mc_under_masks_per_question,
-    score_questions,
-)
+from geolens.faithfulness.mc_curves import choice_loglik, mc_conditions, mc_under_masks_per_question
+from geolens.multiple_choice import Question, choice_tokens, load_questions, score_questions
 
 QUESTIONS = [
     Question("the cat sat on the", ("mat", "dog", "sky"), 0),
@@ -113,7 +106,7 @@ def _per_question(n=40, seed=0, random_shift=-0.5):
 def test_mc_pairs_paired_verdicts_against_hand_computation():
     import numpy as np
 
-    from geolens.multiple_choice import mc_pairs
+    from geolens.faithfulness.mc_curves import mc_pairs
 
     per_q = _per_question()
     pairs = mc_pairs(per_q, pairs=[("raw_attention", "contribution")], n_boot=500)
@@ -129,20 +122,10 @@ def test_mc_pairs_paired_verdicts_against_hand_computation():
 
 
 def test_mc_pairs_no_range_when_random_masks_do_not_move_the_answer():
-    from geolens.multiple_choice import mc_pairs
+    from geolens.faithfulness.mc_curves import mc_pairs
 
     pairs = mc_pairs(_per_question(random_shift=0.0), pairs=[("raw_attention", "contribution")], n_boot=200)
     assert set(pairs.verdict) == {"no range"}
-
-
-def test_mc_task_option_takes_several_tasks():
-    from geolens.commands._options import check_multiple_choice
-    from geolens.errors import UsageError
-
-    both = check_multiple_choice("bigbench:general_knowledge,bigbench:disambiguation_qa")
-    assert len(both) == 69 + 258 and {q.task for q in both} == {"general_knowledge", "disambiguation_qa"}
-    with pytest.raises(UsageError, match="bigbench:nope"):
-        check_multiple_choice("bigbench:general_knowledge,bigbench:nope")
 
 
 def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
@@ -151,8 +134,8 @@ def test_mc_blocks_resume_equals_one_call(tiny_gqa, tmp_path):
 
     import pandas as pd
 
-    from geolens.faithfulness.result import ResumeError, questions_in_blocks
-    from geolens.multiple_choice import mc_under_masks_per_question
+    from geolens.faithfulness.mc_curves import questions_in_blocks
+    from geolens.resume import ResumeRefused as ResumeError
 
     model, _, _ = tiny_gqa
     qs = [Question(q.prompt, q.choices, q.answer, task=t) for t in ("a", "b") for q in QUESTIONS]
