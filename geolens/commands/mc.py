@@ -6,15 +6,9 @@ which tasks are above chance (clean accuracy's 95% bootstrap CI over questions e
 the mean of 1/#choices) and, with ``--masks``, masks the eligible tasks one layer at a time and
 tests the metric pairs in one Holm family (:mod:`geolens.faithfulness.multiple_choice`,
 docs/faithfulness/PROTOCOL.md §5). ``--protocol docs/faithfulness/protocol.json`` runs exactly the
-pre-registered settings and refuses the options that would change them.
-
-Writes under ``--out``: ``mc_questions.csv`` (one row per question: clean choice scores,
-prediction, margin; margins under every (metric, layer, k) mask and the mean margin drop per
-metric), ``mc_summary.csv`` (accuracy [95% CI] and chance per task, eligibility),
-``summary.json`` (the protocol's SHA-256 and label, pre-registered or exploratory, eligible and excluded
-tasks, the pairs with p, p_adj, interval and verdict, question counts per task), ``mc_clean.png``
-and ``mc_checkpoint.json`` (every question's record, saved as it is computed: ``--resume``
-continues an interrupted run).
+pre-registered settings and refuses the options that would change them. The run and its files
+under ``--out`` (``--resume`` continues from its checkpoint) are :mod:`geolens.pipelines.mc`'s,
+the printed text :mod:`geolens.pipelines.mc_text`'s.
 
 Example (offline)::
 
@@ -23,8 +17,6 @@ Example (offline)::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -41,40 +33,6 @@ FIXED = (
 )
 
 
-def _plot(summary):
-    import numpy as np
-
-    from geolens.viz.common import PlotView, new_figure
-
-    fig = new_figure(figsize=(7, 3.4))
-    ax = fig.subplots()
-    x = np.arange(len(summary))
-    acc = summary.accuracy.to_numpy()
-    err = np.stack([acc - summary.ci_low.to_numpy(), summary.ci_high.to_numpy() - acc])
-    ax.bar(
-        x,
-        acc,
-        yerr=err,
-        capsize=3,
-        color=["tab:blue" if e else "tab:gray" for e in summary.eligible],
-        label="accuracy [95% CI]",
-    )
-    ax.scatter(x, summary.chance, marker="_", s=400, color="k", zorder=3, label="chance (mean 1/n choices)")
-    ax.set_xticks(
-        x,
-        [
-            f"{t}\n(n={n}{'' if e else ', excluded'})"
-            for t, n, e in zip(summary.task, summary.n_questions, summary.eligible)
-        ],
-        fontsize=7,
-    )
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return PlotView(fig, title="multiple choice, clean (grey: at chance, excluded)", data={"summary": summary})
-
-
 def _settings(args):
     """(protocol or None, tasks, max_questions, MCSettings) from the options; UsageError on conflicts."""
     from geolens.errors import UsageError
@@ -83,8 +41,7 @@ def _settings(args):
 
     if args.protocol:
         given = [option for attr, option, _ in FIXED if getattr(args, attr) is not None]
-        if args.compat:
-            given.append("--compat")
+        given += ["--compat"] if args.compat else []
         if given:
             raise UsageError(
                 f"--protocol fixes {', '.join(given)}: leave {'it' if len(given) == 1 else 'them'} out (or drop --protocol for an exploratory run)"
@@ -114,44 +71,12 @@ def _settings(args):
     return None, tasks, args.max_questions, settings
 
 
-def _questions(tasks, max_questions):
-    from geolens.errors import UsageError
-    from geolens.multiple_choice import load_questions
-
-    questions = []
-    for t in tasks:
-        try:
-            qs = load_questions(
-                t if ":" in t or t.endswith(".jsonl") else f"bigbench:{t}", max_questions=max_questions or None
-            )
-        except (FileNotFoundError, ModuleNotFoundError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"--tasks: task {t!r}: {type(e).__name__}: {e}") from e
-        questions += [q if q.task else dataclasses.replace(q, task=Path(t).stem) for q in qs]
-    return questions
-
-
-def _write(path: Path, text: str) -> None:
-    from geolens.checkpoint import atomic_write_bytes
-
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 def run(args) -> int:
-    import torch
-
-    from geolens.adapter import model_mode
-    from geolens.checkpoint import json_default, model_fingerprint
-    from geolens.commands._options import check_model_name, out_folder
+    from geolens.commands._options import check_model_name, load_run_model, out_folder
     from geolens.errors import UsageError
-    from geolens.faithfulness.multiple_choice import (
-        CHECKPOINT,
-        MCCheckpoint,
-        differences,
-        labelled,
-        run_multiple_choice,
-        seed_from_records,
-    )
-    from geolens.models import load_model
+    from geolens.faithfulness.multiple_choice import CHECKPOINT, MCCheckpoint, seed_from_records
+    from geolens.pipelines.mc import mc_questions, save_mc
+    from geolens.pipelines.mc_text import mc_text
     from geolens.resume import ResumeRefused as ResumeError
 
     protocol, tasks, max_questions, settings = _settings(args)
@@ -159,7 +84,10 @@ def run(args) -> int:
     if args.resume and not args.out:
         raise UsageError("--resume needs --out, the folder of the run")
     model_name = check_model_name(args.model, tiny=True)
-    questions = _questions(tasks, max_questions)
+    try:
+        questions = mc_questions(tasks, max_questions)
+    except ValueError as err:
+        raise UsageError(f"--tasks: {err}") from err
     command = " ".join(["geolens"] + sys.argv[1:])
     resume = args.resume
     if protocol is not None and protocol.records and args.out and not args.resume:
@@ -181,70 +109,29 @@ def run(args) -> int:
     checkpoint.commands.append(command)
     if args.resume and (checkpoint.clean or checkpoint.masked):
         print(f"resuming: {len(checkpoint.clean)} questions scored and {len(checkpoint.masked)} masked in {out}")
-    torch.set_grad_enabled(False)
     t0 = time.time()
-    model = load_model(model_name, compatibility_mode=args.compat)
+    model = load_run_model(args, model_name)
+    run = dict(protocol=protocol, tasks=tasks, max_questions=max_questions, model_name=args.model, masks=masks)
+    run.update(t0=t0, chunk_size=args.chunk_size, dpi=args.dpi)
     try:
-        checkpoint.check_model(model_fingerprint(model))
-        checkpoint.save()
-        result = run_multiple_choice(
-            model, questions, settings, masks=masks, checkpoint=checkpoint, chunk_size=args.chunk_size, progress=True
-        )
+        result, info = save_mc(model, questions, settings, out, checkpoint=checkpoint, **run)
     except ResumeError as err:
         raise UsageError(str(err)) from None
-    diff = (
-        differences(
-            protocol,
-            tasks=tasks,
-            max_questions=max_questions,
-            settings=settings,
-            model=args.model,
-            model_mode=model_mode(model),
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-        )
-        if protocol
-        else []
-    )
-    info = labelled(result.summary(), protocol, diff)
-    info.update(
-        model=args.model,
-        model_mode=model_mode(model),
-        masks=masks,
-        commands=checkpoint.commands,
-        seconds=round(time.time() - t0, 1),
-    )
-    _write(out / "mc_questions.csv", result.questions.to_csv(index=False, float_format="%.6g"))
-    _write(out / "mc_summary.csv", result.tasks.to_csv(index=False, float_format="%.6g"))
-    _write(out / "summary.json", json.dumps(info, indent=1, default=json_default))
-    view = _plot(result.tasks)
-    view.save(out / "mc_clean.png", dpi=args.dpi)
-    view.close()
-    _report(info, result)
+    print(mc_text(info, result))
     print(f"wrote {out}/ in {info['seconds']} s ({info['label']})")
     return 0
 
 
-def _report(info: dict, result) -> None:
-    import pandas as pd
-
-    with pd.option_context("display.width", 200):
-        print(result.tasks.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        for t in info["excluded_tasks"]:
-            print(
-                f"excluded (at chance): {t['task']}, accuracy {t['accuracy']:.3f} [{t['ci_low']:.3f}, {t['ci_high']:.3f}], chance {t['chance']:.3f}, n = {t['n_questions']}"
-            )
-        if len(result.pairs):
-            cols = ["a", "b", "estimate", "ci_low", "ci_high", "p", "p_adj", "verdict"]
-            pairs = pd.DataFrame(info["pairs"])[cols]
-            print(f"pairs (mean margin drop of b − a, {info['n_questions_masked']} questions; Holm family):")
-            print(pairs.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    if info["label"] == "exploratory":
-        print("exploratory run, no verdicts: " + "; ".join(info["differences"]))
-
-
 def register(subparsers) -> None:
     from geolens.commands._names import DEFAULT_TASKS
-    from geolens.commands._options import add_out, add_run_options, float_list, non_negative_int, positive_int
+    from geolens.commands._options import (
+        add_compat,
+        add_out,
+        add_run_options,
+        float_list,
+        non_negative_int,
+        positive_int,
+    )
 
     p = subparsers.add_parser(
         "mc",
@@ -302,10 +189,6 @@ def register(subparsers) -> None:
         "--resume", action="store_true", help="continue the run in --out from its checkpoint (same settings)"
     )
     p.add_argument("--dpi", type=int, default=90)
-    p.add_argument(
-        "--compat",
-        action="store_true",
-        help="TransformerLens compatibility mode: HookedTransformer numerics (folded norms, centred W_O, b_V folded into b_O); off by default",
-    )
+    add_compat(p)
     add_out(p, resumable=True)
     p.set_defaults(func=run)

@@ -1,5 +1,5 @@
 """Matplotlib figures of the causal evaluation (docs/method.md §3, §6): faithfulness curves, multiple-choice
-accuracy under masks, pruning curves and the single-head sensitivity map.
+accuracy (clean, and under masks), pruning curves and the single-head sensitivity map.
 
 Each function returns a :class:`geolens.viz.common.PlotView` carrying the plotted numbers.
 """
@@ -204,6 +204,39 @@ def mc_accuracy_plot(df: pd.DataFrame, *, subtitle: str = "") -> PlotView:
     data["coincide"] = coincide
     _finish(fig, subtitle, notes, legend_axes=axes[0])
     return PlotView(fig, title="multiple-choice accuracy under masks", data=data)
+
+
+def mc_clean_plot(summary: pd.DataFrame) -> PlotView:
+    """Clean multiple-choice accuracy per task with its 95% CI and chance (mean 1/#choices); the
+    tasks at chance (not ``eligible``, excluded from masking) in grey. ``summary``: the task table of
+    :func:`geolens.faithfulness.multiple_choice.run_multiple_choice` (``MCResult.tasks``)."""
+    fig = new_figure(figsize=(7, 3.4))
+    ax = fig.subplots()
+    x = np.arange(len(summary))
+    acc = summary.accuracy.to_numpy()
+    err = np.stack([acc - summary.ci_low.to_numpy(), summary.ci_high.to_numpy() - acc])
+    ax.bar(
+        x,
+        acc,
+        yerr=err,
+        capsize=3,
+        color=["tab:blue" if e else "tab:gray" for e in summary.eligible],
+        label="accuracy [95% CI]",
+    )
+    ax.scatter(x, summary.chance, marker="_", s=400, color="k", zorder=3, label="chance (mean 1/n choices)")
+    ax.set_xticks(
+        x,
+        [
+            f"{t}\n(n={n}{'' if e else ', excluded'})"
+            for t, n, e in zip(summary.task, summary.n_questions, summary.eligible)
+        ],
+        fontsize=7,
+    )
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return PlotView(fig, title="multiple choice, clean (grey: at chance, excluded)", data={"summary": summary})
 
 
 def _delta_ppl_scale(ax, values: np.ndarray) -> str:
