@@ -159,3 +159,14 @@ def naive_v0(v0, spec, layer, kv, n_kv):
     u = u / math.sqrt(sum(float(x) ** 2 for x in u))
     t = math.radians(spec.degrees)
     return math.cos(t) * v0 + math.sin(t) * n0 * u
+
+
+# Grouped-query attention.
+def naive_kv_of(n_heads: int, n_kv: int) -> list[int]:
+    """Query head → kv head, written out group by group: heads k·g … k·g + g − 1 read kv head k."""
+    g = n_heads // n_kv
+    out = []
+    for k in range(n_kv):
+        for _ in range(g):
+            out.append(k)
+    return out
