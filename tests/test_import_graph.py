@@ -90,6 +90,12 @@ SOURCE_SUFFIXES = (".py", ".j2", ".html", ".css", ".js")  # code; data files (mc
 LONG_FILES_ALLOWED: tuple[str, ...] = ()
 
 
+# A command parses its options and prints; what it runs and writes is its pipeline's
+# (geolens/pipelines/<topic>.py, the text in <topic>_text.py). The shared option helpers aside.
+COMMAND_MAX_LINES = 200
+COMMAND_HELPERS = ("_options.py", "_names.py")
+
+
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:
     """Dotted module name → file, for every .py under ``package`` (a package by its ``__init__``)."""
     out = {}
@@ -307,6 +313,19 @@ def _source_files() -> dict[str, int]:
         if path.is_file() and path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts:
             out[path.relative_to(PACKAGE).as_posix()] = len(path.read_text(encoding="utf-8").splitlines())
     return out
+
+
+def test_commands_only_parse_and_print():
+    lengths = {
+        path.name: len(path.read_text(encoding="utf-8").splitlines())
+        for path in sorted((PACKAGE / "commands").glob("*.py"))
+        if path.name not in COMMAND_HELPERS
+    }
+    long = {name: n for name, n in lengths.items() if n > COMMAND_MAX_LINES}
+    assert not long, (
+        f"command modules over {COMMAND_MAX_LINES} lines (move the work to geolens/pipelines/<topic>.py "
+        f"and the text to <topic>_text.py): {long}"
+    )
 
 
 def test_no_source_file_over_600_lines():
