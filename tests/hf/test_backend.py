@@ -29,29 +29,9 @@ from conftest import HAS_BRIDGE
 import geolens
 from geolens.adapter import adapter_for, get_attention_layer
 from geolens.contributions import contribution_weight_pair
-from geolens.hf import AttentionCheckError, check_attention, prepare
-from geolens.hf.tiny import FAMILIES, WINDOW, tiny_family
-from geolens.interventions.base import active_hook_count
+from geolens.hf.tiny import WINDOW
 from geolens.testing import TINY_KINDS
-
-N_POS = 12  # longer than the tiny sliding windows (8)
-
-
-def _tokens(n_rows: int = 2, n_pos: int = N_POS, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(4, 64, (n_rows, n_pos), generator=g)
-    t[:, 0] = 0
-    return t
-
-
-@pytest.fixture(scope="module", params=FAMILIES)
-def fam(request):
-    """(family, prepared tiny model, tokens [2, 12], full cache)."""
-    model = prepare(tiny_family(request.param))
-    tokens = _tokens()
-    with torch.no_grad():
-        _, cache = geolens.run_with_cache(model, tokens)
-    return request.param, model, tokens, cache
+from hf.conftest import N_POS, attention_modules
 
 
 def probed_W_O(proj, n_heads: int, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,13 +45,6 @@ def probed_W_O(proj, n_heads: int, d_head: int) -> tuple[torch.Tensor, torch.Ten
         zero = proj(torch.zeros(1, n_in, dtype=torch.float64))[0]
         basis = proj(torch.eye(n_in, dtype=torch.float64)) - zero
     return basis.reshape(n_heads, d_head, -1), zero
-
-
-def attention_modules(model) -> list[torch.nn.Module]:
-    """The attention modules in layer order, found by class name (not through the adapter)."""
-    found = [m for name, m in model.named_modules() if type(m).__name__.endswith("Attention")]
-    assert len(found) == model.config.num_hidden_layers
-    return found
 
 
 def output_projection(attn) -> torch.nn.Module:
@@ -121,10 +94,10 @@ def naive_attention_output(pattern, v, W_O, b_O):
 # Capture
 
 
-def test_the_model_stays_a_plain_transformers_model(fam):
+def test_the_model_stays_a_plain_transformers_model(family_cache):
     from transformers import PreTrainedModel
 
-    family, model, tokens, _ = fam
+    family, model, tokens, _ = family_cache
     assert isinstance(model, PreTrainedModel)
     assert adapter_for(model).model_mode == "hf"
     out = model(tokens)  # no TransformerLens keyword: the Hugging Face forward and its output type
@@ -132,8 +105,8 @@ def test_the_model_stays_a_plain_transformers_model(fam):
     assert (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model) == (2, 4, 32)
 
 
-def test_logits_equal_the_hugging_face_forward(fam):
-    family, model, tokens, cache = fam
+def test_logits_equal_the_hugging_face_forward(family_cache):
+    family, model, tokens, cache = family_cache
     with torch.no_grad():
         reference = model(tokens).logits
         logits = model(tokens, return_type="logits")
@@ -141,17 +114,17 @@ def test_logits_equal_the_hugging_face_forward(fam):
     torch.testing.assert_close(cache[adapter_for(model).logits_hook], reference, rtol=0, atol=1e-6)
 
 
-def test_pattern_equals_transformers_output_attentions(fam):
-    family, model, tokens, cache = fam
+def test_pattern_equals_transformers_output_attentions(family_cache):
+    family, model, tokens, cache = family_cache
     with torch.no_grad():
         attentions = model(tokens, output_attentions=True).attentions
     for l, reference in enumerate(attentions):
         torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_pattern"], reference, rtol=0, atol=1e-7)
 
 
-def test_attention_output_rebuilt_from_pattern_and_v_naively(fam):
+def test_attention_output_rebuilt_from_pattern_and_v_naively(family_cache):
     """Σ α v W_O + b_O (explicit loops, probed W_O) equals the attention module's own output."""
-    family, model, tokens, cache = fam
+    family, model, tokens, cache = family_cache
     adapter = adapter_for(model)
     _, outputs = attention_io(model, tokens)
     for l, attn in enumerate(attention_modules(model)):
@@ -165,8 +138,8 @@ def test_attention_output_rebuilt_from_pattern_and_v_naively(fam):
         torch.testing.assert_close(adapter.output_weights(l)[0].double(), W_O, rtol=0, atol=1e-6)
 
 
-def test_z_is_pattern_times_v(fam):
-    family, model, tokens, cache = fam
+def test_z_is_pattern_times_v(family_cache):
+    family, model, tokens, cache = family_cache
     for l in range(2):
         view = get_attention_layer(model, cache, l, dtype=torch.float64)
         z = cache[f"blocks.{l}.attn.hook_z"].double()
@@ -177,9 +150,9 @@ def test_z_is_pattern_times_v(fam):
                 )
 
 
-def test_value_weights_give_v_from_the_attention_input(fam):
+def test_value_weights_give_v_from_the_attention_input(family_cache):
     """v = x W_V + b_V for the attention module's input x (read by the test's own pre-hook)."""
-    family, model, tokens, cache = fam
+    family, model, tokens, cache = family_cache
     adapter = adapter_for(model)
     inputs, _ = attention_io(model, tokens)
     group = adapter.group_size
@@ -191,9 +164,9 @@ def test_value_weights_give_v_from_the_attention_input(fam):
             torch.testing.assert_close(v[:, :, h // group].double(), expected, rtol=0, atol=1e-5)
 
 
-def test_residual_stream_and_block_rebuild(fam):
+def test_residual_stream_and_block_rebuild(family_cache):
     """resid_post(l) = resid_pre(l + 1), and the block rebuilt from its attention output is the block."""
-    family, model, tokens, cache = fam
+    family, model, tokens, cache = family_cache
     adapter = adapter_for(model)
     torch.testing.assert_close(cache[adapter.resid_post_hook(0)], cache[adapter.resid_pre_hook(1)], rtol=0, atol=0)
     for l in range(2):
@@ -207,8 +180,8 @@ def test_residual_stream_and_block_rebuild(fam):
     torch.testing.assert_close(final, cache[adapter.unembed_input_hook], rtol=0, atol=1e-6)
 
 
-def test_sliding_windows_read_from_the_model(fam):
-    family, model, tokens, cache = fam
+def test_sliding_windows_read_from_the_model(family_cache):
+    family, model, tokens, cache = family_cache
     adapter = adapter_for(model)
     windows = [adapter.sliding_window(l) for l in range(2)]
     expected = {
@@ -225,19 +198,12 @@ def test_sliding_windows_read_from_the_model(fam):
         assert bool((far == 0).all()) == (w is not None)
 
 
-def test_stop_at_layer_runs_the_first_blocks_only(fam):
-    family, model, tokens, _ = fam
-    logits, cache = model.run_with_cache(tokens, stop_at_layer=1)
-    assert logits is None
-    assert sorted({name.split(".")[1] for name in cache if name.startswith("blocks.")}) == ["0"]
-
-
 # ---------------------------------------------------------------------------------------------
 # geolens quantities against naive float64 references
 
 
-def test_contributions_against_the_naive_reference(fam):
-    family, model, tokens, cache = fam
+def test_contributions_against_the_naive_reference(family_cache):
+    family, model, tokens, cache = family_cache
     adapter = adapter_for(model)
     for l in range(2):
         W_O, b_O = probed_W_O(output_projection(attention_modules(model)[l]), adapter.n_heads, adapter.d_head)
@@ -264,190 +230,12 @@ def test_contributions_against_the_naive_reference(fam):
 # Streamed mode
 
 
-def test_streamed_layers_equal_the_cached_forward(fam):
-    """Contribution weights computed inside the forward, layer by layer, equal those of a cache."""
-    from geolens.hf.streamed import stream_layers
-
-    family, model, tokens, cache = fam
-    streamed = stream_layers(model, tokens, lambda layer: geolens.layer_metrics(layer).contribution)
-    assert sorted(streamed) == [0, 1]
-    for l in range(2):
-        torch.testing.assert_close(streamed[l], geolens.contribution_weights(model, cache, l), rtol=0, atol=1e-6)
-    mask = torch.ones_like(tokens)
-    mask[0, :3] = 0  # left padding on row 0, given with its mask
-    padded = stream_layers(
-        model, tokens, lambda layer: geolens.layer_metrics(layer).contribution, layers=[1], attention_mask=mask
-    )
-    _, masked = geolens.run_with_cache(model, tokens, attention_mask=mask, names_filter=geolens.names_filter(model))
-    torch.testing.assert_close(
-        padded[1], geolens.contribution_weights(model, masked, 1, attention_mask=mask), rtol=0, atol=1e-6
-    )
-
-
-def _live_patterns(shape) -> int:
-    """Distinct storages of the live tensors of ``shape``."""
-    import gc
-
-    gc.collect()
-    return len(
-        {t.data_ptr() for t in gc.get_objects() if issubclass(type(t), torch.Tensor) and tuple(t.shape) == shape}
-    )
-
-
-def test_streamed_mode_holds_one_layer_pattern_at_a_time():
-    from geolens.hf.streamed import stream_layers
-
-    model = prepare(tiny_family("llama", n_layers=4))
-    tokens, shape = _tokens(3, 13), (3, 4, 13, 13)  # a shape no other test's cache holds
-    live = stream_layers(model, tokens, lambda layer: _live_patterns(shape))
-    assert live == {0: 1, 1: 1, 2: 1, 3: 1}
-    _, cache = geolens.run_with_cache(model, tokens)  # a cached forward holds every layer's
-    assert _live_patterns(shape) == 4
-
-
-def test_stream_corpus_accumulates_every_batch_and_layer():
-    from geolens.hf.streamed import stream_corpus
-
-    model = prepare(tiny_family("gemma2"))
-    tokens = _tokens(5)
-    sink = torch.zeros(2, 4, dtype=torch.float64)
-    assert (
-        stream_corpus(
-            model,
-            tokens,
-            lambda layer: sink[layer.layer].add_(layer.pattern[:, :, 1:, 0].double().sum((0, 2))),
-            batch_size=2,
-        )
-        == 3
-    )
-    expected = torch.zeros(2, 4, dtype=torch.float64)
-    for rows in (slice(0, 2), slice(2, 4), slice(4, 5)):
-        _, cache = geolens.run_with_cache(model, tokens[rows])
-        for l in range(2):
-            expected[l] += cache[f"blocks.{l}.attn.hook_pattern"][:, :, 1:, 0].double().sum((0, 2))
-    torch.testing.assert_close(sink, expected, rtol=0, atol=1e-9)
-
-
 # ---------------------------------------------------------------------------------------------
 # The load-time check and hook hygiene
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3"])
-def test_an_edited_attention_module_is_refused_naming_family_and_layer(family):
-    model = tiny_family(family)
-    attn = attention_modules(model)[1]
-    original = attn.forward
-
-    def shifted(*args, **kwargs):
-        out, weights = original(*args, **kwargs)
-        return out + 0.01, weights
-
-    attn.forward = shifted
-    with pytest.raises(
-        AttentionCheckError, match=rf"hf-{family.replace('_', '-')}: layer 1: the attention output rebuilt"
-    ):
-        prepare(model)
-    with pytest.raises(AttentionCheckError, match="layer 1"):  # no analysis runs on it either
-        geolens.run_with_cache(model, _tokens())
-    del attn.forward
-    assert check_attention(model) <= 1.0  # the unedited module passes
-
-
-def test_attention_that_bypasses_the_interface_is_refused():
-    """A layer whose attention never reaches transformers' attention interface: no pattern."""
-    model = tiny_family("llama")
-    attn = attention_modules(model)[0]
-    o_proj = attn.o_proj
-
-    def plain(hidden_states, *args, **kwargs):  # a hand-written attention: no interface call
-        return o_proj(torch.zeros(*hidden_states.shape[:-1], o_proj.in_features)), None
-
-    attn.forward = plain
-    with pytest.raises(AttentionCheckError, match="layer 0: its attention did not go through"):
-        prepare(model)
-
-
-def test_a_family_without_an_adapter_is_one_clear_error():
-    from transformers import BloomConfig, BloomForCausalLM
-
-    model = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4))
-    with pytest.raises(ValueError, match=r"bloom.*no geolens adapter") as err:
-        prepare(model)
-    assert "\n" not in str(err.value)
-
-
-def test_hooks_and_the_attention_implementation_are_restored_even_on_errors():
-    model = prepare(tiny_family("qwen2"))
-    before, impl = active_hook_count(model), model.config._attn_implementation
-
-    def boom(x, hook):
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError, match="boom"):
-        model.run_with_hooks(_tokens(), fwd_hooks=[("blocks.1.attn.hook_z", boom)])
-    assert active_hook_count(model) == before and model.config._attn_implementation == impl
-    with pytest.raises(KeyError, match="no hook point named"):
-        with model.hooks(fwd_hooks=[("blocks.9.attn.hook_z", boom)]):
-            pass
-    assert active_hook_count(model) == before
-
-
-def test_a_z_hook_edits_the_forward():
-    """Zeroing one head's z changes the attention output by exactly that head's Σ α v W_O."""
-    model = prepare(tiny_family("gpt_neox"))
-    adapter, tokens = adapter_for(model), _tokens()
-
-    def drop_head(z, hook):
-        z = z.clone()
-        z[:, :, 2] = 0
-        return z
-
-    with torch.no_grad():
-        _, clean = model.run_with_cache(tokens)
-        with model.hooks(fwd_hooks=[(adapter.z_hook(0), drop_head)]):
-            _, edited = model.run_with_cache(tokens, names_filter=[adapter.attn_out_hook(0)])
-    W_O = adapter.output_weights(0)[0].double()
-    head = clean[adapter.z_hook(0)][:, :, 2].double() @ W_O[2]
-    torch.testing.assert_close(
-        edited[adapter.attn_out_hook(0)].double(), clean[adapter.attn_out_hook(0)].double() - head, rtol=0, atol=1e-6
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Both backends on the same weights (TransformerLens 4.x)
-
-
-@pytest.mark.bridge_only
-@pytest.mark.parametrize("kind", ["gqa", "mha", "gemma"])
-def test_tiny_models_agree_with_the_bridge(kind):
-    """load_model("tiny-…", backend="hf") and the bridge over the same HF weights: same cache
-    quantities, contribution weights, baselines, sinks and Value Zeroing."""
-    from geolens.models import load_model
-    from geolens.testing import tiny_tokens
-
-    hf, bridge = load_model(f"tiny-{kind}", backend="hf"), load_model(f"tiny-{kind}")
-    tokens = tiny_tokens(bridge, length=N_POS)
-    results = []
-    for model in (hf, bridge):
-        with torch.no_grad():
-            _, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
-        m = geolens.attention_metrics(model, cache, 1)
-        results.append(
-            dict(
-                contributions=contribution_weight_pair(model, cache, None),
-                **m.as_dict(),
-                vz=geolens.value_zeroing(model, tokens, layers=[0, 1]),
-                sinks=geolens.sink_geometry(model, tokens, batch_size=2).heads,
-            )
-        )
-    a, b = results
-    for key in (*geolens.factors.AttentionMetrics.METRIC_NAMES, "vz"):
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
-    torch.testing.assert_close(a["contributions"].intra, b["contributions"].intra, rtol=0, atol=1e-5)
-    torch.testing.assert_close(a["contributions"].inter, b["contributions"].inter, rtol=0, atol=1e-5)
-    import pandas as pd
-
-    pd.testing.assert_frame_equal(a["sinks"], b["sinks"], check_exact=False, atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------

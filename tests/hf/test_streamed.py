@@ -11,7 +11,9 @@
 - memory: the run holds one layer's pattern at a time (weak references to what an analysis
   reads), and the live tensors of the pattern's shape do not grow with depth for any built-in;
 - an analysis that raises: the exception comes out, every hook and the attention
-  implementation are restored, no analysis thread is left.
+  implementation are restored, no analysis thread is left;
+- stream_layers and stream_corpus: per-layer results inside the forward equal the cached forward
+  (padded rows with their mask too), one layer's pattern alive at a time, every batch accumulated.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 import torch
 from conftest import random_corpus
 
+import geolens
 import geolens.hf.streamed as streamed
 from geolens.hf import prepare
 from geolens.hf.backend import sites
@@ -41,9 +44,9 @@ from geolens.sinks.geometry import SinkGeometry
 from geolens.sinks.norm_curve import NormCurve
 from geolens.streaming import CorpusAnalysis
 from geolens.taxonomy import TaxonomyAnalysis
+from hf.conftest import N_POS, hf_tokens
 
 FAMILIES = ("llama", "mistral", "gemma3")  # GQA (4 heads, 2 kv); sliding on every layer; sliding on layer 0
-N_POS = 12  # longer than the sliding windows (8)
 PAD = 2  # the tiny models' pad id
 
 
@@ -525,3 +528,67 @@ def test_stop_at_layer_runs_the_blocks_before_it_only(stop, blocks, monkeypatch)
     assert fired == [*range(blocks), None]
     assert torch.equal(stopped.moments.count, whole.moments.count) and int(stopped.moments.count[0, 0]) == 5
     torch.testing.assert_close(stopped.moments.mean, whole.moments.mean, rtol=0, atol=0)
+
+
+def test_streamed_layers_equal_the_cached_forward(family_cache):
+    """Contribution weights computed inside the forward, layer by layer, equal those of a cache."""
+    from geolens.hf.streamed import stream_layers
+
+    family, model, tokens, cache = family_cache
+    streamed = stream_layers(model, tokens, lambda layer: geolens.layer_metrics(layer).contribution)
+    assert sorted(streamed) == [0, 1]
+    for l in range(2):
+        torch.testing.assert_close(streamed[l], geolens.contribution_weights(model, cache, l), rtol=0, atol=1e-6)
+    mask = torch.ones_like(tokens)
+    mask[0, :3] = 0  # left padding on row 0, given with its mask
+    padded = stream_layers(
+        model, tokens, lambda layer: geolens.layer_metrics(layer).contribution, layers=[1], attention_mask=mask
+    )
+    _, masked = geolens.run_with_cache(model, tokens, attention_mask=mask, names_filter=geolens.names_filter(model))
+    torch.testing.assert_close(
+        padded[1], geolens.contribution_weights(model, masked, 1, attention_mask=mask), rtol=0, atol=1e-6
+    )
+
+
+def _live_patterns(shape) -> int:
+    """Distinct storages of the live tensors of ``shape``."""
+    import gc
+
+    gc.collect()
+    return len(
+        {t.data_ptr() for t in gc.get_objects() if issubclass(type(t), torch.Tensor) and tuple(t.shape) == shape}
+    )
+
+
+def test_streamed_mode_holds_one_layer_pattern_at_a_time():
+    from geolens.hf.streamed import stream_layers
+
+    model = prepare(tiny_family("llama", n_layers=4))
+    tokens, shape = hf_tokens(3, 13), (3, 4, 13, 13)  # a shape no other test's cache holds
+    live = stream_layers(model, tokens, lambda layer: _live_patterns(shape))
+    assert live == {0: 1, 1: 1, 2: 1, 3: 1}
+    _, cache = geolens.run_with_cache(model, tokens)  # a cached forward holds every layer's
+    assert _live_patterns(shape) == 4
+
+
+def test_stream_corpus_accumulates_every_batch_and_layer():
+    from geolens.hf.streamed import stream_corpus
+
+    model = prepare(tiny_family("gemma2"))
+    tokens = hf_tokens(5)
+    sink = torch.zeros(2, 4, dtype=torch.float64)
+    assert (
+        stream_corpus(
+            model,
+            tokens,
+            lambda layer: sink[layer.layer].add_(layer.pattern[:, :, 1:, 0].double().sum((0, 2))),
+            batch_size=2,
+        )
+        == 3
+    )
+    expected = torch.zeros(2, 4, dtype=torch.float64)
+    for rows in (slice(0, 2), slice(2, 4), slice(4, 5)):
+        _, cache = geolens.run_with_cache(model, tokens[rows])
+        for l in range(2):
+            expected[l] += cache[f"blocks.{l}.attn.hook_pattern"][:, :, 1:, 0].double().sum((0, 2))
+    torch.testing.assert_close(sink, expected, rtol=0, atol=1e-9)
