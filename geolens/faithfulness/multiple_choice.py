@@ -27,7 +27,7 @@
 
 :func:`run_multiple_choice` runs all of it; with an :class:`MCCheckpoint` every question's record
 is saved atomically (:func:`geolens.checkpoint.atomic_write_bytes`) as soon as it is computed,
-so an interrupted run resumes where it stopped. :func:`mc_protocol` reads the settings of
+so an interrupted run resumes where it stopped (:mod:`geolens.faithfulness.mc_checkpoint`). :func:`mc_protocol` reads the settings of
 ``protocol.json`` and :func:`differences` says where a run departs from them (the run is then
 labelled ``exploratory`` and gets no verdicts).
 """
@@ -35,7 +35,6 @@ labelled ``exploratory`` and gets no verdicts).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens.faithfulness.layer_masking import MASKING_METRICS, Condition, distinct_masks, masking_scores, query_masks
+from geolens.faithfulness.mc_checkpoint import CHECKPOINT, MCCheckpoint, keep_record, question_key, question_sha
 from geolens.faithfulness.mc_stats import eligibility, pair_tests, stratified_indices
 from geolens.interventions.masking import pattern_mask_hooks
 from geolens.metrics import find_metric
@@ -59,8 +59,6 @@ from geolens.multiple_choice import (
     question_row,
 )
 from geolens.preregistration import Preregistered, load_protocol, preregistration, withhold_verdicts
-from geolens.resume import ResumeRefused as ResumeError
-from geolens.resume import read_records, refuse, write_records
 from geolens.stats import percentile_ci, resample_means
 
 DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
@@ -72,7 +70,6 @@ DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
 )
 """Pairs 1–5 of docs/faithfulness/PROTOCOL.md §4, (a, b): "b is more faithful than a"."""
 SCORING = {"mean": "choice_normalized_mean_logprob", "sum": "summed_logprob"}
-CHECKPOINT = "mc_checkpoint.json"
 _LAYER_STEPS = {"every layer": 1, "every second layer": 2, "every third layer": 3}
 
 
@@ -334,82 +331,6 @@ def masked_scores(
 # Statistics
 
 
-def question_key(question: Question, qid: int) -> str:
-    """``task/qid``: a question's key in tables and checkpoints (qid = index within its task)."""
-    return f"{question.task}/{qid}"
-
-
-def question_sha(question: Question) -> str:
-    """SHA-256 (16 hex digits) of the prompt, choices and answer: a resumed record must match it."""
-    return hashlib.sha256(json.dumps([question.prompt, list(question.choices), question.answer]).encode()).hexdigest()[
-        :16
-    ]
-
-
-@dataclass
-class MCCheckpoint:
-    """Per-question records of a run (clean rows, masked scores), saved atomically at ``path``
-    after each question (:meth:`save`); :meth:`open` resumes one written under the same settings."""
-
-    path: Path | None
-    settings: dict
-    model: dict | None = None
-    clean: dict = field(default_factory=dict)
-    masked: dict = field(default_factory=dict)
-    commands: list = field(default_factory=list)
-
-    FORMAT = 1
-
-    @classmethod
-    def open(cls, path, settings: MCSettings, *, resume: bool) -> MCCheckpoint:
-        """A new checkpoint, or with ``resume`` the one at ``path``, checked by
-        :func:`geolens.resume.read_records` (:class:`~geolens.resume.ResumeRefused` when it is
-        unreadable, a record was edited, or it was written under other settings)."""
-        path = Path(path)
-        if not (resume and path.is_file()):
-            return cls(path, settings.fingerprint())
-        data = read_records(path, ("clean", "masked"))
-        if data.get("format") != cls.FORMAT or not isinstance(data.get("settings"), dict):
-            raise refuse(
-                path, f"not a multiple-choice checkpoint (format {data.get('format')!r}, expected {cls.FORMAT})"
-            )
-        saved = data["settings"]
-        for key, value in settings.fingerprint().items():
-            if saved.get(key) != value:
-                raise refuse(path, f"it was run with {key} = {saved.get(key)}, not {value}")
-        return cls(
-            path, saved, data.get("model"), data.get("clean", {}), data.get("masked", {}), data.get("commands", [])
-        )
-
-    def check_model(self, fingerprint: dict) -> None:
-        """Record the model, or refuse (:class:`~geolens.resume.ResumeRefused`) a checkpoint made with another one."""
-        if self.model is None:
-            self.model = fingerprint
-        elif self.model != fingerprint:
-            raise refuse(
-                self.path,
-                f"it was run with another model ({self.model.get('name')}, weights {self.model.get('weights_sha256')}), "
-                f"not {fingerprint.get('name')}",
-            )
-
-    def save(self) -> None:
-        if self.path is None:
-            return
-        header = dict(format=self.FORMAT, settings=self.settings, model=self.model, commands=self.commands)
-        write_records(self.path, header, {"clean": self.clean, "masked": self.masked})
-
-
-def _record(store: dict, key: str, sha: str, compute):
-    if key in store:
-        if store[key].get("sha") != sha:
-            raise ResumeError(
-                f"question {key} of the checkpoint is another question (prompt, choices or answer changed)"
-            )
-        return store[key], False
-    store[key] = dict(compute(), sha=sha)
-    return store[key], True
-
-
 @dataclass
 class MCResult:
     """What :func:`run_multiple_choice` found; :meth:`summary` is the JSON record."""
@@ -488,7 +409,7 @@ def run_multiple_choice(
 
     rows = []
     for key, qid, q in tqdm(keyed, desc="multiple choice, clean", disable=not progress):
-        row, new = _record(ckpt.clean, key, question_sha(q), lambda: clean(q, qid))
+        row, new = keep_record(ckpt.clean, key, question_sha(q), lambda: clean(q, qid))
         if new:
             ckpt.save()
         rows.append(row)
@@ -508,7 +429,7 @@ def run_multiple_choice(
             )
             return dict(scores=s.tolist(), same=same.tolist())
 
-        rec, new = _record(ckpt.masked, key, question_sha(q), compute)
+        rec, new = keep_record(ckpt.masked, key, question_sha(q), compute)
         if new:
             ckpt.save()
         s = np.asarray(rec["scores"], dtype=np.float64)  # [metric, layer, k, choice]
