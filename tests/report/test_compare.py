@@ -11,9 +11,13 @@ import re
 
 import numpy as np
 import pytest
+from figures import overlaps, renderer
 
 from geolens.cli import main
+from geolens.report import write_report
+from geolens.report.citations import PAPER_A, PAPER_B
 from geolens.report.compare import compare_reports, load_report
+from report.conftest import IDENTIFIER, NICKNAME, parse_page
 
 pytestmark = pytest.mark.bridge_only  # the tiny Gemma 3 exists only as a TransformerBridge
 
@@ -249,4 +253,37 @@ def test_the_verdict_rule_is_applied_to_every_run(two_models):
     assert '<span class="indicative" title="no confidence interval">indicative (n = 64 corpus windows)</span>' in page
     assert '<tr class="differs">' in page
     for f in cmp["figures"]:
+        f.close()
+
+
+def test_compare_page_cites_and_explains(report_files, tmp_path):
+    from geolens.report.compare import load_report, write_comparison
+
+    report, _, _ = report_files
+    first = write_report(report, tmp_path / "a")["json"]
+    data = json.loads(first.read_text())
+    data["params"]["model"] = "tiny-gqa-b"
+    second = tmp_path / "b" / "report.json"
+    second.parent.mkdir()
+    second.write_text(json.dumps(data))
+    paths = write_comparison([load_report(first), load_report(second)], tmp_path / "cmp")
+    page = paths["html"].read_text(encoding="utf-8")
+    parsed = parse_page(page)
+    assert not NICKNAME.search(page)
+    assert not [h for h in parsed.headers if IDENTIFIER.match(h)]
+    assert all(parsed.events[i + 1] == "legend" for i, e in enumerate(parsed.events) if e == "table-box")
+    text = " ".join(parsed.text)
+    assert PAPER_A.title in text and PAPER_B.title in text and 'id="references"' in page
+    cmp = json.loads(paths["json"].read_text())
+    assert all(not NICKNAME.search(row["citation"]) and row["references"] for row in cmp["claims"])
+    # the shared-axes figures: human axis labels, legends outside their axes
+    from geolens.report.compare import compare_reports
+
+    figs = compare_reports([load_report(first), load_report(second)])["figures"]
+    assert figs
+    for f in figs:
+        ax = f.figure.axes[0]
+        assert not IDENTIFIER.match(ax.get_ylabel()), ax.get_ylabel()
+        r = renderer(f.figure)
+        assert not overlaps(ax.get_legend().get_window_extent(r), ax.get_window_extent(r)), f.title
         f.close()

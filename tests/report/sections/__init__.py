@@ -1,0 +1,1 @@
+"""Tests of geolens.report.sections: one file per section."""
