@@ -52,8 +52,8 @@ machine reaches on its best shape only; the unembedding's 8-byte weights stream 
 a lower rate). The ratio of round r is (the pass's time over all positions) / (the floors' seconds
 summed); goal ≤ 3×. Both are measured on the wall clock and on this process's CPU time (one torch
 thread: what the process computed, blind to the time other processes hold its core, which on a
-shared machine moves wall-clock rates by 2× and more). The naive speed-up is measured in float64 as in part 1 (``--float64-naive-terms``
-terms per position and round; goal ≥ 100×).
+shared machine moves wall-clock rates by 2× and more). The naive speed-up is measured in float64
+as in part 1 (``--float64-naive-terms`` terms per position and round; goal ≥ 100×).
 
 Default: SmolLM2-135M (``--model``; ``geolens.load_model``), part 1 on one 128-token Lee window
 (``geolens.data.corpus_windows(model, "lee", 128, 1)``), the middle layer, the last query;
@@ -450,8 +450,9 @@ def float64_part(args, model, name: str) -> dict:
         f"{floor['high']:.2f}×, {len(rounds)} rounds); goal ≤ {FLOOR_GOAL:.0f}×: {verdict(floor, FLOOR_GOAL, False)}"
     )
     print(
-        f"float64 ratio on this process's CPU time (pass and matmul alike): {floor_cpu['ratio']:.2f}× (95% interval "
-        f"{floor_cpu['low']:.2f}–{floor_cpu['high']:.2f}×); goal ≤ {FLOOR_GOAL:.0f}×: {verdict(floor_cpu, FLOOR_GOAL, False)}"
+        f"float64 ratio on this process's CPU time (pass and matmul alike): {floor_cpu['ratio']:.2f}× "
+        f"(95% interval {floor_cpu['low']:.2f}–{floor_cpu['high']:.2f}×); "
+        f"goal ≤ {FLOOR_GOAL:.0f}×: {verdict(floor_cpu, FLOOR_GOAL, False)}"
     )
     print(
         f"float64 speed-up over full reruns: {speed['ratio']:.0f}× (95% interval {speed['low']:.0f}–"
