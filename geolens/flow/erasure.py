@@ -36,7 +36,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from geolens.flow.baselines import as_row, gradient_x_input, integrated_gradients, last_position_logprobs
+from geolens.flow.baselines import (
+    as_row,
+    gradient_x_input,
+    input_embeddings,
+    integrated_gradients,
+    last_position_logprobs,
+    prefix_mean_baseline,
+)
 from geolens.flow.core import FLOW_METHODS, contribution_flow, flow_names_filter
 
 ErasureMethod = Literal[
@@ -78,6 +85,11 @@ class ErasureSettings:
     min_drop_all: float = 0.01
     chunk_size: int = 16  # erased inputs per forward
     ig_batch: int = 8  # interpolation steps per forward and backward
+    # docs/flow/v2: x′ of both gradient methods ("replacement": the erased prefix, version 1;
+    # "prefix_mean": baselines.prefix_mean_baseline) and integrated gradients' adaptive steps
+    ig_baseline: str = "replacement"
+    ig_tolerance: float | None = None
+    ig_max_steps: int = 864
 
     def __post_init__(self) -> None:
         self.positions = tuple(int(p) for p in self.positions)
@@ -105,6 +117,10 @@ class ErasureSettings:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
+        if self.ig_baseline not in ("replacement", "prefix_mean"):
+            raise ValueError(f"ig_baseline must be 'replacement' or 'prefix_mean', got {self.ig_baseline!r}")
+        if self.ig_tolerance is not None and not float(self.ig_tolerance) > 0:
+            raise ValueError(f"ig_tolerance must be positive, got {self.ig_tolerance!r}")
 
     @property
     def primary(self) -> str:
@@ -115,6 +131,8 @@ class ErasureSettings:
         """The settings of docs/flow/protocol.json (``settings`` is the parsed twin)."""
         r = settings["replacements"]
         stats = settings["statistics"]
+        ig = settings["integrated_gradients"]
+        adaptive = ig.get("adaptive") or {}
         values = dict(
             positions=settings["predictions"]["positions"],
             fractions=settings["fractions"],
@@ -127,11 +145,21 @@ class ErasureSettings:
             min_kl_all=settings["range_check"]["min_kl_all"],
             min_drop_all=settings["range_check"]["min_drop_all"],
         )
+        if ig.get("baseline") == "prefix_mean":
+            values["ig_baseline"] = "prefix_mean"
+        if adaptive:
+            values.update(ig_tolerance=float(adaptive["tolerance"]), ig_max_steps=int(adaptive["max_steps"]))
         values.update(overrides)
         return cls(**values)
 
     def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """The settings as JSON; version 2's fields only where they differ from version 1 (so a
+        version-1 run's records and fingerprints keep their bytes)."""
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if self.ig_baseline == "replacement" and self.ig_tolerance is None:
+            for key in ("ig_baseline", "ig_tolerance", "ig_max_steps"):
+                out.pop(key)
+        return out
 
 
 def method_pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
@@ -341,6 +369,9 @@ def measure_document(
         target = int(clean_logp[p_index].argmax())
         scores: dict[str, Tensor] = {}
         ig = None
+        xb = None  # x′ of the gradient methods under docs/flow/v2
+        if settings.ig_baseline == "prefix_mean" and any(m in GRADIENT_METHODS for m in settings.methods):
+            xb = prefix_mean_baseline(input_embeddings(model, prefix), erasable)
         for m in settings.methods:
             if m in FLOW_METHODS:
                 scores[m] = rows[m][p_index, : i + 1]
@@ -349,7 +380,21 @@ def measure_document(
                     np.random.default_rng([settings.seed, int(document), int(i), 1]).random(i + 1)
                 )
             elif m == "grad_x_input":
-                scores[m] = gradient_x_input(model, prefix, i, target=target)
+                scores[m] = gradient_x_input(model, prefix, i, target=target, baseline_embeddings=xb)
+            elif xb is not None:
+                ig = integrated_gradients(
+                    model,
+                    prefix,
+                    None,
+                    i,
+                    target=target,
+                    n_steps=settings.ig_steps,
+                    batch_size=settings.ig_batch,
+                    baseline_embeddings=xb,
+                    tolerance=settings.ig_tolerance,
+                    max_steps=settings.ig_max_steps,
+                )
+                scores[m] = ig.attributions
             else:
                 baseline = erase(prefix, _mask(i + 1, erasable), replacements[settings.primary][: i + 1])
                 ig = integrated_gradients(
@@ -396,7 +441,7 @@ def measure_document(
                 ig_f_input=None if ig is None else ig.f_input,
                 ig_f_baseline=None if ig is None else ig.f_baseline,
                 ig_sum=None if ig is None else float(ig.attributions.sum()),
-                ig_steps=settings.ig_steps,
+                ig_steps=settings.ig_steps if ig is None else ig.n_steps,
             )
         )
     return {

@@ -353,6 +353,19 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
             share_rel_gap_within_5pct=float((rel <= 0.05).mean()),
             n_steps=int(settings.ig_steps),
         )
+        if settings.ig_tolerance is not None:  # docs/flow/v2: adaptive steps, the stopping rule's gap
+            rule = gap / delta.abs().clip(lower=0.01)
+            steps = predictions["ig_steps"]
+            out["ig_completeness"].update(
+                rule="|gap| / max(|f(x) - f(x')|, 0.01), steps tripled from n_steps up to max_steps",
+                tolerance=float(settings.ig_tolerance),
+                max_steps=int(settings.ig_max_steps),
+                share_rel_gap_within_1pct=float((rule <= 0.01).mean()),
+                share_within_tolerance=float((rule <= settings.ig_tolerance).mean()),
+                median_steps=float(steps.median()),
+                max_steps_used=int(steps.max()),
+                steps_used={str(int(k)): int(v) for k, v in steps.value_counts().sort_index().items()},
+            )
     return out
 
 

@@ -104,3 +104,39 @@ def test_gradient_x_input_from_a_baseline_is_the_first_order_term(m64):
     assert got[0] == 0 and got[position] == 0  # BOS and the predicting position keep their own x
     plain = gradient_x_input(m64, t, position)
     assert torch.equal(plain, gradient_x_input(m64, t, position, baseline_embeddings=torch.zeros_like(x)))
+
+
+def test_measure_document_under_version_2_uses_the_prefix_mean_and_adaptive_steps(m64):
+    """docs/flow/v2 settings: both gradient methods start from the prefix-mean x′, integrated
+    gradients records the steps it took, and the version-1 fields stay out of to_dict's record."""
+    from geolens.flow import ErasureSettings, measure_document, ranking
+
+    t = tokens_of(m64, 9)
+    v2 = ErasureSettings(
+        positions=(6,),
+        fractions=(0.2,),
+        methods=("random", "grad_x_input", "integrated_gradients"),
+        replacements=("space",),
+        ig_steps=2,
+        ig_baseline="prefix_mean",
+        ig_tolerance=1e-3,
+        ig_max_steps=18,
+    )
+    tables = measure_document(m64, t, 0, v2, space_id=space_token(m64))
+    x = input_embeddings(m64, t[:7])
+    xb = prefix_mean_baseline(x, range(1, 6))
+    ig = integrated_gradients(
+        m64, t[:7], None, 6, n_steps=2, baseline_embeddings=xb, tolerance=1e-3, max_steps=18, batch_size=8
+    )
+    gxi = gradient_x_input(m64, t[:7], 6, baseline_embeddings=xb)
+    pred = tables["predictions"].iloc[0]
+    assert int(pred.ig_steps) == ig.n_steps and float(pred.ig_sum) == pytest.approx(float(ig.attributions.sum()))
+    orders = dict(zip(tables["rankings"].method, tables["rankings"].order))
+    assert orders["grad_x_input"] == " ".join(map(str, ranking(gxi, list(range(1, 6)), absolute=True)))
+    assert orders["integrated_gradients"] == " ".join(
+        map(str, ranking(ig.attributions, list(range(1, 6)), absolute=True))
+    )
+    assert v2.to_dict()["ig_baseline"] == "prefix_mean"
+    assert "ig_baseline" not in ErasureSettings().to_dict()
+    with pytest.raises(ValueError, match="ig_baseline"):
+        ErasureSettings(ig_baseline="zeros")
