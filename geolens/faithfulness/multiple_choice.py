@@ -362,7 +362,6 @@ class MCResult:
             excluded_tasks=[t for t in tasks if not t["eligible"]],
             eligibility="clean accuracy 95% percentile bootstrap CI over questions entirely above chance (mean 1/#choices)"
             + ("" if s.mask_tasks == "eligible" else "; reported only, every task of the set is masked"),
-            tasks_used=[t["task"] for t in tasks if t["eligible"] or s.mask_tasks == "all"],
             n_questions_masked=int(self.n_masked),
             bootstrap="task-stratified over questions",
             n_boot=int(s.n_boot),
@@ -371,7 +370,7 @@ class MCResult:
             multiple_comparison="holm",
             metric_drops=self.metrics.to_dict(orient="records"),
             pairs=self.pairs.to_dict(orient="records"),
-        )
+        ) | ({"tasks_used": [t["task"] for t in tasks]} if s.mask_tasks == "all" else {})
 
 
 def run_multiple_choice(
