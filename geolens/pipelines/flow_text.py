@@ -100,6 +100,13 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
             f"Integrated gradients ({ig['n_steps']} steps): median |completeness gap| {ig['median_abs_gap']:.3g} "
             f"(median relative {ig['median_rel_gap']:.3g}; within 5% for {100 * ig['share_rel_gap_within_5pct']:.0f}% of predictions).",
         ]
+        if "share_rel_gap_within_1pct" in ig:  # docs/flow/v2: adaptive steps
+            lines[-1] = (
+                f"Integrated gradients, adaptive steps ({ig['n_steps']} tripled up to {ig['max_steps']}; steps used: "
+                + ", ".join(f"{k} × {v}" for k, v in ig["steps_used"].items())
+                + f"): within 1% of completeness ({ig['rule']}) for {100 * ig['share_rel_gap_within_1pct']:.1f}% "
+                f"of predictions; median |completeness gap| {ig['median_abs_gap']:.3g}."
+            )
     ic = summary.get("induction_check")
     if ic and "skipped" not in ic:
         lines += [
