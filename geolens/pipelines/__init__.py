@@ -9,7 +9,9 @@ their own parameters; neither computes anything else of the topic.
 - taxonomy: :func:`geolens.pipelines.taxonomy.run_taxonomy` (:class:`~geolens.pipelines.taxonomy.TaxonomyParams`);
 - faithfulness: :func:`geolens.pipelines.faithfulness.run_faithfulness`
   (:class:`~geolens.pipelines.faithfulness.FaithfulnessParams`), and protocol 2's per-term endpoint
-  :func:`geolens.pipelines.faithfulness.run_per_term` (:class:`~geolens.pipelines.faithfulness.PerTermParams`);
+  :func:`geolens.pipelines.faithfulness.run_per_term` (:class:`~geolens.pipelines.faithfulness.PerTermParams`),
+  and protocol 3's, controlled for the norm, :func:`geolens.pipelines.norm_controlled.run_norm_controlled`
+  (:class:`~geolens.pipelines.norm_controlled.NormControlledParams`; the report's faithfulness section runs it);
 - contribution flow: :func:`geolens.pipelines.flow.run_flow` (:class:`~geolens.pipelines.flow.FlowParams`)
   and the one-prompt look :func:`geolens.pipelines.flow.prompt_flow`;
 - pruning: :func:`geolens.pipelines.pruning.run_pruning` (:class:`~geolens.pipelines.pruning.PruningParams`).

@@ -18,8 +18,9 @@ effect of removing each attention term alone and scores every metric against it
 turns the rows of all documents into per-metric mean Spearman correlations with document-cluster
 CIs and the pre-registered pairs as one Holm family
 (:func:`geolens.faithfulness.ground_truth.ground_truth_summary`). :func:`run_per_term` runs both
-over a set of windows and returns a :class:`PerTermRun`; the report's faithfulness section runs it
-on a few positions of the report's windows.
+over a set of windows and returns a :class:`PerTermRun`. Protocol 3's version of the endpoint
+(controlled for the norm, in float64), which the report's faithfulness section runs, is
+:mod:`geolens.pipelines.norm_controlled`.
 """
 
 from __future__ import annotations
@@ -298,11 +299,21 @@ class PerTermParams:
         >>> PerTermParams().query_range(128), PerTermParams().query_range(16), PerTermParams(queries=(4, 9)).query_range(16)
         ((8, 126), (8, 14), (4, 9))
         """
-        if self.queries is not None:
-            return int(self.queries[0]), int(self.queries[1])
-        if seq_len < 3:
-            raise ValueError(f"windows of {seq_len} tokens leave no query to score (need at least 3)")
-        return min(8, seq_len - 2), seq_len - 2
+        return query_range(self.queries, seq_len)
+
+
+def query_range(queries: tuple[int, int] | None, seq_len: int) -> tuple[int, int]:
+    """The inclusive query range drawn from on windows of ``seq_len`` tokens: ``queries`` when given,
+    else 8 … seq_len − 2 (the protocols' 8 … 126 on 128 tokens; each query needs a next token).
+
+    >>> query_range(None, 64), query_range(None, 5)
+    ((8, 62), (3, 3))
+    """
+    if queries is not None:
+        return int(queries[0]), int(queries[1])
+    if seq_len < 3:
+        raise ValueError(f"windows of {seq_len} tokens leave no query to score (need at least 3)")
+    return min(8, seq_len - 2), seq_len - 2
 
 
 def per_term_document(model, window, document: int, params: PerTermParams = PerTermParams()) -> dict[str, pd.DataFrame]:
@@ -393,7 +404,21 @@ def run_per_term(
     return PerTermRun.of(tables, params, parameters)
 
 
-def _pair_text(p: dict) -> str:
+def decide_steps(steps: list[dict | None]) -> bool | None:
+    """True when every testable step (a pair with its Holm ``verdict``) holds, False when one does not;
+    a step identical by construction ("not testable") is left out, as in protocol 1's claims; None
+    when a step is missing or undecided, or none is testable.
+
+    >>> decide_steps([{"verdict": "holds"}, {"verdict": "not testable"}]), decide_steps([{"verdict": "tie"}, None])
+    (True, None)
+    """
+    testable = [p for p in steps if p is not None and p["verdict"] != "not testable"]
+    if None in steps or not testable or any(p["verdict"] not in ("holds", "tie", "reversed") for p in testable):
+        return None
+    return all(p["verdict"] == "holds" for p in testable)
+
+
+def pair_text(p: dict) -> str:
     """``a → b: +0.12 [+0.05, +0.20]`` (the interval at the pair's Holm level; the pair's verdict word
     stays in the numbers: the claim's own verdict follows :mod:`geolens.claims`)."""
     if p["verdict"] == "not testable":
@@ -414,14 +439,6 @@ def per_term_claims(summary: dict, *, windows: str = "documents", scope: str = "
     sample = sample_size(n_docs, windows=windows, minimum=PROTOCOL_MIN_DOCUMENTS)
     where = f"{n_pos} (layer, query) positions, {scope} scope, outcome KL"
 
-    def decide(steps: list[dict | None]) -> bool | None:
-        """All testable steps hold; a step identical by construction ("not testable") is left out, as
-        in protocol 1's claims; None when a step is missing or undecided, or none is testable."""
-        testable = [p for p in steps if p is not None and p["verdict"] != "not testable"]
-        if None in steps or not testable or any(p["verdict"] not in ("holds", "tie", "reversed") for p in testable):
-            return None
-        return all(p["verdict"] == "holds" for p in testable)
-
     steps = [pairs.get(pair) for pair in CLAIMED_PER_TERM_STEPS]
     gap = pairs.get(("raw_attention", "contribution"))
     best = max(kl, key=lambda m: m["spearman"], default=None)
@@ -439,9 +456,9 @@ def per_term_claims(summary: dict, *, windows: str = "documents", scope: str = "
             source="paper A §3.1",
             measured=f"Δ mean Spearman (b − a; + = b agrees better; {where}): "
             + "; ".join(
-                _pair_text(p) if p else f"{a} → {b}: not run" for p, (a, b) in zip(steps, CLAIMED_PER_TERM_STEPS)
+                pair_text(p) if p else f"{a} → {b}: not run" for p, (a, b) in zip(steps, CLAIMED_PER_TERM_STEPS)
             ),
-            holds=decide(steps),
+            holds=decide_steps(steps),
             criterion=criterion,
             numbers={"sample": sample, "steps": [p for p in steps if p]},
             ci=True,
@@ -449,8 +466,8 @@ def per_term_claims(summary: dict, *, windows: str = "documents", scope: str = "
         Claim(
             claim="Contribution weights rank the attention terms closer to their measured effects than raw attention",
             source="paper A §3.1",
-            measured=(_pair_text(gap) if gap else "raw_attention → contribution: not run") + f" ({where})",
-            holds=decide([gap]),
+            measured=(pair_text(gap) if gap else "raw_attention → contribution: not run") + f" ({where})",
+            holds=decide_steps([gap]),
             criterion="the pair's interval at its Holm level lies above 0 (below: does not hold)",
             numbers={"sample": sample, "pair": gap},
             ci=True,
