@@ -120,7 +120,12 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec(
         "faithfulness",
         "faithfulness",
-        requires=("geolens.faithfulness", "geolens.faithfulness.ground_truth", "geolens.viz.faithfulness"),
+        requires=(
+            "geolens.faithfulness",
+            "geolens.faithfulness.ground_truth",
+            "geolens.faithfulness.norm_controlled",
+            "geolens.viz.faithfulness",
+        ),
     ),
     SectionSpec(
         "flow", "flow", requires=("geolens.flow", "geolens.flow.erasure", "geolens.flow.routes", "geolens.viz.flow")

@@ -144,6 +144,27 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "top-5 overlap",
         "mean share of the 5 terms with the largest effect that the metric also ranks in its top 5",
     ),
+    # faithfulness, per-term endpoint controlled for the norm (protocol 3)
+    "partial_spearman": (
+        "mean partial ρ given the norm",
+        "mean over positions of the Spearman correlation between the metric's scores and the measured KL given the "
+        "norm ‖α ṽ‖ of the removed term (what the metric predicts beyond the norm; 0 by construction for a metric "
+        "that ranks as the norm does)",
+    ),
+    "plain_spearman": (
+        "plain ρ (protocol 2)",
+        "mean over positions of the plain Spearman correlation with the same float64 KLs, protocol 2's statistic",
+    ),
+    "plain_ci_low": ("plain ρ 95% CI low", "lower end of the plain ρ's bootstrap 95% CI"),
+    "plain_ci_high": ("plain ρ 95% CI high", "upper end of the plain ρ's bootstrap 95% CI"),
+    "plain_estimate": (
+        "plain Δ b − a (protocol 2)",
+        "the same pair's difference of the plain means, exploratory: it decides nothing",
+    ),
+    "n_excluded_positions": (
+        "excluded positions",
+        "positions left out: fewer than 5 terms, equal KLs, or KLs ranked exactly as the norms",
+    ),
     "n_positions": ("positions", "(layer, query) positions behind the number"),
     "n_documents": ("documents", "documents (here: windows) behind the number, the clusters of the bootstrap"),
     "estimate": ("Δ b − a", "paired difference of the means (+ = b better)"),

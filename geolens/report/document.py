@@ -203,7 +203,7 @@ def _first_screen_json(report: Report) -> dict[str, Any]:
     }
 
 
-_CI_PAIRS = (("ci_low", "ci_high"), ("top5_ci_low", "top5_ci_high"))
+_CI_PAIRS = (("ci_low", "ci_high"), ("top5_ci_low", "top5_ci_high"), ("plain_ci_low", "plain_ci_high"))
 
 
 def _interval_columns(columns) -> list[tuple[str, str]]:

@@ -101,14 +101,14 @@ def test_every_verdict_shows_its_sample_size(tiny_report):
         assert "protocol 1" not in c["claim"] and "superseded" not in c["claim"]  # current protocols only
         if c["section"] == "pruning":
             assert sample["windows"] == "held-out windows" and sample["n_windows"] == 1
-        elif c["section"] == "faithfulness":  # the per-term endpoint, on the corpus windows
+        elif c["section"] == "faithfulness":  # protocol 3's per-term endpoint on the corpus windows: an exploratory run
             assert sample == {
                 "n_windows": 2,
                 "windows": "corpus windows",
                 "n_seeds": None,
                 "minimum": 100,
                 "low_power": True,
-                "low_power_reason": "2 < 100 corpus windows",
+                "low_power_reason": "2 < 100 corpus windows; exploratory run: settings differ from the protocol",
             }
         elif c["section"] == "flow":  # windows with a prediction in range; an exploratory run of the erasure protocol
             assert sample["windows"] == "corpus windows" and sample["minimum"] == 100 and sample["n_windows"] <= 2

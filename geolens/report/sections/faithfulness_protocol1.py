@@ -2,10 +2,11 @@
 
 Protocol 1 (docs/faithfulness/PROTOCOL.md §1) removes the terms α_ij ṽ_j that a metric ranks highest
 (comprehensiveness) or lowest (sufficiency) in every layer at once, without renormalising α, which
-takes the model off its distribution; protocol 2's per-term endpoint (the faithfulness section,
-:mod:`geolens.report.sections.faithfulness`) superseded it. The full report keeps its curves in an
-appendix, labelled superseded (the faithfulness section asks for it, :mod:`geolens.report.build`);
-``geolens report --quick`` does not run it.
+takes the model off its distribution; the per-term endpoint superseded it (protocol 2, then protocol
+3's norm-controlled version that the faithfulness section runs,
+:mod:`geolens.report.sections.faithfulness`). The full report keeps its curves in an appendix,
+labelled superseded (the faithfulness section asks for it, :mod:`geolens.report.build`); ``geolens
+report --quick`` does not run it.
 
 From :func:`~geolens.pipelines.faithfulness.run_faithfulness` with
 :class:`~geolens.faithfulness.MaskingConfig`'s defaults (``query`` ranking on the inter-head scale,
@@ -60,8 +61,9 @@ def build(ctx, analyses: dict | None = None) -> Section:
         "<b>Superseded.</b> Protocol 1 of docs/faithfulness/PROTOCOL.md, kept for reference: the terms α_ij ṽ_j that a "
         "metric ranks highest (comprehensiveness) or lowest (sufficiency) removed in every layer at once, without "
         "renormalising α, which takes the model off its distribution, so that perplexity differences of several "
-        "orders of magnitude say little about the metrics. The faithfulness section's per-term endpoint (protocol 2) "
-        f"replaces it. {result.protocol_text()}, on {n} held-out window{'s' if n != 1 else ''}."
+        "orders of magnitude say little about the metrics. The faithfulness section's per-term endpoint (protocol 3, "
+        f"docs/faithfulness/v3/PROTOCOL.md) replaces it. {result.protocol_text()}, on {n} held-out "
+        f"window{'s' if n != 1 else ''}."
     )
     return Section(
         key="faithfulness_protocol1",
