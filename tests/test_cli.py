@@ -330,17 +330,6 @@ def test_too_few_windows_is_a_usage_error(monkeypatch, capsys, tmp_path):
     )
 
 
-def test_parse_layers_refuses_instead_of_wrapping():
-    from geolens.commands.faithfulness import parse_layers
-    from geolens.errors import UsageError
-
-    assert parse_layers("-1", 10) == (9,)
-    with pytest.raises(UsageError, match="99 is out of range"):
-        parse_layers("99", 10)
-    with pytest.raises(UsageError, match="empty"):
-        parse_layers("5-2", 10)
-
-
 def test_build_report_refuses_an_example_layer_out_of_range_before_the_corpus_pass(monkeypatch):
     import geolens.report.build as build
     from geolens.report import ReportConfig
