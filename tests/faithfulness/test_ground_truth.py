@@ -2,7 +2,7 @@
 
 The oracle of the metric scores is tests/reference.py (ṽ materialised, loops, float64); the oracle
 of the Spearman correlation is a rank-by-counting loop; the measured effects themselves are checked
-against hand-built removals in tests/test_per_term.py.
+against hand-built removals in tests/per_term/test_effects.py.
 """
 
 from __future__ import annotations

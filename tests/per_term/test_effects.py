@@ -1,4 +1,5 @@
-"""geolens.per_term: the exact effect of removing one attention term, against hand-built removals.
+"""per_term_effects (geolens.per_term.effects): the exact effect of removing one attention term,
+against hand-built removals.
 
 The oracle is independent of both code paths: a full forward with a hook on the pre-norm attention
 output (``attn_out_hook``) that subtracts α_ij^h ṽ_j^h, materialised in float64 as v_j^h W_O^h
@@ -16,14 +17,7 @@ from geolens.adapter import adapter_for, get_attention_layer, output_weights
 from geolens.interventions.base import active_hook_count, applied
 from geolens.per_term import _clean_state, _z_removal, per_term_effects
 from geolens.testing import tiny_tokens
-
-N_POS = 24  # longer than the tiny Gemma's 16-token window: its layer 0 has terms with α = 0
-
-
-@pytest.fixture(scope="module")
-def text(tiny):
-    model = tiny[0]
-    return model, tiny_tokens(model, length=N_POS)[:1]
+from per_term.conftest import N_POS
 
 
 def hand_removed_logits(model, tokens, layer, query, terms) -> torch.Tensor:
@@ -186,27 +180,6 @@ def test_hooks_are_removed(text):
     assert active_hook_count(model) == before
 
 
-def test_bad_arguments_are_one_line_errors(tiny_gqa):
-    model, tokens, _ = tiny_gqa
-    with pytest.raises(ValueError, match="one unpadded text"):
-        per_term_effects(model, tokens, 0, 3)  # a batch of 2
-    with pytest.raises(TypeError, match="integer tensor"):
-        per_term_effects(model, tokens[0].float(), 0, 3)
-    with pytest.raises(IndexError, match="query=12"):
-        per_term_effects(model, tokens[:1], 0, 12)
-    with pytest.raises(IndexError, match="layer=2"):
-        per_term_effects(model, tokens[:1], 2, 3, method="naive")
-    with pytest.raises(ValueError, match="scope"):
-        per_term_effects(model, tokens[:1], 0, 3, scope="row")
-    with pytest.raises(ValueError, match="outcome"):
-        per_term_effects(model, tokens[:1], 0, 3, outcome="nll")
-    with pytest.raises(ValueError, match="batch_size"):
-        per_term_effects(model, tokens[:1], 0, 3, batch_size=0)
-    with pytest.raises(ValueError, match="method must be 'fast' or 'naive'"):
-        per_term_effects(model, tokens[:1], 0, 3, method="exact")
-    assert per_term_effects(model, tokens[0], 0, 3).kl.shape == (4, 4)  # [pos] is one text
-
-
 @pytest.mark.parametrize("method", ["fast", "naive"])
 def test_a_subset_of_terms(text, method):
     model, tokens = text
@@ -234,59 +207,6 @@ def test_a_pad_token_in_the_text_is_an_ordinary_token(kind):
 
 # ---------------------------------------------------------------------------------------------
 # position_effects: both scopes and the gradient from one clean run and one prefix KV cache
-
-
-@pytest.mark.parametrize("layer, query", [(0, 23), (1, 9)])
-def test_position_effects_from_a_shared_run_equal_the_separate_calls(text, layer, query):
-    from geolens.per_term import position_effects
-
-    model, tokens = text
-    adapter = adapter_for(model)
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens)
-        kv = adapter.prefix_kv_cache(tokens)
-    shared = position_effects(model, tokens, layer, query, clean_run=(logits, cache), kv_cache=kv)
-    alone = position_effects(model, tokens, layer, query)
-    for scope in ("term", "source"):
-        reference = per_term_effects(model, tokens, layer, query, scope=scope)
-        for got in (getattr(shared, scope), getattr(alone, scope)):
-            assert torch.allclose(got.kl, reference.kl, atol=1e-7, rtol=1e-4)
-            assert torch.allclose(got.delta_p, reference.delta_p, atol=1e-7, rtol=1e-4)
-            assert torch.equal(got.ran, reference.ran)
-    assert torch.allclose(shared.grad_z, alone.grad_z, atol=1e-6, rtol=1e-4)
-
-
-@pytest.mark.parametrize("layer, query", [(0, 23), (1, 9)])
-def test_gradient_x_activation_equals_autograd_through_a_full_forward(text, layer, query):
-    """The oracle: autograd of log p(top) at ``query`` through a full forward from layer 0, with
-    respect to a probe added to the pre-norm attention output at (layer, query); the estimate of
-    removing term (h, j) is then −⟨grad, α v_j^h W_O^h⟩, W_O materialised in float64."""
-    from geolens.per_term import position_effects
-
-    model, tokens = text
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_pattern", "hook_v")))
-    view = get_attention_layer(model, cache, layer, dtype=torch.float64)
-    W_O = output_weights(model, layer)[0].detach().to(torch.float64)
-    probe = torch.zeros(model.cfg.d_model, requires_grad=True)
-
-    def hook(out, hook):
-        out = out.clone()
-        out[0, query] = out[0, query] + probe
-        return out
-
-    with torch.enable_grad(), applied(model, [(adapter_for(model).attn_out_hook(layer), hook)]):
-        logits = model(tokens)[0, query]
-        top = int(logits.argmax())
-        (grad,) = torch.autograd.grad(torch.log_softmax(logits.double(), -1)[top], probe)
-    n_heads = view.pattern.shape[1]
-    expected = torch.zeros(n_heads, query + 1, dtype=torch.float64)
-    for h in range(n_heads):
-        for j in range(query + 1):
-            expected[h, j] = -view.pattern[0, h, query, j] * float((view.v[0, j, h] @ W_O[h]) @ grad.double())
-    before = active_hook_count(model)
-    got = position_effects(model, tokens, layer, query).grad_x_act
-    assert torch.allclose(got, expected, atol=1e-6 * float(expected.abs().max()) + 1e-9, rtol=1e-3)
-    assert active_hook_count(model) == before
 
 
 def test_crop_kv_cache_equals_a_cache_of_the_prefix(text):

@@ -1,0 +1,1 @@
+"""Tests of geolens.per_term: one file per module."""
