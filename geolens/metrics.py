@@ -223,16 +223,34 @@ def mode_variant(name: str) -> tuple[Metric, str] | None:
     return None if metric is None else (metric, mode)
 
 
+def sign_variant(name: str) -> Metric | None:
+    """The registered metric whose scores ``"<metric>_negated"`` negates (the opposite-sign control
+    of a signed metric, e.g. ``contribution_negated`` = −c in protocol 3's masking addendum: its
+    top-ranked terms are the most negative c), or None.
+
+    >>> sign_variant("contribution_negated").name, sign_variant("contribution")
+    ('contribution', None)
+    """
+    base, suffix, rest = name.rpartition("_negated") if isinstance(name, str) else ("", "", "x")
+    return find_metric(base) if suffix and not rest else None
+
+
 def metric_label(name: str) -> str | None:
     """The label of a registered metric, or of a mode-qualified one (:func:`mode_variant`): the
-    metric's label followed by its mode in words (:data:`MODE_QUALIFIERS`); None for any other name.
+    metric's label followed by its mode in words (:data:`MODE_QUALIFIERS`), or of a negated one
+    (:func:`sign_variant`); None for any other name.
 
     >>> metric_label("raw_attention"), metric_label("output_normalized_intra")
     ('raw attention α', 'output-normalised α‖ṽ‖/‖o‖ (per head)')
+    >>> metric_label("contribution_negated")
+    'contribution weights c, opposite sign (−)'
     """
     metric = find_metric(name)
     if metric is not None:
         return metric.label
+    negated = sign_variant(name)
+    if negated is not None:
+        return f"{negated.label}, opposite sign (−)"
     variant = mode_variant(name)
     return None if variant is None else f"{variant[0].label} ({MODE_QUALIFIERS[variant[1]]})"
 

@@ -60,7 +60,7 @@ from torch import Tensor
 from geolens.adapter import adapter_for, get_attention_layer, names_filter
 from geolens.faithfulness.masked_outcomes import check_tokens, masked_outcomes
 from geolens.interventions.masking import random_scores, removal_ranks
-from geolens.metrics import LayerInputs, find_metric, mode_variant
+from geolens.metrics import LayerInputs, find_metric, mode_variant, sign_variant
 
 MASKING_METRICS: tuple[str, ...] = (
     "raw_attention",
@@ -264,9 +264,10 @@ def masking_scores(
     inputs: dict[str, LayerInputs] = {}
     out = {}
     for m in metrics:
-        if m == "contribution_negated":  # the opposite-sign control: −c, the most negative terms first
-            c = out["contribution"] if "contribution" in out else masking_scores(view, ["contribution"])["contribution"]
-            out[m] = -c
+        negated = sign_variant(m)
+        if negated is not None:  # the opposite-sign control (−c: the most negative terms first)
+            base = out[negated.name] if negated.name in out else masking_scores(view, [negated.name])[negated.name]
+            out[m] = -base
             continue
         metric, mode = mode_variant(m) or (find_metric(m), "inter")
         if metric is not None and metric.per_layer:

@@ -9,15 +9,16 @@ positions of the partial Spearman correlation of its scores with those effects g
 ‖α_ij^h ṽ_j^h‖ of the removed term, with a document-cluster bootstrap CI, the pre-registered pairs
 as one Holm family, and protocol 2's plain Spearman on the same effects beside it. It runs on the
 report's corpus windows, each window a cluster: in quick mode 1 position per window (8 positions on
-the 8 corpus windows of ``geolens report --quick``), otherwise 2 positions on each of up to 32
+the 8 corpus windows of ``geolens report --quick``), otherwise 1 position on each of up to 24
 windows; 1000 bootstrap resamples in quick mode, the protocol's 10 000 otherwise. Measured once
 each, one torch thread, on the project's 2-core machine shared with other jobs (load average about
 8): the quick section on tiny-gqa's test report (2 windows of 16 tokens, 2 positions, 76 terms)
 0.5 s; on SmolLM2-135M's 8 quick windows of 64 tokens (8 positions, 1917 terms, float64) 30.6
 CPU-seconds, 78 s of wall time under that load (protocol 2's float32 version took about 12
-CPU-seconds there). Not measured here: the full report's 64 positions on 128-token windows, at
+CPU-seconds there). Not measured here: the full report's 24 positions on 128-token windows, at
 protocol 3's own timing of about 17 s per SmolLM2 position of average size (PROTOCOL.md §8), would
-take about 18 minutes.
+take about 7 minutes (24 positions, not protocol 2's 64, to keep the full report near its former
+length).
 
 What changed from protocol 2 (which this section ran before): the plain ρ mostly ranks the norm
 (value-weighted attention is the norm of the removed vector, and the KL of a small removal is second
@@ -58,12 +59,12 @@ def per_term_params(ctx) -> NormControlledParams:
     """Protocol 3's per-term endpoint at report size (module docstring)."""
     if ctx.config.quick:
         return NormControlledParams(n_positions=1, n_boot=1000, seed=ctx.config.seed)
-    return NormControlledParams(n_positions=2, n_boot=10_000, seed=ctx.config.seed)
+    return NormControlledParams(n_positions=1, n_boot=10_000, seed=ctx.config.seed)
 
 
 def per_term_windows(ctx):
-    """The corpus windows the per-term endpoint runs on (all of them in quick mode, else up to 32)."""
-    return ctx.tokens if ctx.config.quick else ctx.tokens[:32]
+    """The corpus windows the per-term endpoint runs on (all of them in quick mode, else up to 24)."""
+    return ctx.tokens if ctx.config.quick else ctx.tokens[:24]
 
 
 def per_term_tables(run, sample: dict) -> dict[str, pd.DataFrame]:
