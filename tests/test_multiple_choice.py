@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 
+import constructed
 import numpy as np
 import pandas as pd
 import pytest
@@ -232,3 +234,23 @@ def test_masked_per_question_clean_rows_match_the_batched_scorer(tiny_gqa):
             )  # removing nothing changes nothing
             np.testing.assert_allclose(z.logprob_correct, ref.logprob_correct, rtol=1e-4, atol=1e-4)
     assert len(per_q) == len(QUESTIONS) * (1 + 2 * 2 * 2)
+
+
+def test_load_questions_jsonl_and_errors(tmp_path):
+    path = tmp_path / "mc.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps(dict(prompt=q.prompt, choices=list(q.choices), answer=q.answer)) for q in constructed.QUESTIONS
+        )
+    )
+    assert load_questions(str(path)) == constructed.QUESTIONS
+    assert load_questions(str(path), max_questions=2) == constructed.QUESTIONS[:2]
+    with pytest.raises(FileNotFoundError):
+        load_questions(str(tmp_path / "missing.jsonl"))
+
+
+def test_bigbench_task_offline():
+    """The shipped general_knowledge task loads without the bigbench package (never skipped)."""
+    qs = load_questions("bigbench:general_knowledge")
+    assert len(qs) >= 50 and all(0 <= q.answer < len(q.choices) for q in qs)
+    assert qs[0].prompt.endswith("A:") and "horses" in qs[0].prompt

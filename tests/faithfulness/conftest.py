@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import TINY_KINDS, make_tiny
@@ -42,3 +43,24 @@ def document(request):
     rows = layer_masking_document(model, tokens, 4, protocol=protocol, unigram_logprobs=unigram, batch_size=32)
     assert active_hook_count(model) == before
     return model, tokens, protocol, unigram, rows, logits, cache
+
+
+@pytest.fixture(scope="package")
+def norm_controlled_run():
+    """Protocol 3's per-term tables of three short documents of a float64 tiny bridge (float64_exact):
+    (model, tokens, terms, positions). Needs TransformerLens 4.x (its tests are bridge_only)."""
+    from geolens.faithfulness.norm_controlled import norm_controlled_document
+    from geolens.per_term import float64_exact
+    from geolens.testing import tiny_bridge
+
+    model = tiny_bridge("gqa").to(torch.float64)
+    tokens = tiny_tokens(
+        model, ("the cat sat on the mat.", "a dog ran far away!!", "seven wizards judge boxing"), length=24
+    )
+    parts = []
+    with float64_exact(model):
+        for d in range(3):
+            parts.append(norm_controlled_document(model, tokens[d : d + 1], d, n_positions=2, queries=(8, 22)))
+    terms = pd.concat([p[0] for p in parts], ignore_index=True)
+    positions = pd.concat([p[1] for p in parts], ignore_index=True)
+    return model, tokens, terms, positions

@@ -1,6 +1,8 @@
 """Protocol 3's per-term endpoint (docs/faithfulness/v3/PROTOCOL.md, geolens.faithfulness.norm_controlled):
-the partial Spearman statistic against an explicit loop, float64 effects against full forwards,
-the summary's fields, and an edited protocol running as exploratory."""
+a document's tables (every term, the floors), an edited protocol running as exploratory and
+resuming, and (slow tier) stored terms recomputed with the naive float64 path. The statistics:
+test_norm_controlled_stats.py; the summary: test_norm_controlled_summary.py; float64_exact:
+tests/per_term/test_exact.py."""
 
 from __future__ import annotations
 
@@ -14,104 +16,13 @@ import pytest
 import torch
 
 from geolens.faithfulness.norm_controlled import (
-    norm_controlled_document,
-    norm_controlled_summary,
-    partial_spearman,
     position_statistics,
 )
 from geolens.per_term import float64_exact, per_term_effects
-from geolens.testing import tiny_bridge, tiny_tokens
 
 pytestmark = pytest.mark.bridge_only  # float64_exact is about the TL 4.x bridge's softmax; built on tiny bridges
 
 V3 = Path(__file__).parents[2] / "docs" / "faithfulness" / "v3"
-
-
-def _loop_ranks(x: list[float]) -> list[float]:
-    """Average ranks (1-based) by an explicit double loop."""
-    out = []
-    for a in x:
-        below = sum(1 for b in x if b < a)
-        equal = sum(1 for b in x if b == a)
-        out.append(below + (equal + 1) / 2.0)
-    return out
-
-
-def _loop_pearson(a: list[float], b: list[float]) -> float:
-    n = len(a)
-    ma, mb = sum(a) / n, sum(b) / n
-    num = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-    da = sum((x - ma) ** 2 for x in a) ** 0.5
-    db = sum((y - mb) ** 2 for y in b) ** 0.5
-    return num / (da * db)
-
-
-def _loop_partial(s, e, n) -> float:
-    rs, re_, rn = _loop_ranks(list(s)), _loop_ranks(list(e)), _loop_ranks(list(n))
-    r_se, r_sn, r_en = _loop_pearson(rs, re_), _loop_pearson(rs, rn), _loop_pearson(re_, rn)
-    return (r_se - r_sn * r_en) / ((1 - r_sn**2) * (1 - r_en**2)) ** 0.5
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_partial_spearman_equals_an_explicit_float64_loop(seed):
-    rng = np.random.default_rng(seed)
-    n = rng.lognormal(size=40)
-    e = n**2 * rng.lognormal(0, 0.5, 40)
-    s = rng.normal(size=40) + (np.round(n, 1) if seed % 2 else 0)  # ties on odd seeds
-    s[:4] = s[0]  # more ties
-    assert partial_spearman(s, e, n) == pytest.approx(_loop_partial(s, e, n), abs=1e-12)
-
-
-def test_partial_spearman_is_zero_for_the_norm_and_nan_when_undefined():
-    rng = np.random.default_rng(0)
-    n, e = rng.lognormal(size=30), rng.lognormal(size=30)
-    assert partial_spearman(n, e, n) == 0.0  # value-weighted is the norm
-    assert partial_spearman(3 * n, e, n) == 0.0  # output-normalised inter: the norm over one ||o_i||
-    assert partial_spearman(np.ones(30), e, n) == 0.0  # ranks nothing
-    assert np.isnan(partial_spearman(e, n**2, n))  # effects rank as the norm: undefined
-    assert np.isnan(partial_spearman(e, np.ones(30), n))
-
-
-@pytest.fixture(scope="module")
-def tiny_run():
-    model = tiny_bridge("gqa").to(torch.float64)
-    tokens = tiny_tokens(
-        model, ("the cat sat on the mat.", "a dog ran far away!!", "seven wizards judge boxing"), length=24
-    )
-    parts = []
-    with float64_exact(model):
-        for d in range(3):
-            parts.append(norm_controlled_document(model, tokens[d : d + 1], d, n_positions=2, queries=(8, 22)))
-    terms = pd.concat([p[0] for p in parts], ignore_index=True)
-    positions = pd.concat([p[1] for p in parts], ignore_index=True)
-    return model, tokens, terms, positions
-
-
-def test_document_tables_hold_every_term_and_the_floors(tiny_run):
-    model, tokens, terms, positions = tiny_run
-    assert len(positions) == 6 and (positions.floor > 0).all() and (positions.floor < 1e-12).all()
-    for _, p in positions.iterrows():
-        part = terms[(terms.document == p.document) & (terms.position == p.position)]
-        assert len(part) == p.n_terms == model.cfg.n_heads * (p.query + 1)
-        assert p.next_token == int(tokens[int(p.document), int(p.query) + 1])
-    assert {"kl", "delta_logp_next", "norm", "head", "source", "layer", "query"} <= set(terms.columns)
-    stats = position_statistics(terms[terms.position == 0].iloc[: model.cfg.n_heads * 9], 1e-16)
-    assert stats["norm_controlled"]["value_weighted"] == 0.0
-
-
-def test_summary_fields(tiny_run):
-    _, _, terms, positions = tiny_run
-    settings = json.loads((V3 / "protocol.json").read_text())
-    settings["statistics"]["n_boot"] = 200
-    part = norm_controlled_summary(terms, positions, settings)
-    assert part["effects_dtype"] == "float64"
-    nc = part["norm_controlled"]
-    assert len(nc["pairs"]) == 9 and all("p_adj" in p and "verdict" in p for p in nc["pairs"])
-    assert {m["metric"]: m["mean"] for m in nc["metrics"]}["value_weighted"] == 0.0
-    assert nc["not_testable"][0]["verdict"] == "not testable"
-    for key in ("per_layer", "resolvable", "signed", "plain", "strata", "top_decile", "numerical_floor"):
-        assert key in part, key
-    assert part["numerical_floor"]["kl_floor_max"] < 1e-12
 
 
 @pytest.fixture
@@ -186,3 +97,15 @@ def test_stored_terms_recompute_with_the_naive_float64_path(model_name):
         )
     for (h, j), stored in zip(pairs, sample.kl):
         assert float(naive.kl[h, j]) == pytest.approx(stored, rel=1e-6, abs=100 * float(first.floor))
+
+
+def test_document_tables_hold_every_term_and_the_floors(norm_controlled_run):
+    model, tokens, terms, positions = norm_controlled_run
+    assert len(positions) == 6 and (positions.floor > 0).all() and (positions.floor < 1e-12).all()
+    for _, p in positions.iterrows():
+        part = terms[(terms.document == p.document) & (terms.position == p.position)]
+        assert len(part) == p.n_terms == model.cfg.n_heads * (p.query + 1)
+        assert p.next_token == int(tokens[int(p.document), int(p.query) + 1])
+    assert {"kl", "delta_logp_next", "norm", "head", "source", "layer", "query"} <= set(terms.columns)
+    stats = position_statistics(terms[terms.position == 0].iloc[: model.cfg.n_heads * 9], 1e-16)
+    assert stats["norm_controlled"]["value_weighted"] == 0.0
