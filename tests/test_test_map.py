@@ -1,8 +1,10 @@
-"""Tests that mirror the code: every module of geolens/ has a test file named after it
-(``test_<module>.py``, under ``tests/<area>/`` for a subpackage's module or anywhere in tests/ while
-the flat files move), or a row of CONTRIBUTING.md's test map naming the test files that cover it.
-A module with neither fails here, and so does a map row that names a missing test file or a module
-that no longer exists (or that now has a file of its own)."""
+"""Tests that mirror the code: every module of geolens/ has a test file named after it in the tests/
+folder that mirrors its place (``tests/test_<module>.py`` for a root module,
+``tests/<area>/…/test_<module>.py`` for a module of the subpackage ``geolens/<area>/``), or a row of
+CONTRIBUTING.md's test map naming the test files that cover it. A test file of another area does
+not count (tests/adapter/test_cache.py is not the test of geolens/commands/cache.py). A module with
+neither fails here, and so does a map row that names a missing test file or a module that no longer
+exists (or that now has a file of its own)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,26 @@ def modules() -> list[Path]:
 
 
 def named_test(module: Path) -> Path | None:
+    """``tests/test_<module>.py`` of a root module; the first ``test_<module>.py`` under
+    ``tests/<area>/`` of a module of ``geolens/<area>/`` (None when there is none)."""
     name = f"test_{module.stem.lstrip('_')}.py"
-    found = sorted((ROOT / "tests").rglob(name))
+    parts = module.relative_to(PACKAGE).parts
+    if len(parts) == 1:
+        path = ROOT / "tests" / name
+        return path if path.is_file() else None
+    found = sorted((ROOT / "tests" / parts[0]).rglob(name))
     return found[0] if found else None
+
+
+def test_a_test_file_counts_only_in_the_area_of_its_module():
+    assert named_test(PACKAGE / "adapter" / "cache.py") == ROOT / "tests" / "adapter" / "test_cache.py"
+    assert named_test(PACKAGE / "commands" / "cache.py") == ROOT / "tests" / "commands" / "test_cache.py"
+    assert named_test(PACKAGE / "geometry.py") == ROOT / "tests" / "test_geometry.py"
+    assert named_test(PACKAGE / "sinks" / "geometry.py") == ROOT / "tests" / "sinks" / "test_geometry.py"
+    assert (
+        named_test(PACKAGE / "report" / "sections" / "flow.py")
+        == ROOT / "tests" / "report" / "sections" / "test_flow.py"
+    )
 
 
 def mapped_rows() -> dict[str, list[str]]:

@@ -1,12 +1,10 @@
 """Protocol 1's superseded faithfulness curves in the report
 (geolens.report.sections.faithfulness_protocol1): only in a labelled appendix of a full report,
-their claims and the pruning claim following their tables."""
+its claim following its table."""
 
 from __future__ import annotations
 
 import json
-
-import pytest
 
 
 def test_full_report_keeps_protocol_1_only_in_a_labelled_appendix(full_faithfulness):
@@ -29,7 +27,7 @@ def test_full_report_keeps_protocol_1_only_in_a_labelled_appendix(full_faithfuln
     )
 
 
-def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report, full_faithfulness):
+def test_the_protocol_1_claim_follows_its_table(tiny_report, full_faithfulness):
     _, report, _ = tiny_report
     sections = {s.key: s for s in report.sections + full_faithfulness[0].sections[1:]}
     if "faithfulness_protocol1" in sections:
@@ -41,10 +39,3 @@ def test_faithfulness_and_pruning_claims_follow_their_tables(tiny_report, full_f
             assert claim.holds == (verdicts == {"holds"})
         else:  # one quick-mode document, or no range: undecided, never a verdict without a CI
             assert claim.holds is None
-    if "pruning" in sections:
-        df = sections["pruning"].numbers["curves"]
-        mean = df.groupby("order").delta_ppl.mean()
-        random_mean = mean[[o for o in mean.index if o.startswith("random")]].mean()
-        [claim] = sections["pruning"].claims
-        assert claim.holds == (mean["regime"] < random_mean)
-        assert claim.numbers["regime"] == pytest.approx(mean["regime"])
