@@ -156,7 +156,7 @@ def test_post_norm_scale_is_exact_for_rmsnorm_and_refuses_layernorm():
 def test_flow_matches_naive_composition(tiny, method):
     model, tokens, cache = tiny
     last = model.cfg.n_layers - 1
-    # value_zeroing computes 1 − cos in float32 (absolute error ~2e-7, tests/faithfulness/test_faithfulness.py),
+    # value_zeroing computes 1 − cos in float32 (absolute error ~2e-7, tests/faithfulness/test_value_zeroing.py),
     # and in the tiny GPT-2 a row of scores sums to ~1e-4: ~1e-3 once the rows are normalised
     atol = 2e-3 if method == "value_zeroing_rollout" else 1e-6
     flows = naive_flows(model, cache, tokens, method)
