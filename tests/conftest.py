@@ -8,6 +8,7 @@ are skipped there.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,24 @@ except ImportError:
 TINY_KINDS = list(TINY_KINDS if HAS_BRIDGE else HOOKED_TINY_KINDS)
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _share_the_cores_between_xdist_workers() -> None:
+    """Under pytest-xdist, each worker (and every process its tests start: CLI and benchmark runs,
+    notebook kernels, the .venvs/tl2 column) computes with cores // workers threads, at least one,
+    unless OMP_NUM_THREADS is set. torch's default, one thread per core in every worker,
+    oversubscribes the cores, and OpenMP threads then wait for each other: on 2 cores with another
+    busy process, a SmolLM2 forward took 10-25x longer with 2 threads than with 1."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by xdist in its workers
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // workers)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+_share_the_cores_between_xdist_workers()
 
 
 def load_script(name: str):
