@@ -10,7 +10,9 @@
 # Extra arguments go to pytest in every run (e.g. -m "not slow" for the fast tier only; a -m given
 # here replaces the run's own). Each run uses pytest-xdist when the environment has it:
 # GEOLENS_TEST_WORKERS workers (default 2, this machine's cores; 0 runs serially), whole files
-# per worker (--dist loadfile: a file's fixtures load once). Each run keeps pytest's own output, its last line included ("N
+# per worker (--dist loadfile: a file's fixtures load once), each worker computing with
+# cores // workers torch threads (tests/conftest.py: more oversubscribes the cores, and OpenMP
+# threads then wait for each other). Each run keeps pytest's own output, its last line included ("N
 # passed, ..."; the summary never writes a number before "passed"). The summary after the last
 # run gives, per environment and tier, the passed / failed / skipped counts (read from a
 # --junitxml report per run), the skip reasons with what installs the missing piece, and the
