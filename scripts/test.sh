@@ -3,7 +3,8 @@
 #
 #   1. the main environment (TransformerLens 4.x TransformerBridge): the whole suite, fast + slow;
 #   2. .venvs/tl2 (TransformerLens 2.18 HookedTransformer), when it exists: the fast tier and the
-#      slow tests marked tl2_slow (bash scripts/install.sh --tl2 builds it);
+#      slow tests marked tl2_slow (bash scripts/install.sh --tl2 builds it), less the tests marked
+#      tl_agnostic when .venvs/min runs them;
 #   3. .venvs/min (the oldest versions geolens supports, constraints/min.txt), when it exists: the
 #      fast tier (bash scripts/install.sh --min builds it).
 #
@@ -55,12 +56,19 @@ usable() {
   fi
 }
 
-if usable tl2 "the TransformerLens 2.x half"; then
+HAS_TL2=0 HAS_MIN=0
+usable tl2 "the TransformerLens 2.x half" && HAS_TL2=1
+usable min "the fast tier at the minimum versions" && HAS_MIN=1
+if [ "$HAS_TL2" = 1 ]; then
   echo "== TransformerLens 2.18 HookedTransformer environment (.venvs/tl2) =="
-  run "TL 2.18 (.venvs/tl2)" .venvs/tl2/bin/python 0 -m "(not slow or tl2_slow) and not bridge_only" "$@"
+  # .venvs/min runs TransformerLens 2.x too (today the same TransformerLens, transformers, numpy and
+  # pandas; only torch is older): the tests marked tl_agnostic (no TransformerLens-specific path) run there
+  marks="(not slow or tl2_slow) and not bridge_only"
+  [ "$HAS_MIN" = 1 ] && marks="$marks and not tl_agnostic"
+  run "TL 2.18 (.venvs/tl2)" .venvs/tl2/bin/python 0 -m "$marks" "$@"
 fi
 
-if usable min "the fast tier at the minimum versions"; then
+if [ "$HAS_MIN" = 1 ]; then
   echo "== minimum versions environment (.venvs/min, constraints/min.txt), fast tier =="
   run "minimum versions (.venvs/min)" .venvs/min/bin/python 0 -m "not slow and not bridge_only" "$@"
 fi

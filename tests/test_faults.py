@@ -37,6 +37,8 @@ from geolens import run_folder
 from geolens.cli import main
 from geolens.run_folder import INCOMPLETE, LOCK, MANIFEST, folder_state
 
+pytestmark = pytest.mark.tl_agnostic  # faults of files and processes: run on TL 2.x in .venvs/min (scripts/test.sh)
+
 TIMEOUT = 180  # seconds any subprocess may take (a busy 2-core machine)
 PROGRESS = ("it/s]", "s/it]", "%|")  # tqdm bars share stderr
 

@@ -14,6 +14,8 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 import geolens  # noqa: E402
 from geolens import models  # noqa: E402
 
+pytestmark = pytest.mark.tl_agnostic  # packaging: .venvs/min runs it on TransformerLens 2.x (scripts/test.sh)
+
 ROOT = Path(__file__).parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

@@ -27,6 +27,8 @@ from geolens import run_folder
 from geolens.cli import main
 from geolens.run_folder import INCOMPLETE, MANIFEST, folder_state, require_complete
 
+pytestmark = pytest.mark.tl_agnostic  # folders, signals, write errors: run on TL 2.x in .venvs/min
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -23,9 +23,10 @@ from chromium import CHROMIUM, run_chromium
 from geolens.report import ReportConfig, build_report, write_report
 from geolens.testing import tiny_tokens
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (bash scripts/install.sh --browser)"
-)
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (bash scripts/install.sh --browser)"),
+    pytest.mark.tl_agnostic,  # rendering in a browser: .venvs/min runs it on TransformerLens 2.x (scripts/test.sh)
+]
 
 
 @pytest.fixture(scope="module")
