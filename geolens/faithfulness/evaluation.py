@@ -277,8 +277,11 @@ def float64_model(model):
                 for key, t in getattr(model, f"named_{kind}")():
                     if (kind, key) in before and t.dtype != before[(kind, key)]:
                         t.data = t.data.to(before[(kind, key)])
-        if cfg_dtype is not None:
-            cfg.dtype = cfg_dtype
+        if cfg_dtype is not None and getattr(cfg, "dtype", None) != cfg_dtype:
+            try:  # a TransformerLens config keeps its dtype as a field
+                cfg.dtype = cfg_dtype
+            except AttributeError:  # geolens.hf's config reads it from the model: restored above
+                pass
 
 
 def _named_dtypes(model, kind: str) -> dict[tuple[str, str], torch.dtype]:
