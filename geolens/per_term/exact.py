@@ -62,7 +62,9 @@ def float64_exact(model):
     norms compute them in float32 whatever the model's dtype, which rounds α and the normalised
     residual to float32 precision (docs/faithfulness/v3/PROTOCOL.md §1). Inputs in other dtypes
     keep the model's own computation; the rotary angles are left as the model computes them. The
-    patches are instance attributes, removed on exit.
+    patches are instance attributes, removed on exit; on a ``transformers`` model (the HF-native
+    backend), whose eager attention asks ``torch.nn.functional.softmax`` for float32, a float64
+    input keeps float64 within the block (``torch.nn.functional.softmax`` is restored on exit).
 
     >>> from geolens.per_term import per_term_effects
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -94,9 +96,26 @@ def float64_exact(model):
 
             object.__setattr__(module, "forward", types.MethodType(norm, module))
             patched.append((module, "forward"))
+    # Hugging Face's eager attention (the HF-native backend, geolens.hf) asks softmax for float32
+    # whatever its input: within the block a float64 input keeps float64. Not on a bridge, whose
+    # attention softmax is its own _masked_softmax above.
+    softmax_before = None
+    if not any(name == "_masked_softmax" for _, name in patched) and any(
+        type(m).__module__.startswith("transformers") for m in model.modules()
+    ):
+        softmax_before = torch.nn.functional.softmax
+
+        def softmax64(input, dim=None, _stacklevel=3, dtype=None, _original=softmax_before):
+            if dtype == torch.float32 and input.dtype == torch.float64:
+                dtype = torch.float64
+            return _original(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+
+        torch.nn.functional.softmax = softmax64
     try:
         yield model
     finally:
+        if softmax_before is not None:
+            torch.nn.functional.softmax = softmax_before
         for module, name in patched:
             if name in vars(module):
                 object.__delattr__(module, name)

@@ -34,3 +34,26 @@ def test_float64_exact_improves_the_floor_by_orders_of_magnitude():
     with float64_exact(model):
         exact = per_term_effects(model, tokens, layer=1, query=-1)
     assert exact.floor < 1e-13 < loose.floor
+
+
+def test_float64_exact_on_the_hf_native_backend_keeps_its_softmax_in_float64():
+    """Hugging Face's eager attention asks softmax for float32: within the block a float64 input
+    stays float64, so the HF-native model's logits equal the float64-exact bridge's on the same
+    weights (outside it they differ at float32 rounding), and the function is restored after."""
+    import geolens
+
+    hf = geolens.load_model("tiny-gqa", backend="hf").to(torch.float64)
+    bridge = geolens.load_model("tiny-gqa").to(torch.float64)
+    tokens = tiny_tokens(bridge, length=12)[:1]
+    before = torch.nn.functional.softmax
+    with torch.no_grad():
+        with float64_exact(bridge):
+            reference = bridge(tokens)
+        loose = hf(tokens).logits
+        with float64_exact(hf):
+            assert torch.nn.functional.softmax is not before
+            exact = hf(tokens).logits
+    assert torch.nn.functional.softmax is before
+    assert float((exact - reference).abs().max()) < 1e-12 < float((loose - reference).abs().max())
+    x = torch.randn(3, 5, dtype=torch.float64)
+    assert torch.nn.functional.softmax(x, -1, dtype=torch.float32).dtype == torch.float32
