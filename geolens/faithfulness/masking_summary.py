@@ -115,6 +115,31 @@ def _pair_list(protocol, present: set[str]) -> tuple[list[tuple[str, str]], list
     return formed, not_formed
 
 
+def _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha: float, outcome: str) -> list[dict]:
+    """The pre-registered pairs of both directions as one Holm family: Δ = S(b) − S(a) for
+    comprehensiveness, S(a) − S(b) for sufficiency (Δ > 0: b more faithful), "not testable" when
+    the two metrics' masks are identical in every condition of the direction. A pair whose metric
+    has no rows in a direction is appended to ``not_formed``."""
+    columns = list(per_doc.columns)
+    tests = []
+    for direction in directions:
+        sign = 1.0 if direction == "comprehensiveness" else -1.0
+        for a, b in formed:
+            if (direction, a) not in columns or (direction, b) not in columns:
+                not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
+                continue
+            ca, cb = columns.index((direction, a)), columns.index((direction, b))
+            ha = hashes.xs((a, direction), level=("metric", "direction"))
+            hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
+            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
+            entry = dict(
+                endpoint="masking", outcome=outcome, direction=direction, a=a, b=b, n_documents=int(len(per_doc))
+            )
+            tests.append((entry, float(delta.mean()), sign * (boot[:, cb] - boot[:, ca]), not bool((ha == hb).all())))
+    decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
+    return [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
+
+
 def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None) -> dict:
     """Normalised AOPC, the range and ceiling checks, per-metric means and the pre-registered pairs
     of the masking endpoint (PROTOCOL.md §3–4) from :func:`layer_masking_document`'s rows of all
@@ -213,22 +238,7 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
 
     formed, not_formed = _pair_list(protocol, present)
     hashes = kept.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
-    tests = []
-    for direction in directions:
-        sign = 1.0 if direction == "comprehensiveness" else -1.0
-        for a, b in formed:
-            if (direction, a) not in columns or (direction, b) not in columns:
-                not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
-                continue
-            ca, cb = columns.index((direction, a)), columns.index((direction, b))
-            ha = hashes.xs((a, direction), level=("metric", "direction"))
-            hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
-            same = bool((ha == hb).all())
-            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
-            entry = dict(endpoint="masking", outcome="kl", direction=direction, a=a, b=b, n_documents=int(len(per_doc)))
-            tests.append((entry, float(delta.mean()), sign * (boot[:, cb] - boot[:, ca]), not same))
-    decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
-    pairs = [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
+    pairs = _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha, "kl")
 
     exploratory = dict(
         note="exploratory: 95% CIs on the same document resamples, outside the Holm family",
@@ -472,27 +482,10 @@ def masking_summary_no_exclusion(
     documents = per_doc.index.to_numpy()
     indices = cluster_bootstrap_indices(documents, n_boot, seed)
     boot = resample_means(per_doc.to_numpy(), indices)
-    columns = list(per_doc.columns)
     present = set(conditions.metric)
     formed, not_formed = _pair_list(protocol, present)
     hashes = conditions.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
-    tests = []
-    for direction in directions:
-        sign = 1.0 if direction == "comprehensiveness" else -1.0
-        for a, b in formed:
-            if (direction, a) not in columns or (direction, b) not in columns:
-                not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
-                continue
-            ca, cb = columns.index((direction, a)), columns.index((direction, b))
-            ha = hashes.xs((a, direction), level=("metric", "direction"))
-            hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
-            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
-            entry = dict(
-                endpoint="masking", outcome="aopc_kl", direction=direction, a=a, b=b, n_documents=int(len(per_doc))
-            )
-            tests.append((entry, float(delta.mean()), sign * (boot[:, cb] - boot[:, ca]), not bool((ha == hb).all())))
-    decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
-    pairs = [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
+    pairs = _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha, "aopc_kl")
 
     layer_kl_all = all_removed.kl.groupby(level="layer").mean()
     pooled = aopc / layer_kl_all.reindex(aopc.index.get_level_values("layer")).to_numpy()
