@@ -12,13 +12,15 @@ equals the committed one once the timing fields (``seconds``, ``completed``, ``s
 and exits 1 on any other difference. Two differences are expected and not counted: a manifest's
 file hashes (they follow the timings), and the flow runs' known-answer induction check, which the
 flow command recomputes with forward passes (its gaps move at float32 rounding with the thread
-count; its counts do not), reported as a warning.
+count; its counts do not), reported as a warning. A run still marked INCOMPLETE is skipped: resuming
+it would continue the experiment, not re-summarise it.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
 import subprocess
 import sys
 
@@ -26,6 +28,7 @@ RUNS = [
     "faithfulness --protocol docs/faithfulness/protocol.json --model {m} --corpus lee --stage all --out docs/faithfulness/{m} --resume --threads 1",
     "mc --protocol docs/faithfulness/protocol.json --model {m} --out docs/faithfulness/{m}-mc --resume",
     "flow --erasure --protocol docs/flow/protocol.json --model {m} --out docs/flow/{m} --resume",
+    "flow --erasure --protocol docs/flow/v2/protocol.json --model {m} --out docs/flow/v2/{m} --resume",
     "faithfulness --protocol docs/faithfulness/v3/protocol.json --model {m} --corpus lee --stage per_term --out docs/faithfulness/v3/{m} --resume --threads 1",
     "mc --protocol docs/faithfulness/v3/masking/protocol.json --model {m} --out docs/faithfulness/v3/masking/{m}-mc --resume",
 ]
@@ -46,6 +49,10 @@ def main() -> int:
     for m in MODELS:
         for run in RUNS:
             argv = [sys.executable, "-m", "geolens", *run.format(m=m).split()]
+            out = argv[argv.index("--out") + 1]
+            if os.path.exists(os.path.join(out, "INCOMPLETE")):
+                print(f"skipped (unfinished run, --resume would continue it): {out}", flush=True)
+                continue
             print("==", " ".join(argv[2:]), flush=True)
             subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     status = subprocess.run(["git", "status", "--short", "docs"], capture_output=True, text=True, check=True).stdout
