@@ -3,7 +3,8 @@
 - :mod:`geolens.flow.core`: :func:`contribution_flow` (contribution, ALTI, attention rollout,
   Value-Zeroing rollout composed through the layers), :func:`layer_mixing`, the hook filter;
 - :mod:`geolens.flow.routes`: the information-flow routes of one prediction (:func:`flow_routes`);
-- :mod:`geolens.flow.baselines`: the gradient baselines (gradient × input, integrated gradients);
+- :mod:`geolens.flow.baselines`: the gradient baselines (gradient × input, integrated gradients, the
+  prefix-mean baseline x′, f along the integration path);
 - :mod:`geolens.flow.erasure`: the input-token erasure test, one document at a time;
 - :mod:`geolens.flow.induction`: its known-answer check on a repeated random sequence;
 - :mod:`geolens.flow.summary`: normalised AOPC, intervals and Holm verdicts of an erasure run.
@@ -12,7 +13,15 @@ Every method is in the one registry of :func:`geolens.list_methods`; the pipelin
 erasure test and the command's renderers are :mod:`geolens.pipelines.flow`.
 """
 
-from geolens.flow.baselines import IntegratedGradients, gradient_x_input, input_embeddings, integrated_gradients
+from geolens.flow.baselines import (
+    IntegratedGradients,
+    IntegrationPath,
+    gradient_x_input,
+    input_embeddings,
+    integrated_gradients,
+    integration_path,
+    prefix_mean_baseline,
+)
 from geolens.flow.core import (
     FLOW_METHODS,
     FlowMethod,
@@ -55,6 +64,7 @@ __all__ = [
     "FlowGraph",
     "FlowMethod",
     "IntegratedGradients",
+    "IntegrationPath",
     "LayerResidual",
     "check_flow_method",
     "contribution_flow",
@@ -72,10 +82,12 @@ __all__ = [
     "induction_tokens",
     "input_embeddings",
     "integrated_gradients",
+    "integration_path",
     "layer_mixing",
     "measure_document",
     "method_pairs",
     "n_erased",
+    "prefix_mean_baseline",
     "ranking",
     "replacement_ids",
     "residual_decomposition",

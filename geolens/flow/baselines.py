@@ -4,7 +4,9 @@ entering the first block).
 
 - :func:`gradient_x_input`: a_j = Σ_d x_jd ∂f/∂x_jd (Shrikumar et al. 2016);
 - :func:`integrated_gradients` (Sundararajan, Taly & Yan 2017): (x − x′) · the mean gradient along
-  the straight path from a baseline input x′, midpoint Riemann sum, with its completeness gap.
+  the straight path from a baseline input x′, midpoint Riemann sum, with its completeness gap;
+- :func:`integration_path`: f itself along that path, to see why a Riemann sum needs many steps
+  (a path whose total variation is far above |f(x) − f(x′)| goes down and back up steeply).
 
 Both are registered in the one registry of methods (:func:`geolens.list_methods`: ``grad_x_input``,
 ``integrated_gradients``) and used by the input-token erasure test (:mod:`geolens.flow.erasure`)
@@ -241,3 +243,83 @@ def integrated_gradients(
         add((new + 0.5) / steps)
         ig = result(steps)
     return ig
+
+
+@dataclass
+class IntegrationPath:
+    """:func:`integration_path`'s result: f = log p(target) at ``alphas`` along x′ + α (x − x′)."""
+
+    alphas: Float[Tensor, "point"]  # float64, increasing
+    f: Float[Tensor, "point"]  # float64
+    target: int
+
+    @property
+    def net(self) -> float:
+        """f at the last α minus f at the first: f(x) − f(x′) on the whole path."""
+        return float(self.f[-1] - self.f[0])
+
+    @property
+    def total_variation(self) -> float:
+        """Σ |f(α_{k+1}) − f(α_k)|: |net| on a monotone path, far more on one that dips and recovers
+        (a lower bound of the path's total variation, exact as the grid refines)."""
+        return float(self.f.diff().abs().sum())
+
+    @property
+    def steepest(self) -> tuple[float, float]:
+        """(α_k, f(α_{k+1}) − f(α_k)) of the grid interval where f changes most."""
+        k = int(self.f.diff().abs().argmax())
+        return float(self.alphas[k]), float(self.f[k + 1] - self.f[k])
+
+
+def integration_path(
+    model,
+    tokens: Int[Tensor, "pos"],
+    position: int = -1,
+    *,
+    baseline_embeddings: Float[Tensor, "pos d_model"],
+    target: int | None = None,
+    alphas: Sequence[float] | Tensor | int = 257,
+    batch_size: int = 16,
+) -> IntegrationPath:
+    """f = log p(target) at ``position`` along the straight path x′ + α (x − x′) that
+    :func:`integrated_gradients` integrates (x the input embeddings of ``tokens[: position + 1]``,
+    x′ = ``baseline_embeddings``), forward passes only. ``alphas``: the points in [0, 1], or their
+    number on an even grid from 0 to 1. Default target: the clean top-1.
+
+    The midpoint rule's error grows with the path's curvature: when
+    :attr:`IntegrationPath.total_variation` is many times ``|net|``, f falls and recovers on the way
+    and many steps are needed (docs/results.md, flow erasure version 2).
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> t = tiny_tokens(model, length=8)[0]
+    >>> x = input_embeddings(model, t[:6])
+    >>> path = integration_path(model, t, 5, baseline_embeddings=prefix_mean_baseline(x, range(1, 5)), alphas=9)
+    >>> path.total_variation >= abs(path.net)
+    True
+    """
+    tokens = as_row(tokens)
+    position = check_position(position, tokens.shape[-1])
+    x = input_embeddings(model, tokens[: position + 1])
+    xb = _check_embeddings(baseline_embeddings, x)
+    if isinstance(alphas, (int, np.integer)) and not isinstance(alphas, bool):
+        if int(alphas) < 2:
+            raise ValueError(f"alphas must be at least 2 points, got {alphas!r}")
+        a = torch.linspace(0.0, 1.0, int(alphas), dtype=torch.float64)
+    else:
+        a = torch.as_tensor(alphas, dtype=torch.float64).flatten()
+        if a.numel() < 2 or bool((a < 0).any() | (a > 1).any()) or bool((a.diff() <= 0).any()):
+            raise ValueError("alphas must be at least 2 increasing points in [0, 1]")
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if target is None:
+        target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+    adapter = adapter_for(model)
+    n = x.shape[0]
+    out = []
+    with torch.no_grad(), applied(model, [last_predictions_hook(model, n + 1, 1)]):
+        for start in range(0, len(a), int(batch_size)):
+            points = a[start : start + int(batch_size)].to(x.dtype).to(x.device)
+            logits = adapter.forward_from_layer(xb[None] + points[:, None, None] * (x - xb)[None], 0)
+            out.append(torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu())
+    return IntegrationPath(a, torch.cat(out), int(target))

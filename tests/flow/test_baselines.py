@@ -10,7 +10,7 @@ from conftest import make_tiny
 
 from geolens.adapter import adapter_for
 from geolens.flow import erase, input_embeddings, integrated_gradients, space_token
-from geolens.flow.baselines import gradient_x_input, prefix_mean_baseline
+from geolens.flow.baselines import gradient_x_input, integration_path, prefix_mean_baseline
 
 TEXT = "the river rose overnight and the bridge was closed to traffic until noon."
 
@@ -38,6 +38,37 @@ def riemann(model, x, xb, target: int, steps: int) -> torch.Tensor:
             (grad,) = torch.autograd.grad(f, point)
         total += grad
     return ((x - xb) * total).sum(-1) / steps
+
+
+def test_integration_path_is_f_along_the_path_point_by_point(m64):
+    """f(α) against one full forward per point of the model's own run on x′ + α (x − x′) (no
+    slicing of the unembedding), float64; its ends are integrated gradients' f(x′) and f(x), and
+    the midpoint sum of its slope on a fine grid integrates to its net change."""
+    t = tokens_of(m64, 9)
+    position = 7
+    x = input_embeddings(m64, t[: position + 1])
+    xb = prefix_mean_baseline(x, range(1, position))
+    path = integration_path(m64, t, position, baseline_embeddings=xb, alphas=[0.0, 0.25, 0.6, 1.0], batch_size=3)
+    adapter = adapter_for(m64)
+    for alpha, got in zip(path.alphas.tolist(), path.f.tolist()):
+        with torch.no_grad():
+            logits = adapter.forward_from_layer((xb + alpha * (x - xb))[None], 0)[0, -1]
+        assert got == pytest.approx(float(torch.log_softmax(logits, -1)[path.target]), abs=1e-12)
+    ig = integrated_gradients(m64, t, None, position, n_steps=4, baseline_embeddings=xb)
+    assert path.target == ig.target
+    assert path.f[0].item() == pytest.approx(ig.f_baseline, abs=1e-12)
+    assert path.f[-1].item() == pytest.approx(ig.f_input, abs=1e-12)
+    assert path.net == pytest.approx(ig.f_input - ig.f_baseline, abs=1e-12)
+    fine = integration_path(m64, t, position, baseline_embeddings=xb, alphas=65)
+    d = fine.f.diff()
+    assert fine.total_variation == pytest.approx(float(d.abs().sum())) and fine.total_variation >= abs(fine.net) - 1e-12
+    k = int(d.abs().argmax())
+    assert fine.steepest == (fine.alphas[k].item(), d[k].item())
+    for bad, message in [(1, "at least 2"), ([0.5, 0.2], "increasing"), ([0.0, 1.5], "increasing")]:
+        with pytest.raises(ValueError, match=message):
+            integration_path(m64, t, position, baseline_embeddings=xb, alphas=bad)
+    with pytest.raises(ValueError, match="baseline_embeddings"):
+        integration_path(m64, t, position, baseline_embeddings=xb[:-1])
 
 
 def test_prefix_mean_baseline_by_hand_and_bad_positions():
