@@ -4,9 +4,10 @@ prefix-mean baseline x′ to the input x, forward passes only (geolens.flow.inte
 
 For each prediction of the chosen documents it prints the steps integrated gradients took and the
 gap it reached (from the run's erasure_predictions.csv.gz), then the path's net change
-f(x) − f(x′), its total variation on an even grid, their ratio, and where f changes most. A ratio
-far above 1 means f falls and recovers on the way, which a midpoint sum resolves only with many
-steps. Default documents: those with a prediction over the protocol's tolerance.
+f(x) − f(x′), its total variation on an even grid, their ratio, and the grid interval where f
+changes most. A ratio far above 1 means f falls and recovers on the way; a change of several nats
+within one interval of the grid means a feature narrower than the grid, which a midpoint sum
+resolves only with many steps. Default documents: those with a prediction over the protocol's tolerance.
 
     python scripts/ig_path_check.py --model smollm2-135m --run docs/flow/v2/smollm2-135m --out /tmp/ig_path.csv
 """
@@ -90,8 +91,11 @@ def main(argv=None) -> int:
     over = table.rel_gap > tolerance
     for name, part in (("over tolerance", table[over]), ("within tolerance", table[~over])):
         if len(part):
+            steep = part.steepest_change.abs()
             print(
-                f"{name}: n = {len(part)}, total variation / |net| median {part.ratio.median():.3g} (range {part.ratio.min():.3g}–{part.ratio.max():.3g})"
+                f"{name}: n = {len(part)}; total variation / |net| median {part.ratio.median():.3g} "
+                f"(range {part.ratio.min():.3g}–{part.ratio.max():.3g}); largest change of f in one grid "
+                f"interval median {steep.median():.3g} nats (range {steep.min():.3g}–{steep.max():.3g})"
             )
     return 0
 
