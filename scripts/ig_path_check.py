@@ -7,7 +7,8 @@ gap it reached (from the run's erasure_predictions.csv.gz), then the path's net 
 f(x) − f(x′), its total variation on an even grid, their ratio, and the grid interval where f
 changes most. A ratio far above 1 means f falls and recovers on the way; a change of several nats
 within one interval of the grid means a feature narrower than the grid, which a midpoint sum
-resolves only with many steps. Default documents: those with a prediction over the protocol's tolerance.
+resolves only with many steps. Default documents: those with a prediction over the protocol's
+tolerance; ``--predictions over`` keeps only those predictions.
 
     python scripts/ig_path_check.py --model smollm2-135m --run docs/flow/v2/smollm2-135m --out /tmp/ig_path.csv
 """
@@ -28,6 +29,12 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--run", required=True, type=Path, help="a flow erasure version-2 results folder")
     parser.add_argument("--documents", type=int, nargs="*", help="document indices (default: those over tolerance)")
+    parser.add_argument(
+        "--predictions",
+        choices=("all", "over"),
+        default="all",
+        help="all predictions of the documents, or only those over the tolerance (default all)",
+    )
     parser.add_argument("--points", type=int, default=257, help="grid points from α = 0 to 1 (default 257)")
     parser.add_argument("--out", type=Path, help="CSV of the rows printed")
     args = parser.parse_args(argv)
@@ -58,7 +65,8 @@ def main(argv=None) -> int:
         model, protocol, load_corpus(protocol["data"]["corpus"]), n_documents=max(documents) + 1
     )
     rows = []
-    for _, p in pred[pred.document.isin(documents)].iterrows():
+    chosen = pred[pred.document.isin(documents) & ((pred.rel_gap > tolerance) | (args.predictions == "all"))]
+    for _, p in chosen.iterrows():
         d, i = int(p.document), int(p.position)
         x = input_embeddings(model, windows[d][: i + 1])
         path = integration_path(
