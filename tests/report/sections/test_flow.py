@@ -96,6 +96,8 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
         "integrated_gradients",
         "value_zeroing_rollout",
     }
+    # the full report's gradient methods: version 2's prefix-mean baseline, adaptive steps capped at 96
+    assert (full.erasure.ig_baseline, full.erasure.ig_tolerance, full.erasure.ig_max_steps) == ("prefix_mean", 0.01, 96)
     many = SimpleNamespace(tokens=torch.zeros(63, 128, dtype=torch.long), config=ReportConfig())
     assert (
         flow.n_windows(many) == 16
@@ -120,3 +122,23 @@ def test_doctests_of_the_flow_section_and_the_faithfulness_pipeline():
         for t in tests:
             runner.run(t)
     assert runner.summarize(verbose=False).failed == 0
+
+
+def test_the_integrated_gradients_note_states_baseline_and_completeness():
+    """The sentence comes from the run's summary: the share within tolerance as a count of the
+    predictions, or the median gap at fixed steps; nothing when integrated gradients did not run."""
+    from geolens.flow import ErasureSettings
+    from geolens.report.sections.flow import ig_note
+
+    adaptive = ErasureSettings(ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=96)
+    summary = {"n_predictions": 48, "ig_completeness": {"share_within_tolerance": 45 / 48, "max_steps_used": 96}}
+    note = ig_note(summary, adaptive)
+    assert (
+        "prefix-mean baseline" in note
+        and "within 1% of completeness in 45 of 48 predictions (at most 96 steps)" in note
+    )
+    fixed = ErasureSettings(ig_steps=32)
+    note = ig_note({"n_predictions": 3, "ig_completeness": {"median_rel_gap": 0.21}}, fixed)
+    assert "erased prefix" in note and "median relative completeness gap is 0.21 at 32 steps" in note
+    without = ErasureSettings(methods=("random", "contribution"))
+    assert ig_note(summary, without) == "" and ig_note({"n_predictions": 3}, adaptive) == ""
