@@ -5,8 +5,9 @@ by each contribution-flow method (docs/method.md §10, :func:`geolens.contributi
 ``contribution``, ``alti`` and ``attention_rollout``; ``value_zeroing_rollout`` too with
 ``--value-zeroing`` (it reruns the model once per layer and token: costly). With ``--out DIR`` (or
 ``--name``) it also writes ``flow.html`` (the prediction's information-flow routes, interactive)
-and ``flow.json``. ``geolens flow --erasure --protocol docs/flow/protocol.json --out DIR`` runs
-instead the input-token erasure test of docs/flow/PROTOCOL.md on the protocol's Lee windows,
+and ``flow.json``. ``geolens flow --erasure --protocol docs/flow/v2/protocol.json --out DIR`` runs
+instead the input-token erasure test of docs/flow/v2/PROTOCOL.md (version 1: docs/flow/protocol.json)
+on the protocol's Lee windows,
 resumable per document (``--resume``); another model or ``--n-documents`` makes it exploratory.
 What each writes and prints is :mod:`geolens.pipelines.flow_run`'s.
 """
@@ -23,7 +24,7 @@ def run(args) -> int:
     if args.erasure:
         return run_erasure(args)
     if args.text is None:
-        raise UsageError("give a prompt, or --erasure --protocol docs/flow/protocol.json for the erasure test")
+        raise UsageError("give a prompt, or --erasure --protocol docs/flow/v2/protocol.json for the erasure test")
     if args.resume or args.n_documents is not None or args.protocol is not None:
         raise UsageError("--resume, --n-documents and --protocol go with --erasure")
     if not args.text.strip():
@@ -66,7 +67,9 @@ def _erasure_protocol(args):
     from geolens.preregistration import load_protocol
 
     if args.protocol is None:
-        raise UsageError("--erasure needs --protocol (the pre-registered protocol: docs/flow/protocol.json)")
+        raise UsageError(
+            "--erasure needs --protocol (pre-registered: docs/flow/v2/protocol.json; version 1: docs/flow/protocol.json)"
+        )
     try:
         protocol = load_protocol(args.protocol)
         settings = protocol.settings
