@@ -142,3 +142,24 @@ def test_the_integrated_gradients_note_states_baseline_and_completeness():
     assert "erased prefix" in note and "median relative completeness gap is 0.21 at 32 steps" in note
     without = ErasureSettings(methods=("random", "contribution"))
     assert ig_note(summary, without) == "" and ig_note({"n_predictions": 3}, adaptive) == ""
+
+
+def test_the_full_flow_section_runs_version_2s_gradient_methods():
+    """A full (not quick) report's flow section on the tiny model: integrated gradients from the
+    prefix-mean baseline with adaptive steps; the section's sentence equals its run's completeness."""
+    from conftest import make_tiny
+
+    from geolens.report import build_report
+    from report.conftest import tiny_inputs
+
+    model = make_tiny("gqa")
+    tokens, config = tiny_inputs(model)
+    config.quick, config.sections = False, ["flow"]
+    report = build_report(model, tokens, config, progress=False)
+    sec = report_section(report, "flow")
+    erasure, settings = sec.numbers["erasure"], sec.params["erasure"]
+    assert (settings["ig_baseline"], settings["ig_tolerance"], settings["ig_max_steps"]) == ("prefix_mean", 0.01, 96)
+    ic, n = erasure["ig_completeness"], erasure["n_predictions"]
+    assert ic["max_steps_used"] <= 96 and set(ic["steps_used"]) <= {"32", "96"}
+    within = round(ic["share_within_tolerance"] * n)
+    assert f"within 1% of completeness in {within} of {n} predictions" in sec.intro
