@@ -137,9 +137,13 @@ def prompt_flow(
 
 @dataclass
 class FlowParams:
-    """Parameters of :func:`run_flow` (defaults: the protocol's settings)."""
+    """Parameters of :func:`run_flow` (defaults: the settings of the flow protocol's version 2,
+    docs/flow/v2/protocol.json: both gradient methods from the prefix-mean baseline, integrated
+    gradients' steps tripled from 32 to at most 864 until the completeness gap is within 1 %)."""
 
-    erasure: ErasureSettings = field(default_factory=ErasureSettings)
+    erasure: ErasureSettings = field(
+        default_factory=lambda: ErasureSettings(ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=864)
+    )
     induction: bool = True  # run the known-answer check
     induction_tokens: int = 20
     induction_seed: int = 0
@@ -147,8 +151,9 @@ class FlowParams:
     @classmethod
     def quick(cls) -> "FlowParams":
         """Small settings for a quick look (two predictions per window, 8 integrated-gradient
-        steps, 1000 resamples): nothing it finds is a verdict."""
-        return cls(erasure=ErasureSettings(positions=(15, 31), ig_steps=8, n_boot=1000))
+        steps from the prefix-mean baseline, not adaptive, 1000 resamples): nothing it finds is a
+        verdict."""
+        return cls(erasure=ErasureSettings(positions=(15, 31), ig_steps=8, n_boot=1000, ig_baseline="prefix_mean"))
 
 
 @dataclass(kw_only=True)
