@@ -115,27 +115,41 @@ def _pair_list(protocol, present: set[str]) -> tuple[list[tuple[str, str]], list
     return formed, not_formed
 
 
+def _pair_differences(per_doc: pd.DataFrame, boot: np.ndarray, formed, directions):
+    """(direction, a, b, Δ per document, Δ per bootstrap resample) of each pair in each direction,
+    signed so that Δ > 0 means b more faithful (S(b) − S(a) for comprehensiveness, S(a) − S(b) for
+    sufficiency); both Δ are None when a metric has no rows in that direction."""
+    columns = list(per_doc.columns)
+    for direction in directions:
+        sign = 1.0 if direction == "comprehensiveness" else -1.0
+        for a, b in formed:
+            if (direction, a) not in columns or (direction, b) not in columns:
+                yield direction, a, b, None, None
+                continue
+            ca, cb = columns.index((direction, a)), columns.index((direction, b))
+            yield (
+                direction,
+                a,
+                b,
+                sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca]),
+                sign * (boot[:, cb] - boot[:, ca]),
+            )
+
+
 def _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha: float, outcome: str) -> list[dict]:
     """The pre-registered pairs of both directions as one Holm family: Δ = S(b) − S(a) for
     comprehensiveness, S(a) − S(b) for sufficiency (Δ > 0: b more faithful), "not testable" when
     the two metrics' masks are identical in every condition of the direction. A pair whose metric
     has no rows in a direction is appended to ``not_formed``."""
-    columns = list(per_doc.columns)
     tests = []
-    for direction in directions:
-        sign = 1.0 if direction == "comprehensiveness" else -1.0
-        for a, b in formed:
-            if (direction, a) not in columns or (direction, b) not in columns:
-                not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
-                continue
-            ca, cb = columns.index((direction, a)), columns.index((direction, b))
-            ha = hashes.xs((a, direction), level=("metric", "direction"))
-            hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
-            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
-            entry = dict(
-                endpoint="masking", outcome=outcome, direction=direction, a=a, b=b, n_documents=int(len(per_doc))
-            )
-            tests.append((entry, float(delta.mean()), sign * (boot[:, cb] - boot[:, ca]), not bool((ha == hb).all())))
+    for direction, a, b, delta, samples in _pair_differences(per_doc, boot, formed, directions):
+        if delta is None:
+            not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
+            continue
+        ha = hashes.xs((a, direction), level=("metric", "direction"))
+        hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
+        entry = dict(endpoint="masking", outcome=outcome, direction=direction, a=a, b=b, n_documents=int(len(per_doc)))
+        tests.append((entry, float(delta.mean()), samples, not bool((ha == hb).all())))
     decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
     return [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
 
@@ -263,31 +277,25 @@ def _pair_intervals(
     per_doc: pd.DataFrame, boot: np.ndarray, formed, directions, extra: dict | None = None
 ) -> list[dict]:
     """95% CIs of the exploratory pair differences (Δ > 0: b better), on given resamples."""
-    columns = list(per_doc.columns)
     out = []
-    for direction in directions:
-        sign = 1.0 if direction == "comprehensiveness" else -1.0
-        for a, b in formed:
-            if (direction, a) not in columns or (direction, b) not in columns:
-                continue
-            ca, cb = columns.index((direction, a)), columns.index((direction, b))
-            delta = sign * (per_doc.iloc[:, cb] - per_doc.iloc[:, ca])
-            samples = sign * (boot[:, cb] - boot[:, ca])
-            lo, hi = percentile_ci(samples, 0.95, omit_nan=True)
-            out.append(
-                _none_if_nan(
-                    dict(
-                        direction=direction,
-                        a=a,
-                        b=b,
-                        **(extra or {}),
-                        estimate=float(delta.mean()),
-                        ci_low=float(lo),
-                        ci_high=float(hi),
-                        n_documents=int(delta.notna().sum()),
-                    )
+    for direction, a, b, delta, samples in _pair_differences(per_doc, boot, formed, directions):
+        if delta is None:
+            continue
+        lo, hi = percentile_ci(samples, 0.95, omit_nan=True)
+        out.append(
+            _none_if_nan(
+                dict(
+                    direction=direction,
+                    a=a,
+                    b=b,
+                    **(extra or {}),
+                    estimate=float(delta.mean()),
+                    ci_low=float(lo),
+                    ci_high=float(hi),
+                    n_documents=int(delta.notna().sum()),
                 )
             )
+        )
     return out
 
 
