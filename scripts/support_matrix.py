@@ -245,6 +245,7 @@ USAGE = [
     "",
     "```python",
     "import geolens",
+    "",
     'model = geolens.load_model("smollm2-135m", backend="hf")  # a transformers LlamaForCausalLM',
     'tokens = model.to_tokens("The cat sat on the mat.", prepend_bos=True)',
     "_, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))",
