@@ -45,8 +45,9 @@ def main(argv=None) -> int:
     protocol = json.loads(progress.read_text(encoding="utf-8"))["fingerprint"]["protocol"]
     tolerance = protocol["integrated_gradients"]["adaptive"]["tolerance"]
     pred = pd.read_csv(args.run / "erasure_predictions.csv.gz")
-    delta = pred.ig_f_input - pred.ig_f_baseline
-    pred["rel_gap"] = (pred.ig_sum - delta).abs() / delta.abs().clip(lower=0.01)
+    from geolens.flow.baselines import REL_GAP_FLOOR, relative_gap
+
+    pred["rel_gap"] = relative_gap(pred.ig_sum, pred.ig_f_input, pred.ig_f_baseline)
     documents = args.documents or sorted(set(pred.loc[pred.rel_gap > tolerance, "document"]))
     if not set(documents) <= set(pred.document):
         print(
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
                 rel_gap=float(p.rel_gap),
                 net=path.net,
                 total_variation=path.total_variation,
-                ratio=path.total_variation / max(abs(path.net), 0.01),
+                ratio=path.total_variation / max(abs(path.net), REL_GAP_FLOOR),
                 min_f=float(path.f.min()),
                 steepest_alpha=at,
                 steepest_change=change,

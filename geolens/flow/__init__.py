@@ -21,6 +21,7 @@ from geolens.flow.baselines import (
     integrated_gradients,
     integration_path,
     prefix_mean_baseline,
+    relative_gap,
 )
 from geolens.flow.core import (
     FLOW_METHODS,
@@ -89,6 +90,7 @@ __all__ = [
     "n_erased",
     "prefix_mean_baseline",
     "ranking",
+    "relative_gap",
     "replacement_ids",
     "residual_decomposition",
     "space_token",

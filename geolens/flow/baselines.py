@@ -142,6 +142,27 @@ def _check_embeddings(xb: Tensor, x: Tensor) -> Tensor:
     return xb.to(x)
 
 
+REL_GAP_FLOOR = 0.01  # nats: the least |f(x) − f(x′)| the relative completeness gap divides by
+
+
+def relative_gap(ig_sum, f_input, f_baseline):
+    """Integrated gradients' stopping rule (docs/flow/v2/PROTOCOL.md): |Σ_j IG_j − (f(x) − f(x′))|
+    divided by max(|f(x) − f(x′)|, 0.01 nats), so that a flat path does not inflate it.
+
+    Elementwise on floats, NumPy arrays and pandas columns (an erasure run's
+    ``ig_sum``, ``ig_f_input``, ``ig_f_baseline``); the one definition the adaptive step rule,
+    :func:`geolens.flow.erasure_summary` and ``scripts/ig_path_check.py`` use.
+
+    >>> relative_gap(1.75, -1.0, -3.0)  # gap 0.25 over a path that climbs 2 nats
+    0.125
+    >>> relative_gap(0.005, -2.0, -2.0)  # flat path: divided by the 0.01 floor
+    0.5
+    """
+    delta = f_input - f_baseline
+    out = abs(ig_sum - delta) / np.maximum(abs(delta), REL_GAP_FLOOR)
+    return float(out) if np.ndim(out) == 0 else out
+
+
 @dataclass
 class IntegratedGradients:
     """:func:`integrated_gradients`' result: per-position attributions and the two ends of the path."""
@@ -160,8 +181,8 @@ class IntegratedGradients:
     @property
     def rel_gap(self) -> float:
         """|completeness gap| / max(|f(x) − f(x′)|, 0.01): the gap relative to what the path
-        integrates (0.01 nats at least, so that a flat path does not inflate it)."""
-        return abs(self.completeness_gap) / max(abs(self.f_input - self.f_baseline), 0.01)
+        integrates (:func:`relative_gap`)."""
+        return relative_gap(float(self.attributions.sum()), self.f_input, self.f_baseline)
 
 
 def integrated_gradients(

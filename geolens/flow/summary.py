@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from geolens.flow.baselines import relative_gap
 from geolens.flow.erasure import DIRECTIONS, ErasureSettings, erasure_sets, method_pairs
 from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, percentile_ci, resample_means
 
@@ -354,7 +355,7 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
             n_steps=int(settings.ig_steps),
         )
         if settings.ig_tolerance is not None:  # docs/flow/v2: adaptive steps, the stopping rule's gap
-            rule = gap / delta.abs().clip(lower=0.01)
+            rule = relative_gap(predictions["ig_sum"], predictions["ig_f_input"], predictions["ig_f_baseline"])
             steps = predictions["ig_steps"]
             out["ig_completeness"].update(
                 rule="|gap| / max(|f(x) - f(x')|, 0.01), steps tripled from n_steps up to max_steps",

@@ -10,7 +10,7 @@ from conftest import make_tiny
 
 from geolens.adapter import adapter_for
 from geolens.flow import erase, input_embeddings, integrated_gradients, space_token
-from geolens.flow.baselines import gradient_x_input, integration_path, prefix_mean_baseline
+from geolens.flow.baselines import gradient_x_input, integration_path, prefix_mean_baseline, relative_gap
 
 TEXT = "the river rose overnight and the bridge was closed to traffic until noon."
 
@@ -115,6 +115,20 @@ def test_adaptive_steps_triple_until_the_gap_is_within_tolerance(m64):
     assert ig.rel_gap == pytest.approx(abs(float(ig.attributions.sum()) - span) / max(abs(span), 0.01))
     with pytest.raises(ValueError, match="tolerance"):
         integrated_gradients(m64, t, None, position, baseline_embeddings=xb, tolerance=0)
+
+
+def test_relative_gap_is_one_rule_for_scalars_and_run_columns():
+    """The stopping rule, written out: |Σ IG − (f(x) − f(x′))| / max(|f(x) − f(x′)|, 0.01), the
+    same on floats and on an erasure run's columns (the summary and scripts/ig_path_check.py)."""
+    import pandas as pd
+
+    rows = [(1.75, -1.0, -3.0), (0.005, -2.0, -2.0), (-0.5, -4.0, -3.5), (0.0, -1.0, -1.0 - 1e-3)]
+    expected = [abs(s - (a - b)) / max(abs(a - b), 0.01) for s, a, b in rows]
+    assert [relative_gap(*r) for r in rows] == pytest.approx(expected, rel=1e-15)
+    assert isinstance(relative_gap(*rows[0]), float)
+    frame = pd.DataFrame(rows, columns=["ig_sum", "ig_f_input", "ig_f_baseline"])
+    column = relative_gap(frame.ig_sum, frame.ig_f_input, frame.ig_f_baseline)
+    assert isinstance(column, pd.Series) and column.tolist() == pytest.approx(expected, rel=1e-15)
 
 
 def test_gradient_x_input_from_a_baseline_is_the_first_order_term(m64):
