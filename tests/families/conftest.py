@@ -7,7 +7,8 @@
 - every check of tests/support_checks.py on the family's tiny model equals its cell of the committed
   docs/support.json, on each backend this environment runs.
 
-The helpers are imported as ``from families.conftest import ...``.
+Each family's test file gets them all in three lines, ``class TestFamilyChecks(FamilyChecks)`` with
+``family = "<family>"``; the helpers are imported as ``from families.conftest import ...``.
 """
 
 from __future__ import annotations
@@ -93,3 +94,31 @@ def check_support_cells(name: str, backend: str, which: list[str]) -> None:
     committed = json.loads(SUPPORT_JSON.read_text(encoding="utf-8"))
     expected = {c: committed["results"][name][backend][c] for c in which}
     assert checks.run_cell(name, backend, checks=which) == expected
+
+
+class FamilyChecks:
+    """The checks above as tests for one family: subclass it as ``TestFamilyChecks`` in
+    tests/families/test_<family>.py and set ``family`` (pytest collects the inherited tests there,
+    never here: this class's name does not start with ``Test``)."""
+
+    family: str
+
+    def test_the_hf_adapter_is_built_from_the_family_layout(self):
+        check_hf_adapter(self.family)
+
+    def test_adapter_for_and_run_with_cache_never_change_the_model(self):
+        check_model_unchanged(self.family)
+
+    @pytest.mark.bridge_only
+    def test_on_a_bridge_the_family_gets_one_of_its_tl_adapters(self):
+        check_bridge_adapter(self.family)
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_each_check_equals_its_reference(self, backend):
+        """Every check but the report's: the cells of docs/support.json."""
+        check_support_cells(self.family, backend, FAST_CHECKS)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_the_report_check_equals_its_reference(self, backend):
+        check_support_cells(self.family, backend, ["report"])

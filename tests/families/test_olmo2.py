@@ -9,43 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from families.conftest import (
-    BACKENDS,
-    FAST_CHECKS,
-    check_bridge_adapter,
-    check_hf_adapter,
-    check_model_unchanged,
-    check_support_cells,
-)
+from families.conftest import FamilyChecks
 from geolens.families import hooked_config
 from geolens.hf.tiny import tiny_family
 
-FAMILY = "olmo2"
 
+class TestFamilyChecks(FamilyChecks):
+    """Every family's checks (tests/families/conftest.py) on this one."""
 
-def test_the_hf_adapter_is_built_from_the_family_layout():
-    check_hf_adapter(FAMILY)
-
-
-def test_adapter_for_and_run_with_cache_never_change_the_model():
-    check_model_unchanged(FAMILY)
-
-
-@pytest.mark.bridge_only
-def test_on_a_bridge_the_family_gets_one_of_its_tl_adapters():
-    check_bridge_adapter(FAMILY)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_each_check_equals_its_reference(backend):
-    """Every check but the report's: the cells of docs/support.json."""
-    check_support_cells(FAMILY, backend, FAST_CHECKS)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_the_report_check_equals_its_reference(backend):
-    check_support_cells(FAMILY, backend, ["report"])
+    family = "olmo2"
 
 
 def test_transformer_lens_2_cannot_hold_it():
