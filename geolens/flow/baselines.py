@@ -16,7 +16,7 @@ and :func:`geolens.attribute`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import torch
@@ -170,8 +170,10 @@ class IntegratedGradients:
     attributions: Float[Tensor, "pos"]  # IG_j, float64, 0 after the position
     f_input: float  # f(x)
     f_baseline: float  # f(x′)
-    n_steps: int
+    n_steps: int  # gradient evaluations (the midpoints of the grid)
     target: int
+    n_forward: int = 0  # forward-only evaluations of f at interval ends (grid="local")
+    edges: Float[Tensor, "edge"] | None = None  # the grid's interval ends in α, float64, 0 … 1
 
     @property
     def completeness_gap(self) -> float:
@@ -197,6 +199,7 @@ def integrated_gradients(
     baseline_embeddings: Float[Tensor, "pos d_model"] | None = None,
     tolerance: float | None = None,
     max_steps: int = 864,
+    grid: Literal["even", "local"] = "even",
 ) -> IntegratedGradients:
     """Integrated gradients (Sundararajan, Taly & Yan 2017) of f = log p(target) at ``position``
     on the input embeddings, from the input of the ``baseline`` tokens (same length) to that of
@@ -213,6 +216,15 @@ def integrated_gradients(
     so each round only adds the new ones) until :attr:`IntegratedGradients.rel_gap` ≤ ``tolerance``;
     ``n_steps`` of the result is the number used.
 
+    ``grid="local"`` (with ``tolerance``) refines where the path needs it instead: after the first
+    S midpoints, f is evaluated at the S − 1 interval ends (forward passes only), and each round
+    splits in three the intervals [a, b] whose local completeness error |f′(c)(b − a) − (f(b) −
+    f(a))| is largest (c the midpoint, f′(c) = Σ_j a_j(c) the gradient's share of the path's
+    direction), until the global gap is within ``tolerance`` or ``max_steps`` gradients are spent.
+    Each split keeps the old midpoint (it is the middle third's) and adds two gradients and two
+    forward passes, so a narrow dip of f costs steps only where it is. The sum is still a midpoint
+    Riemann sum, IG_j = Σ_k (b_k − a_k) a_j(c_k), on an uneven grid (docs/method.md §10.1).
+
     >>> from geolens.flow.erasure import erase
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")
@@ -228,6 +240,10 @@ def integrated_gradients(
         raise ValueError(f"n_steps and batch_size must be positive integers, got {n_steps!r} and {batch_size!r}")
     if tolerance is not None and not float(tolerance) > 0:
         raise ValueError(f"tolerance must be positive, got {tolerance!r}")
+    if grid not in ("even", "local"):
+        raise ValueError(f"grid must be 'even' or 'local', got {grid!r}")
+    if grid == "local" and tolerance is None:
+        raise ValueError("grid='local' refines until a tolerance: give tolerance")
     position = check_position(position, tokens.shape[-1])
     x = input_embeddings(model, tokens[: position + 1])
     if baseline is not None:
@@ -252,17 +268,92 @@ def integrated_gradients(
     def result(steps: int) -> IntegratedGradients:
         out = torch.zeros(tokens.shape[0], dtype=torch.float64)
         out[: position + 1] = (diff.to(torch.float64).cpu() * total / steps).sum(-1)
-        return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, int(target))
+        edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
+        return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, int(target), edges=edges)
 
     steps = int(n_steps)
     add((torch.arange(steps, dtype=torch.float64) + 0.5) / steps)
     ig = result(steps)
+    if grid == "local":
+        if ig.rel_gap <= float(tolerance) or steps + 2 > int(max_steps):
+            return ig
+        return _refine_locally(model, x, xb, target, tokens.shape[0], ends, steps, batch_size, tolerance, max_steps)
     while tolerance is not None and ig.rel_gap > float(tolerance) and 3 * steps <= int(max_steps):
         s = torch.arange(3 * steps, dtype=torch.float64)
         new = s[(s % 3) != 1]  # (s + ½)/(3S) with s ≡ 1 (mod 3) are the midpoints of S
         steps *= 3
         add((new + 0.5) / steps)
         ig = result(steps)
+    return ig
+
+
+def _shares(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
+    """a_j(α) = Σ_d (x − x′)_jd ∂f/∂x_jd at x′ + α (x − x′), one row [pos] per α (float64)."""
+    diff = (x - xb).to(torch.float64).cpu()
+    rows = []
+    for start in range(0, len(alphas), int(batch_size)):
+        a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
+        _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * (x - xb)[None], target)
+        rows.append((grad.to(torch.float64).cpu() * diff[None]).sum(-1))
+    return torch.cat(rows)
+
+
+def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
+    """f = log p(target) at the last position, at x′ + α (x − x′) for each α, forward only (float64)."""
+    adapter = adapter_for(model)
+    out = []
+    with torch.no_grad(), applied(model, [last_predictions_hook(model, x.shape[0] + 1, 1)]):
+        for start in range(0, len(alphas), int(batch_size)):
+            points = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
+            logits = adapter.forward_from_layer(xb[None] + points[:, None, None] * (x - xb)[None], 0)
+            out.append(torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _refine_locally(model, x, xb, target, length, ends, steps, batch_size, tolerance, max_steps) -> IntegratedGradients:
+    """:func:`integrated_gradients`' ``grid="local"``: the even grid of ``steps`` intervals, then
+    the local rounds (the interval ends' f only once the even grid misses the tolerance)."""
+    edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
+    lo, hi = edges[:-1].clone(), edges[1:].clone()
+    shares = _shares(model, x, xb, (lo + hi) / 2, target, batch_size)  # [interval, pos]
+    n_grad, n_forward = steps, 0
+    f_input, f_baseline = float(ends[0]), float(ends[1])
+    f_lo = f_hi = None
+
+    def result() -> IntegratedGradients:
+        out = torch.zeros(length, dtype=torch.float64)
+        out[: x.shape[0]] = ((hi - lo)[:, None] * shares).sum(0)
+        edges = torch.cat([lo, hi[-1:]])
+        return IntegratedGradients(out, f_input, f_baseline, n_grad, int(target), n_forward=n_forward, edges=edges)
+
+    ig = result()
+    while ig.rel_gap > float(tolerance) and n_grad + 2 <= int(max_steps):
+        if f_lo is None:
+            inner = _path_logprobs(model, x, xb, edges[1:-1], target, batch_size)
+            f_edges = torch.cat([ends[1:].to(torch.float64).cpu(), inner, ends[:1].to(torch.float64).cpu()])
+            f_lo, f_hi, n_forward = f_edges[:-1].clone(), f_edges[1:].clone(), steps - 1
+        error = (shares.sum(-1) * (hi - lo) - (f_hi - f_lo)).abs()
+        order = torch.argsort(error, descending=True, stable=True)
+        cumulative = error[order].cumsum(0)
+        n = int(torch.searchsorted(cumulative, 0.5 * cumulative[-1])) + 1  # the largest errors, half the sum
+        n = min(max(n, int(batch_size) // 2, 1), len(lo), (int(max_steps) - n_grad) // 2)
+        pick = order[:n].sort().values
+        a, b = lo[pick], hi[pick]
+        third = (b - a) / 3
+        p1, p2 = a + third, a + 2 * third
+        f_new = _path_logprobs(model, x, xb, torch.cat([p1, p2]), target, batch_size)
+        new_shares = _shares(model, x, xb, torch.cat([a + third / 2, b - third / 2]), target, batch_size)
+        keep = torch.ones(len(lo), dtype=torch.bool)
+        keep[pick] = False
+        lo = torch.cat([lo[keep], a, p1, p2])
+        hi = torch.cat([hi[keep], p1, p2, b])
+        f_lo = torch.cat([f_lo[keep], f_lo[pick], f_new[:n], f_new[n:]])
+        f_hi = torch.cat([f_hi[keep], f_new[:n], f_new[n:], f_hi[pick]])
+        shares = torch.cat([shares[keep], new_shares[:n], shares[pick], new_shares[n:]])
+        order = torch.argsort(lo)
+        lo, hi, f_lo, f_hi, shares = lo[order], hi[order], f_lo[order], f_hi[order], shares[order]
+        n_grad, n_forward = n_grad + 2 * n, n_forward + 2 * n
+        ig = result()
     return ig
 
 
@@ -335,12 +426,4 @@ def integration_path(
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
-    adapter = adapter_for(model)
-    n = x.shape[0]
-    out = []
-    with torch.no_grad(), applied(model, [last_predictions_hook(model, n + 1, 1)]):
-        for start in range(0, len(a), int(batch_size)):
-            points = a[start : start + int(batch_size)].to(x.dtype).to(x.device)
-            logits = adapter.forward_from_layer(xb[None] + points[:, None, None] * (x - xb)[None], 0)
-            out.append(torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu())
-    return IntegrationPath(a, torch.cat(out), int(target))
+    return IntegrationPath(a, _path_logprobs(model, x, xb, a, target, batch_size), int(target))

@@ -90,6 +90,9 @@ class ErasureSettings:
     ig_baseline: str = "replacement"
     ig_tolerance: float | None = None
     ig_max_steps: int = 864
+    # docs/flow/v3: where the adaptive steps go ("even": tripled everywhere, version 2; "local":
+    # split where the local completeness error is largest, baselines.integrated_gradients)
+    ig_grid: str = "even"
 
     def __post_init__(self) -> None:
         self.positions = tuple(int(p) for p in self.positions)
@@ -121,6 +124,10 @@ class ErasureSettings:
             raise ValueError(f"ig_baseline must be 'replacement' or 'prefix_mean', got {self.ig_baseline!r}")
         if self.ig_tolerance is not None and not float(self.ig_tolerance) > 0:
             raise ValueError(f"ig_tolerance must be positive, got {self.ig_tolerance!r}")
+        if self.ig_grid not in ("even", "local"):
+            raise ValueError(f"ig_grid must be 'even' or 'local', got {self.ig_grid!r}")
+        if self.ig_grid == "local" and self.ig_tolerance is None:
+            raise ValueError("ig_grid 'local' refines until a tolerance: give ig_tolerance")
 
     @property
     def primary(self) -> str:
@@ -149,13 +156,17 @@ class ErasureSettings:
             values["ig_baseline"] = "prefix_mean"
         if adaptive:
             values.update(ig_tolerance=float(adaptive["tolerance"]), ig_max_steps=int(adaptive["max_steps"]))
+            values["ig_grid"] = adaptive.get("grid", "even")
         values.update(overrides)
         return cls(**values)
 
     def to_dict(self) -> dict:
-        """The settings as JSON; version 2's fields only where they differ from version 1 (so a
-        version-1 run's records and fingerprints keep their bytes)."""
+        """The settings as JSON; version 2's fields only where they differ from version 1, and
+        version 3's ``ig_grid`` only where it differs from version 2 (so an earlier version's
+        records and fingerprints keep their bytes)."""
         out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if self.ig_grid == "even":
+            out.pop("ig_grid")
         if self.ig_baseline == "replacement" and self.ig_tolerance is None:
             for key in ("ig_baseline", "ig_tolerance", "ig_max_steps"):
                 out.pop(key)
@@ -393,6 +404,7 @@ def measure_document(
                     baseline_embeddings=xb,
                     tolerance=settings.ig_tolerance,
                     max_steps=settings.ig_max_steps,
+                    grid=settings.ig_grid,
                 )
                 scores[m] = ig.attributions
             else:
@@ -444,6 +456,8 @@ def measure_document(
                 ig_steps=settings.ig_steps if ig is None else ig.n_steps,
             )
         )
+        if settings.ig_grid == "local":  # docs/flow/v3: the forward passes at the grid's interval ends
+            predictions[-1]["ig_forward"] = 0 if ig is None else ig.n_forward
     return {
         "conditions": pd.DataFrame(conditions),
         "predictions": pd.DataFrame(predictions),

@@ -358,15 +358,29 @@ def erasure_summary(tables: dict, settings: ErasureSettings) -> dict:
             rule = relative_gap(predictions["ig_sum"], predictions["ig_f_input"], predictions["ig_f_baseline"])
             steps = predictions["ig_steps"]
             out["ig_completeness"].update(
-                rule="|gap| / max(|f(x) - f(x')|, 0.01), steps tripled from n_steps up to max_steps",
+                rule=(
+                    "|gap| / max(|f(x) - f(x')|, 0.01), steps tripled from n_steps up to max_steps"
+                    if settings.ig_grid == "even"
+                    else "|gap| / max(|f(x) - f(x')|, 0.01), n_steps even intervals, then the intervals with the "
+                    "largest local completeness error split in three, up to max_steps gradients"
+                ),
                 tolerance=float(settings.ig_tolerance),
                 max_steps=int(settings.ig_max_steps),
                 share_rel_gap_within_1pct=float((rule <= 0.01).mean()),
                 share_within_tolerance=float((rule <= settings.ig_tolerance).mean()),
                 median_steps=float(steps.median()),
                 max_steps_used=int(steps.max()),
-                steps_used={str(int(k)): int(v) for k, v in steps.value_counts().sort_index().items()},
             )
+            if settings.ig_grid == "even":
+                counts = steps.value_counts().sort_index()
+                out["ig_completeness"]["steps_used"] = {str(int(k)): int(v) for k, v in counts.items()}
+            else:  # docs/flow/v3: any number of steps; the grid and the forward passes at its ends
+                out["ig_completeness"].update(
+                    grid="local",
+                    steps_quantiles={q: float(steps.quantile(v)) for q, v in (("p10", 0.1), ("p90", 0.9))},
+                    total_gradients=int(steps.sum()),
+                    total_forward=int(predictions["ig_forward"].sum()),
+                )
     return out
 
 

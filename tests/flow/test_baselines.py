@@ -117,6 +117,44 @@ def test_adaptive_steps_triple_until_the_gap_is_within_tolerance(m64):
         integrated_gradients(m64, t, None, position, baseline_embeddings=xb, tolerance=0)
 
 
+def test_local_grid_is_a_midpoint_sum_on_the_grid_it_reports(m64):
+    """grid="local": Σ_k (b_k − a_k) (x − x′)·∇f(c_k) over the intervals of ``edges``, one autograd
+    call per midpoint in float64; every interior edge's f was evaluated once; the gap ends within
+    the tolerance; and the attributions agree with a fine even grid."""
+    t = tokens_of(m64, 9)
+    position = 7
+    x = input_embeddings(m64, t[: position + 1])
+    xb = prefix_mean_baseline(x, range(1, position))
+    kw = dict(baseline_embeddings=xb, n_steps=2, batch_size=4)
+    assert integrated_gradients(m64, t, None, position, **kw).rel_gap > 1e-5, "2 steps must not suffice"
+    ig = integrated_gradients(m64, t, None, position, **kw, tolerance=1e-5, max_steps=300, grid="local")
+    edges = ig.edges
+    assert edges[0].item() == 0.0 and edges[-1].item() == pytest.approx(1.0, abs=1e-15)
+    assert bool((edges.diff() > 0).all()) and len(edges) == ig.n_steps + 1 and ig.n_forward == ig.n_steps - 1
+    assert ig.rel_gap <= 1e-5 and ig.n_steps <= 300 and ig.n_steps > 2
+    assert len(set(edges.diff().round(decimals=12).tolist())) > 1, "the grid must be uneven"
+    adapter = adapter_for(m64)
+    expected = torch.zeros(position + 1, dtype=torch.float64)
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        point = (xb + (a + b) / 2 * (x - xb)).clone().requires_grad_(True)
+        with torch.enable_grad():
+            f = torch.log_softmax(adapter.forward_from_layer(point[None], 0)[0, -1], -1)[ig.target]
+            (grad,) = torch.autograd.grad(f, point)
+        expected += (b - a) * ((x - xb) * grad).sum(-1)
+    assert ig.attributions[: position + 1].tolist() == pytest.approx(expected.tolist(), abs=1e-10, rel=1e-9)
+    fine = riemann(m64, x, xb, ig.target, 729)
+    span = abs(ig.f_input - ig.f_baseline)
+    assert float((ig.attributions[: position + 1] - fine).abs().max()) <= 1e-3 * max(span, 0.01)
+    loose = integrated_gradients(m64, t, None, position, **kw, tolerance=10.0, grid="local")
+    even = integrated_gradients(m64, t, None, position, **kw)
+    assert loose.n_steps == 2 and loose.n_forward == 0 and loose.edges.tolist() == even.edges.tolist()
+    assert loose.attributions.tolist() == pytest.approx(even.attributions.tolist(), abs=1e-13)
+    with pytest.raises(ValueError, match="grid must be"):
+        integrated_gradients(m64, t, None, position, **kw, tolerance=0.01, grid="fine")
+    with pytest.raises(ValueError, match="give tolerance"):
+        integrated_gradients(m64, t, None, position, **kw, grid="local")
+
+
 def test_relative_gap_is_one_rule_for_scalars_and_run_columns():
     """The stopping rule, written out: |Σ IG − (f(x) − f(x′))| / max(|f(x) − f(x′)|, 0.01), the
     same on floats and on an erasure run's columns (the summary and scripts/ig_path_check.py)."""
@@ -185,3 +223,52 @@ def test_measure_document_under_version_2_uses_the_prefix_mean_and_adaptive_step
     assert "ig_baseline" not in ErasureSettings().to_dict()
     with pytest.raises(ValueError, match="ig_baseline"):
         ErasureSettings(ig_baseline="zeros")
+
+
+def test_version_3_puts_integrated_gradients_on_the_local_grid(m64):
+    """docs/flow/v3's twin: version 2's settings but ig_grid "local"; measure_document records the
+    gradients and forward passes of integrated_gradients(grid="local"), and the summary says so;
+    ig_grid stays out of an even-grid run's record (version 2's fingerprints keep their bytes)."""
+    import json
+    from pathlib import Path
+
+    from geolens.flow import ErasureSettings, erasure_summary, measure_document, ranking
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "flow"
+    v2 = ErasureSettings.from_protocol(json.loads((docs / "v2" / "protocol.json").read_text(encoding="utf-8")))
+    v3 = ErasureSettings.from_protocol(json.loads((docs / "v3" / "protocol.json").read_text(encoding="utf-8")))
+    assert v2.ig_grid == "even" and "ig_grid" not in v2.to_dict()
+    assert v3.ig_grid == "local" and v3.to_dict()["ig_grid"] == "local"
+    assert v3 == ErasureSettings(**{**v2.to_dict(), "ig_grid": "local"})
+    with pytest.raises(ValueError, match="ig_grid"):
+        ErasureSettings(ig_grid="fine")
+    with pytest.raises(ValueError, match="ig_tolerance"):
+        ErasureSettings(ig_grid="local")
+    t = tokens_of(m64, 9)
+    small = ErasureSettings(
+        positions=(6,),
+        fractions=(0.2,),
+        methods=("random", "integrated_gradients"),
+        replacements=("space",),
+        ig_steps=2,
+        ig_baseline="prefix_mean",
+        ig_tolerance=1e-4,
+        ig_max_steps=60,
+        ig_grid="local",
+        n_boot=50,
+    )
+    tables = measure_document(m64, t, 0, small, space_id=space_token(m64))
+    xb = prefix_mean_baseline(input_embeddings(m64, t[:7]), range(1, 6))
+    ig = integrated_gradients(
+        m64, t[:7], None, 6, n_steps=2, baseline_embeddings=xb, tolerance=1e-4, max_steps=60, grid="local"
+    )
+    pred = tables["predictions"].iloc[0]
+    assert (int(pred.ig_steps), int(pred.ig_forward)) == (ig.n_steps, ig.n_forward) and ig.n_forward > 0
+    assert float(pred.ig_sum) == pytest.approx(float(ig.attributions.sum()), abs=1e-12)
+    orders = dict(zip(tables["rankings"].method, tables["rankings"].order))
+    assert orders["integrated_gradients"] == " ".join(
+        map(str, ranking(ig.attributions, list(range(1, 6)), absolute=True))
+    )
+    completeness = erasure_summary(tables, small)["ig_completeness"]
+    assert completeness["grid"] == "local" and "steps_used" not in completeness
+    assert completeness["total_gradients"] == ig.n_steps and completeness["total_forward"] == ig.n_forward
