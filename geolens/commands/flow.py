@@ -5,10 +5,10 @@ by each contribution-flow method (docs/method.md §10, :func:`geolens.contributi
 ``contribution``, ``alti`` and ``attention_rollout``; ``value_zeroing_rollout`` too with
 ``--value-zeroing`` (it reruns the model once per layer and token: costly). With ``--out DIR`` (or
 ``--name``) it also writes ``flow.html`` (the prediction's information-flow routes, interactive)
-and ``flow.json``. ``geolens flow --erasure --protocol docs/flow/v2/protocol.json --out DIR`` runs
-instead the input-token erasure test of docs/flow/v2/PROTOCOL.md (version 1: docs/flow/protocol.json)
-on the protocol's Lee windows,
-resumable per document (``--resume``); another model or ``--n-documents`` makes it exploratory.
+and ``flow.json``. ``geolens flow --erasure --protocol docs/flow/v3/protocol.json --out DIR`` runs
+instead the input-token erasure test of docs/flow/v3/PROTOCOL.md (versions 1 and 2:
+docs/flow/protocol.json, docs/flow/v2/protocol.json) on the protocol's Lee windows, resumable per
+document (``--resume``); another model or ``--n-documents`` makes it exploratory.
 What each writes and prints is :mod:`geolens.pipelines.flow_run`'s.
 """
 
@@ -24,7 +24,7 @@ def run(args) -> int:
     if args.erasure:
         return run_erasure(args)
     if args.text is None:
-        raise UsageError("give a prompt, or --erasure --protocol docs/flow/v2/protocol.json for the erasure test")
+        raise UsageError("give a prompt, or --erasure --protocol docs/flow/v3/protocol.json for the erasure test")
     if args.resume or args.n_documents is not None or args.protocol is not None:
         raise UsageError("--resume, --n-documents and --protocol go with --erasure")
     if not args.text.strip():
@@ -68,7 +68,7 @@ def _erasure_protocol(args):
 
     if args.protocol is None:
         raise UsageError(
-            "--erasure needs --protocol (pre-registered: docs/flow/v2/protocol.json; version 1: docs/flow/protocol.json)"
+            "--erasure needs --protocol (pre-registered: docs/flow/v3/protocol.json; earlier versions: docs/flow/protocol.json, docs/flow/v2/protocol.json)"
         )
     try:
         protocol = load_protocol(args.protocol)

@@ -137,12 +137,15 @@ def prompt_flow(
 
 @dataclass
 class FlowParams:
-    """Parameters of :func:`run_flow` (defaults: the settings of the flow protocol's version 2,
-    docs/flow/v2/protocol.json: both gradient methods from the prefix-mean baseline, integrated
-    gradients' steps tripled from 32 to at most 864 until the completeness gap is within 1 %)."""
+    """Parameters of :func:`run_flow` (defaults: the settings of the flow protocol's version 3,
+    docs/flow/v3/protocol.json: both gradient methods from the prefix-mean baseline, integrated
+    gradients from 32 even steps refined on a local grid, at most 864 gradients, until the
+    completeness gap is within 1 %)."""
 
     erasure: ErasureSettings = field(
-        default_factory=lambda: ErasureSettings(ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=864)
+        default_factory=lambda: ErasureSettings(
+            ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=864, ig_grid="local"
+        )
     )
     induction: bool = True  # run the known-answer check
     induction_tokens: int = 20

@@ -214,8 +214,8 @@ def test_claims_read_the_primary_family():
     assert all(c.decision in ("indicative", "descriptive") for c in explo.values())
 
 
-def test_the_pipelines_defaults_are_the_flow_protocols_version_2():
-    """run_flow's default settings are those the version-2 twin gives (so the API and the command
+def test_the_pipelines_defaults_are_the_flow_protocols_version_3():
+    """run_flow's default settings are those the version-3 twin gives (so the API and the command
     agree); the quick look uses the same baseline at fixed steps."""
     import json
     from pathlib import Path
@@ -223,7 +223,7 @@ def test_the_pipelines_defaults_are_the_flow_protocols_version_2():
     from geolens.flow import ErasureSettings
     from geolens.pipelines.flow import FlowParams
 
-    twin = json.loads((Path(__file__).resolve().parents[2] / "docs/flow/v2/protocol.json").read_text(encoding="utf-8"))
+    twin = json.loads((Path(__file__).resolve().parents[2] / "docs/flow/v3/protocol.json").read_text(encoding="utf-8"))
     assert FlowParams().erasure == ErasureSettings.from_protocol(twin)
     quick = FlowParams.quick().erasure
     assert quick.ig_baseline == "prefix_mean" and quick.ig_tolerance is None and quick.ig_steps == 8

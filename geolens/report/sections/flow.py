@@ -19,10 +19,11 @@ per window on SmolLM2 (one thread), 22 for the whole section on the 8 corpus win
 ``geolens report --quick`` (measured). The full report:
 the protocol's positions that fit the windows (15, 31, 63), both replacements (the unigram one
 from the Lee corpus), every method, 2000 resamples, on up to 16 windows; the two gradient methods
-start from version 2's prefix-mean baseline (docs/flow/v2/PROTOCOL.md: version 1's started
-integrated gradients from the erasure itself), and integrated gradients triples its steps from 32
-until the completeness gap is within 1 % or at most 96 steps (the protocol's 864 cost minutes per
-window on SmolLM2); the section states how many predictions ended within 1 %.
+start from the prefix-mean baseline (docs/flow/v2/PROTOCOL.md: version 1's started integrated
+gradients from the erasure itself), and integrated gradients refines version 3's local grid
+(docs/flow/v3/PROTOCOL.md) from 32 even steps until the completeness gap is within 1 % or at most 96
+gradients (the protocol's 864 cost minutes per window on SmolLM2); the section states how many
+predictions ended within 1 %.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ WINDOWS = "corpus windows"
 # per window on SmolLM2 (64-token windows, the prediction at 15; CPU seconds, one thread): the flows, random and gradient ×
 # input 2.1 s, integrated gradients 8 steps +1.7 s, Value Zeroing rollout +2.8 s: quick mode leaves out the last two
 QUICK_LEFT_OUT = ("value_zeroing_rollout", "integrated_gradients")
-IG_TOLERANCE, IG_MAX_STEPS = 0.01, 96  # full mode: docs/flow/v2's rule, capped at 96 steps (section docstring)
+IG_TOLERANCE, IG_MAX_STEPS = 0.01, 96  # full mode: docs/flow/v3's rule, capped at 96 gradients (section docstring)
 
 
 def positions(seq_len: int, quick: bool) -> tuple[int, ...]:
@@ -73,6 +74,7 @@ def params(ctx) -> FlowParams:
             ig_baseline="prefix_mean",
             ig_tolerance=IG_TOLERANCE,
             ig_max_steps=IG_MAX_STEPS,
+            ig_grid="local",
         )
     return FlowParams(erasure=s)
 
@@ -81,9 +83,9 @@ def ig_note(summary: dict, s: ErasureSettings) -> str:
     """What the section says of the gradient methods' baseline and integrated gradients'
     completeness (empty when integrated gradients did not run).
 
-    >>> s = ErasureSettings(ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=96)
+    >>> s = ErasureSettings(ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=96, ig_grid="local")
     >>> ig_note({"n_predictions": 4, "ig_completeness": {"share_within_tolerance": 0.75, "max_steps_used": 96}}, s)
-    '; the gradient methods start from the prefix-mean baseline (docs/flow/v2/PROTOCOL.md), and integrated gradients ended within 1% of completeness in 3 of 4 predictions (at most 96 steps)'
+    '; the gradient methods start from the prefix-mean baseline (docs/flow/v2/PROTOCOL.md), and integrated gradients ended within 1% of completeness in 3 of 4 predictions (at most 96 gradients, local grid of docs/flow/v3/PROTOCOL.md)'
     """
     ic = summary.get("ig_completeness")
     if "integrated_gradients" not in s.methods or not ic:
@@ -100,7 +102,11 @@ def ig_note(summary: dict, s: ErasureSettings) -> str:
         within = round(float(ic["share_within_tolerance"]) * n)
         done = (
             f"integrated gradients ended within {s.ig_tolerance:.0%} of completeness in {within} of {n} predictions "
-            f"(at most {int(ic['max_steps_used'])} steps)"
+            + (
+                f"(at most {int(ic['max_steps_used'])} steps)"
+                if s.ig_grid == "even"
+                else f"(at most {int(ic['max_steps_used'])} gradients, local grid of docs/flow/v3/PROTOCOL.md)"
+            )
         )
     return f"; the gradient methods start from {base}, and {done}"
 

@@ -97,8 +97,9 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
         "integrated_gradients",
         "value_zeroing_rollout",
     }
-    # the full report's gradient methods: version 2's prefix-mean baseline, adaptive steps capped at 96
-    assert (full.erasure.ig_baseline, full.erasure.ig_tolerance, full.erasure.ig_max_steps) == ("prefix_mean", 0.01, 96)
+    # the full report's gradient methods: the prefix-mean baseline, version 3's local grid capped at 96 gradients
+    e = full.erasure
+    assert (e.ig_baseline, e.ig_tolerance, e.ig_max_steps, e.ig_grid) == ("prefix_mean", 0.01, 96, "local")
     many = SimpleNamespace(tokens=torch.zeros(63, 128, dtype=torch.long), config=ReportConfig())
     assert (
         flow.n_windows(many) == 16
@@ -138,6 +139,8 @@ def test_the_integrated_gradients_note_states_baseline_and_completeness():
         "prefix-mean baseline" in note
         and "within 1% of completeness in 45 of 48 predictions (at most 96 steps)" in note
     )
+    local = ErasureSettings(ig_baseline="prefix_mean", ig_tolerance=0.01, ig_max_steps=96, ig_grid="local")
+    assert "(at most 96 gradients, local grid of docs/flow/v3/PROTOCOL.md)" in ig_note(summary, local)
     fixed = ErasureSettings(ig_steps=32)
     note = ig_note({"n_predictions": 3, "ig_completeness": {"median_rel_gap": 0.21}}, fixed)
     assert "erased prefix" in note and "median relative completeness gap is 0.21 at 32 steps" in note
@@ -149,9 +152,9 @@ def test_the_integrated_gradients_note_states_baseline_and_completeness():
     importlib.util.find_spec("gensim") is None,
     reason="the full section's unigram replacement counts the Lee corpus, which ships in the gensim wheel",
 )
-def test_the_full_flow_section_runs_version_2s_gradient_methods():
+def test_the_full_flow_section_runs_version_3s_gradient_methods():
     """A full (not quick) report's flow section on the tiny model: integrated gradients from the
-    prefix-mean baseline with adaptive steps; the section's sentence equals its run's completeness."""
+    prefix-mean baseline on version 3's local grid; the section's sentence equals its run's completeness."""
     from conftest import make_tiny
 
     from geolens.report import build_report
@@ -165,6 +168,6 @@ def test_the_full_flow_section_runs_version_2s_gradient_methods():
     erasure, settings = sec.numbers["erasure"], sec.params["erasure"]
     assert (settings["ig_baseline"], settings["ig_tolerance"], settings["ig_max_steps"]) == ("prefix_mean", 0.01, 96)
     ic, n = erasure["ig_completeness"], erasure["n_predictions"]
-    assert ic["max_steps_used"] <= 96 and set(ic["steps_used"]) <= {"32", "96"}
+    assert settings["ig_grid"] == ic["grid"] == "local" and 32 <= ic["max_steps_used"] <= 96
     within = round(ic["share_within_tolerance"] * n)
     assert f"within 1% of completeness in {within} of {n} predictions" in sec.intro
