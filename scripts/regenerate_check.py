@@ -29,6 +29,7 @@ RUNS = [
     "mc --protocol docs/faithfulness/protocol.json --model {m} --out docs/faithfulness/{m}-mc --resume",
     "flow --erasure --protocol docs/flow/protocol.json --model {m} --out docs/flow/{m} --resume",
     "flow --erasure --protocol docs/flow/v2/protocol.json --model {m} --out docs/flow/v2/{m} --resume",
+    "flow --erasure --protocol docs/flow/v3/protocol.json --model {m} --out docs/flow/v3/{m} --resume",
     "faithfulness --protocol docs/faithfulness/v3/protocol.json --model {m} --corpus lee --stage per_term --out docs/faithfulness/v3/{m} --resume --threads 1",
     "mc --protocol docs/faithfulness/v3/masking/protocol.json --model {m} --out docs/faithfulness/v3/masking/{m}-mc --resume",
 ]
