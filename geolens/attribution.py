@@ -36,7 +36,7 @@ from geolens.flow import (
     integrated_gradients,
     space_token,
 )
-from geolens.flow.baselines import check_position
+from geolens.flow.baselines import check_position, input_embeddings, prefix_mean_baseline
 from geolens.hf import run_with_cache
 from geolens.hf.backend import is_prepared
 from geolens.methods import Method, get_method
@@ -305,7 +305,7 @@ def _check_levels(found: list[Method], layer, head) -> str:
     return "layer"
 
 
-_OPTIONS = {"ig_steps", "ig_batch", "baseline", "seed", "value_zeroing_chunk"}
+_OPTIONS = {"ig_steps", "ig_batch", "ig_tolerance", "ig_max_steps", "baseline", "seed", "value_zeroing_chunk"}
 
 
 def attribute(
@@ -350,10 +350,15 @@ def attribute(
         truncate: a text longer than the model's context is refused (one-line ValueError with the
             token count and the limit) unless True: then it is cut to the context, and the result
             says so (``truncated_from``).
-        **options: ``ig_steps`` (integrated gradients' steps, default 64), ``ig_batch`` (steps per
-            backward, default 8), ``baseline`` (integrated gradients' baseline tokens; default:
-            every token after BOS up to ``position`` replaced by the tokenizer's ``" "``),
-            ``seed`` (the ``random`` metric), ``value_zeroing_chunk``.
+        **options: ``ig_steps`` (integrated gradients' steps, default 64; the first even grid,
+            default 32, with ``ig_tolerance``), ``ig_batch`` (steps per backward, default 8),
+            ``ig_tolerance`` (refine the flow protocol's local grid until the relative completeness
+            gap is within it, docs/flow/v3/PROTOCOL.md, at most ``ig_max_steps`` gradients, default
+            864), ``baseline`` (integrated gradients' baseline: ``"space"``, the default, every token
+            after BOS up to ``position`` replaced by the tokenizer's ``" "``; ``"prefix_mean"``, the
+            flow protocol's even baseline for both gradient methods, gradient × input becoming
+            (x − x′)·∇f; or baseline token ids), ``seed`` (the ``random`` metric),
+            ``value_zeroing_chunk``.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge
@@ -442,11 +447,43 @@ def attribute(
 
 
 def _gradient(model, tokens: Tensor, position: int, m: Method, target: int, options, used, info) -> Tensor:
-    if m.key == "grad_x_input":
-        return gradient_x_input(model, tokens, position, target=target)
-    steps = int(options.get("ig_steps", 64))
-    batch = int(options.get("ig_batch", 8))
     baseline = options.get("baseline")
+    xb = None  # x′ of both gradient methods with baseline="prefix_mean" (docs/flow/v2/PROTOCOL.md)
+    if isinstance(baseline, str):
+        if baseline not in ("space", "prefix_mean"):
+            raise ValueError(f"baseline must be 'space', 'prefix_mean' or token ids, got {baseline!r}")
+        if baseline == "prefix_mean":
+            if position < 2:
+                raise ValueError("baseline='prefix_mean' needs a token between BOS and the position (position ≥ 2)")
+            xb = prefix_mean_baseline(input_embeddings(model, tokens[: position + 1]), range(1, position))
+            used["baseline"] = "prefix_mean"
+        else:
+            baseline = None
+    if m.key == "grad_x_input":
+        return gradient_x_input(model, tokens, position, target=target, baseline_embeddings=xb)
+    tolerance = options.get("ig_tolerance")
+    steps = int(options.get("ig_steps", 64 if tolerance is None else 32))
+    batch = int(options.get("ig_batch", 8))
+    adaptive = {}
+    if tolerance is not None:  # docs/flow/v3: the local grid, until the gap is within tolerance
+        adaptive = dict(tolerance=float(tolerance), max_steps=int(options.get("ig_max_steps", 864)), grid="local")
+        used["ig_tolerance"], used["ig_max_steps"] = adaptive["tolerance"], adaptive["max_steps"]
+    elif "ig_max_steps" in options:
+        raise ValueError("ig_max_steps caps the steps ig_tolerance adds: give ig_tolerance too")
+    if xb is not None:
+        used["ig_steps"], used["ig_batch"] = steps, batch
+        ig = integrated_gradients(
+            model,
+            tokens,
+            None,
+            position,
+            target=target,
+            n_steps=steps,
+            batch_size=batch,
+            baseline_embeddings=xb,
+            **adaptive,
+        )
+        return _ig_info(ig, info)
     if baseline is None:
         erased = torch.zeros(tokens.shape[0], dtype=torch.bool)
         erased[1 : position + 1] = True
@@ -458,13 +495,21 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target: int, opti
             baseline = baseline[0]
         used["baseline"] = [int(t) for t in baseline.tolist()]
     used["ig_steps"], used["ig_batch"] = steps, batch
-    ig = integrated_gradients(model, tokens, baseline, position, target=target, n_steps=steps, batch_size=batch)
-    gap = ig.completeness_gap
+    ig = integrated_gradients(
+        model, tokens, baseline, position, target=target, n_steps=steps, batch_size=batch, **adaptive
+    )
+    return _ig_info(ig, info)
+
+
+def _ig_info(ig, info) -> Tensor:
+    """Integrated gradients' ends, gap (relative: :func:`geolens.flow.relative_gap`) and steps into ``info``."""
     info["integrated_gradients"] = {
         "f_input": ig.f_input,
         "f_baseline": ig.f_baseline,
-        "completeness_gap": gap,
-        "relative_gap": abs(gap) / max(abs(ig.f_input - ig.f_baseline), 1e-12),
+        "completeness_gap": ig.completeness_gap,
+        "relative_gap": ig.rel_gap,
+        "n_steps": ig.n_steps,
+        "n_forward": ig.n_forward,
     }
     return ig.attributions
 

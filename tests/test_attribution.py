@@ -65,6 +65,45 @@ def test_gradient_baselines_equal_flow_erasure(model):
     assert att.info["integrated_gradients"]["completeness_gap"] == pytest.approx(ig.completeness_gap)
 
 
+def test_the_flow_protocols_even_baseline_and_local_grid(model):
+    """baseline="prefix_mean" gives both gradient methods the flow protocol's x′, and ig_tolerance
+    refines its local grid (docs/flow/v3): the scores equal the direct calls, and the info's gap is
+    geolens.flow.relative_gap's."""
+    from geolens.flow import input_embeddings, prefix_mean_baseline, relative_gap
+
+    tokens = _tokens(model)[0]
+    p = 9
+    att = geolens.attribute(model, TEXT, GRADIENTS, position=p, baseline="prefix_mean", ig_tolerance=1e-3, ig_steps=4)
+    xb = prefix_mean_baseline(input_embeddings(model, tokens[: p + 1]), range(1, p))
+    target = att.prediction_id
+    gxi = gradient_x_input(model, tokens, p, target=target, baseline_embeddings=xb)
+    ig = integrated_gradients(
+        model, tokens, None, p, target=target, n_steps=4, baseline_embeddings=xb, tolerance=1e-3, grid="local"
+    )
+    torch.testing.assert_close(att.scores[0], gxi, atol=1e-6, rtol=0)
+    torch.testing.assert_close(att.scores[1], ig.attributions, atol=1e-6, rtol=0)
+    assert att.options == {
+        "baseline": "prefix_mean",
+        "ig_steps": 4,
+        "ig_batch": 8,
+        "ig_tolerance": 1e-3,
+        "ig_max_steps": 864,
+    }
+    info = att.info["integrated_gradients"]
+    assert (info["n_steps"], info["n_forward"]) == (ig.n_steps, ig.n_forward)
+    assert info["relative_gap"] == pytest.approx(relative_gap(float(ig.attributions.sum()), ig.f_input, ig.f_baseline))
+    space = geolens.attribute(model, TEXT, "integrated_gradients", position=p, baseline="space", ig_steps=4)
+    assert space.options["baseline"] == "space"
+    for bad, message in [
+        (dict(baseline="zeros"), "baseline must be"),
+        (dict(ig_max_steps=96), "give ig_tolerance"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            geolens.attribute(model, TEXT, "integrated_gradients", position=p, **bad)
+    with pytest.raises(ValueError, match="position ≥ 2"):
+        geolens.attribute(model, TEXT, "grad_x_input", position=1, baseline="prefix_mean")
+
+
 @pytest.mark.parametrize("mode", [None, "intra", "inter"])
 def test_head_and_layer_metrics_equal_attention_metrics(model, mode):
     tokens = _tokens(model)
