@@ -259,11 +259,15 @@ def integrated_gradients(
     ends, _ = _logprob_and_gradient(model, torch.stack([x, xb]), target)
     total = torch.zeros(x.shape, dtype=torch.float64)
 
+    shares = []  # grid="local": a_j at each midpoint, [point, pos] per batch (the local rounds reuse them)
+
     def add(alphas: Tensor) -> None:
         for start in range(0, len(alphas), int(batch_size)):
             a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
             _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * diff[None], target)
             total.add_(grad.to(torch.float64).sum(0).cpu())
+            if grid == "local":
+                shares.append(_share_rows(grad, x, xb))
 
     def result(steps: int) -> IntegratedGradients:
         out = torch.zeros(tokens.shape[0], dtype=torch.float64)
@@ -277,7 +281,8 @@ def integrated_gradients(
     if grid == "local":
         if ig.rel_gap <= float(tolerance) or steps + 2 > int(max_steps):
             return ig
-        return _refine_locally(model, x, xb, target, tokens.shape[0], ends, steps, batch_size, tolerance, max_steps)
+        first = torch.cat(shares)
+        return _refine_locally(model, x, xb, target, tokens.shape[0], ends, first, batch_size, tolerance, max_steps)
     while tolerance is not None and ig.rel_gap > float(tolerance) and 3 * steps <= int(max_steps):
         s = torch.arange(3 * steps, dtype=torch.float64)
         new = s[(s % 3) != 1]  # (s + ½)/(3S) with s ≡ 1 (mod 3) are the midpoints of S
@@ -289,13 +294,17 @@ def integrated_gradients(
 
 def _shares(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
     """a_j(α) = Σ_d (x − x′)_jd ∂f/∂x_jd at x′ + α (x − x′), one row [pos] per α (float64)."""
-    diff = (x - xb).to(torch.float64).cpu()
     rows = []
     for start in range(0, len(alphas), int(batch_size)):
         a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
         _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * (x - xb)[None], target)
-        rows.append((grad.to(torch.float64).cpu() * diff[None]).sum(-1))
+        rows.append(_share_rows(grad, x, xb))
     return torch.cat(rows)
+
+
+def _share_rows(grad: Tensor, x: Tensor, xb: Tensor) -> Tensor:
+    """a_j = Σ_d (x − x′)_jd ∂f/∂x_jd for each row of ``grad`` [point, pos, d_model] (float64, CPU)."""
+    return (grad.to(torch.float64).cpu() * (x - xb).to(torch.float64).cpu()[None]).sum(-1)
 
 
 def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
@@ -310,12 +319,14 @@ def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, ba
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
-def _refine_locally(model, x, xb, target, length, ends, steps, batch_size, tolerance, max_steps) -> IntegratedGradients:
-    """:func:`integrated_gradients`' ``grid="local"``: the even grid of ``steps`` intervals, then
-    the local rounds (the interval ends' f only once the even grid misses the tolerance)."""
+def _refine_locally(
+    model, x, xb, target, length, ends, shares, batch_size, tolerance, max_steps
+) -> IntegratedGradients:
+    """:func:`integrated_gradients`' local rounds, from the even grid whose midpoints' a_j are
+    ``shares`` [interval, pos] and which missed the tolerance."""
+    steps = shares.shape[0]
     edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
     lo, hi = edges[:-1].clone(), edges[1:].clone()
-    shares = _shares(model, x, xb, (lo + hi) / 2, target, batch_size)  # [interval, pos]
     n_grad, n_forward = steps, 0
     f_input, f_baseline = float(ends[0]), float(ends[1])
     f_lo = f_hi = None

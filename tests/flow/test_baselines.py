@@ -155,6 +155,75 @@ def test_local_grid_is_a_midpoint_sum_on_the_grid_it_reports(m64):
         integrated_gradients(m64, t, None, position, **kw, grid="local")
 
 
+def test_the_local_rounds_follow_the_protocols_rule_on_a_known_path(monkeypatch):
+    """The local rounds on a path known in closed form (f rises by 1 and dips by 4 nats around
+    α = 0.07, width 0.004; a_j splits df/dα 30/70), against the rule of docs/flow/v3/PROTOCOL.md §1
+    written out in plain Python: same grid to the bit, same counts; at least 4 splits a round, the
+    largest errors first (ties by α), stopping within tolerance or at the budget."""
+    import math
+
+    from geolens.flow import baselines
+
+    def f(a: float) -> float:
+        return a - 4.0 * math.exp(-(((a - 0.07) / 0.004) ** 2))
+
+    def df(a: float) -> float:
+        return 1.0 + 8.0 * (a - 0.07) / 0.004**2 * math.exp(-(((a - 0.07) / 0.004) ** 2))
+
+    def shares(model, x, xb, alphas, target, batch_size):
+        return torch.tensor([[0.3 * df(a), 0.7 * df(a)] for a in alphas.tolist()], dtype=torch.float64)
+
+    def logprobs(model, x, xb, alphas, target, batch_size):
+        return torch.tensor([f(a) for a in alphas.tolist()], dtype=torch.float64)
+
+    monkeypatch.setattr(baselines, "_shares", shares)
+    monkeypatch.setattr(baselines, "_path_logprobs", logprobs)
+
+    def by_hand(steps: int, tolerance: float, max_steps: int) -> tuple[list[float], int]:
+        edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64).tolist()  # the even grid's ends
+        grid = list(zip(edges[:-1], edges[1:]))
+
+        def gap() -> float:
+            total = sum((b - a) * df((a + b) / 2) for a, b in grid)
+            return abs(total - (f(1.0) - f(0.0))) / max(abs(f(1.0) - f(0.0)), 0.01)
+
+        n = steps
+        while gap() > tolerance and n + 2 <= max_steps:
+            errors = [abs(df((a + b) / 2) * (b - a) - (f(b) - f(a))) for a, b in grid]
+            order = sorted(range(len(grid)), key=lambda k: (-errors[k], grid[k][0]))
+            chosen, acc = 0, 0.0
+            for k in order:
+                chosen, acc = chosen + 1, acc + errors[k]
+                if acc >= 0.5 * sum(errors):
+                    break
+            chosen = min(max(chosen, 4), len(grid), (max_steps - n) // 2)
+            split = set(order[:chosen])
+            new = []
+            for k, (a, b) in enumerate(grid):
+                third = (b - a) / 3
+                new += [(a, a + third), (a + third, a + 2 * third), (a + 2 * third, b)] if k in split else [(a, b)]
+            grid, n = new, n + 2 * chosen
+        return [a for a, _ in grid] + [grid[-1][1]], n
+
+    x, xb = torch.zeros(2, 1), torch.zeros(2, 1)
+    ends = torch.tensor([f(1.0), f(0.0)], dtype=torch.float64)
+    for steps, tolerance, max_steps in [(32, 0.01, 864), (32, 1e-6, 120), (8, 1e-3, 864), (8, 1e-9, 40), (1, 0.01, 9)]:
+        first = shares(None, x, xb, (torch.arange(steps, dtype=torch.float64) + 0.5) / steps, 0, 8)
+        ig = baselines._refine_locally(None, x, xb, 0, 2, ends, first, 8, tolerance, max_steps)
+        edges, n = by_hand(steps, tolerance, max_steps)
+        assert ig.edges.tolist() == edges and ig.n_steps == n == len(edges) - 1, (steps, tolerance)
+        assert ig.n_forward == n - 1 and (ig.rel_gap <= tolerance or n + 2 > max_steps)
+        assert ig.n_steps <= max_steps
+    # a dip that no midpoint of the first grid sees leaves the sum complete: nothing to refine (the
+    # rule's limit, as version 2's); one of 8 sees it
+    assert ig.n_steps == 1 and by_hand(8, 1e-3, 864)[1] > 8
+    first = shares(None, x, xb, (torch.arange(32, dtype=torch.float64) + 0.5) / 32, 0, 8)
+    tight = baselines._refine_locally(None, x, xb, 0, 2, ends, first, 8, 1e-6, 120)
+    assert tight.rel_gap > 1e-6 and tight.n_steps in (119, 120), "1e-6 is out of reach of 120 gradients"
+    widths = tight.edges.diff()
+    assert float(widths[(tight.edges[:-1] > 0.06) & (tight.edges[:-1] < 0.08)].max()) < float(widths.max()) / 9
+
+
 def test_relative_gap_is_one_rule_for_scalars_and_run_columns():
     """The stopping rule, written out: |Σ IG − (f(x) − f(x′))| / max(|f(x) − f(x′)|, 0.01), the
     same on floats and on an erasure run's columns (the summary and scripts/ig_path_check.py)."""
