@@ -102,12 +102,13 @@ def test_commands_page_names_the_pre_registered_runs():
     text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
     for line in (
         "geolens flow --erasure --protocol docs/flow/protocol.json",
+        "geolens flow --erasure --protocol docs/flow/v3/protocol.json",
         "geolens mc --protocol docs/faithfulness/protocol.json",
         "geolens sinks --controls-protocol docs/faithfulness/protocol.json",
         "geolens faithfulness --protocol docs/faithfulness/protocol.json --stage per_term",
     ):
         assert line in text, line
-    for path in ("docs/flow/protocol.json", "docs/faithfulness/protocol.json"):
+    for path in ("docs/flow/protocol.json", "docs/flow/v3/protocol.json", "docs/faithfulness/protocol.json"):
         assert (ROOT / path).is_file(), path
 
 
