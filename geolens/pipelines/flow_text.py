@@ -100,7 +100,17 @@ def erasure_markdown(summary: dict, *, title: str, command: str) -> str:
             f"Integrated gradients ({ig['n_steps']} steps): median |completeness gap| {ig['median_abs_gap']:.3g} "
             f"(median relative {ig['median_rel_gap']:.3g}; within 5% for {100 * ig['share_rel_gap_within_5pct']:.0f}% of predictions).",
         ]
-        if "share_rel_gap_within_1pct" in ig:  # docs/flow/v2: adaptive steps
+        if ig.get("grid") == "local":  # docs/flow/v3: the local grid
+            q = ig["steps_quantiles"]
+            lines[-1] = (
+                f"Integrated gradients on the local grid ({ig['n_steps']} even steps, then intervals split where the local "
+                f"completeness error is largest, up to {ig['max_steps']} gradients; gradients used: median "
+                f"{ig['median_steps']:.0f}, 10-90% {q['p10']:.0f}-{q['p90']:.0f}, at most {ig['max_steps_used']}; "
+                f"{ig['total_gradients']} gradients and {ig['total_forward']} forward passes in all): within 1% of "
+                f"completeness ({ig['rule']}) for {100 * ig['share_rel_gap_within_1pct']:.1f}% of predictions; "
+                f"median |completeness gap| {ig['median_abs_gap']:.3g}."
+            )
+        elif "share_rel_gap_within_1pct" in ig:  # docs/flow/v2: adaptive steps
             lines[-1] = (
                 f"Integrated gradients, adaptive steps ({ig['n_steps']} tripled up to {ig['max_steps']}; steps used: "
                 + ", ".join(f"{k} × {v}" for k, v in ig["steps_used"].items())

@@ -121,6 +121,28 @@ def test_adaptive_integrated_gradients_report_their_steps_and_the_one_percent_sh
     )
 
 
+def test_the_local_grid_reports_its_gradients_and_forward_passes():
+    s = copy.deepcopy(SUMMARY)
+    s["ig_completeness"] |= dict(
+        max_steps=864,
+        grid="local",
+        median_steps=90.0,
+        max_steps_used=488,
+        steps_quantiles={"p10": 32.0, "p90": 154.0},
+        total_gradients=30000,
+        total_forward=27000,
+        rule="|gap| ≤ 1%",
+        share_rel_gap_within_1pct=1.0,
+    )
+    line = _row(_markdown(s), "Integrated gradients on the local grid")
+    assert line == (
+        "Integrated gradients on the local grid (32 even steps, then intervals split where the local completeness "
+        "error is largest, up to 864 gradients; gradients used: median 90, 10-90% 32-154, at most 488; 30000 "
+        "gradients and 27000 forward passes in all): within 1% of completeness (|gap| ≤ 1%) for 100.0% of "
+        "predictions; median |completeness gap| 0.0123."
+    )
+
+
 def test_a_method_missing_from_one_direction_shows_a_dash():
     s = copy.deepcopy(SUMMARY)
     fam = s["families"]["primary"]
