@@ -250,6 +250,27 @@ def test_a_run_writes_a_complete_folder_under_its_protocol(capsys, tmp_path, pro
         assert f"{m['naopc']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]" in readme
 
 
+def test_a_version_3_run_writes_the_local_grids_line(capsys, tmp_path, protocol):
+    """docs/flow/v3's integrated gradients (prefix-mean baseline, local grid) through the command: the
+    folder is complete and its README states the gradients and forward passes."""
+    p = json.loads(protocol.read_text(encoding="utf-8"))
+    p["methods"] = ["random", "contribution", "integrated_gradients"]
+    p["integrated_gradients"] = json.loads((ROOT / "docs/flow/v3/protocol.json").read_text(encoding="utf-8"))[
+        "integrated_gradients"
+    ]
+    p["integrated_gradients"].update(steps=2)
+    p["integrated_gradients"]["adaptive"].update(tolerance=1e-4, max_steps=40)
+    protocol.write_text(json.dumps(p), encoding="utf-8")
+    register(protocol, registered_at="2026-12-06")
+    out = tmp_path / "run3"
+    rc, text, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out], capsys)
+    assert rc == 0, err
+    assert require_complete(out) == out
+    ic = json.loads((out / "summary.json").read_text(encoding="utf-8"))["ig_completeness"]
+    assert ic["grid"] == "local" and ic["max_steps_used"] <= 40 and ic["total_forward"] >= 0
+    assert "Integrated gradients on the local grid (2 even steps" in (out / "README.md").read_text(encoding="utf-8")
+
+
 def test_fewer_documents_make_an_exploratory_run(capsys, tmp_path, protocol):
     out = tmp_path / "small"
     rc, _, err = run_cli(
