@@ -470,44 +470,33 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target: int, opti
         used["ig_tolerance"], used["ig_max_steps"] = adaptive["tolerance"], adaptive["max_steps"]
     elif "ig_max_steps" in options:
         raise ValueError("ig_max_steps caps the steps ig_tolerance adds: give ig_tolerance too")
-    if xb is not None:
-        used["ig_steps"], used["ig_batch"] = steps, batch
-        ig = integrated_gradients(
-            model,
-            tokens,
-            None,
-            position,
-            target=target,
-            n_steps=steps,
-            batch_size=batch,
-            baseline_embeddings=xb,
-            **adaptive,
-        )
-        return _ig_info(ig, info)
-    if baseline is None:
+    if xb is None and baseline is None:
         erased = torch.zeros(tokens.shape[0], dtype=torch.bool)
         erased[1 : position + 1] = True
         baseline = erase(tokens, erased.to(tokens.device), space_token(model))
         used["baseline"] = "space"
-    else:
+    elif xb is None:
         baseline = torch.as_tensor(baseline).to(tokens.device)
         if baseline.ndim == 2 and baseline.shape[0] == 1:
             baseline = baseline[0]
         used["baseline"] = [int(t) for t in baseline.tolist()]
     used["ig_steps"], used["ig_batch"] = steps, batch
     ig = integrated_gradients(
-        model, tokens, baseline, position, target=target, n_steps=steps, batch_size=batch, **adaptive
+        model,
+        tokens,
+        None if xb is not None else baseline,
+        position,
+        target=target,
+        n_steps=steps,
+        batch_size=batch,
+        baseline_embeddings=xb,
+        **adaptive,
     )
-    return _ig_info(ig, info)
-
-
-def _ig_info(ig, info) -> Tensor:
-    """Integrated gradients' ends, gap (relative: :func:`geolens.flow.relative_gap`) and steps into ``info``."""
     info["integrated_gradients"] = {
         "f_input": ig.f_input,
         "f_baseline": ig.f_baseline,
         "completeness_gap": ig.completeness_gap,
-        "relative_gap": ig.rel_gap,
+        "relative_gap": ig.rel_gap,  # geolens.flow.relative_gap's rule
         "n_steps": ig.n_steps,
         "n_forward": ig.n_forward,
     }

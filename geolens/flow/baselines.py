@@ -262,9 +262,8 @@ def integrated_gradients(
     shares = []  # grid="local": a_j at each midpoint, [point, pos] per batch (the local rounds reuse them)
 
     def add(alphas: Tensor) -> None:
-        for start in range(0, len(alphas), int(batch_size)):
-            a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
-            _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * diff[None], target)
+        for points in _path_points(x, xb, alphas, batch_size):
+            _, grad = _logprob_and_gradient(model, points, target)
             total.add_(grad.to(torch.float64).sum(0).cpu())
             if grid == "local":
                 shares.append(_share_rows(grad, x, xb))
@@ -292,13 +291,20 @@ def integrated_gradients(
     return ig
 
 
-def _shares(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
-    """a_j(α) = Σ_d (x − x′)_jd ∂f/∂x_jd at x′ + α (x − x′), one row [pos] per α (float64)."""
-    rows = []
+def _path_points(x: Tensor, xb: Tensor, alphas: Tensor, batch_size: int):
+    """The inputs x′ + α (x − x′) [batch, pos, d_model], ``batch_size`` values of ``alphas`` at a time."""
+    diff = x - xb
     for start in range(0, len(alphas), int(batch_size)):
         a = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
-        _, grad = _logprob_and_gradient(model, xb[None] + a[:, None, None] * (x - xb)[None], target)
-        rows.append(_share_rows(grad, x, xb))
+        yield xb[None] + a[:, None, None] * diff[None]
+
+
+def _shares(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
+    """a_j(α) = Σ_d (x − x′)_jd ∂f/∂x_jd at x′ + α (x − x′), one row [pos] per α (float64)."""
+    rows = [
+        _share_rows(_logprob_and_gradient(model, points, target)[1], x, xb)
+        for points in _path_points(x, xb, alphas, batch_size)
+    ]
     return torch.cat(rows)
 
 
@@ -312,9 +318,8 @@ def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, ba
     adapter = adapter_for(model)
     out = []
     with torch.no_grad(), applied(model, [last_predictions_hook(model, x.shape[0] + 1, 1)]):
-        for start in range(0, len(alphas), int(batch_size)):
-            points = alphas[start : start + int(batch_size)].to(x.dtype).to(x.device)
-            logits = adapter.forward_from_layer(xb[None] + points[:, None, None] * (x - xb)[None], 0)
+        for points in _path_points(x, xb, alphas, batch_size):
+            logits = adapter.forward_from_layer(points, 0)
             out.append(torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
