@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import re
 
+import pytest
+
 from geolens.pipelines.flow_text import erasure_markdown
 
 
@@ -106,41 +108,39 @@ def test_a_run_without_a_second_replacement_or_induction_check_leaves_them_out()
     assert not re.search(r"\bNone\b|\bnan\b", text)
 
 
-def test_adaptive_integrated_gradients_report_their_steps_and_the_one_percent_share():
+@pytest.mark.parametrize(
+    "fields, start, expected",
+    [
+        (  # docs/flow/v2: the even grid's steps
+            dict(max_steps=288, steps_used={"32": 20, "96": 10}, rule="|gap| ≤ 1% of |f(x) − f(x')|"),
+            "Integrated gradients, adaptive steps",
+            "Integrated gradients, adaptive steps (32 tripled up to 288; steps used: 32 × 20, 96 × 10): within 1% of "
+            "completeness (|gap| ≤ 1% of |f(x) − f(x')|) for 90.0% of predictions; median |completeness gap| 0.0123.",
+        ),
+        (  # docs/flow/v3: the local grid's gradients and forward passes
+            dict(
+                max_steps=864,
+                grid="local",
+                median_steps=90.0,
+                max_steps_used=488,
+                steps_quantiles={"p10": 32.0, "p90": 154.0},
+                total_gradients=30000,
+                total_forward=27000,
+                rule="|gap| ≤ 1%",
+            ),
+            "Integrated gradients on the local grid",
+            "Integrated gradients on the local grid (32 even steps, then intervals split where the local completeness "
+            "error is largest, up to 864 gradients; gradients used: median 90, 10-90% 32-154, at most 488; 30000 "
+            "gradients and 27000 forward passes in all): within 1% of completeness (|gap| ≤ 1%) for 90.0% of "
+            "predictions; median |completeness gap| 0.0123.",
+        ),
+    ],
+    ids=["even", "local"],
+)
+def test_adaptive_integrated_gradients_report_their_steps_and_the_one_percent_share(fields, start, expected):
     s = copy.deepcopy(SUMMARY)
-    s["ig_completeness"] |= dict(
-        max_steps=288,
-        steps_used={"32": 20, "96": 10},
-        rule="|gap| ≤ 1% of |f(x) − f(x')|",
-        share_rel_gap_within_1pct=0.9,
-    )
-    line = _row(_markdown(s), "Integrated gradients, adaptive steps")
-    assert line == (
-        "Integrated gradients, adaptive steps (32 tripled up to 288; steps used: 32 × 20, 96 × 10): within 1% of "
-        "completeness (|gap| ≤ 1% of |f(x) − f(x')|) for 90.0% of predictions; median |completeness gap| 0.0123."
-    )
-
-
-def test_the_local_grid_reports_its_gradients_and_forward_passes():
-    s = copy.deepcopy(SUMMARY)
-    s["ig_completeness"] |= dict(
-        max_steps=864,
-        grid="local",
-        median_steps=90.0,
-        max_steps_used=488,
-        steps_quantiles={"p10": 32.0, "p90": 154.0},
-        total_gradients=30000,
-        total_forward=27000,
-        rule="|gap| ≤ 1%",
-        share_rel_gap_within_1pct=1.0,
-    )
-    line = _row(_markdown(s), "Integrated gradients on the local grid")
-    assert line == (
-        "Integrated gradients on the local grid (32 even steps, then intervals split where the local completeness "
-        "error is largest, up to 864 gradients; gradients used: median 90, 10-90% 32-154, at most 488; 30000 "
-        "gradients and 27000 forward passes in all): within 1% of completeness (|gap| ≤ 1%) for 100.0% of "
-        "predictions; median |completeness gap| 0.0123."
-    )
+    s["ig_completeness"] |= dict(fields, share_rel_gap_within_1pct=0.9)
+    assert _row(_markdown(s), start) == expected
 
 
 def test_a_method_missing_from_one_direction_shows_a_dash():
