@@ -256,7 +256,7 @@ def integrated_gradients(
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     diff = x - xb
-    ends, _ = _logprob_and_gradient(model, torch.stack([x, xb]), target)
+    ends = _logprobs(model, torch.stack([x, xb]), target)  # f(x), f(x′): forward only
     total = torch.zeros(x.shape, dtype=torch.float64)
 
     shares = []  # grid="local": a_j at each midpoint, [point, pos] per batch (the local rounds reuse them)
@@ -313,14 +313,18 @@ def _share_rows(grad: Tensor, x: Tensor, xb: Tensor) -> Tensor:
     return (grad.to(torch.float64).cpu() * (x - xb).to(torch.float64).cpu()[None]).sum(-1)
 
 
+def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: int) -> Float[Tensor, "row"]:
+    """f = log p(target) at the last position for each row of ``points``, the model run from the
+    rows entering block 0, forward only (float64, CPU)."""
+    adapter = adapter_for(model)
+    with torch.no_grad(), applied(model, [last_predictions_hook(model, points.shape[1] + 1, 1)]):
+        logits = adapter.forward_from_layer(points, 0)
+    return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu()
+
+
 def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
     """f = log p(target) at the last position, at x′ + α (x − x′) for each α, forward only (float64)."""
-    adapter = adapter_for(model)
-    out = []
-    with torch.no_grad(), applied(model, [last_predictions_hook(model, x.shape[0] + 1, 1)]):
-        for points in _path_points(x, xb, alphas, batch_size):
-            logits = adapter.forward_from_layer(points, 0)
-            out.append(torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu())
+    out = [_logprobs(model, points, target) for points in _path_points(x, xb, alphas, batch_size)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
@@ -346,7 +350,7 @@ def _refine_locally(
     while ig.rel_gap > float(tolerance) and n_grad + 2 <= int(max_steps):
         if f_lo is None:
             inner = _path_logprobs(model, x, xb, edges[1:-1], target, batch_size)
-            f_edges = torch.cat([ends[1:].to(torch.float64).cpu(), inner, ends[:1].to(torch.float64).cpu()])
+            f_edges = torch.cat([ends[1:], inner, ends[:1]])
             f_lo, f_hi, n_forward = f_edges[:-1].clone(), f_edges[1:].clone(), steps - 1
         error = (shares.sum(-1) * (hi - lo) - (f_hi - f_lo)).abs()
         order = torch.argsort(error, descending=True, stable=True)
