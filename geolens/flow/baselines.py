@@ -62,15 +62,21 @@ def input_embeddings(model, tokens: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_
     return cache[hook][0].detach()
 
 
-def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: int) -> tuple[Tensor, Tensor]:
-    """(f, ∂f/∂x) for each row, f = log p(target) at the last position, the model run from x
-    entering block 0 (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`)."""
+def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: int) -> Float[Tensor, "row"]:
+    """f = log p(target) at the last position for each row of ``points``, the model run from the
+    rows entering block 0 (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`); float64, in
+    the caller's grad mode."""
     adapter = adapter_for(model)
+    with applied(model, [last_predictions_hook(model, points.shape[1] + 1, 1)]):
+        logits = adapter.forward_from_layer(points, 0)
+    return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
+
+
+def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: int) -> tuple[Tensor, Tensor]:
+    """(f, ∂f/∂x) for each row, f of :func:`_logprobs`."""
     x = x.detach().clone().requires_grad_(True)
-    n = x.shape[1]
-    with torch.enable_grad(), applied(model, [last_predictions_hook(model, n + 1, 1)]):
-        logits = adapter.forward_from_layer(x, 0)
-        f = torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
+    with torch.enable_grad():
+        f = _logprobs(model, x, target)
         (grad,) = torch.autograd.grad(f.sum(), x)
     return f.detach(), grad.detach()
 
@@ -256,7 +262,8 @@ def integrated_gradients(
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     diff = x - xb
-    ends = _logprobs(model, torch.stack([x, xb]), target)  # f(x), f(x′): forward only
+    with torch.no_grad():  # f(x), f(x′): forward only
+        ends = _logprobs(model, torch.stack([x, xb]), target).cpu()
     total = torch.zeros(x.shape, dtype=torch.float64)
 
     shares = []  # grid="local": a_j at each midpoint, [point, pos] per batch (the local rounds reuse them)
@@ -313,18 +320,10 @@ def _share_rows(grad: Tensor, x: Tensor, xb: Tensor) -> Tensor:
     return (grad.to(torch.float64).cpu() * (x - xb).to(torch.float64).cpu()[None]).sum(-1)
 
 
-def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: int) -> Float[Tensor, "row"]:
-    """f = log p(target) at the last position for each row of ``points``, the model run from the
-    rows entering block 0, forward only (float64, CPU)."""
-    adapter = adapter_for(model)
-    with torch.no_grad(), applied(model, [last_predictions_hook(model, points.shape[1] + 1, 1)]):
-        logits = adapter.forward_from_layer(points, 0)
-    return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)].cpu()
-
-
 def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, batch_size: int) -> Tensor:
     """f = log p(target) at the last position, at x′ + α (x − x′) for each α, forward only (float64)."""
-    out = [_logprobs(model, points, target) for points in _path_points(x, xb, alphas, batch_size)]
+    with torch.no_grad():
+        out = [_logprobs(model, points, target).cpu() for points in _path_points(x, xb, alphas, batch_size)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 

@@ -120,7 +120,7 @@ def test_adaptive_steps_triple_until_the_gap_is_within_tolerance(m64):
 def test_local_grid_is_a_midpoint_sum_on_the_grid_it_reports(m64):
     """grid="local": Σ_k (b_k − a_k) (x − x′)·∇f(c_k) over the intervals of ``edges``, one autograd
     call per midpoint in float64; every interior edge's f was evaluated once; the gap ends within
-    the tolerance; and the attributions agree with a fine even grid."""
+    the tolerance (or the budget is spent); and the attributions agree with a fine even grid."""
     t = tokens_of(m64, 9)
     position = 7
     x = input_embeddings(m64, t[: position + 1])
