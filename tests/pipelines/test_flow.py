@@ -5,7 +5,9 @@ its numbers, and the claims read the primary family; its doctests run."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from geolens.flow.core import (
     flow_names_filter,
 )
 
+FLOW_DOCS = Path(__file__).resolve().parents[2] / "docs" / "flow"
 VERDICT_WORDS = re.compile(r"\bholds\b|does not hold|\breversed\b|\btie\b", re.IGNORECASE)
 
 
@@ -217,19 +220,15 @@ def test_claims_read_the_primary_family():
 def test_the_pipelines_defaults_are_the_flow_protocols_version_3():
     """run_flow's default settings are those the version-3 twin gives (so the API and the command
     agree); the quick look uses the same baseline at fixed steps."""
-    import json
-    from pathlib import Path
-
     from geolens.flow import ErasureSettings
     from geolens.pipelines.flow import FlowParams
 
-    twin = json.loads((Path(__file__).resolve().parents[2] / "docs/flow/v3/protocol.json").read_text(encoding="utf-8"))
+    twin = json.loads((FLOW_DOCS / "v3/protocol.json").read_text(encoding="utf-8"))
     assert FlowParams().erasure == ErasureSettings.from_protocol(twin)
     quick = FlowParams.quick().erasure
     assert quick.ig_baseline == "prefix_mean" and quick.ig_tolerance is None and quick.ig_steps == 8
 
 
-FLOW_DOCS = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "flow"
 PUBLISHED_FLOW = sorted(p.parent for p in FLOW_DOCS.rglob("manifest.json") if not (p.parent / "INCOMPLETE").exists())
 
 
@@ -240,8 +239,6 @@ def test_published_flow_runs_recompute_from_their_per_document_files(folder):
     per-document tables, and every statistic equals its summary.json exactly (the known-answer
     check to float32 rounding: its table is stored rounded); the version-3 runs meet the protocol's
     completeness goal (integrated gradients within 1 % for ≥ 95 % of predictions)."""
-    import json
-
     from geolens.pipelines.flow import FlowRun
 
     saved = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
