@@ -6,6 +6,11 @@ From a sentence to a labelled picture in one call::
     att = geolens.attribute("smollm2-135m", "The capital of France is", method="contribution_flow")
     att.plot()                                        # which input tokens the next token comes from
 
+Interventions in one call (:mod:`geolens.intervene`)::
+
+    drift = geolens.intervene.scale_sink_values("smollm2-135m", text, lam=0.0, layers=[4, 10])
+    reset = geolens.intervene.ablate_regime("smollm2-135m", texts, "reset")   # against random heads
+
 The functional API underneath::
 
     model = geolens.load_model()                      # SmolLM2-135M, offline
@@ -47,6 +52,7 @@ _PUBLIC = {
     "influence_factors": "geolens.factors",
     "layer_metrics": "geolens.contributions",
     "per_source_totals": "geolens.contributions",
+    "projected_values": "geolens.geometry",
     "projected_value_norms": "geolens.geometry",
     "head_output_norms": "geolens.geometry",
     "head_outputs": "geolens.geometry",
@@ -80,6 +86,7 @@ __all__ = [
     "influence_factors",
     "layer_metrics",
     "per_source_totals",
+    "projected_values",
     "projected_value_norms",
     "head_output_norms",
     "head_outputs",
@@ -124,7 +131,13 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from geolens.faithfulness import MaskingConfig, faithfulness_curves, value_zeroing
     from geolens.faithfulness.evaluation import evaluate_attribution
     from geolens.flow import contribution_flow
-    from geolens.geometry import head_output_norms, head_outputs, layer_output, projected_value_norms
+    from geolens.geometry import (
+        head_output_norms,
+        head_outputs,
+        layer_output,
+        projected_value_norms,
+        projected_values,
+    )
     from geolens.hf import run_with_cache
     from geolens.methods import list_methods
     from geolens.metrics import register_metric

@@ -16,18 +16,19 @@ into a table (:meth:`Attribution.to_dataframe`) and saves to a JSON file that lo
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
 from geolens._version import __version__
 from geolens.adapter import get_attention_layer, names_filter
+from geolens.finite import check_finite
 from geolens.flow import (
     contribution_flow,
     erase,
@@ -36,16 +37,14 @@ from geolens.flow import (
     integrated_gradients,
     space_token,
 )
-from geolens.flow.baselines import check_position, input_embeddings, prefix_mean_baseline
+from geolens.flow.baselines import check_position, check_target, input_embeddings, prefix_mean_baseline
 from geolens.hf import run_with_cache
-from geolens.hf.backend import is_prepared
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
-from geolens.validation import check_layer, checked_text_tokens
+from geolens.validation import check_head, check_layer, check_text, checked_text_tokens
 
 FORMAT = "geolens.Attribution/1"
 _VERSIONED = ("torch", "transformer-lens", "transformers")
-_LOADED: dict[tuple[str, str, str], Any] = {}  # models attribute() loaded by name, kept for the next call
 
 
 def _versions() -> dict[str, str]:
@@ -73,9 +72,12 @@ class Attribution:
         position: the query position (0-based, counted from BOS).
         prediction: the model's top-1 next token at ``position`` (its string), with its id and
             probability in ``prediction_id`` and ``prediction_prob``.
-        layer, head, mode: what was read (None at model level; ``mode`` the output o_i the
-            contribution weights use: ``"inter"`` for a layer, ``"intra"`` for a head).
-        model_name, text: where the scores come from.
+        layer: the layer that was read (None at model level).
+        head: the head that was read (None at model and layer level).
+        mode: the output o_i the contribution weights use: ``"inter"`` for a layer, ``"intra"``
+            for a head (None at model level).
+        model_name: the name of the model the scores come from.
+        text: the text the scores come from.
         options: the method options that shaped the scores (e.g. ``ig_steps``).
         info: per-method diagnostics (e.g. integrated gradients' completeness gap).
         truncated_from: the text's token count when it was cut to the model's context
@@ -110,6 +112,9 @@ class Attribution:
     info: dict = field(default_factory=dict)
     truncated_from: int | None = None
     versions: dict = field(default_factory=_versions)
+    target: str | None = None
+    target_ids: list[int] | None = None
+    target_logprob: float | None = None
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -135,6 +140,11 @@ class Attribution:
         """One line: what the scores attribute (model, level, layer/head, position, prediction)."""
         q = f"position {self.position} {self.tokens[self.position]!r}"
         if self.level == "model":
+            if self.target is not None:
+                return (
+                    f"{self.model_name}: log p({self.target!r} | text) = {self.target_logprob:.3f} after {q} "
+                    f"(model predicts {self.prediction!r}, p = {self.prediction_prob:.3f})"
+                )
             return f"{self.model_name}: the prediction at {q} → {self.prediction!r} (p = {self.prediction_prob:.3f})"
         unit = f"layer {self.layer}" + (f" head {self.head}" if self.head is not None else " (all heads)")
         return f"{self.model_name}: {unit}, attention output at {q} (model predicts {self.prediction!r})"
@@ -204,6 +214,9 @@ class Attribution:
             "info": self.info,
             "truncated_from": self.truncated_from,
             "versions": self.versions,
+            "target": self.target,
+            "target_ids": self.target_ids,
+            "target_logprob": self.target_logprob,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -241,38 +254,18 @@ def _known(name: str) -> bool:
 # attribute()
 
 
-def _model_name(model) -> str:
-    cfg = getattr(model, "cfg", None)
-    return str(
-        getattr(model, "geolens_name", None)
-        or getattr(cfg, "model_name", None)
-        or getattr(model, "name_or_path", None)
-        or type(model).__name__
-    )
-
-
 def _resolve_model(model, backend: str):
-    if not isinstance(model, str):
-        if getattr(model, "cfg", None) is None and not is_prepared(model):  # a transformers model as loaded
-            raise ValueError(
-                f"this {type(model).__name__} has no geolens entry points: call geolens.hf.prepare(model, tokenizer) "
-                "first (or load it with geolens.load_model(name, backend='hf'))"
-            )
-        return model, _model_name(model)
-    from geolens.models import load_model
+    """``(model, name)``: :func:`geolens.models.resolve_model` (a name is loaded once and kept)."""
+    from geolens.models import resolve_model
 
-    key = (model, backend, "float32")
-    if key not in _LOADED:
-        _LOADED.clear()  # one model held at a time: a notebook switching models does not pile them up
-        _LOADED[key] = load_model(model, backend=backend)
-    return _LOADED[key], model
+    return resolve_model(model, backend)
 
 
 def _tokenize(model, text: str, truncate: bool) -> tuple[Tensor, int | None]:
     """The text's tokens (never cut silently: :func:`geolens.validation.checked_text_tokens`) and,
-    when it was cut to the context on request, its full length."""
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"text must be a non-empty string, got {text!r}")
+    when it was cut to the context on request, its full length. One text: several are refused
+    (:func:`geolens.validation.check_text`, the message of every single-text entry point)."""
+    check_text(text)
     tokens, n = checked_text_tokens(model, text, truncate=truncate)
     return tokens, (n if tokens.shape[-1] < n else None)
 
@@ -305,6 +298,9 @@ def _check_levels(found: list[Method], layer, head) -> str:
     return "layer"
 
 
+GAP_WARNING = 0.05
+"""The relative completeness gap of integrated gradients above which :func:`attribute` warns."""
+
 _OPTIONS = {"ig_steps", "ig_batch", "ig_tolerance", "ig_max_steps", "baseline", "seed", "value_zeroing_chunk"}
 
 
@@ -319,6 +315,7 @@ def attribute(
     mode: str | None = None,
     backend: str = "transformer_lens",
     truncate: bool = False,
+    target: int | str | Sequence[int] | None = None,
     **options,
 ) -> Attribution:
     """Attribute one prediction (or one query's attention output) of ``text`` to its tokens.
@@ -350,6 +347,14 @@ def attribute(
         truncate: a text longer than the model's context is refused (one-line ValueError with the
             token count and the limit) unless True: then it is cut to the context, and the result
             says so (``truncated_from``).
+        target: what the model-level gradient methods explain, instead of the top-1 prediction:
+            a token id, a string (tokenised without BOS, so mind its leading space: ``" Paris"``),
+            or a list of ids; a string or list of several tokens t_1 … t_k is a continuation,
+            explained as log p(t_1 … t_k | text) = Σ_m log p(t_m | text, t_<m) (the gradients run
+            on the text followed by t_1 … t_{k−1}; only the text's tokens are scored). The flows
+            (``contribution_flow``, ``alti``, rollouts) score the residual stream at
+            ``position``, which no target changes. The result records ``target``,
+            ``target_ids`` and the clean ``target_logprob``. Model level only.
         **options: ``ig_steps`` (integrated gradients' steps, default 64; the first even grid,
             default 32, with ``ig_tolerance``), ``ig_batch`` (steps per backward, default 8),
             ``ig_tolerance`` (refine the flow protocol's local grid until the relative completeness
@@ -369,6 +374,9 @@ def attribute(
     >>> head = geolens.attribute(model, "the cat sat on the mat", "contribution", layer=1, head=0)
     >>> list(head.to_dataframe().columns)
     ['position', 'token', 'contribution']
+    >>> att = geolens.attribute(model, "the cat sat on the", "grad_x_input", target=" mat")  # 4 tokens
+    >>> att.target, len(att.target_ids), att.target_logprob < 0
+    (' mat', 4, True)
     """
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
@@ -377,20 +385,19 @@ def attribute(
     if not names or len(set(names)) != len(names):
         raise ValueError(f"method must name one or more distinct methods, got {method!r}")
     found = [get_method(m) for m in names]
+    names = [m.name for m in found]  # a peer's name (input_x_gradient, ...) → the registry's
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names the same method twice, got {method!r}")
     level = _check_levels(found, layer, head)
+    if target is not None and level != "model":
+        raise ValueError("target= is what the model-level methods explain: leave layer= and head= out")
     if mode is not None and mode not in ("intra", "inter"):
         raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
     model, model_name = _resolve_model(model, backend)
-    if layer is not None:
-        try:
-            layer = check_layer(layer, model.cfg.n_layers)
-        except (IndexError, TypeError) as e:  # every argument error of attribute() is a ValueError
-            raise ValueError(str(e)) from None
+    if layer is not None:  # the functional API's checks: TypeError, IndexError out of range
+        layer = check_layer(layer, model.cfg.n_layers)
     if head is not None:
-        n_heads = model.cfg.n_heads
-        if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not -n_heads <= int(head) < n_heads:
-            raise ValueError(f"head must be an integer in [{-n_heads}, {n_heads}), got {head!r}")
-        head = int(head) % n_heads
+        head = check_head(head, model.cfg.n_heads)
     tokens, truncated_from = _tokenize(model, text, truncate)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
@@ -407,6 +414,8 @@ def attribute(
         logits, cache = run_with_cache(model, tokens, names_filter=lambda name: any(f(name) for f in filters))
     probs = torch.softmax(logits[0, position].to(torch.float64), dim=-1)
     prediction_id = int(probs.argmax())
+    target_ids = None if target is None else _target_ids(model, target)
+    explained = prediction_id if target_ids is None else check_target(target_ids)
 
     used: dict[str, Any] = {}
     info: dict[str, Any] = {}
@@ -415,10 +424,10 @@ def attribute(
         if m.family == "flow":
             row = contribution_flow(model, cache, m.key, tokens=tokens)[0, position]
         elif m.family == "gradient":
-            row = _gradient(model, tokens[0], position, m, prediction_id, options, used, info)
+            row = _gradient(model, tokens[0], position, m, explained, options, used, info)
         else:
             row = _metric_row(model, cache, tokens, m, layer, head, position, mode, options, used)
-        rows.append(row.detach().cpu())
+        rows.append(check_finite(row.detach().cpu(), what=f"the scores of {m.name}", dims=("position",), model=model))
     if len(rows) == 1:
         scores = rows[0]
     else:
@@ -443,10 +452,45 @@ def attribute(
         options=used,
         info=info,
         truncated_from=truncated_from,
+        target=None
+        if target_ids is None
+        else target
+        if isinstance(target, str)
+        else model.tokenizer.decode(target_ids),
+        target_ids=target_ids,
+        target_logprob=None if target_ids is None else _target_logprob(model, tokens[0], position, target_ids, logits),
     )
 
 
-def _gradient(model, tokens: Tensor, position: int, m: Method, target: int, options, used, info) -> Tensor:
+def _target_ids(model, target) -> list[int]:
+    """The token ids of ``target=``: an id, a list of ids, or a string tokenised without BOS."""
+    d_vocab = int(model.cfg.d_vocab)
+    if isinstance(target, str):
+        if not target:
+            raise ValueError("target must be a non-empty string, a token id or a list of token ids, got ''")
+        ids = model.to_tokens(target, prepend_bos=False)[0].tolist()
+        if not ids:
+            raise ValueError(f"target {target!r} has no token")
+    else:
+        ids = check_target(target, d_vocab)
+        ids = [ids] if isinstance(ids, int) else ids.tolist()
+    check_target(ids, d_vocab)
+    return [int(t) for t in ids]
+
+
+def _target_logprob(model, tokens: Tensor, position: int, ids: list[int], logits: Tensor) -> float:
+    """log p(t_1 … t_k | text up to ``position``) = Σ_m log p(t_m | …, t_<m), float64 (clean model)."""
+    if len(ids) == 1:
+        return float(torch.log_softmax(logits[0, position].to(torch.float64), dim=-1)[ids[0]])
+    cont = torch.tensor(ids, device=tokens.device)
+    seq = torch.cat([tokens[: position + 1], cont[:-1].to(tokens.dtype)])
+    with torch.no_grad():
+        out = model(seq[None], return_type="logits")[0, position:]
+    logp = torch.log_softmax(out.to(torch.float64), dim=-1)
+    return float(logp.gather(-1, cont[:, None]).sum())
+
+
+def _gradient(model, tokens: Tensor, position: int, m: Method, target, options, used, info) -> Tensor:
     baseline = options.get("baseline")
     xb = None  # x′ of both gradient methods with baseline="prefix_mean" (docs/flow/v2/PROTOCOL.md)
     if isinstance(baseline, str):
@@ -500,6 +544,13 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target: int, opti
         "n_steps": ig.n_steps,
         "n_forward": ig.n_forward,
     }
+    if ig.rel_gap > GAP_WARNING:
+        warnings.warn(
+            f"integrated gradients: the scores sum to {float(ig.attributions.sum()):.4g} where f(x) − f(x′) = "
+            f"{ig.f_input - ig.f_baseline:.4g} (relative gap {ig.rel_gap:.1%} > {GAP_WARNING:.0%}): raise ig_steps, "
+            "or pass ig_tolerance=0.01 to refine the grid until the gap is within 1 %",
+            stacklevel=3,
+        )
     return ig.attributions
 
 
@@ -514,7 +565,7 @@ def _metric_row(model, cache, tokens, m: Method, layer, head, position, mode, op
         used["seed"] = seed
     chunk = options.get("value_zeroing_chunk")
     inputs = SequenceInputs(model, tokens, (layer,), model.cfg.n_heads, seed, chunk)
-    x = metric.fn(inputs)[0, 0]  # [head or 1, query, key]
+    x = metric.scores(inputs)[0, 0]  # [head or 1, query, key], checked (shape, finite)
     if head is not None:
         return x[head, position]
     summed = x.sum(0) if x.shape[0] > 1 else x[0]

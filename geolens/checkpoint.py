@@ -13,7 +13,10 @@ A checkpoint is one ``torch.save`` file holding
 - ``torch_rng``: the CPU generator state, so that analyses that draw random numbers (random
   controls) continue the same stream after a resume;
 - ``digest``: :func:`state_digest` of ``next_batch`` and ``states``, checked on
-  resume (a checkpoint saved before it was recorded is read without it).
+  resume (a checkpoint saved before it was recorded is refused: nothing unchecked is resumed);
+- ``writer``: :func:`writer_record`, the weights fingerprint of the model (the one
+  :func:`geolens.run_with_cache` stamps) and the geolens version that wrote it: a resume with
+  other weights is refused, one under another version carries ``resumed_across_versions``.
 
 Writes are atomic: the file is written to a temporary file *in the same folder*, flushed and
 ``fsync``-ed, then moved over the old one with ``os.replace`` (atomic on POSIX and Windows for
@@ -221,6 +224,65 @@ def model_fingerprint(model) -> dict[str, Any]:
     return out
 
 
+def writer_record(model=None) -> dict[str, Any]:
+    """Who writes saved work: ``{"geolens_version", "weights_fingerprint"}``, the latter the
+    fingerprint :func:`geolens.run_with_cache` stamps its caches with
+    (:func:`geolens.validation.weights_fingerprint`; None without a model, or where its weights
+    cannot be read). Every progress record and checkpoint keeps it (``writer``)."""
+    from geolens._version import __version__
+    from geolens.validation import weights_fingerprint
+
+    weights = None
+    if model is not None:
+        try:
+            weights = weights_fingerprint(model)
+        except (NotImplementedError, RuntimeError, AttributeError, TypeError, ValueError):
+            weights = None
+    return {"geolens_version": __version__, "weights_fingerprint": weights}
+
+
+def versions_crossed(writer: Any) -> list[str]:
+    """The geolens versions a piece of saved work was resumed across (``"0.2.0 → 0.3.0"``): those
+    its ``writer`` carries (``resumed_across_versions``), then its writer's version → this one
+    when they differ. What a summary reports as ``resumed_across_versions``."""
+    from geolens._version import __version__
+
+    writer = writer if isinstance(writer, dict) else {}
+    crossed = [str(v) for v in writer.get("resumed_across_versions") or []]
+    old = writer.get("geolens_version")
+    if old and str(old) != __version__:
+        crossed.append(f"{old} → {__version__}")
+    return crossed
+
+
+def check_writer(path, saved: Any, model, *, vouch: Sequence = (), again: str) -> dict[str, Any]:
+    """The ``writer`` of saved work at ``path`` (``saved``, a :func:`writer_record`) checked against
+    this run's ``model``; returns the writer this run records when it saves again (its version,
+    with the versions crossed carried: :func:`versions_crossed`). :class:`ResumeRefused` in one
+    line, ending with ``again``, when the saved work names other weights, or names none (saved
+    before geolens kept them) unless git vouches for the files ``vouch``
+    (:func:`geolens.preregistration.committed_unchanged`: a finished run published in docs/). A
+    model whose weights cannot be read is not checked."""
+    mine = writer_record(model)
+    saved = saved if isinstance(saved, dict) else {}
+    theirs = saved.get("weights_fingerprint")
+    if mine["weights_fingerprint"] is not None and theirs != mine["weights_fingerprint"]:
+        if theirs is not None:
+            raise ResumeRefused(
+                f"cannot resume from {path}: it was written by a model with other weights (weights fingerprint "
+                f"{theirs}, this model's is {mine['weights_fingerprint']}: other weights under the same --model?); {again}"
+            )
+        from geolens.preregistration import committed_unchanged
+
+        if not (vouch and committed_unchanged(vouch)):
+            raise ResumeRefused(
+                f"cannot resume from {path}: it does not record the weights of the model that wrote it (saved before "
+                f"geolens kept them), so this model cannot be checked against them; {again}"
+            )
+    crossed = versions_crossed(saved)
+    return dict(mine, resumed_across_versions=crossed) if crossed else mine
+
+
 def analyses_fingerprint(analyses: Sequence) -> list[dict[str, Any]]:
     """Class name and constructor arguments (``config()``) of every analysis, in order."""
     from geolens.streaming import plain_config
@@ -269,8 +331,11 @@ def check_writable(path) -> None:
     os.unlink(probe)
 
 
-def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict[str, Any]) -> None:
-    """Atomically write the states of ``analyses`` after ``next_batch`` batches.
+def save_checkpoint(
+    path, analyses: Sequence, next_batch: int, fingerprint: dict[str, Any], writer: dict | None = None
+) -> None:
+    """Atomically write the states of ``analyses`` after ``next_batch`` batches, with ``writer``
+    (:func:`writer_record` of the model: its weights fingerprint and the geolens version).
 
     A failed write (full disk, permissions) raises :class:`WriteError` naming the checkpoint;
     the checkpoint saved before stays intact (the write goes to a temporary file first).
@@ -283,6 +348,7 @@ def save_checkpoint(path, analyses: Sequence, next_batch: int, fingerprint: dict
         "fingerprint": fingerprint,
         "torch_rng": torch.get_rng_state(),
         "digest": state_digest({"next_batch": int(next_batch), "states": states}),
+        "writer": writer if writer is not None else writer_record(),
     }
     try:
         atomic_torch_save(state, path)
@@ -352,8 +418,23 @@ def check_fingerprint(path, saved: dict[str, Any], expected: dict[str, Any]) -> 
         )
 
 
-def restore(path, analyses: Sequence, fingerprint: dict[str, Any], *, trusted: bool = False) -> int:
-    """Load the states of ``analyses`` from ``path`` and return the batch index to resume at."""
+def restore(path, analyses: Sequence, fingerprint: dict[str, Any], *, trusted: bool = False, model=None) -> int:
+    """Load the states of ``analyses`` from ``path`` and return the batch index to resume at
+    (:func:`restore_checked`)."""
+    return restore_checked(path, analyses, fingerprint, trusted=trusted, model=model)[0]
+
+
+def restore_checked(
+    path, analyses: Sequence, fingerprint: dict[str, Any], *, trusted: bool = False, model=None
+) -> tuple[int, dict]:
+    """Load the states of ``analyses`` from ``path``: (the batch index to resume at, the writer the
+    resumed run records, :func:`check_writer`). Refused (:class:`ResumeRefused`, one line) when the
+    checkpoint was written for another run, has no digest of its states (saved before digests were
+    kept: never trusted), does not match its digest, or names other weights than ``model``'s, or
+    none. A resume under another geolens version is said in a warning and carried in the
+    checkpoint (``writer.resumed_across_versions``)."""
+    import warnings
+
     ckpt = load_checkpoint(path, trusted=trusted)
     check_fingerprint(path, ckpt["fingerprint"], fingerprint)
     again = "delete it or pass another checkpoint path"
@@ -361,16 +442,24 @@ def restore(path, analyses: Sequence, fingerprint: dict[str, Any], *, trusted: b
         raise ResumeRefused(
             f"cannot resume from {path}: the checkpoint is malformed (no states or batch index); {again}"
         )
-    if "digest" in ckpt and ckpt["digest"] != state_digest(
-        {"next_batch": ckpt["next_batch"], "states": ckpt["states"]}
-    ):
+    if "digest" not in ckpt:
+        raise ResumeRefused(
+            f"cannot resume from {path}: it has no digest of its batch index and states (saved before geolens "
+            f"kept one), so they cannot be checked; {again}"
+        )
+    if ckpt["digest"] != state_digest({"next_batch": ckpt["next_batch"], "states": ckpt["states"]}):
         raise ResumeRefused(
             f"cannot resume from {path}: its batch index or states were changed after it was saved (digest differs); "
             + again
         )
     if len(ckpt["states"]) != len(analyses):
         raise ValueError(f"checkpoint {path} has {len(ckpt['states'])} analysis states, this run has {len(analyses)}")
+    writer = check_writer(path, ckpt.get("writer"), model, again=again)
+    if writer.get("resumed_across_versions"):
+        warnings.warn(
+            f"resuming {path} across geolens versions ({', '.join(writer['resumed_across_versions'])})", stacklevel=3
+        )
     for analysis, state in zip(analyses, ckpt["states"]):
         analysis.load_state_dict(state)
     torch.set_rng_state(ckpt["torch_rng"])
-    return int(ckpt["next_batch"])
+    return int(ckpt["next_batch"]), writer

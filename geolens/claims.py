@@ -91,6 +91,17 @@ def sample_size(
     }
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, singular for 1 and plural otherwise (``noun + "s"`` unless ``plural``):
+    the one way figures and report text count sequences, windows, documents, heads, tokens, ...
+
+    >>> counted(1, "sequence"), counted(3, "window"), counted(0, "query", "queries")
+    ('1 sequence', '3 windows', '0 queries')
+    """
+    n = int(n)
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def describe_sample(sample: dict) -> str:
     """``"n = 64 held-out windows, 3 seeds"``.
 

@@ -437,6 +437,7 @@ def contribution_weights(
     memory_budget_bytes: int | None = None,
     attention_mask: Tensor | None = None,
     out: Tensor | None = None,
+    head: int | None = None,
 ) -> Float[Tensor, "*layer batch head query key"]:
     """Contribution weights c_ij (docs/method.md §2) from a TransformerLens ``ActivationCache``.
 
@@ -463,9 +464,13 @@ def contribution_weights(
             is a view of it. Reusing one ``out`` across calls (a loop over texts of one shape)
             saves mapping fresh memory for every result, which on a CPU costs about a third of
             the call at 512 tokens (``benchmarks/contributions.py``, column b0).
+        head: one head (an index in ``[-n_heads, n_heads)``): its weights only, without the head
+            axis. In ``"inter"`` mode they are still normalised by the whole layer's output, so
+            they equal that head's slice of the full result.
 
     Returns:
-        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all.
+        ``[batch, head, query, key]`` for one layer, ``[layer, batch, head, query, key]`` for all;
+        without the ``head`` axis when ``head=`` is given.
 
     >>> import geolens
     >>> from geolens.testing import tiny_bridge, tiny_tokens
@@ -474,11 +479,21 @@ def contribution_weights(
     >>> c = contribution_weights(model, cache, layer=0)
     >>> tuple(c.shape), round(float(c[0, 0, 5].sum()), 4)
     ((2, 4, 20, 20), 1.0)
+    >>> bool(torch.equal(contribution_weights(model, cache, layer=0, head=2), c[:, 2]))
+    True
     """
     _check_mode(mode)
-    return _contribution_weights(
+    if head is not None:
+        from geolens.adapter import adapter_for
+        from geolens.validation import check_head
+
+        head = check_head(head, adapter_for(model).n_heads)
+        if out is not None:
+            raise ValueError("out= holds every head's weights: leave head= out, or out= out")
+    result = _contribution_weights(
         model, cache, layer, (mode,), dtype, eps, query_chunk_size, memory_budget_bytes, attention_mask, out
     )[0]
+    return result if head is None else result[..., head, :, :]
 
 
 def contribution_weight_pair(

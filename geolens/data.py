@@ -78,7 +78,12 @@ def _read_enwiki(path: Path) -> list[str]:
 def load_corpus(
     name: str = "lee", *, split: str = "train", one_per_line: bool = False, max_docs: int | None = None
 ) -> list[str]:
-    """Documents of a corpus as a list of strings (see the module docstring for names)."""
+    """Documents of a corpus as a list of strings (see the module docstring for names).
+
+    >>> docs = load_corpus("lee")  # offline, from the gensim wheel
+    >>> len(docs), docs[0][:26]
+    (300, 'Hundreds of people have be')
+    """
     if name in OFFLINE_CORPORA:
         path = _gensim_test_data() / OFFLINE_CORPORA[name]
         if name == "lee":
@@ -199,7 +204,13 @@ def token_windows(
 def corpus_windows(
     model, name: str = "lee", seq_len: int = 128, n_sequences: int | None = 200, **kwargs
 ) -> torch.Tensor:
-    """:func:`load_corpus` then :func:`token_windows`: the usual way to get an analysis batch."""
+    """:func:`load_corpus` then :func:`token_windows`: the usual way to get an analysis batch.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> tokens = corpus_windows(tiny_bridge("gqa"), "lee", seq_len=16, n_sequences=4)
+    >>> tuple(tokens.shape), tokens[:, 0].tolist()  # BOS first in every window
+    ((4, 16), [0, 0, 0, 0])
+    """
     return token_windows(model, load_corpus(name), seq_len, n_sequences=n_sequences, **kwargs)
 
 

@@ -6,7 +6,9 @@ names the process (pid, command, start time) and is removed when the run ends. A
 :class:`~geolens.errors.UsageError` naming the folder and the process holding it. The kernel drops
 the lock of a process that dies (even of ``kill -9``): its lock file is then stale and the next
 run takes it over. Where the file system has no ``flock`` (some network mounts), the pid in the
-file decides: a live process other than this one holds the folder, a dead one does not.
+file decides: a live process other than this one holds the folder, a dead one does not. The lock
+file is opened with ``O_NOFOLLOW``: a symbolic link named ``.geolens-lock`` is refused in one line
+(:class:`geolens.files.UnsafePath`), and what it names is never written.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from geolens.errors import UsageError
+from geolens.files import UnsafePath, open_nofollow
 
 LOCK = ".geolens-lock"
 
@@ -73,7 +76,10 @@ class FolderLock:
         import fcntl
 
         for _ in range(20):  # the file may be replaced between open and flock: retry on the new one
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:  # never through a link: a symlinked lock file is refused, its target untouched
+                fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, what="the lock of its output folder")
+            except UnsafePath as err:
+                raise UnsafePath(f"{option} {self.path.parent}: {err}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -86,7 +92,7 @@ class FolderLock:
                     os.close(fd)
                     self._refuse(option, holder)
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
             except FileNotFoundError:
                 same = False
             if not same:  # the previous holder removed it meanwhile: lock the current file

@@ -196,6 +196,41 @@ def projected_value_norms(layer: AttentionLayer) -> Float[Tensor, "batch head ke
     return gram_norm(layer.v, gram(layer.W_O)).transpose(1, 2).contiguous()
 
 
+def projected_values(model, cache=None, layer: int | None = None) -> Float[Tensor, "batch pos head d_model"]:
+    """The projected values ṽ_j^h = v_j^h W_O^h ``[batch, pos, head, d_model]`` of one layer
+    (docs/method.md §1): what source j would add to head h's output with all the attention on it.
+
+    ``projected_values(model, cache, layer)`` reads the layer from a cache of
+    ``model.run_with_cache(tokens, names_filter=geolens.names_filter(model))``; an
+    :class:`~geolens.adapter.AttentionLayer` alone (``projected_values(layer)``) works too. With
+    grouped-query attention v_j is that of the query head's kv head. Their norms are
+    :func:`projected_value_norms` (computed there without forming the vectors:
+    ``projected_values(...).norm(dim=-1)`` is its ``[batch, head, key]`` transposed).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 query heads sharing 2 kv heads, d_model 32
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> vt = geolens.projected_values(model, cache, 0)
+    >>> tuple(vt.shape)  # [batch, pos, head, d_model]
+    (2, 20, 4, 32)
+    >>> norms = geolens.projected_value_norms(geolens.get_attention_layer(model, cache, 0))
+    >>> bool(torch.allclose(vt.norm(dim=-1).transpose(1, 2), norms, atol=1e-5))
+    True
+    """
+    if isinstance(model, AttentionLayer):
+        if cache is not None or layer is not None:
+            raise TypeError("projected_values(layer) takes an AttentionLayer alone, or (model, cache, layer)")
+        view = model
+    else:
+        if cache is None or layer is None:
+            raise TypeError("projected_values needs (model, cache, layer), or an AttentionLayer alone")
+        from geolens.adapter import get_attention_layer
+
+        view = get_attention_layer(model, cache, layer)
+    return torch.einsum("bkhd,hdm->bkhm", view.v, view.W_O.to(view.v.dtype))
+
+
 def head_output_norms(layer: AttentionLayer, queries: slice = slice(None)) -> Float[Tensor, "batch query head"]:
     """‖o_i^h‖ = ‖z_i^h W_O^h‖ = sqrt(z_i^h G^h z_i^{hT}) (docs/method.md §1–2; b_O excluded).
 

@@ -50,6 +50,8 @@ class Method:
             or ``"gradient"`` (:mod:`geolens.flow.erasure`).
         key: its name inside its family (the CLI's and the protocols' spelling).
         signed: its scores take both signs (a plot centres its colours on 0).
+        unit: what a score is, with its unit, as a plot's axis says it (``""``: not given, e.g. a
+            metric registered without ``unit=``; a plot then says "score").
     """
 
     name: str
@@ -61,6 +63,14 @@ class Method:
     family: Family
     key: str
     signed: bool = False
+    unit: str = ""
+
+
+# The units of the whole-model methods: a flow row is a share of the prediction; a gradient
+# method's score is in nats of log p(target) (integrated gradients' add up to its change from the
+# baseline input).
+SHARE_OF_PREDICTION = "share of the prediction (unitless, a row sums to 1)"
+LOG_PROB_NATS = "contribution to log p(target) (nats)"
 
 
 # The whole-model methods (the metrics are read from geolens.metrics when asked).
@@ -74,6 +84,7 @@ _MODEL_METHODS: tuple[Method, ...] = (
         "contribution weights of each layer's residual update, composed through the layers",
         "flow",
         "contribution",
+        unit=SHARE_OF_PREDICTION,
     ),
     Method(
         "alti",
@@ -84,6 +95,7 @@ _MODEL_METHODS: tuple[Method, ...] = (
         "L1 proximity of each source's term to the layer output, composed through the layers",
         "flow",
         "alti",
+        unit=SHARE_OF_PREDICTION,
     ),
     Method(
         "attention_rollout",
@@ -94,6 +106,7 @@ _MODEL_METHODS: tuple[Method, ...] = (
         "0.5 · mean_h α + 0.5 · I, composed through the layers",
         "flow",
         "attention_rollout",
+        unit=SHARE_OF_PREDICTION,
     ),
     Method(
         "value_zeroing_rollout",
@@ -104,17 +117,19 @@ _MODEL_METHODS: tuple[Method, ...] = (
         "Value Zeroing scores of each layer, rows normalised, composed through the layers",
         "flow",
         "value_zeroing_rollout",
+        unit=SHARE_OF_PREDICTION,
     ),
     Method(
         "grad_x_input",
         "model",
         "gradients",
         "Shrikumar et al. 2016",
-        "input × gradient",
+        "gradient × input",
         "Σ_d x_jd ∂ log p(t*)/∂x_jd on the input embeddings (t*: the top-1 prediction)",
         "gradient",
         "grad_x_input",
         signed=True,
+        unit=LOG_PROB_NATS,
     ),
     Method(
         "integrated_gradients",
@@ -126,14 +141,15 @@ _MODEL_METHODS: tuple[Method, ...] = (
         "gradient",
         "integrated_gradients",
         signed=True,
+        unit=LOG_PROB_NATS,
     ),
 )
 
 
 def _metric_methods() -> list[Method]:
     # Imported here, not at module level: the command line builds its --method choices from
-    # model_methods() without importing torch (geolens.metrics needs it).
-    import geolens.faithfulness.value_zeroing  # noqa: F401  (registers the value_zeroing metric)
+    # model_methods() without importing torch (geolens.metrics needs it). Importing it registers
+    # every built-in metric, value_zeroing included.
     from geolens import metrics
 
     out = []
@@ -151,6 +167,7 @@ def _metric_methods() -> list[Method]:
                 "metric",
                 name,
                 signed=not m.absolute and name not in _UNSIGNED_METRICS,
+                unit=m.unit,
             )
         )
     return out
@@ -180,12 +197,28 @@ def methods(level: str | None = None) -> tuple[Method, ...]:
     return tuple(m for m in found if level is None or m.level == level)
 
 
+ALIASES: dict[str, str] = {
+    "input_x_gradient": "grad_x_input",  # inseq
+    "inputxgradient": "grad_x_input",  # captum's InputXGradient
+    "gradient_x_input": "grad_x_input",
+    "integratedgradients": "integrated_gradients",  # captum's IntegratedGradients
+    "attention": "raw_attention",  # inseq's attention weights
+    "rollout": "attention_rollout",
+}
+"""The peers' names of geolens' methods (inseq, captum) → the registry's: :func:`get_method` takes
+both, and the results carry the registry's name."""
+
+
 def get_method(name: str) -> Method:
-    """The method ``name``; a one-line ValueError naming the choices otherwise.
+    """The method ``name`` (or a peer's name for it, :data:`ALIASES`); a one-line ValueError naming
+    the choices otherwise.
 
     >>> get_method("integrated_gradients").needs
     'gradients'
+    >>> get_method("input_x_gradient").name  # inseq's name
+    'grad_x_input'
     """
+    name = ALIASES.get(str(name).lower(), name) if isinstance(name, str) else name
     for m in methods():
         if m.name == name:
             return m

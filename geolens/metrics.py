@@ -9,9 +9,10 @@ registration order, is the order of the tables, legends and the report.
 Built-in metrics (docs/method.md §2 and §3.1; formulas in the :mod:`geolens.faithfulness.protocol`
 docstring): ``raw_attention`` α_ij, ``value_weighted`` α_ij‖ṽ_j‖, ``output_normalized``
 α_ij‖ṽ_j‖/‖o_i‖, ``contribution`` c_ij (ranked by signed value), ``contribution_abs`` |c_ij|,
-``value_zeroing`` (Mohebbi et al. 2023; registered by :mod:`geolens.faithfulness.value_zeroing`,
-where it is computed) and ``random`` (uniform scores: the floor). The built-ins keep the order of
-:data:`MetricName` whichever registers first; other metrics follow in registration order.
+``value_zeroing`` (Mohebbi et al. 2023; computed by :mod:`geolens.interventions.value_zeroing`,
+below this registry, so that importing it registers every built-in) and ``random`` (uniform
+scores: the floor). The built-ins keep the order of :data:`MetricName`; other metrics follow in
+registration order.
 
 A metric is either
 
@@ -37,12 +38,15 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal, get_args
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.adapter import AttentionLayer
 from geolens.contributions import layer_metrics
+from geolens.finite import check_finite
 from geolens.interventions.masking import random_scores
+from geolens.interventions.value_zeroing import value_zeroing
 
 MetricName = Literal[
     "raw_attention",
@@ -121,6 +125,8 @@ class Metric:
         level: ``"head"`` (a score per head, summed over heads for a whole layer) or ``"layer"``
             (one score per layer); default: ``"head"`` for a per-layer metric, ``"layer"`` for a
             per-sequence one.
+        unit: what a score is, with its unit, as a plot's axis says it (``""``: not given); the
+            method registry (:class:`geolens.methods.Method`) carries it to :meth:`geolens.Attribution.plot`.
     """
 
     name: str
@@ -138,15 +144,72 @@ class Metric:
     description: str = ""
     citation: str = ""
     level: Literal["head", "layer"] | None = None
+    unit: str = ""
 
     @property
     def scope(self) -> str:
         """``"head"`` or ``"layer"``: the finest level the metric scores (``level``, or its default)."""
         return self.level or ("head" if self.per_layer else "layer")
 
-    def layer_scores(self, inputs: LayerInputs, summed: bool) -> Tensor:
-        """``fn(inputs)``, summed over heads when ``summed`` (source ranking), then |·| if absolute."""
+    def scores(self, inputs: LayerInputs | SequenceInputs) -> Tensor:
+        """``fn(inputs)``, checked: a torch tensor (a numpy array is converted; integers become
+        floats) of the shape the metric promises (per layer: ``[batch, head, query, key]``, that of
+        ``inputs.alpha``; per sequence: ``[layer, 1, head or 1, query, key]``) holding finite numbers;
+        else one line (``ValueError``) naming the metric and, for a NaN or inf, where it is."""
         x = self.fn(inputs)
+        per_layer = isinstance(inputs, LayerInputs)
+        like = inputs.alpha if per_layer else None
+        if not isinstance(x, Tensor):
+            import numpy as np
+
+            if not isinstance(x, np.ndarray):
+                raise ValueError(
+                    f"metric {self.name!r} returned a {type(x).__name__}: its fn must return a torch tensor or a numpy array"
+                )
+            x = torch.from_numpy(np.ascontiguousarray(x))
+            x = x.to(like.device, like.dtype) if per_layer else x.to(inputs.tokens.device)
+        if x.dtype == torch.bool or not (x.is_floating_point() or x.is_complex()):
+            x = x.to(like.dtype if per_layer else torch.float32)
+        if x.is_complex():
+            raise ValueError(f"metric {self.name!r} returned complex scores ({x.dtype}): a score must be a real number")
+        if per_layer:
+            expected, names = tuple(like.shape), "[batch, head, query, key]"
+            ok = tuple(x.shape) == expected
+        else:
+            n = int(inputs.tokens.shape[-1])
+            expected, names = (len(inputs.layers), 1, inputs.heads, n, n), "[layer, 1, head or 1, query, key]"
+            ok = x.ndim == 5 and tuple(x.shape) in (expected, expected[:2] + (1,) + expected[3:])
+        if not ok:
+            raise ValueError(
+                f"metric {self.name!r} returned scores of shape {list(x.shape)}: expected {names} = {list(expected)}"
+                + (", one score per (head, query, key) term of each layer" if per_layer else "")
+            )
+        bad = ~torch.isfinite(x)
+        if per_layer and bool(bad.any()):
+            check_finite(
+                x,
+                what=f"the scores of metric {self.name!r}",
+                dims=("batch", "head", "query", "key"),
+                layer=inputs.view.layer,
+                cause=None
+                if bool(torch.isfinite(like).all())
+                else "the attention weights α of that layer hold NaN or inf: the model's weights or its input are not finite",
+            )
+        elif bool(bad.any()):
+            l = int(bad.nonzero()[0, 0])
+            check_finite(
+                x[l, 0],
+                what=f"the scores of metric {self.name!r}",
+                dims=("head", "query", "key"),
+                model=inputs.model,
+                layer=int(inputs.layers[l]),
+            )
+        return x
+
+    def layer_scores(self, inputs: LayerInputs, summed: bool) -> Tensor:
+        """:meth:`scores` (``fn(inputs)``, checked), summed over heads when ``summed`` (source
+        ranking), then |·| if absolute."""
+        x = self.scores(inputs)
         if summed:
             x = x.sum(1, keepdim=True)
         return x.abs() if self.absolute else x
@@ -269,6 +332,10 @@ def check_metric_names(metrics) -> None:
         raise ValueError("no metric given")
 
 
+def _value_zeroing(x: SequenceInputs) -> Tensor:
+    return value_zeroing(x.model, x.tokens, x.layers, chunk_size=x.value_zeroing_chunk)[:, :, None]
+
+
 def _random(x: SequenceInputs) -> Tensor:
     n = x.tokens.shape[1]
     return random_scores((len(x.layers), 1, x.heads, n, n), seed=x.seed)
@@ -282,6 +349,7 @@ register_metric(
     markersize=7,
     fn=lambda x: x.alpha,
     description="α_ij",
+    unit="attention weight α (unitless; a head's row sums to 1)",
 )
 register_metric(
     "value_weighted",
@@ -293,6 +361,7 @@ register_metric(
     fn=lambda x: x.alpha * x.value_norm,
     description="α_ij‖ṽ_j‖ (Kobayashi et al. 2020)",
     citation="Kobayashi et al. 2020",
+    unit="α‖ṽ‖ (a norm, in the residual stream's units)",
 )
 register_metric(
     "output_normalized",
@@ -303,6 +372,7 @@ register_metric(
     fn=lambda x: x.alpha * x.relative,
     description="α_ij‖ṽ_j‖/‖o_i‖",
     citation="Cunningham & Muça Cirone 2026",
+    unit="α‖ṽ‖/‖o‖ (unitless ratio of norms)",
     same_ranking_as="value_weighted",
     same_ranking_reason="‖o_i‖ is constant within a ranking group (a (head, query) row, or a query in inter mode), "
     "so α‖ṽ‖/‖o‖ ranks the group's terms exactly as α‖ṽ‖ does",
@@ -316,6 +386,7 @@ register_metric(
     fn=lambda x: x.contribution,
     description="c_ij = α_ij‖ṽ_j‖/‖o_i‖ cos(o_i, ṽ_j), ranked by signed value",
     citation="Cunningham & Muça Cirone 2026",
+    unit="share of the attention output (unitless, a row sums to 1)",
 )
 register_metric(
     "contribution_abs",
@@ -327,6 +398,20 @@ register_metric(
     absolute=True,
     description="|c_ij| (source ranking: |Σ_h c_ij^h|)",
     citation="Cunningham & Muça Cirone 2026",
+    unit="|share| of the attention output (unitless)",
+)
+register_metric(
+    "value_zeroing",
+    label="Value Zeroing",
+    colour="#9467bd",
+    marker="v",
+    linestyle=":",
+    fn=_value_zeroing,
+    per_layer=False,
+    default=False,
+    description="1 − cos of the layer output with v_j zeroed, Mohebbi et al. 2023; one MLP pass per (query, source ≤ query) row",
+    citation="Mohebbi et al. 2023",
+    unit="1 − cos of the layer output (unitless, 0 to 2)",
 )
 register_metric(
     "random",
@@ -338,4 +423,5 @@ register_metric(
     per_layer=False,
     level="head",
     description="uniform scores: the floor",
+    unit="uniform random score (unitless)",
 )

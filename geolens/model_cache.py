@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from geolens._version import __version__
 from geolens.files import apply_umask_tree
@@ -369,6 +369,14 @@ def clear(name: str | None = None, *, root: Path | None = None) -> list[Path]:
         else {p.name[: -len("-f32")] for p in root.glob("*-f32") if p.is_dir()}
         | {p.name[1:].split("-tmp-")[0] for p in root.glob(".*-tmp-*") if p.is_dir()}
     )
+    links = [p for model in sorted(names) for p in [root / f"{model}-f32", *root.glob(f".{model}-*")] if p.is_symlink()]
+    if links:  # never deleted through: refused before anything is removed (one line)
+        from geolens.files import UnsafePath
+
+        raise UnsafePath(
+            f"{links[0]} is a symbolic link (to {os.readlink(links[0])}), not a folder geolens made: nothing was "
+            "removed; geolens deletes nothing through a link: remove the link by hand (what it names is kept)"
+        )
     removed = []
     for model in sorted(names):
         with _locked(root, model):
@@ -469,7 +477,65 @@ def hub_checkpoint(name: str, *, shipped: tuple[str, ...] = ()) -> str:
         return name
     names = f" ({', '.join(shipped)})" if shipped else ""
     raise UsageError(
-        f"unknown model {name!r}: not a shipped name{names} or a local folder, and not in the local Hugging "
-        f"Face cache; {why}: use a local folder or a shipped name, or download it where the hub can be "
-        f"reached (hf download {name})"
+        unknown_model(
+            name,
+            shipped,
+            f"not a shipped name{names} or a local folder, and not in the local Hugging Face cache; {why}: use a "
+            f"local folder or a shipped name, or download it where the hub can be reached (hf download {name})",
+        )
     )
+
+
+# --- model names: the one message for a name that loads nothing -----------------------------------
+# Here rather than in geolens.models (which owns the names, MODELS) because the command line checks
+# a --model argument with it before loading anything, without importing torch.
+
+
+def did_you_mean_model(name: str, known: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``known`` to a misspelt model name, matching
+    whole names first, then their first part (``'smollm2'`` → ``'smollm2-135m'``); else ``""``.
+
+    >>> did_you_mean_model("smollm2", ("gemma3-270m", "smollm2-135m"))
+    " (did you mean 'smollm2-135m'?)"
+    """
+    import difflib
+
+    known = [str(k) for k in known]
+    for candidates in (known, [k.split("-")[0] for k in known]):
+        close = difflib.get_close_matches(str(name), candidates, n=1, cutoff=0.6)
+        if close:
+            return f" (did you mean {known[candidates.index(close[0])]!r}?)"
+    return ""
+
+
+def unknown_model(name: str, known: Sequence[str], reason: str) -> str:
+    """The message for a model name that loads nothing, the same in :func:`geolens.load_model`,
+    :func:`geolens.attribute`, :func:`geolens.evaluate_attribution` and every ``--model`` of the
+    command line: ``unknown model 'x' (did you mean 'y'?): <reason>``."""
+    return f"unknown model {name!r}{did_you_mean_model(name, known)}: {reason}"
+
+
+def checkpoint_for(name: str, known: Sequence[str]) -> str:
+    """What transformers loads for a model name other than ``known`` (the shipped and test names,
+    which the caller resolves itself): a local checkpoint folder (with ``config.json``), or a
+    Hugging Face hub id with or without a slash (:func:`hub_checkpoint`); else a one-line
+    :class:`~geolens.errors.UsageError` (:func:`unknown_model`, listing ``known``), at once for a
+    name that cannot be a hub id, within seconds for a hub id that is neither cached nor reachable.
+    """
+    from geolens.errors import UsageError
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"model folder {name}: it has no config.json (not a Hugging Face checkpoint folder)")
+        return str(path)
+    if not looks_like_hub_id(name) or path.exists():
+        raise UsageError(
+            unknown_model(
+                name,
+                known,
+                f"no such folder, and not a Hugging Face hub id; use one of {', '.join(known)}, a local "
+                "checkpoint folder or a hub id such as gpt2 or EleutherAI/pythia-70m",
+            )
+        )
+    return hub_checkpoint(name, shipped=tuple(known))

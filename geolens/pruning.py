@@ -155,7 +155,15 @@ def pruning_orders(
     batch_size: int = 8,
 ) -> dict[str, list[Head]]:
     """All orders of the module docstring; the taxonomy and entropy are computed on ``tokens``
-    unless given."""
+    unless given.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers × 4 heads
+    >>> orders = pruning_orders(model, tiny_tokens(model, length=16), seeds=(0,))
+    >>> every_head = [(l, h) for l in range(2) for h in range(4)]
+    >>> list(orders), sorted(orders["regime"]) == sorted(orders["random_0"]) == every_head
+    (['regime', 'weight', 'entropy', 'random_0'], True)
+    """
     cfg = model.cfg
     if taxonomy_table is None:
         from geolens.taxonomy import head_taxonomy
@@ -211,7 +219,16 @@ def pruning_curves(
     n_scored: int | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """ΔPPL per order and retention level: rows ``order, retention, n_pruned, ppl, delta_ppl``."""
+    """ΔPPL per order and retention level: rows ``order, retention, n_pruned, ppl, delta_ppl``.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 8 heads
+    >>> tokens = tiny_tokens(model, length=16)
+    >>> orders = pruning_orders(model, tokens, seeds=(0,))
+    >>> curves = pruning_curves(model, tokens, orders, (0.5,), mode="zero", progress=False)  # 4 of 8 heads zeroed
+    >>> curves[["order", "retention", "n_pruned"]].values.tolist()
+    [['regime', 0.5, 4], ['weight', 0.5, 4], ['entropy', 0.5, 4], ['random_0', 0.5, 4]]
+    """
     cfg = model.cfg
     n_total = cfg.n_layers * cfg.n_heads
     clean = float(np.exp(corpus_nll(model, tokens, batch_size=batch_size, n_scored=n_scored)))

@@ -14,15 +14,26 @@ Three shapes of saved work, one rule each:
   ``<stage>_progress.json``, which names the documents done (``documents``), each table's row
   count and the SHA-256 of its file (``rows``). On resume the settings (``fingerprint``:
   protocol, model, sample) must be the same, every table file must be readable with the recorded
-  count and digest, and the documents in the rows must be exactly the documents done. A progress
-  record from before digests were kept (the completed runs in docs/) is accepted only when the
-  rows on disk hold exactly documents 0 … done − 1.
+  count and digest, and the documents in the rows must be exactly the documents done.
 - **Records in one JSON file** (:func:`write_records` / :func:`read_records`: the multiple-choice
   checkpoint, the sink controls' checkpoint): the file records how many records it holds, their
-  ids and the SHA-256 of their canonical JSON; a record edited, added or removed is refused. A
-  file from before digests were kept is read as it is (its records are the saved work itself).
+  ids and the SHA-256 of their canonical JSON; a record edited, added or removed is refused.
 - **Analysis states** (:mod:`geolens.checkpoint`, ``run_corpus(..., checkpoint=...)``): the
   checkpoint records :func:`state_digest` of its batch index and states, checked on load.
+
+Saved work is bound to its content and to the model that made it:
+
+- A record without digests (saved before geolens kept them, or stripped of them) is refused in
+  one line, never trusted as legacy. The one exception is re-summarising a run that git vouches
+  for (:func:`geolens.preregistration.committed_unchanged`: every file tracked and unchanged since
+  the last commit, a stage finished): the published runs in docs/, which ``scripts/regenerate_check.py``
+  re-summarises with ``--resume``; reading a finished folder for analysis is not a resume.
+- Every record keeps its ``writer`` (:func:`geolens.checkpoint.writer_record`): the weights
+  fingerprint that :func:`geolens.run_with_cache` stamps its caches with, and the geolens
+  version. A record of other weights (new weights saved under the same ``--model`` path) is
+  refused in one line, and so is one that names no weights (with the same exception). A resume
+  under another geolens version goes on, and the run's summary says so
+  (``resumed_across_versions``: :func:`versions_note`).
 
 Every refusal is raised before any work is redone, and every write is atomic
 (:func:`geolens.checkpoint.atomic_write_bytes`), so ``kill -9`` then ``--resume`` gives the same
@@ -136,15 +147,23 @@ def _read_rows(path: Path, recorded: dict | None):
 
 
 def load_stage(
-    stage: str, out: Path, fingerprint: dict, *, id_column: str = "document"
+    stage: str, out: Path, fingerprint: dict, *, id_column: str = "document", model=None
 ) -> tuple[list[int], dict, float]:
     """``(documents done, {table: DataFrame}, seconds)`` of the stage saved in ``out``, checked
-    (module docstring); ``([], {}, 0.0)`` when nothing was saved. :class:`ResumeRefused` otherwise."""
+    (module docstring) against this run's settings (``fingerprint``) and ``model``'s weights;
+    ``([], {}, 0.0)`` when nothing was saved. :class:`ResumeRefused` otherwise."""
+    return _load_stage(stage, out, fingerprint, id_column=id_column, model=model)[:3]
+
+
+def _load_stage(stage: str, out: Path, fingerprint: dict, *, id_column: str, model) -> tuple:
+    """:func:`load_stage`, and the writer the resumed stage records (:func:`geolens.checkpoint.check_writer`)."""
+    from geolens.checkpoint import check_writer, writer_record
+
     progress_path = out / f"{stage}_progress.json"
     if not progress_path.is_file():
         if any(out.glob(f"{stage}_*.csv.gz")):
             raise refuse(progress_path, "rows are saved but their progress record is missing")
-        return [], {}, 0.0
+        return [], {}, 0.0, writer_record(model)
     saved = read_json(progress_path)
     check_fingerprint(progress_path, saved.get("fingerprint"), fingerprint)
     try:
@@ -162,6 +181,20 @@ def load_stage(
             progress_path,
             f"the progress record says {done} documents done but names documents {_ids(documents)}",
         )
+    # a finished stage that git vouches for (a published run in docs/, re-summarised): its record
+    # may predate the digests and the writer; anything else must have both (never trusted as legacy)
+    files = [progress_path] + [out / f"{stage}_{name}.csv.gz" for name in names]
+    vouch = files if done >= int(saved.get("n_documents", done + 1)) else []
+    if rows is None:
+        from geolens.preregistration import committed_unchanged
+
+        if not (vouch and committed_unchanged(vouch)):
+            raise refuse(
+                progress_path,
+                "its progress record has no digests of its rows (saved before geolens kept them, or edited), "
+                "so the rows cannot be checked",
+            )
+    writer = check_writer(progress_path, saved.get("writer"), model, vouch=vouch, again=AGAIN)
     tables, seen = {}, set()
     for name in names:
         path = out / f"{stage}_{name}.csv.gz"
@@ -179,7 +212,7 @@ def load_stage(
             progress_path,
             f"the progress record says {done} documents done, the rows hold none of documents {_ids(missing)}",
         )
-    return documents, tables, seconds
+    return documents, tables, seconds, writer
 
 
 def _ids(ids) -> str:
@@ -197,6 +230,7 @@ def run_document_stage(
     resume: bool,
     progress=print,
     id_column: str = "document",
+    model=None,
 ):
     """Run ``measure(d) -> {table name: DataFrame}`` for documents d = 0 … n_documents − 1, saving
     after each document (``<stage>_<table>.csv.gz`` and ``<stage>_progress.json``, each written
@@ -204,18 +238,22 @@ def run_document_stage(
     stage continues after the documents already saved, once :func:`load_stage` has checked them
     (same ``fingerprint``: protocol, model, settings; the rows on disk are the ones recorded).
     Returns the tables of all documents. The progress file also records the stage's compute time
-    (``seconds``, summed over the invocations that measured documents)."""
+    (``seconds``, summed over the invocations that measured documents) and its ``writer``: the
+    weights fingerprint of ``model`` and the geolens version (a resume with other weights is
+    refused; one under another version is carried in ``writer.resumed_across_versions``:
+    :func:`versions_note`)."""
     import time
 
     import pandas as pd
 
-    from geolens.checkpoint import atomic_write_bytes
+    from geolens.checkpoint import atomic_write_bytes, writer_record
 
     tables: dict[str, list] = {}
     documents: list[int] = []
     seconds = 0.0
+    writer = writer_record(model)
     if resume:
-        documents, saved, seconds = load_stage(stage, out, fingerprint, id_column=id_column)
+        documents, saved, seconds, writer = _load_stage(stage, out, fingerprint, id_column=id_column, model=model)
         tables = {name: [frame] for name, frame in saved.items()}
         if documents:
             progress(f"{stage}: resuming after {len(documents)} documents already in {out}")
@@ -240,6 +278,7 @@ def run_document_stage(
             seconds=round(seconds, 1),
             documents=documents,
             rows=rows,
+            writer=writer,
         )
         write_record(record, out / f"{stage}_progress.json")
         progress(f"{stage}: {d + 1} / {n_documents} documents (saved)")
@@ -257,13 +296,15 @@ def run_protocol_stage(
     model_name: str,
     resume: bool,
     progress=print,
+    model=None,
     **settings,
 ):
     """:func:`run_document_stage` for an endpoint of a pre-registered ``protocol`` (anything with
     the ``sha256`` of its text, e.g. a :class:`geolens.preregistration.Preregistered`) on its
     ``windows`` (one row per document). The fingerprint its saved tables are checked against is
     the stage, the protocol's SHA-256, the model, the corpus, the number of documents, then
-    ``settings`` in the order given (the order of the keys in ``<stage>_progress.json``).
+    ``settings`` in the order given (the order of the keys in ``<stage>_progress.json``); the
+    saved work is bound to ``model``'s weights (:func:`run_document_stage`).
 
     >>> import tempfile, types
     >>> import pandas as pd, torch
@@ -286,7 +327,27 @@ def run_protocol_stage(
         n_documents=n_documents,
         **settings,
     )
-    return run_document_stage(stage, out, fingerprint, n_documents, measure, resume=resume, progress=progress)
+    return run_document_stage(
+        stage, out, fingerprint, n_documents, measure, resume=resume, progress=progress, model=model
+    )
+
+
+def versions_note(*writers) -> dict:
+    """``{"resumed_across_versions": [...]}`` for a run's summary when any of its saved work
+    (the ``writer`` of each progress record or checkpoint) was resumed under another geolens
+    version than the one that wrote it; ``{}`` otherwise (a summary then keeps its bytes).
+
+    >>> versions_note({"geolens_version": "0.0.1"})["resumed_across_versions"][0].startswith("0.0.1 → ")
+    True
+    >>> versions_note(None, {})
+    {}
+    """
+    from geolens.checkpoint import versions_crossed
+
+    crossed = []
+    for writer in writers:
+        crossed += [v for v in versions_crossed(writer) if v not in crossed]
+    return {"resumed_across_versions": crossed} if crossed else {}
 
 
 def write_record(data: dict, path: Path) -> None:
@@ -317,17 +378,27 @@ def write_records(path: Path, header: dict, stores: dict[str, dict], *, indent: 
     atomic_write_bytes(Path(path), json.dumps(data, indent=indent, default=json_default).encode("utf-8"))
 
 
-def read_records(path: Path, stores: tuple[str, ...], *, what: str = "checkpoint") -> dict:
+def read_records(path: Path, stores: tuple[str, ...], *, what: str = "checkpoint", verified: bool = False) -> dict:
     """The JSON written by :func:`write_records`, its stores checked against ``records`` (count,
-    ids, digest); a file without ``records`` (before digests were kept) is read as it is.
-    :class:`ResumeRefused` when unreadable or when a record was edited, added or removed."""
+    ids, digest). :class:`ResumeRefused` when unreadable, when a record was edited, added or
+    removed, or when the file has no ``records`` (saved before digests were kept, or stripped of
+    them): such a file is read as it is only where git vouches for it
+    (:func:`geolens.preregistration.committed_unchanged`: a published run in docs/) or the caller
+    has ``verified`` it whole (a SHA-256 a registered protocol names)."""
     data = read_json(path, what)
     for store in stores:
         if not isinstance(data.get(store, {}), dict):
             raise refuse(path, f"its {what} is malformed ({store} is not a set of records)")
     meta = data.get("records")
     if meta is None:
-        return data
+        from geolens.preregistration import committed_unchanged
+
+        if verified or committed_unchanged([path]):
+            return data
+        raise refuse(
+            path,
+            f"its {what} has no digests of its records (saved before geolens kept them, or edited), so they cannot be checked",
+        )
     got = {store: data.get(store, {}) for store in stores}
     try:
         counts, ids, digest = meta["counts"], meta["ids"], meta["sha256"]
@@ -359,6 +430,7 @@ __all__ = [
     "run_protocol_stage",
     "sha256_bytes",
     "state_digest",
+    "versions_note",
     "write_record",
     "write_records",
     "write_table_bytes",

@@ -36,6 +36,14 @@ its lock file is then stale and the next run takes it over. Where the file syste
 holds the folder, a dead one does not. The lock file is never a result: manifests, ``--overwrite``
 and the folder states ignore it.
 
+Nothing outside the folder is touched (:mod:`geolens.files`): the lock and the marker are opened
+without following symbolic links, a folder whose lock, marker or manifest is a link, or with a link
+at its top leading outside it, is refused; every file the manifest or the marker lists is checked
+to lie inside the folder and not behind a link before ``--overwrite`` moves anything (else one
+line, nothing moved); a symbolic link is never a result (never listed, moved or deleted); a
+``--name`` must be a plain name. Each refusal is a :class:`~geolens.files.UnsafePath` (a
+``UsageError``: exit 2).
+
 The command line (:func:`geolens.cli.main`) drives this: a command opens its folder with
 :func:`open_run_folder` after validating its arguments; ``main`` completes every folder opened
 when the command returns, and on an interrupt or an error reports what was left.
@@ -55,6 +63,7 @@ from typing import Literal
 
 from geolens._version import __version__
 from geolens.errors import UsageError
+from geolens.files import UnsafePath, check_name, inside, links_out_of, refuse_link, write_text_nofollow
 from geolens.folder_lock import LOCK, FolderLock
 from geolens.folder_lock import FolderInUse as FolderInUse  # re-exported: run_folder.FolderInUse
 
@@ -95,7 +104,8 @@ def _files(folder: Path) -> list[Path]:
         top = p.relative_to(folder).parts[0]
         return top not in (MANIFEST, INCOMPLETE, LOCK) and not top.startswith(STASH_PREFIX)
 
-    return sorted(p for p in folder.rglob("*") if p.is_file() and ours(p))
+    # a symbolic link is never a result: geolens makes none, and never moves or deletes one
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and ours(p))
 
 
 def _marker_data(folder: Path) -> dict:
@@ -126,7 +136,11 @@ def manifest_problems(folder: Path, *, contents: bool = True) -> list[str]:
         return [f"{MANIFEST} is unreadable"]
     problems = []
     for rel, info in files.items():
-        path = folder / rel
+        try:
+            path = inside(folder, rel, what=f"{MANIFEST} entry")
+        except UnsafePath:
+            problems.append(f"{rel} lies outside the folder or behind a symbolic link")
+            continue
         if not path.is_file():
             problems.append(f"{rel} is missing")
         elif path.stat().st_size != info.get("bytes"):
@@ -215,13 +229,14 @@ class RunFolder:
             + json.dumps({"foreign": list(self.foreign), "started": time.time()})
             + "\n"
         )
-        (self.path / INCOMPLETE).write_text(text, encoding="utf-8")
+        write_text_nofollow(self.path / INCOMPLETE, text, what="the marker of an incomplete run")
 
     def _stash_previous(self, files: list[str]) -> None:
         """Move the previous run's ``files`` (and its manifest) aside, into a hidden folder."""
         self._stash = self.path / f"{STASH_PREFIX}{os.getpid()}"
-        for rel in [*files, MANIFEST]:
-            src = self.path / rel
+        refuse_link(self._stash, what="the previous run's files while it is replaced")
+        sources = [inside(self.path, rel, what="a file of the previous run") for rel in [*files, MANIFEST]]
+        for rel, src in zip([*files, MANIFEST], sources):
             if src.is_file():
                 dst = self._stash / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
@@ -230,11 +245,17 @@ class RunFolder:
     def _restore_previous(self) -> bool:
         if self._stash is None or not self._stash.is_dir():
             return False
-        for src in sorted(p for p in self._stash.rglob("*") if p.is_file()):
-            dst = self.path / src.relative_to(self._stash)
+        kept = False
+        for src in sorted(p for p in self._stash.rglob("*") if p.is_file() and not p.is_symlink()):
+            try:
+                dst = inside(self.path, str(src.relative_to(self._stash)), what="a file of the previous run")
+            except UnsafePath:  # a link put in its way meanwhile: the file stays in the stash
+                kept = True
+                continue
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
-        shutil.rmtree(self._stash, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(self._stash, ignore_errors=True)
         return True
 
     def _drop_previous(self) -> None:
@@ -265,11 +286,14 @@ class RunFolder:
         files = {
             str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in self._results()
         }
+        from geolens.preregistration import source_state  # the commit and tree state of every run
+
         manifest = {
             "command": f"geolens {self.command}",
             "geolens": __version__,
             "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": files,
+            **source_state(),
         }
         from geolens.checkpoint import atomic_write_bytes
 
@@ -326,12 +350,16 @@ class RunFolder:
             data = _marker_data(self.path)
             data["written"] = sorted(set(data.get("written", [])) | set(written))
             head = (self.path / INCOMPLETE).read_text(encoding="utf-8").strip().splitlines()[:-1]
-            (self.path / INCOMPLETE).write_text("\n".join(head + [json.dumps(data)]) + "\n", encoding="utf-8")
+            write_text_nofollow(
+                self.path / INCOMPLETE,
+                "\n".join(head + [json.dumps(data)]) + "\n",
+                what="the marker of an incomplete run",
+            )
             self.state = "left"
             return f"partial results in {self.path} (incomplete{'; --resume continues them' if self.resume else ''})"
         kept = self._restore_previous()
         if self.had_marker and self._old_marker is not None:
-            (self.path / INCOMPLETE).write_text(self._old_marker, encoding="utf-8")
+            write_text_nofollow(self.path / INCOMPLETE, self._old_marker, what="the marker of an incomplete run")
         else:
             (self.path / INCOMPLETE).unlink(missing_ok=True)
         self.release()  # its file goes first: the folders it made can then be removed
@@ -428,8 +456,8 @@ def open_run_folder(
     """
     if out is not None and name is not None:
         raise UsageError("give --out or --name, not both (--name picks a folder under geolens-runs/<command>/)")
-    if name is not None and (not name.strip() or Path(name).name != name or name in (".", "..")):
-        raise UsageError(f"--name {name!r}: expected a plain folder name (no slash)")
+    if name is not None:
+        check_name(name, what="--name")
     path = Path(out) if out is not None else default_folder(command, name)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path}: is an existing file, not a folder")
@@ -450,8 +478,35 @@ def open_run_folder(
     return folder
 
 
+def _refuse_links(path: Path, state: State, option: str) -> None:
+    """Refuse (one line, :class:`~geolens.files.UnsafePath`) a folder whose marker or manifest is a
+    symbolic link, with a link at its top that leads outside it, or whose marker lists a file
+    outside it or behind a link: geolens would write, move or delete through them."""
+    if state == "absent":
+        return
+    try:
+        refuse_link(path / INCOMPLETE, what="the marker of an incomplete run")
+        refuse_link(path / MANIFEST, what="the manifest of its results")
+        if state == "incomplete":
+            data = _marker_data(path)
+            for key in ("written", "foreign"):
+                entries = data.get(key, [])
+                for rel in entries if isinstance(entries, list) else [entries]:
+                    inside(path, rel, what=f"{INCOMPLETE} entry")
+    except UnsafePath as err:
+        raise UnsafePath(f"{option} {path}: {err}") from None
+    leading_out = links_out_of(path)
+    if leading_out:
+        name, target = leading_out[0]
+        raise UnsafePath(
+            f"{option} {path}: {name} is a symbolic link to {target}, outside the folder; geolens never writes "
+            "through a link that leads out of its output folder: remove the link, or choose another --out"
+        )
+
+
 def _open_locked(path, lock, command, overwrite, resume, resumable, replot, option) -> RunFolder:
     state = folder_state(path)
+    _refuse_links(path, state, option)
     if replot or resume:
         if state in ("absent", "empty"):
             raise UsageError(
@@ -506,6 +561,11 @@ def _open_locked(path, lock, command, overwrite, resume, resumable, replot, opti
         _lock=lock,
     )
     previous = _previous_run_files(path, state, foreign) if overwrite and not (resume or replot) else []
+    for rel in previous:  # each one inside the folder, not behind a link: else nothing is moved
+        try:
+            inside(path, rel, what=f"{MANIFEST if state in ('complete', 'damaged') else INCOMPLETE} entry")
+        except UnsafePath as err:
+            raise UnsafePath(f"{option} {path}: {err}") from None
     _open_list().append(folder)  # from here on an interrupt leaves or restores it
     folder._mark()
     if previous or (overwrite and state in ("complete", "damaged")):

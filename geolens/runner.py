@@ -29,7 +29,7 @@ from geolens import checkpoint as ckpt_io
 from geolens.adapter import hook_layer
 from geolens.data import as_token_tensor, n_batches, unpadded_groups
 from geolens.streaming import CorpusAnalysis
-from geolens.validation import check_attention_mask, check_context
+from geolens.validation import check_attention_mask, check_context, check_token_dtype, check_tokens
 
 
 def shard_bounds(n_sequences: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -155,6 +155,9 @@ def run_corpus(
     from geolens.hf.streamed import hf_native, layerwise, update_layerwise
 
     _check_inputs(tokens, analyses, batch_size, checkpoint_every)
+    check_token_dtype(tokens)  # float ids are refused, never cut to integers
+    if 0 in tuple(tokens.shape):
+        raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}): give at least one token id per row")
     hf = hf_native(model)  # a transformers model, prepared for geolens now
     check_context(model, int(tokens.shape[-1]), name="a token window")
     if attention_mask is not None:
@@ -165,8 +168,11 @@ def run_corpus(
     if checkpoint is not None:
         ckpt_io.check_writable(checkpoint)  # a read-only folder fails now, not after the work
         fingerprint = ckpt_io.run_fingerprint(tokens, analyses, batch_size, shard, model=model)
+        writer = ckpt_io.writer_record(model)  # the weights fingerprint and the geolens version
         if os.path.exists(checkpoint):
-            start = ckpt_io.restore(checkpoint, analyses, fingerprint, trusted=trusted_checkpoint)
+            start, writer = ckpt_io.restore_checked(
+                checkpoint, analyses, fingerprint, trusted=trusted_checkpoint, model=model
+            )
     wanted = frozenset(name for a in analyses for name in a.hook_names(model))
     device = model_device(model)
     stop = stop_layer(model, wanted) if stop_early else None
@@ -177,7 +183,7 @@ def run_corpus(
     )  # redrawn every batch
     for index in range(start, total):
         rows = slice(index * batch_size, (index + 1) * batch_size)
-        batch = as_token_tensor(tokens[rows])
+        batch = check_tokens(model, as_token_tensor(tokens[rows]))  # ids inside the vocabulary
         for group in unpadded_groups(model, batch, None if attention_mask is None else attention_mask[rows]):
             group = group.to(device)
             if streamed:
@@ -191,7 +197,7 @@ def run_corpus(
         bar.update(1)
         done = index + 1
         if checkpoint is not None and (done % checkpoint_every == 0 or done == total):
-            ckpt_io.save_checkpoint(checkpoint, analyses, done, fingerprint)
+            ckpt_io.save_checkpoint(checkpoint, analyses, done, fingerprint, writer)
     bar.close()
     return analyses
 

@@ -260,6 +260,32 @@ def paired_bootstrap(
 # Decisions
 
 
+def control_difference_samples(effect, control, *, n_boot: int = 2000, seed: Seed = 0) -> np.ndarray:
+    """Bootstrap samples of mean(effect) − mean(control) where ``effect`` is ``[unit]`` and
+    ``control`` ``[draw, unit]`` (a random control drawn several times on the same units): each
+    resample draws the units and, independently, the draws, with replacement (two stages), so the
+    interval covers the choice of units and the luck of the draws; one unit leaves the draws only.
+    Used by :class:`geolens.intervene.RegimeAblation`.
+
+    >>> effect, control = np.array([1.0, 2.0]), np.array([[0.5, 1.5], [0.5, 1.5]])  # every unit: 0.5 above
+    >>> s = control_difference_samples(effect, control, n_boot=50)
+    >>> s.shape, bool(np.allclose(s, 0.5))
+    ((50,), True)
+    """
+    effect = np.asarray(effect, dtype=np.float64)
+    control = np.asarray(control, dtype=np.float64)
+    if effect.ndim != 1 or control.ndim != 2 or control.shape[1] != effect.shape[0] or control.shape[0] < 1:
+        raise ValueError(f"effect must be [unit] and control [draw, unit], got {effect.shape} and {control.shape}")
+    n_draw, n_unit = control.shape
+    rng = np.random.default_rng(seed)
+    out = np.empty(_check_n_boot(n_boot))
+    for b in range(out.shape[0]):
+        t = rng.integers(0, n_unit, n_unit) if n_unit > 1 else np.zeros(1, dtype=int)
+        r = rng.integers(0, n_draw, n_draw)
+        out[b] = effect[t].mean() - control[np.ix_(r, t)].mean()
+    return out
+
+
 def verdict(ci_low: float, ci_high: float, *, testable: bool = True) -> Verdict:
     """The decision of a CI of "b − a" (a positive difference means b is larger / better).
 
@@ -400,6 +426,7 @@ def holm_family(estimates, samples, *, testable=None, alpha: float = 0.05) -> li
 
 
 __all__ = [
+    "control_difference_samples",
     "FamilyTest",
     "Interval",
     "VERDICTS",

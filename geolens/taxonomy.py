@@ -80,7 +80,16 @@ def _check_space(space: str) -> None:
 
 
 def value_norms(layer, space: Space = "value") -> Float[Tensor, "batch head key"]:
-    """‖v_j^h‖ (value space) or ‖ṽ_j^h‖ = ‖v_j^h W_O^h‖ (projected space)."""
+    """‖v_j^h‖ (value space) or ‖ṽ_j^h‖ = ‖v_j^h W_O^h‖ (projected space).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> layer = geolens.get_attention_layer(model, cache, 1)
+    >>> tuple(value_norms(layer).shape), torch.allclose(value_norms(layer, "projected"), projected_value_norms(layer))
+    ((2, 4, 20), True)
+    """
     _check_space(space)
     if space == "value":
         return layer.v.norm(dim=-1).transpose(1, 2)
@@ -94,7 +103,12 @@ def winners(
     window: int | None = None,
 ) -> Int[Tensor, "batch head query"]:
     """w_i = argmax_{j ∈ T_i} α_ij ‖v_j‖ (the first maximal j on ties) over the visible sources
-    T_i (causal; within the sliding ``window`` of a local layer, :mod:`geolens.visibility`)."""
+    T_i (causal; within the sliding ``window`` of a local layer, :mod:`geolens.visibility`).
+
+    >>> pattern = torch.tensor([[[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]]])  # [batch, head, query, key]
+    >>> winners(pattern, torch.tensor([[[1.0, 3.0, 1.0]]]))  # ‖v_1‖ = 3 outweighs query 2's attention to itself
+    tensor([[[0, 1, 1]]])
+    """
     if (
         pattern.ndim != 4
         or norms.ndim != 3
@@ -175,6 +189,15 @@ class TaxonomyAnalysis(CorpusAnalysis):
 
     ``queries``: ``"all"`` (queries 1 … T−1, or 0 … T−1 with ``skip_first_query=False``) or
     ``"final"`` (the final query of each window, the authors' protocol).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers × 4 heads
+    >>> analysis = TaxonomyAnalysis.for_model(model)  # what head_taxonomy streams over a corpus
+    >>> _ = geolens.run_corpus(model, tiny_tokens(model), [analysis], progress=False)
+    >>> res = analysis.result()
+    >>> res.regimes.shape, len(res.table)
+    ((2, 4), 8)
     """
 
     def __init__(

@@ -32,7 +32,13 @@ VOCAB_SIZE = 64
 
 
 def tiny_tokenizer():
-    """A character-level fast tokenizer: ``<bos>``=0, ``<eos>``=1, ``<pad>``=2, ``<unk>``=3."""
+    """A character-level fast tokenizer: ``<bos>``=0, ``<eos>``=1, ``<pad>``=2, ``<unk>``=3.
+
+    >>> tok = tiny_tokenizer()
+    >>> ids = tok("The cat")["input_ids"]  # BOS first, one id per character, lower-cased
+    >>> ids, tok.convert_ids_to_tokens(ids)[:4]
+    ([0, 23, 11, 8, 40, 6, 4, 23], ['<bos>', 't', 'h', 'e'])
+    """
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -136,7 +142,12 @@ def tiny_bridge(
     dtype: torch.dtype = torch.float32,
 ):
     """A tiny random ``TransformerBridge`` (TransformerLens 4.x), built offline, its parameters in
-    ``dtype`` (float32 buffers such as rotary frequencies kept, as ``from_pretrained`` does)."""
+    ``dtype`` (float32 buffers such as rotary frequencies kept, as ``from_pretrained`` does).
+
+    >>> model = tiny_bridge("gqa")  # raises ImportError under TransformerLens 2.x/3.x: use tiny_hooked
+    >>> type(model).__name__, model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model
+    ('TransformerBridge', 2, 4, 32)
+    """
     hf = tiny_hf_model(kind, seed=seed, n_layers=n_layers)
     with torch.no_grad():
         for p in hf.parameters():
@@ -171,7 +182,12 @@ def tiny_hooked(kind: str = "gqa", *, seed: int = 0, n_layers: int = 2):
 
 
 def tiny_tokens(model, texts=("the cat sat on the mat.", "a dog ran far away!!"), *, length: int = 20) -> torch.Tensor:
-    """``[batch, length]`` token ids starting with BOS (0), equal length, no padding."""
+    """``[batch, length]`` token ids starting with BOS (0), equal length, no padding.
+
+    >>> tiny_tokens(tiny_bridge("gqa"), length=8)  # each text repeated to fill the length
+    tensor([[ 0, 23, 11,  8, 40,  6,  4, 23],
+            [ 0,  4, 40,  7, 18, 10, 40, 21]])
+    """
     tok = tiny_tokenizer()
     rows = []
     for text in texts:

@@ -27,27 +27,85 @@ from torch import Tensor
 from geolens.layout import hook_layer
 
 
+def out_of_range(arg: str, count: int, what: str, *, allow_negative: bool = True) -> str:
+    """The one message for an index outside ``[-count, count)`` (``[0, count)`` without negative
+    indices), in every entry point: ``arg`` is the argument as its caller spells it (``"layer=99"``
+    in Python, ``"--layer 99"`` on the command line), the rest of the text is the same. Python
+    raises it as an ``IndexError`` (:func:`check_layer`, :func:`check_head`), the command line as
+    a :class:`~geolens.errors.UsageError` (exit 2).
+
+    >>> out_of_range("layer=99", 30, "layers")
+    'layer=99 is out of range: the model has 30 layers (0…29, or -30…-1 from the end)'
+    """
+    span = f"0…{count - 1}, or -{count}…-1 from the end" if allow_negative else f"0…{count - 1}"
+    return f"{arg} is out of range: the model has {count} {what} ({span})"
+
+
+def _check_index(value, count: int, *, name: str, what: str, allow_negative: bool) -> int:
+    """``value`` as an index in ``[0, count)``: TypeError for a non-integer (``True``, ``1.0``,
+    ``"1"`` are refused rather than coerced), IndexError (:func:`out_of_range`) outside the range."""
+    if isinstance(value, (bool, float)):
+        raise TypeError(f"{name} must be an integer {what[:-1]} index, got {value!r}")
+    try:
+        index = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer {what[:-1]} index, got {value!r}") from None
+    low = -count if allow_negative else 0
+    if not low <= index < count:
+        raise IndexError(out_of_range(f"{name}={index}", count, what, allow_negative=allow_negative))
+    return index % count
+
+
 def check_layer(layer, n_layers: int, *, name: str = "layer", allow_negative: bool = True) -> int:
     """An integer layer index in ``[-n_layers, n_layers)``, returned in ``[0, n_layers)``.
 
     Negative indices count from the end, as in Python (``-1`` is the last layer), everywhere in
     the API; the command line passes ``allow_negative=False`` (it never wraps). ``True``,
-    ``1.0`` or ``"1"`` are refused rather than coerced.
+    ``1.0`` or ``"1"`` are refused rather than coerced. The error vocabulary of every entry point:
+    a wrong type is a ``TypeError``, an index out of range an ``IndexError`` (:func:`out_of_range`).
 
     >>> check_layer(3, 30)
     3
+    >>> check_layer(30, 30)
+    Traceback (most recent call last):
+    ...
+    IndexError: layer=30 is out of range: the model has 30 layers (0…29, or -30…-1 from the end)
     """
-    if isinstance(layer, bool) or isinstance(layer, float):
-        raise TypeError(f"{name} must be an integer layer index, got {layer!r}")
-    try:
-        index = operator.index(layer)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer layer index, got {layer!r}") from None
-    low = -n_layers if allow_negative else 0
-    if not low <= index < n_layers:
-        span = f"-{n_layers}…{n_layers - 1}" if allow_negative else f"0…{n_layers - 1}"
-        raise IndexError(f"{name}={index} is out of range for a model with {n_layers} layers ({span})")
-    return index % n_layers
+    return _check_index(layer, n_layers, name=name, what="layers", allow_negative=allow_negative)
+
+
+def check_head(head, n_heads: int, *, name: str = "head", allow_negative: bool = True) -> int:
+    """An integer head index in ``[-n_heads, n_heads)``, returned in ``[0, n_heads)``: as
+    :func:`check_layer` (TypeError for a wrong type, IndexError out of range).
+
+    >>> check_head(-1, 9)
+    8
+    """
+    return _check_index(head, n_heads, name=name, what="heads", allow_negative=allow_negative)
+
+
+def check_text(text, *, name: str = "text", empty_ok: bool = False) -> str:
+    """One text: a ``str`` (non-empty unless ``empty_ok``). Several texts (a list or tuple) get the
+    one message of every entry point that takes a single text: a TypeError saying what to use for
+    a batch; any other type a TypeError, an empty text a ValueError.
+
+    >>> check_text(["a", "b"])
+    Traceback (most recent call last):
+    ...
+    TypeError: text takes one text per call, got a list of 2 texts: call it once per text (a loop), or for a batch use the functional API (tokens = model.to_tokens(texts); _, cache = geolens.run_with_cache(model, tokens); geolens.contribution_weights(model, cache, layer))
+    """
+    if isinstance(text, str):
+        if not text and not empty_ok:
+            raise ValueError(f"{name} must be a non-empty string, got {text!r}")
+        return text
+    if isinstance(text, (list, tuple)):
+        raise TypeError(
+            f"{name} takes one text per call, got a {type(text).__name__} of {len(text)} text"
+            f"{'' if len(text) == 1 else 's'}: call it once per "
+            "text (a loop), or for a batch use the functional API (tokens = model.to_tokens(texts); "
+            "_, cache = geolens.run_with_cache(model, tokens); geolens.contribution_weights(model, cache, layer))"
+        )
+    raise TypeError(f"{name} must be a string, got {type(text).__name__}")
 
 
 def check_choice(value, choices, *, name: str):
@@ -125,8 +183,7 @@ def checked_text_tokens(model, text: str, *, prepend_bos: bool = True, truncate:
     >>> tokens.shape[-1], n
     (128, 201)
     """
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a string, got {type(text).__name__}")
+    check_text(text, empty_ok=True)
     tokens, n = _full_text_tokens(model, text, prepend_bos=prepend_bos)
     n_ctx = getattr(model.cfg, "n_ctx", None)
     if n_ctx is None or n <= int(n_ctx):
@@ -264,18 +321,28 @@ def pad_runs(tokens: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
 def refuse_unmasked_padding(model, tokens: Tensor) -> None:
     """Refuse a batch that looks padded when no ``attention_mask`` was given.
 
-    A batch is padded when its rows differ in how many pad tokens (the tokenizer's pad id) they
-    start or end with, as ``model.to_tokens([...])`` makes them. When the pad id is also the BOS
+    A batch is padded when a row starts with pad tokens (the tokenizer's pad id) before its first
+    real token or its BOS, whatever the other rows (an equally left-padded batch, one row), or
+    when its rows differ in how many pad tokens they end with, as ``model.to_tokens([...])``
+    makes them. When the pad id is also the BOS
     id (GPT-2), one leading pad token is the BOS itself. Without the mask those pad tokens would
     be read as real tokens (and the first of them as the sink).
     """
     tokenizer = getattr(model, "tokenizer", None)
     pad_id = getattr(tokenizer, "pad_token_id", None)
-    if pad_id is None or tokens.ndim != 2 or tokens.shape[0] < 2:
+    if pad_id is None or tokens.ndim != 2 or tokens.shape[0] < 1:
         return
     lead, trail = pad_runs(tokens, int(pad_id))
     if getattr(tokenizer, "bos_token_id", None) == pad_id:
         lead = (lead - 1).clamp_min(0)
+    if bool((lead > 0).any()):  # pad tokens before a row's first real token (or its BOS), in any batch
+        rows = (lead > 0).nonzero().flatten().tolist()
+        raise ValueError(
+            f"the batch looks padded (rows {rows[:8]} start with pad tokens, id {pad_id}, before their first real "
+            "token or BOS) and no attention_mask was given: pass attention_mask= (1 = real token, as "
+            "model.to_tokens / the tokenizer returns it) so that pad tokens are excluded and each row's first "
+            "real token is its sink"
+        )
     if bool((lead != lead[0]).any() or (trail != trail[0]).any()):
         rows = ((lead != lead.min()) | (trail != trail.min())).nonzero().flatten().tolist()
         raise ValueError(
@@ -284,6 +351,63 @@ def refuse_unmasked_padding(model, tokens: Tensor) -> None:
             "as model.to_tokens / the tokenizer returns it) so that pad tokens are excluded and each "
             "row's first real token is its sink"
         )
+
+
+def vocab_size(model) -> int | None:
+    """The number of token ids the model embeds (``cfg.d_vocab``, or a ``transformers`` config's
+    ``vocab_size``), or None when it does not say."""
+    for owner, key in ((getattr(model, "cfg", None), "d_vocab"), (getattr(model, "config", None), "vocab_size")):
+        value = getattr(owner, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_token_dtype(tokens, *, name: str = "tokens") -> None:
+    """TypeError unless ``tokens`` (a tensor or a numpy array) holds integers: float ids would be
+    cut to integers, or fail deep inside torch's embedding."""
+    dtype = getattr(tokens, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    elif dtype is not None:
+        import numpy as np
+
+        integer = np.issubdtype(dtype, np.integer)
+    else:
+        return
+    if not integer:
+        raise TypeError(
+            f"{name} must hold integer token ids, got a {dtype} {type(tokens).__name__}: "
+            "pass model.to_tokens(text), or ids converted with .long()"
+        )
+
+
+def check_tokens(model, tokens, *, name: str = "tokens"):
+    """``tokens`` if it is a tensor of token ids the model can read: integer (TypeError), not
+    empty (ValueError) and inside the vocabulary (IndexError naming the first id outside it and
+    where it is); one line each, instead of an error from deep inside torch. Anything but a
+    tensor (a text, for TransformerLens' own ``run_with_cache``) is returned unchecked.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")  # 64 token ids
+    >>> check_tokens(model, torch.tensor([[0, 70, 3]]))
+    Traceback (most recent call last):
+    ...
+    IndexError: tokens holds the id 70 at [0, 1], outside the model's vocabulary of 64 ids (0…63)
+    """
+    if not isinstance(tokens, Tensor):
+        return tokens
+    check_token_dtype(tokens, name=name)
+    if tokens.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(tokens.shape)}): give at least one token id per row")
+    n = vocab_size(model)
+    bad = tokens < 0 if n is None else (tokens < 0) | (tokens >= n)
+    if bool(bad.any()):
+        where = [int(i) for i in bad.nonzero()[0].tolist()]
+        value = int(tokens[tuple(where)])
+        vocab = "" if n is None else f" of {n} ids (0…{n - 1})"
+        raise IndexError(f"{name} holds the id {value} at {where}, outside the model's vocabulary{vocab}")
+    return tokens
 
 
 # id(cache) -> (weak reference to the cache, its number of entries, its deepest block index): a

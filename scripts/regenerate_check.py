@@ -8,8 +8,11 @@ command resumes a finished run, so it only reloads the model and recomputes the 
 
 Each results folder is rewritten in place; the script then reports, per changed file, whether it
 equals the committed one once the timing fields (``seconds``, ``completed``, ``stage_seconds``,
-``erasure_seconds``, ``versions``) and the command history of a resumed checkpoint are set aside,
-and exits 1 on any other difference. Two differences are expected and not counted: a manifest's
+``erasure_seconds``, ``versions``), the command history of a resumed checkpoint and the provenance
+fields (the run's commit and working tree, how the registration was confirmed, a checkpoint's
+writer) are set aside, and exits 1 on any other difference. The resumes here re-summarise finished
+runs that git vouches for (tracked, unchanged since the last commit): their records may predate
+the digests and writers that a resume otherwise requires (:mod:`geolens.resume`). Two differences are expected and not counted: a manifest's
 file hashes (they follow the timings), and the flow runs' known-answer induction check, which the
 flow command recomputes with forward passes (its gaps move at float32 rounding with the thread
 count; its counts do not), reported as a warning. A run still marked INCOMPLETE is skipped: resuming
@@ -35,12 +38,15 @@ RUNS = [
 ]
 MODELS = ("smollm2-135m", "gemma3-270m")
 TIMING = {"seconds", "completed", "erasure_seconds", "stage_seconds", "versions", "commands"}
+# where and with what the re-summary ran (issue #46): its commit and working tree, how the registration
+# was confirmed, the writer of a rewritten checkpoint, the geolens versions a resume crossed
+PROVENANCE = {"run_commit", "working_tree", "registered_commit", "checked_against", "writer", "resumed_across_versions"}
 RECOMPUTED = ("induction_check", "induction.csv", "README.md")  # flow: recomputed by forward passes
 
 
 def strip(x):
     if isinstance(x, dict):
-        return {k: strip(v) for k, v in x.items() if k not in TIMING and k != "records"}
+        return {k: strip(v) for k, v in x.items() if k not in TIMING | PROVENANCE and k != "records"}
     if isinstance(x, list):
         return [strip(v) for v in x]
     return x

@@ -97,6 +97,41 @@ def random_corpus(n: int, seq: int, seed: int) -> torch.Tensor:
     return t
 
 
+def git(repo, *args: str) -> str:
+    """``git -C repo args`` (a real git, its own identity), its stdout stripped; fails the test on error."""
+    import subprocess
+
+    ident = ["-c", "user.email=tests@geolens.invalid", "-c", "user.name=geolens tests", "-c", "commit.gpgsign=false"]
+    done = subprocess.run(["git", "-C", str(repo), *ident, *args], capture_output=True, text=True)
+    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr}"
+    return done.stdout.strip()
+
+
+def git_commit(repo, message: str = "commit") -> str:
+    """Commit everything in the git repository holding ``repo`` (``git init`` there when none); its full SHA."""
+    import subprocess
+
+    inside = subprocess.run(["git", "-C", str(repo), "rev-parse", "--is-inside-work-tree"], capture_output=True)
+    if inside.returncode != 0:
+        git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--allow-empty", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def register_in_git(protocol_json, registered_at: str = "2026-12-06") -> str:
+    """Register the protocol at ``protocol_json`` as a study does: commit its text and twin in the git
+    repository of their folder (``git init`` there when none), write REGISTERED.json naming that commit,
+    commit it. Returns the registration's commit."""
+    from geolens.preregistration import register
+
+    folder = Path(protocol_json).parent
+    commit = git_commit(folder, "protocol text and twin, fixed before any run")
+    register(protocol_json, registered_at=registered_at, commit=commit)
+    git_commit(folder, "register the protocol")
+    return commit
+
+
 @pytest.fixture(scope="session", params=TINY_KINDS)
 def tiny(request):
     """(model, tokens, full cache) for each tiny architecture."""

@@ -371,3 +371,59 @@ def test_overridden_merge_refuses_shards_built_with_other_arguments():
     with pytest.raises(ValueError, match="n_random=8 there, 4 here"):
         a.merge(SelectionAnalysis(2, 4, [1, 2], n_random=8))
     a.merge(SelectionAnalysis(2, 4, [1, 2], n_random=4))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bound to content and to the weights (issue #46): no digest, other weights, another geolens version
+
+
+def test_a_checkpoint_without_its_digest_is_refused_not_trusted_as_legacy(gqa, tmp_path):
+    path = tmp_path / "run.pt"
+    tokens = corpus_tokens(n=4)
+    run_corpus(gqa, tokens, [_Counting(2, 4)], batch_size=2, progress=False, checkpoint=path)
+    saved = torch.load(path, weights_only=True)
+    assert len(saved["digest"]) == 64 and saved["writer"]["weights_fingerprint"]
+    atomic_torch_save({k: v for k, v in saved.items() if k != "digest"}, path)  # edited states, digest dropped
+    resumed = _Counting(2, 4)
+    with pytest.raises(ValueError, match=r"run\.pt: it has no digest of its batch index and states") as err:
+        run_corpus(gqa, tokens, [resumed], batch_size=2, progress=False, checkpoint=path)
+    assert "\n" not in str(err.value) and "delete it" in str(err.value) and resumed.calls == 0
+
+
+def test_a_checkpoint_of_other_weights_under_the_same_architecture_is_refused(gqa, tmp_path):
+    """New weights where the old model was (here: the unembedding moved, which the config and the
+    W_O / W_E checksum of the settings do not see): the weights fingerprint names them."""
+    path = tmp_path / "run.pt"
+    tokens = corpus_tokens(n=4)
+    run_corpus(gqa, tokens, [_Counting(2, 4)], batch_size=2, progress=False, checkpoint=path)
+    other = make_tiny("gqa")
+    with torch.no_grad():
+        list(other.parameters())[-1].add_(0.5)
+    resumed = _Counting(2, 4)
+    with pytest.raises(ValueError, match="it was written by a model with other weights") as err:
+        run_corpus(other, tokens, [resumed], batch_size=2, progress=False, checkpoint=path)
+    assert "\n" not in str(err.value) and resumed.calls == 0
+    saved = torch.load(path, weights_only=True)
+    atomic_torch_save({k: v for k, v in saved.items() if k != "writer"}, path)  # a record naming no weights
+    with pytest.raises(ValueError, match="does not record the weights of the model that wrote it"):
+        run_corpus(gqa, tokens, [_Counting(2, 4)], batch_size=2, progress=False, checkpoint=path)
+
+
+def test_a_resume_under_another_geolens_version_goes_on_and_says_so(gqa, tmp_path, monkeypatch):
+    import geolens
+
+    path = tmp_path / "run.pt"
+    tokens = corpus_tokens(n=6)
+    monkeypatch.setattr(_Crashing, "limit", 1)
+    with pytest.raises(_Interrupt):
+        run_corpus(gqa, tokens, [_Crashing(2, 4)], batch_size=2, progress=False, checkpoint=path)
+    saved = torch.load(path, weights_only=True)
+    assert saved["next_batch"] == 1 and saved["writer"]["geolens_version"] == geolens.__version__
+    atomic_torch_save(dict(saved, writer=dict(saved["writer"], geolens_version="0.0.1")), path)
+    monkeypatch.setattr(_Crashing, "limit", 10**9)
+    with pytest.warns(UserWarning, match=rf"across geolens versions \(0\.0\.1 → {geolens.__version__}\)"):
+        [done] = run_corpus(gqa, tokens, [_Crashing(2, 4)], batch_size=2, progress=False, checkpoint=path)
+    assert done.calls == 3
+    writer = torch.load(path, weights_only=True)["writer"]
+    assert writer["geolens_version"] == geolens.__version__
+    assert writer["resumed_across_versions"] == [f"0.0.1 → {geolens.__version__}"]

@@ -342,7 +342,7 @@ def test_build_report_refuses_an_example_layer_out_of_range_before_the_corpus_pa
 
     monkeypatch.setattr(build, "run_corpus", no_pass)
     tokens = tiny_tokens(model, length=12)
-    with pytest.raises(ValueError, match="example_layer 99 is out of range"):
+    with pytest.raises(IndexError, match="example_layer=99 is out of range: the model has 2 layers"):
         build.build_report(model, tokens, ReportConfig(n_heldout=1, example_layer=99), progress=False)
 
 

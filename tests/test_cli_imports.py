@@ -73,7 +73,7 @@ def test_command_help_imports_nothing_heavy(command):
         (["faithfulness", "--ranking", "quey"], "did you mean 'query'?"),
         (["faithfulness", "--mc-task", "bigbench:general_knowledge"], "`geolens mc`"),
         (["sinks", "--lambdas", "1,x"], "--lambdas"),
-        (["flow", "a prompt", "--model", "./no/such/folder"], "--model ./no/such/folder"),
+        (["flow", "a prompt", "--model", "./no/such/folder"], "unknown model './no/such/folder'"),
         (["flow", "a prompt", "--model", "EleutherAI/pythia-70m"], "not in the local Hugging Face cache"),
     ],
 )

@@ -113,3 +113,15 @@ def test_the_cache_readers_declare_their_shared_keyword_arguments_alike():
         for f in fields(ReadOptions):
             assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, (fn.__name__, f.name)
             assert params[f.name].default == f.default, (fn.__name__, f.name)
+
+
+@pytest.mark.parametrize("mode", ["intra", "inter"])
+def test_head_selects_one_heads_weights_against_the_naive_reference(tiny, mode):
+    model, _, cache = tiny
+    for layer in range(model.cfg.n_layers):
+        naive = reference.contributions(model, cache, layer, mode)
+        for head in (0, -1):
+            got = geolens.contribution_weights(model, cache, layer, mode, dtype=torch.float64, head=head)
+            torch.testing.assert_close(got, naive[:, head], atol=1e-9, rtol=1e-9)
+    with pytest.raises(IndexError, match="head=99 is out of range"):
+        geolens.contribution_weights(model, cache, 0, head=99)

@@ -12,7 +12,14 @@ either right or refused. Every subprocess has a bounded timeout, so nothing hang
   write while saving a figure;
 - damaged JSON and gzip files read back; ``GEOLENS_CACHE`` naming a file;
 - a text longer than the context; a padded batch without its mask; a cache of another model;
-  a bfloat16 model in ``per_term_effects``.
+  a bfloat16 model in ``per_term_effects``;
+- a hostile folder (issue #46): a symlinked lock, marker or stash, manifest and marker entries
+  outside the folder or behind a link, a link leading out, ``..`` as a model's or a run's folder
+  name, a symlinked model folder in ``geolens cache clear`` (real processes, real links, the
+  victim file checked unchanged);
+- what the API cannot compute right (issue #46): pads before the first real token without a mask,
+  float / empty / out-of-vocabulary token ids, a metric of the wrong shape or returning numpy,
+  NaN in the weights or the scores, the HF backend's ``to_tokens(truncate=True)`` warning.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import errno
 import gzip
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -35,6 +43,7 @@ import torch
 
 from geolens import run_folder
 from geolens.cli import main
+from geolens.files import UnsafePath
 from geolens.run_folder import INCOMPLETE, LOCK, MANIFEST, folder_state
 
 pytestmark = pytest.mark.tl_agnostic  # faults of files and processes: run on TL 2.x in .venvs/min (scripts/test.sh)
@@ -436,7 +445,8 @@ def test_over_long_text_in_the_python_api():
     hf = geolens.hf.prepare(tiny_family("qwen3"), tokenizer=tiny_tokenizer())
     with pytest.raises(ValueError, match="241 tokens long .* context of 128 tokens"):
         hf.to_tokens(LONG)
-    assert tuple(hf.to_tokens(LONG, truncate=True).shape) == (1, 128)
+    with pytest.warns(UserWarning, match="241 tokens long: truncated to the model's context, its first 128"):
+        assert tuple(hf.to_tokens(LONG, truncate=True).shape) == (1, 128)  # before: cut without a word
 
 
 @pytest.mark.bridge_only  # builds the TL 4.x tiny bridge
@@ -555,3 +565,328 @@ def test_stale_lock_without_flock_is_recognised_from_its_pid(tmp_path, monkeypat
     (out / LOCK).write_text(json.dumps({"pid": os.getppid(), "command": "geolens sinks", "started": time.time()}))
     with pytest.raises(run_folder.FolderInUse, match=f"process {os.getppid()} \\(geolens sinks"):
         run_folder.open_run_folder(out, command="test")
+
+
+# --- a hostile folder: nothing outside it is touched, no symbolic link is followed (issue #46) ---------
+
+
+def geolens_process(*args: str, cwd: Path, env: dict | None = None) -> tuple[int, list[str]]:
+    """``python -m geolens ARGS`` in a real process: (exit code, stderr lines without progress bars)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "geolens", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode, lines_of(proc.stderr)
+
+
+def flow_process(out: Path, *extra: str) -> tuple[int, list[str]]:
+    return geolens_process("flow", "--model", "tiny-gqa", "the cat", "--out", str(out), *extra, cwd=out.parent)
+
+
+def finished_folder(out: Path) -> None:
+    """A complete result folder (one file and its manifest), written in-process."""
+    run_folder.forget_all()
+    run_folder.open_run_folder(out, command="flow")
+    (out / "flow.json").write_text("{}")
+    run_folder.complete_all()
+    run_folder.forget_all()
+
+
+@pytest.mark.parametrize("name", [LOCK, INCOMPLETE])
+def test_a_symlinked_lock_or_marker_is_refused_and_never_written_through(tmp_path, name):
+    """Before: `.geolens-lock` → victim.txt: exit 0 and victim.txt held the lock's JSON (a symlinked
+    INCOMPLETE likewise with --overwrite)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "R1"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    rc, err = flow_process(out, *(["--overwrite"] if name == INCOMPLETE else []))
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"geolens flow: error: --out {out}: {out / name} is a symbolic link (to {victim})"), err
+    assert victim.read_text() == "precious" and (out / name).is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == [name]  # nothing written
+
+
+@pytest.mark.parametrize("entry", ["../parent_victim.txt", "sub/link/precious.txt"])
+def test_overwrite_never_moves_a_manifest_entry_outside_the_folder(tmp_path, entry):
+    """Before: `--overwrite` moved `../parent_victim.txt`, or `link/precious.txt` through a symlinked
+    folder, into its stash and deleted it."""
+    out = tmp_path / "R"
+    finished_folder(out)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("precious")
+    (tmp_path / "parent_victim.txt").write_text("parent")
+    (out / "sub").mkdir()
+    (out / "sub" / "link").symlink_to(elsewhere)  # below the folder's top: not refused as a link leading out
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["files"][entry] = {"bytes": 8, "sha256": "0" * 64}
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    rc, err = flow_process(out, "--overwrite")
+    assert rc == 2 and len(err) == 1, err
+    why = "points outside" if entry.startswith("..") else "lies behind a symbolic link"
+    assert f"manifest.json entry '{entry}' {why}" in err[0] and err[0].endswith("nothing was changed"), err
+    assert (elsewhere / "precious.txt").read_text() == "precious"
+    assert (tmp_path / "parent_victim.txt").read_text() == "parent"
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before  # nothing moved, no stash
+
+
+def test_overwrite_never_moves_a_marker_entry_outside_the_folder(tmp_path):
+    """An interrupted run's INCOMPLETE listing `../victim.txt` as written (before: moved and deleted)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "R"
+    out.mkdir()
+    (out / "flow.json").write_text("{}")
+    (out / INCOMPLETE).write_text("geolens flow started\n" + json.dumps({"written": ["../victim.txt"], "started": 0}))
+    rc, err = flow_process(out, "--overwrite")
+    assert rc == 2 and len(err) == 1, err
+    assert "INCOMPLETE entry '../victim.txt' points outside" in err[0], err
+    assert victim.read_text() == "precious" and (out / "flow.json").read_text() == "{}"
+
+
+def test_a_link_at_the_top_of_the_folder_leading_out_is_refused(tmp_path):
+    """`flow.json` → a file elsewhere: a writer opening it by name would write there."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "R"
+    out.mkdir()
+    (out / "flow.json").symlink_to(victim)
+    rc, err = flow_process(out, "--overwrite")
+    assert rc == 2 and len(err) == 1, err
+    assert f"flow.json is a symbolic link to {victim}, outside the folder" in err[0], err
+    assert victim.read_text() == "precious"
+
+
+def test_a_model_name_leading_out_of_the_folder_is_refused_before_the_model_loads(tmp_path):
+    """Before: `geolens report --model .. --model tiny-gqa --out R2` wrote report.html and report.json
+    into the parent folder (`_safe("..") == ".."`); `..` is a checkpoint folder here (config.json)."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "report.html").write_text("mine")
+    work = tmp_path / "work"
+    work.mkdir()
+    corpus = write_corpus(tmp_path / "c.txt")  # a file: the offline corpora need gensim, absent from some venvs
+    rc, err = geolens_process(
+        "report", "--model", "..", "--model", "tiny-gqa", "--corpus", corpus, "--out", "R2", "--quick", cwd=work
+    )
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (
+        "geolens report: error: --model ..: its sub-folder '..' cannot name a file or folder inside the results: "
+        "'..' is the folder above; give its folder by another path (../NAME)"
+    )
+    assert (tmp_path / "report.html").read_text() == "mine" and not (tmp_path / "report.json").exists()
+    assert list(work.iterdir()) == []  # the folder opened for the run is removed again
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "/abs", "a/b", "a\0b"])
+def test_names_from_user_input_are_plain_names(name):
+    from geolens.errors import UsageError
+    from geolens.files import UnsafePath, check_name
+
+    with pytest.raises(UnsafePath, match=f"^--name {re.escape(repr(name))} cannot name a file or folder") as err:
+        check_name(name, what="--name")
+    assert isinstance(err.value, UsageError) and "\n" not in str(err.value)
+    assert check_name("run-1.b", what="--name") == "run-1.b"
+
+
+def test_a_dotdot_run_name_is_refused_in_a_real_process(tmp_path):
+    rc, err = geolens_process("flow", "--model", "tiny-gqa", "the cat", "--name", "..", cwd=tmp_path)
+    assert rc == 2 and err == [
+        "geolens flow: error: --name '..' cannot name a file or folder inside the results: '..' is the folder "
+        "above; use a plain name such as 'run1'"
+    ]
+    assert not (tmp_path / "geolens-runs" / "flow.json").exists()
+
+
+def test_cache_clear_on_a_symlinked_model_folder_is_one_line_and_keeps_its_target(tmp_path):
+    """Before: an 18-line traceback (`Cannot call rmtree on a symbolic link`)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_text("weights")
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / "smollm2-135m-f32").symlink_to(elsewhere)
+    rc, err = geolens_process("cache", "clear", cwd=tmp_path, env={"GEOLENS_CACHE": str(tmp_path / "cache")})
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"geolens cache: error: {models / 'smollm2-135m-f32'} is a symbolic link (to {elsewhere})")
+    assert (elsewhere / "model.safetensors").read_text() == "weights" and (models / "smollm2-135m-f32").is_symlink()
+
+
+def test_a_symlinked_stash_is_refused_before_anything_moves(tmp_path):
+    """The hidden `.geolens-previous-<pid>` folder, put there as a link (its pid guessed)."""
+    out = tmp_path / "R"
+    finished_folder(out)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / f"{run_folder.STASH_PREFIX}{os.getpid()}").symlink_to(out / "sub", target_is_directory=True)
+    (out / "sub").mkdir()
+    with pytest.raises(UnsafePath, match="is a symbolic link"):
+        run_folder.open_run_folder(out, command="flow", overwrite=True)
+    run_folder.leave_all()
+    assert (out / "flow.json").read_text() == "{}" and list((out / "sub").iterdir()) == []
+
+
+# --- the API refuses what it cannot compute right (issue #46) ----------------------------------------
+
+
+def _hf_tiny():
+    import geolens.hf
+    from geolens.hf.tiny import tiny_family
+    from geolens.testing import tiny_tokenizer
+
+    return geolens.hf.prepare(tiny_family("llama"), tokenizer=tiny_tokenizer())  # bos 0, eos 1, pad 2
+
+
+@pytest.mark.parametrize("case", ["equally_left_padded", "one_row_padded", "pads_before_bos"])
+def test_pads_before_the_first_real_token_are_refused_without_a_mask(case):
+    """Before: refused only when the rows' pad runs differed; the logits were then off (0.018)."""
+    import geolens
+    from geolens.sinks.norm_curve import NormCurve
+
+    model = _hf_tiny()
+    tokens = {
+        "equally_left_padded": torch.tensor([[2, 2, 0, 4, 5, 6], [2, 2, 0, 7, 8, 9]]),
+        "one_row_padded": torch.tensor([[2, 2, 0, 4, 5, 6]]),
+        "pads_before_bos": torch.tensor([[2, 0, 4, 5, 6], [2, 0, 7, 8, 9]]),
+    }[case]
+    for call in (
+        lambda: geolens.run_with_cache(model, tokens),
+        lambda: geolens.run_corpus(model, tokens, [NormCurve(model.cfg.n_layers, model.cfg.n_heads)], progress=False),
+    ):
+        with pytest.raises(
+            ValueError, match=r"^the batch looks padded \(rows \[0.*start with pad tokens, id 2.*attention_mask="
+        ) as err:
+            call()
+        assert "\n" not in str(err.value)
+    mask = (tokens != 2).long()
+    logits, _ = geolens.run_with_cache(model, tokens, attention_mask=mask)
+    alone, _ = geolens.run_with_cache(model, tokens[:1, mask[0].bool()])
+    torch.testing.assert_close(logits[0, mask[0].bool()], alone[0], atol=1e-5, rtol=1e-5)
+    geolens.run_with_cache(model, torch.tensor([[0, 4, 5, 2, 2]]))  # equal right padding stays allowed (causal)
+
+
+@pytest.mark.parametrize(
+    "case, error, message",
+    [
+        ("float", TypeError, "tokens must hold integer token ids, got a torch.float32 Tensor"),
+        ("empty", ValueError, "tokens is empty (shape (1, 0))"),
+        ("outside", IndexError, "tokens holds the id 64 at [0, 2], outside the model's vocabulary of 64 ids (0…63)"),
+        ("negative", IndexError, "tokens holds the id -1 at [0, 1], outside the model's vocabulary"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["run_with_cache", "run_corpus"])
+def test_token_tensors_must_be_integer_non_empty_and_inside_the_vocabulary(case, error, message, entry):
+    """Before: `The size of tensor a (32) must match …`, `cannot reshape tensor of 0 elements …`,
+    `index out of range in self`, from deep inside torch."""
+    import geolens
+    from geolens.sinks.norm_curve import NormCurve
+
+    model = _hf_tiny()
+    tokens = {
+        "float": torch.tensor([[0.0, 4.0, 5.0]]),
+        "empty": torch.zeros(1, 0, dtype=torch.long),
+        "outside": torch.tensor([[0, 4, 64]]),
+        "negative": torch.tensor([[0, -1, 3]]),
+    }[case]
+    with pytest.raises(error) as err:
+        if entry == "run_with_cache":
+            geolens.run_with_cache(model, tokens)
+        else:
+            geolens.run_corpus(model, tokens, [NormCurve(model.cfg.n_layers, model.cfg.n_heads)], progress=False)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.bridge_only  # attribute and evaluate_attribution on the TL 4.x tiny bridge
+@pytest.mark.parametrize("shape", ["b_h_q", "b_h_q_1", "per_sequence"])
+def test_a_metric_of_the_wrong_shape_is_refused_in_one_line(shape):
+    """Before: `[b, h, q, 1]` was scored by evaluate_attribution and plotted by attribute as if it
+    ranked tokens; `[b, h, q]` ended in a torch traceback."""
+    import geolens
+    from geolens.metrics import unregister_metric
+    from geolens.testing import tiny_bridge
+
+    fn = {
+        "b_h_q": lambda x: x.alpha.sum(-1),
+        "b_h_q_1": lambda x: x.alpha.sum(-1, keepdim=True),
+        "per_sequence": lambda x: torch.ones(len(x.layers), x.heads, x.tokens.shape[1]),
+    }[shape]
+    geolens.register_metric("wrong_shape", label="wrong", fn=fn, per_layer=shape != "per_sequence")
+    try:
+        model = tiny_bridge("gqa")
+        calls = [lambda: geolens.attribute(model, "the cat sat", "wrong_shape", layer=1)]
+        if shape != "per_sequence":  # evaluate_attribution takes term-level (per-layer) metrics only
+            calls.append(lambda: geolens.evaluate_attribution("wrong_shape", model, ["the cat sat on the mat."]))
+        for call in calls:
+            with pytest.raises(
+                ValueError, match=r"^metric 'wrong_shape' returned scores of shape \[.*\]: expected \["
+            ) as err:
+                call()
+            assert "\n" not in str(err.value)
+    finally:
+        unregister_metric("wrong_shape")
+
+
+@pytest.mark.bridge_only  # attribute and evaluate_attribution on the TL 4.x tiny bridge
+def test_a_metric_returning_numpy_is_converted():
+    """Before: `_sum() got an unexpected keyword argument 'keepdim'` (attribute) and
+    `'numpy.ndarray' object has no attribute 'double'` (evaluate_attribution)."""
+    import geolens
+    from geolens.metrics import unregister_metric
+    from geolens.testing import tiny_bridge
+
+    geolens.register_metric("as_numpy", label="numpy", fn=lambda x: (x.alpha * x.value_norm).detach().cpu().numpy())
+    try:
+        model = tiny_bridge("gqa")
+        for kwargs in (dict(layer=1), dict(layer=1, head=2)):
+            mine = geolens.attribute(model, "the cat sat", "as_numpy", **kwargs)
+            reference = geolens.attribute(model, "the cat sat", "value_weighted", **kwargs)
+            torch.testing.assert_close(mine.scores, reference.scores)
+        texts = ["the cat sat on the mat.", "a dog ran far away!"]
+        mine = geolens.evaluate_attribution("as_numpy", model, texts, n_boot=20)
+        reference = geolens.evaluate_attribution("value_weighted", model, texts, n_boot=20)
+        assert mine.partial == pytest.approx(reference.partial, abs=1e-9)
+    finally:
+        unregister_metric("as_numpy")
+
+
+@pytest.mark.bridge_only  # attribute on the TL 4.x tiny bridge
+def test_nan_in_the_weights_or_the_scores_is_named_not_returned():
+    """Before: all-NaN scores, without a word."""
+    import geolens
+    from geolens.metrics import unregister_metric
+    from geolens.testing import tiny_bridge
+
+    model = tiny_bridge("gqa")
+    geolens.register_metric("gives_nan", label="nan", fn=lambda x: x.alpha * float("nan"))
+    try:
+        with pytest.raises(ValueError, match=r"^the scores of metric 'gives_nan' hold NaN at layer 1, batch 0, head 0"):
+            geolens.attribute(model, "the cat sat", "gives_nan", layer=1)
+    finally:
+        unregister_metric("gives_nan")
+    with torch.no_grad():
+        next(p for name, p in model.named_parameters() if "q_proj" in name).data[0, 0] = float("nan")
+    for method, where in (("alti", "layer 0, batch 0"), ("attention_rollout", "layer 0, batch 0")):
+        with pytest.raises(
+            ValueError, match=rf"^the shares of contribution_flow\('{method}'\) hold NaN at {where}"
+        ) as err:
+            geolens.attribute(model, "the cat sat", method)
+        assert "the model's weights hold NaN or inf: model.layers.0.self_attn.q_proj.weight (1 of" in str(err.value)
+        assert "\n" not in str(err.value)
+    with pytest.raises(
+        ValueError, match=r"^the scores of metric 'contribution' hold NaN at layer 1, .*attention weights"
+    ):
+        geolens.attribute(model, "the cat sat", "contribution", layer=1)
+
+
+def test_hf_to_tokens_warns_when_it_truncates():
+    """Before: `to_tokens(truncate=True)` of the HF-native backend cut the text without a word."""
+    model = _hf_tiny()
+    with pytest.warns(UserWarning, match="241 tokens long: truncated to the model's context, its first 128 tokens"):
+        assert tuple(model.to_tokens(LONG, truncate=True).shape) == (1, 128)

@@ -463,3 +463,18 @@ def test_gram_dot_and_cosine_against_materialised_projections():
     torch.testing.assert_close(
         geometry.gram_dot(z, z, G[:, None, None]), (geometry.gram_norm(y, G) ** 2).permute(0, 2, 1)[:, :, None]
     )
+
+
+def test_projected_values_against_the_naive_reference(tiny):
+    model, _, cache = tiny
+    for layer in range(model.cfg.n_layers):
+        naive = reference.projected_values(model, cache, layer)  # [b, h, k, d_model], loops in float64
+        got = geolens.projected_values(model, cache, layer)  # [batch, pos, head, d_model]
+        torch.testing.assert_close(got.double().transpose(1, 2), naive, atol=1e-5, rtol=1e-5)
+        view = geolens.get_attention_layer(model, cache, layer)
+        torch.testing.assert_close(geolens.projected_values(view), got, atol=0, rtol=0)
+        torch.testing.assert_close(
+            got.norm(dim=-1).transpose(1, 2), geolens.projected_value_norms(view), atol=1e-5, rtol=1e-5
+        )
+    with pytest.raises(TypeError, match="needs \\(model, cache, layer\\)"):
+        geolens.projected_values(model, cache)

@@ -29,6 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "validation",
         "stats",
         "files",
+        "finite",
         "streaming",
         "visibility",
         "adapter",
@@ -64,6 +65,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "viz",
         "methods",
         "attribution",
+        "intervene",
     ),
     "interfaces": ("pipelines", "report", "commands", "run_folder", "folder_lock", "cli", "__main__", "__init__"),
 }
@@ -78,6 +80,12 @@ ALLOWED_EDGES: dict[tuple[str, str], str] = {}
 BELOW: dict[tuple[str, str], str] = {
     ("geolens.multiple_choice", "geolens.faithfulness"): "questions and their scoring are what multiple "
     "choice under masks (geolens.faithfulness.mc_curves, geolens.faithfulness.multiple_choice) builds on",
+    ("geolens.methods", "geolens.faithfulness"): "the registry of methods is what the faithfulness evaluations "
+    "read (evaluate_attribution); the metrics it lists, Value Zeroing included, register with geolens.metrics",
+    ("geolens.metrics", "geolens.faithfulness"): "the metrics are what faithfulness ranks; Value Zeroing is "
+    "computed below both (geolens.interventions.value_zeroing)",
+    ("geolens.faithfulness", "geolens.attribution"): "attribute() is the one-call interface over the "
+    "methods; evaluate_attribution loads a model by name through geolens.models.resolve_model, as attribute() does",
 }
 
 MAX_LINES = 600

@@ -158,7 +158,7 @@ def test_an_uncached_hub_model_offline_is_one_line_from_the_cli(tmp_path):
     result = _run(["-m", "geolens", "flow", "hello there", "--model", "gpt2"], tmp_path)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("geolens flow: error: --model gpt2:"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("geolens flow: error: unknown model 'gpt2':"), result.stderr
     assert "not in the local Hugging Face cache" in lines[0] and "cannot be reached" in lines[0]
 
 

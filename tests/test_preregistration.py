@@ -1,8 +1,10 @@
 """Pre-registered studies (geolens.preregistration) and resume that checks what it resumes (geolens.resume).
 
 A run is "pre-registered" only when the protocol's text and JSON twin are the registered ones
-(REGISTERED.json) and the run follows the protocol; otherwise it is "exploratory", names why, and
-decides no pair. Every resumable run refuses, in one line and without a traceback, a progress
+(REGISTERED.json), git confirms the registration (its commit exists, holds those files and precedes
+the run's commit; outside a checkout, the registry geolens carries), and the run follows the
+protocol; otherwise it is "exploratory", names why, and decides no pair. The git repositories here
+are real ones, made in tmp_path. Every resumable run refuses, in one line and without a traceback, a progress
 record or saved rows that do not add up (an edited count, a damaged gzip, another model).
 """
 
@@ -10,12 +12,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny, random_corpus
+from conftest import git, git_commit, make_tiny, random_corpus, register_in_git
 
 from geolens.cli import main
 from geolens.preregistration import NOT_DECIDED, load_protocol, preregistration, register, withhold_verdicts
@@ -64,11 +67,19 @@ def test_the_protocols_in_docs_are_registered_and_intact_copies_stay_pre_registe
         assert registered["text_sha256"] == (folder / "PROTOCOL.sha256").read_text().strip()
     protocol = load_protocol(folder / "protocol.json")
     assert protocol.json_sha256 == registered["json_sha256"] and protocol.hash_reasons() == []
-    copy = load_protocol(copy_protocol(folder, tmp_path / "copy"))
+    in_docs = preregistration(protocol, [])  # git confirms it: the commit, its files, an ancestor of HEAD
+    assert in_docs["status"] == "pre-registered" and in_docs["checked_against"] == "git", in_docs["reasons"]
+    assert in_docs["registered_commit"].startswith(registered["commit"])
+    copy = load_protocol(copy_protocol(folder, tmp_path / "copy"))  # outside any checkout: the registry
     record = preregistration(copy, [])
-    assert record == dict(
-        status="pre-registered", text_sha256=protocol.sha256, json_sha256=protocol.json_sha256, reasons=[]
+    assert {k: record[k] for k in ("status", "text_sha256", "json_sha256", "reasons", "checked_against")} == dict(
+        status="pre-registered",
+        text_sha256=protocol.sha256,
+        json_sha256=protocol.json_sha256,
+        reasons=[],
+        checked_against="registry",
     )
+    assert record["registered_commit"] == registered["commit"]
 
 
 @pytest.mark.parametrize(
@@ -115,6 +126,205 @@ def test_register_writes_both_hashes(tmp_path):
     record = register(path, registered_at="2026-12-06", commit="abc")
     assert json.loads((path.parent / "REGISTERED.json").read_text()) == record
     assert preregistration(load_protocol(path), [])["status"] == "pre-registered"
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration checked against history: real git repositories made in tmp_path
+
+
+def test_the_registry_geolens_carries_matches_the_registrations_in_docs():
+    """registered_protocols.json (checked outside a git checkout) is generated from docs/**/REGISTERED.json:
+    regenerate it with ``python -c 'from geolens.preregistration import write_registry; write_registry()'``."""
+    from geolens.preregistration import REGISTRY, registry, registry_from
+
+    assert registry() == registry_from(ROOT / "docs")
+    assert REGISTRY.name in (ROOT / "pyproject.toml").read_text()  # shipped with the package
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository holding a copy of docs/flow's text and twin, registered as a study does."""
+    folder = tmp_path / "repo" / "study"
+    copy_protocol(FLOW, folder)
+    git(tmp_path / "repo", "init", "-q")
+    (folder / "REGISTERED.json").unlink()
+    commit = register_in_git(folder / "protocol.json")
+    return folder / "protocol.json", commit
+
+
+def _record(path):
+    return preregistration(load_protocol(path), [])
+
+
+def test_a_registration_that_git_confirms_is_pre_registered_and_names_both_commits(repo):
+    path, commit = repo
+    record = _record(path)
+    assert record["status"] == "pre-registered" and record["reasons"] == []
+    assert record["checked_against"] == "git" and record["registered_commit"] == commit
+    assert record["run_commit"] == git(path.parent, "rev-parse", "HEAD") != commit  # REGISTERED.json came after
+    assert record["working_tree"] == "clean"
+    (path.parent / "notes.md").write_text("untracked: still clean\n")
+    assert _record(path)["working_tree"] == "clean"
+    git_commit(path.parent, "notes")
+    (path.parent / "notes.md").write_text("edited\n")
+    assert _record(path)["working_tree"] == "dirty"
+
+
+@pytest.mark.parametrize("commit_it", [False, True], ids=["uncommitted", "committed"])
+def test_an_edited_protocol_with_regenerated_registration_naming_the_old_commit_is_exploratory(repo, commit_it):
+    """The probe of issue #46: text and JSON edited, REGISTERED.json rewritten with their hashes."""
+    path, commit = repo
+    (path.parent / "PROTOCOL.md").write_text("# An edited protocol\n", encoding="utf-8")
+    edit_json(path, lambda s: s["data"]["models"].append("tiny-gqa"))
+    register(path, registered_at="2026-12-06", commit=commit)
+    if commit_it:
+        git_commit(path.parent, "edit the protocol")
+    record = _record(path)
+    assert record["status"] == "exploratory" and not any("edited after registration" in r for r in record["reasons"])
+    assert [r.split(" at the registration's commit")[0] for r in record["reasons"]] == [
+        "study/PROTOCOL.md",
+        "study/protocol.json",
+    ]
+    assert all(f"{commit[:12]} is not the registered file" in r for r in record["reasons"])
+
+
+def test_a_regenerated_registration_naming_no_commit_is_exploratory(repo):
+    path, _ = repo
+    (path.parent / "PROTOCOL.md").write_text("# An edited protocol\n", encoding="utf-8")
+    record = register(path, registered_at="2026-12-06")  # not committed: no commit to name
+    assert "commit" not in record
+    reasons = _record(path)["reasons"]
+    assert reasons == [f"{path.parent / 'REGISTERED.json'} names no commit, so git cannot confirm the registration"]
+
+
+def test_a_registration_commit_that_is_not_in_the_history_is_exploratory(repo):
+    path, _ = repo
+    register(path, registered_at="2026-12-06", commit="3838674")  # the masking addendum's, missing here too
+    git_commit(path.parent, "a registration naming a commit this repository does not have")
+    record = _record(path)
+    assert record["status"] == "exploratory"
+    assert record["reasons"] == [
+        f"the registration's commit 3838674 is not in the repository {path.parent.parent.resolve()} "
+        "(git cat-file finds no such commit)"
+    ]
+
+
+def test_a_registration_commit_that_is_not_an_ancestor_of_the_run_is_exploratory(repo):
+    """Registered on a branch the run's commit does not descend from (a rewritten or unmerged history)."""
+    path, _ = repo
+    folder = path.parent
+    main = git(folder, "rev-parse", "--abbrev-ref", "HEAD")
+    git(folder, "checkout", "-q", "-b", "side")
+    (folder / "side.txt").write_text("only on the side branch\n")
+    side = git_commit(folder, "the side branch")
+    git(folder, "checkout", "-q", main)
+    register(path, registered_at="2026-12-06", commit=side)
+    git_commit(folder, "a registration naming the side branch")
+    record = _record(path)
+    head = git(folder, "rev-parse", "HEAD")
+    assert record["reasons"] == [
+        f"the registration's commit {side[:12]} is not an ancestor of this run's commit {head[:12]}"
+    ]
+
+
+def test_outside_a_checkout_only_the_published_protocols_are_pre_registered(tmp_path):
+    path = copy_protocol(FAITHFULNESS, tmp_path / "copy")
+    assert _record(path)["status"] == "pre-registered"  # the registry geolens carries has its hashes
+    (path.parent / "PROTOCOL.md").write_text("# An edited protocol\n", encoding="utf-8")
+    edit_json(path, lambda s: s["data"].update(n_documents=1))
+    register(
+        path, registered_at="2026-12-06", commit=json.loads((FAITHFULNESS / "REGISTERED.json").read_text())["commit"]
+    )
+    record = _record(path)
+    assert record["status"] == "exploratory" and record["checked_against"] == "registry"
+    assert record["reasons"] == [
+        f"{path} is not committed in a git checkout and is none of the protocols published with geolens "
+        "(registered_protocols.json), so its registration cannot be confirmed"
+    ]
+
+
+def test_an_edited_and_reregistered_protocol_runs_exploratory_in_a_real_process(repo, tmp_path):
+    """The command line, as a user runs it: ``python -m geolens flow --erasure`` on the edited copy."""
+    import subprocess
+    import sys
+
+    path, commit = repo
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text(
+        "the river rose overnight and the bridge was closed.\n\na new library opened in the town centre today.\n",
+        encoding="utf-8",
+    )
+
+    def small(p):
+        p["data"].update(corpus=str(corpus), n_documents=1, min_documents=1, min_document_tokens=8, seq_len=8)
+        p["data"]["models"] = ["tiny-gqa"]
+        p["predictions"]["positions"] = [7]
+        p["methods"] = ["random", "contribution"]
+        p["fractions"] = [0.5]
+        p["statistics"]["n_boot"] = 20
+        p["induction_check"]["n_tokens"] = 4
+
+    edit_json(path, small)
+    register(path, registered_at="2026-12-06", commit=commit)  # REGISTERED.json regenerated, the old commit
+    git_commit(path.parent, "edited protocol, registration regenerated")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "geolens", "flow", "--erasure", "--protocol", str(path), "--model", "tiny-gqa"]
+    done = subprocess.run(cmd + ["--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "exploratory"
+    assert any("study/protocol.json at the registration's commit" in r for r in summary["differences"])
+    assert summary["preregistration"]["run_commit"] == git(path.parent, "rev-parse", "HEAD")
+    assert "exploratory (" in done.stdout and "is not the registered file" in done.stdout
+
+
+SHA = re.compile(r"\b[0-9a-f]{7,40}\b")
+# Commits the published runs record that are not in the history, each explained where it is recorded.
+MISSING_COMMITS = {
+    "3838674": "docs/faithfulness/v3/masking/README.md",  # the masking runs' local commit, never pushed
+}
+
+
+def _recorded_commits(value, found: set) -> set:
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if key in ("commit", "run_commit", "registered_commit") and isinstance(v, str) and SHA.fullmatch(v):
+                found.add(v)
+            else:
+                _recorded_commits(v, found)
+    elif isinstance(value, list):
+        for v in value:
+            _recorded_commits(v, found)
+    return found
+
+
+def test_every_commit_the_published_runs_record_is_in_the_history():
+    """Every commit in docs/**/summary.json (and docs/**/REGISTERED.json, docs/benchmarks), and every
+    ``at <commit>`` in the messages of the commits that published a summary, exists in the history;
+    the exceptions are listed above, each explained in the README it names."""
+    from geolens.preregistration import checkout_of
+
+    if checkout_of(ROOT) != ROOT.resolve() or git(ROOT, "rev-parse", "--is-shallow-repository") == "true":
+        pytest.skip("needs the full git history of this checkout")
+    found: set = set()
+    for pattern in ("**/summary.json", "**/REGISTERED.json", "benchmarks/*.json"):
+        for path in (ROOT / "docs").glob(pattern):
+            _recorded_commits(json.loads(path.read_text(encoding="utf-8")), found)
+    messages = git(ROOT, "log", "--format=%B", "--", "docs/**/summary.json", "docs/*/summary.json")
+    found |= set(re.findall(r"\bat ([0-9a-f]{7,40})\b", messages))
+    assert len(found) >= 9  # the registrations, the benchmarks, the runs' "at <commit>"
+    missing = {c for c in found if subprocess_ok(ROOT, c) is False}
+    assert missing == set(MISSING_COMMITS), "recorded commits not in the history: " + ", ".join(sorted(missing))
+    for commit, readme in MISSING_COMMITS.items():
+        assert commit in (ROOT / readme).read_text(encoding="utf-8"), f"{readme} does not explain {commit}"
+
+
+def subprocess_ok(root, commit: str) -> bool:
+    """``git cat-file -e <commit>^{commit}`` succeeds."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    return done.returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +452,7 @@ def test_faithfulness_resume_refuses_an_edited_progress_record(interrupted_stage
     assert not (out / "summary.json").exists()
 
 
-def test_faithfulness_resume_refuses_a_legacy_record_that_does_not_match_its_rows(interrupted_stage, capsys):
+def test_faithfulness_resume_refuses_a_record_without_digests(interrupted_stage, capsys):
     out, args = interrupted_stage
     path = out / "per_term_progress.json"
     progress = json.loads(path.read_text())
@@ -251,7 +461,7 @@ def test_faithfulness_resume_refuses_a_legacy_record_that_does_not_match_its_row
     progress["documents_done"] = 2
     path.write_text(json.dumps(progress))
     assert main(args + ["--resume"]) == 2
-    assert "the rows hold none of documents 1" in one_line_error(capsys)
+    assert "its progress record has no digests of its rows" in one_line_error(capsys)
 
 
 @pytest.mark.parametrize("damage", ["truncated progress", "truncated rows", "edited rows", "missing rows"])
@@ -284,16 +494,53 @@ def test_faithfulness_resume_with_another_model_is_one_line(interrupted_stage, c
     assert "other settings" in err and "model tiny-mha, not tiny-gqa" in err
 
 
-def test_a_legacy_progress_record_that_matches_its_rows_still_resumes(interrupted_stage, capsys):
+def test_a_progress_record_without_digests_is_refused_even_when_its_rows_add_up(interrupted_stage, capsys):
+    """Never trusted as legacy (geolens 0.2 resumed it and wrote fresh digests over any edit)."""
     out, args = interrupted_stage
     path = out / "per_term_progress.json"
     progress = json.loads(path.read_text())
     for key in ("documents", "rows"):
         progress.pop(key)
     path.write_text(json.dumps(progress))
+    assert main(args + ["--resume"]) == 2
+    err = one_line_error(capsys)
+    assert "per_term_progress.json: its progress record has no digests of its rows" in err and "--overwrite" in err
+    assert "documents" not in json.loads(path.read_text())  # nothing written over it
+
+
+def test_faithfulness_resume_under_another_geolens_version_goes_on_and_the_summary_says_so(interrupted_stage, capsys):
+    import geolens
+
+    out, args = interrupted_stage
+    path = out / "per_term_progress.json"
+    progress = json.loads(path.read_text())
+    assert progress["writer"]["geolens_version"] == geolens.__version__ and progress["writer"]["weights_fingerprint"]
+    progress["writer"]["geolens_version"] = "0.0.1"
+    path.write_text(json.dumps(progress))
     assert main(args + ["--resume"]) == 0
-    assert "resuming after 1 documents" in capsys.readouterr().out
-    assert json.loads(path.read_text())["documents"] == [0, 1]
+    step = f"0.0.1 → {geolens.__version__}"
+    assert json.loads((out / "summary.json").read_text())["resumed_across_versions"] == [step]
+    assert json.loads(path.read_text())["writer"]["resumed_across_versions"] == [step]
+
+
+def test_faithfulness_resume_with_other_weights_at_the_same_model_name_is_one_line(interrupted_stage, capsys):
+    """New weights saved where the model was: the record's weights fingerprint refuses them."""
+    import geolens.models
+
+    out, args = interrupted_stage
+    real = geolens.models.load_model
+
+    def other_weights(name, *a, **k):
+        model = real(name, *a, **k)
+        with torch.no_grad():
+            list(model.parameters())[-1].add_(0.25)
+        return model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(geolens.models, "load_model", other_weights)
+        assert main(args + ["--resume"]) == 2
+    err = one_line_error(capsys)
+    assert "per_term_progress.json: it was written by a model with other weights" in err and "--overwrite" in err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,13 +604,73 @@ def test_flow_erasure_json_edit_alone_is_exploratory_and_resume_checks_its_rows(
     assert pairs and all(p["verdict"] in (NOT_DECIDED, "not testable") for p in pairs)
     printed = capsys.readouterr().out
     assert "exploratory (" in printed and NOT_DECIDED in printed
-    # registered as it is now, the same run is pre-registered and decides its pairs
+    # REGISTERED.json regenerated for the edited files: git cannot confirm it (no commit named)
     register(flow_protocol, registered_at="2026-12-06")
+    out1 = tmp_path / "regenerated"
+    assert main(args[:-1] + [str(out1)]) == 0
+    s1 = json.loads((out1 / "summary.json").read_text())
+    assert s1["status"] == "exploratory"
+    assert any(
+        "is not committed in a git checkout and is none of the protocols published" in r for r in s1["differences"]
+    )
+    # registered as a study does (text and twin committed, REGISTERED.json naming that commit),
+    # the same run is pre-registered and decides its pairs
+    commit = register_in_git(flow_protocol)
     out2 = tmp_path / "registered"
     assert main(args[:-1] + [str(out2)]) == 0
     s2 = json.loads((out2 / "summary.json").read_text())
     mode = s2["model_mode"]
     assert s2["status"] == ("pre-registered" if mode == "bridge" else "exploratory")
+    pre = s2["preregistration"]
+    assert pre["checked_against"] == "git" and pre["registered_commit"] == commit
+    assert pre["run_commit"] == git(flow_protocol.parent, "rev-parse", "HEAD") and pre["working_tree"] == "clean"
+
+
+def test_flow_erasure_resume_is_bound_to_the_digests_the_weights_and_says_the_version_in_real_processes(
+    tmp_path, flow_protocol
+):
+    """The probe of issue #46 as a user runs it (``python -m geolens``): a finished erasure folder
+    whose progress record lost its digests and whose numbers were edited is refused, not re-digested
+    (geolens 0.2 moved a KL in curves.csv from 0.000276 to 0.000691 that way); a record of other
+    weights is refused; a resume under another geolens version goes on and the summary says so."""
+    import subprocess
+    import sys
+
+    import geolens
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "geolens", "flow", "--erasure", "--protocol", str(flow_protocol)]
+    cmd += ["--model", "tiny-gqa", "--out", str(out)]
+
+    def run(*extra):
+        return subprocess.run(cmd + list(extra), capture_output=True, text=True, timeout=600)
+
+    done = run()
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, conditions = out / "erasure_progress.json", out / "erasure_conditions.csv.gz"
+    record, curves = json.loads(path.read_text()), (out / "curves.csv").read_bytes()
+    writer = record["writer"]  # the weights fingerprint run_with_cache stamps, and the geolens version
+    assert writer["geolens_version"] == geolens.__version__ and len(writer["weights_fingerprint"]) == 16
+    original = conditions.read_bytes()
+    lines = gzip.decompress(original).decode().splitlines()
+    header, first = lines[0].split(","), lines[1].split(",")
+    first[header.index("kl")] = "0.000691"  # an edited number, the digests dropped
+    conditions.write_bytes(gzip.compress("\n".join([lines[0], ",".join(first), *lines[2:]]).encode() + b"\n"))
+    path.write_text(json.dumps({k: v for k, v in record.items() if k not in ("rows", "documents")}))
+    done = run("--resume")
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith(f"geolens flow: error: cannot resume from {path}: its progress record has no digests")
+    assert "--overwrite" in done.stderr and (out / "curves.csv").read_bytes() == curves
+    conditions.write_bytes(original)
+    path.write_text(json.dumps(dict(record, writer=dict(writer, weights_fingerprint="0123456789abcdef"))))
+    done = run("--resume")  # new weights saved where the model was
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "it was written by a model with other weights (weights fingerprint 0123456789abcdef" in done.stderr
+    path.write_text(json.dumps(dict(record, writer=dict(writer, geolens_version="0.0.1"))))
+    done = run("--resume")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_across_versions"] == [f"0.0.1 → {geolens.__version__}"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,4 +800,5 @@ def test_corpus_checkpoint_refuses_an_edited_batch_index_or_a_damaged_file(tmp_p
         run_corpus(model, tokens, [analysis()], batch_size=2, progress=False, checkpoint=path)
     legacy = {k: v for k, v in saved.items() if k != "digest"}  # a checkpoint from before digests
     atomic_torch_save(legacy, path)
-    run_corpus(model, tokens, [analysis()], batch_size=2, progress=False, checkpoint=path)
+    with pytest.raises(ResumeRefused, match="it has no digest of its batch index and states"):
+        run_corpus(model, tokens, [analysis()], batch_size=2, progress=False, checkpoint=path)

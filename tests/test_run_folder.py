@@ -92,6 +92,13 @@ def test_complete_writes_a_manifest_of_every_file_and_removes_the_marker(tmp_pat
     assert manifest["files"]["a.csv"]["bytes"] == 4
     assert not (folder.path / INCOMPLETE).exists() and folder_state(folder.path, contents=True) == "complete"
     assert require_complete(folder.path) == folder.path
+    # every run records the commit it ran from (one that exists) and whether the tree was clean
+    import subprocess
+
+    assert manifest["working_tree"] in ("clean", "dirty")
+    root = run_folder.__file__.rsplit("/geolens/", 1)[0]
+    check = subprocess.run(["git", "-C", root, "cat-file", "-e", f"{manifest['run_commit']}^{{commit}}"])
+    assert check.returncode == 0
 
 
 def test_readers_refuse_incomplete_and_damaged_folders(tmp_path):

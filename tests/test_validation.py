@@ -64,7 +64,7 @@ def test_non_integer_layer_is_refused(gqa, fn, layer):
 @pytest.mark.parametrize("fn", FUNCTIONS)
 def test_layer_out_of_range(gqa, fn):
     model, cache = gqa
-    with pytest.raises(IndexError, match="out of range for a model with 2 layers"):
+    with pytest.raises(IndexError, match="out of range: the model has 2 layers"):
         fn(model, cache, 2)
     with pytest.raises(IndexError, match="out of range"):
         fn(model, cache, -3)

@@ -119,17 +119,32 @@ def model_mode(model: TLModel) -> str:
     ``enable_compatibility_mode()``: norms folded, W_O centred for LayerNorm models, b_V folded
     into b_O, which changes ṽ) or ``"hooked"`` (TL 2.x/3.x ``HookedTransformer``, which processes
     weights the same way by default).
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model_mode(tiny_bridge("gqa"))
+    'bridge'
     """
     return adapter_for(model).model_mode
 
 
 def n_kv_heads(model: TLModel) -> int:
-    """Number of kv heads (n_heads without grouped-query attention)."""
+    """Number of kv heads (n_heads without grouped-query attention).
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")  # 4 query heads sharing 2 kv heads
+    >>> model.cfg.n_heads, n_kv_heads(model)
+    (4, 2)
+    """
     return adapter_for(model).n_kv_heads
 
 
 def attn_out_hook(model: TLModel, layer: int) -> str:
-    """Name of the hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O."""
+    """Name of the hook holding the pre-norm attention output Σ_h z^h W_O^h + b_O.
+
+    >>> from geolens.testing import tiny_bridge
+    >>> attn_out_hook(tiny_bridge("gqa"), 1)
+    'blocks.1.attn.hook_out'
+    """
     return adapter_for(model).attn_out_hook(layer)
 
 

@@ -160,13 +160,15 @@ def layer_spec(text: str) -> str:
 
 
 def check_index(value: int, count: int, what: str, option: str) -> int:
-    """``value`` as an index in ``[0, count)``; negative values count from the end; else UsageError."""
+    """``value`` as an index in ``[0, count)``; negative values count from the end; else UsageError
+    (out of range: the message of Python's IndexError, :func:`geolens.validation.out_of_range`,
+    with the option for the argument; called once the model is loaded, so torch is there)."""
+    from geolens.validation import out_of_range
+
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{option} must be an integer, got {value!r}")
     if not -count <= value < count:
-        raise UsageError(
-            f"{option} {value} is out of range: the model has {count} {what} (0…{count - 1}, or -{count}…-1 from the end)"
-        )
+        raise UsageError(out_of_range(f"{option} {value}", count, what))
     return value % count
 
 
@@ -210,7 +212,9 @@ def layer_selection(text: str, n_layers: int, option: str) -> list[int]:
         raise UsageError(f"{option} must be all, none, every:K or comma-separated layers ({e})") from None
     bad = [l for l in layers if not 0 <= l < n_layers]
     if bad:
-        raise UsageError(f"{option} {bad} out of range for a model with {n_layers} layers")
+        from geolens.validation import out_of_range
+
+        raise UsageError(out_of_range(f"{option} {bad[0]}", n_layers, "layers", allow_negative=False))
     return layers
 
 
@@ -230,35 +234,16 @@ def check_model_name(name: str, *, tiny: bool = False) -> str:
     without a slash (``gpt2``, ``EleutherAI/pythia-70m``): its snapshot folder when it is in the
     local Hugging Face cache (loading it never goes to the network), the id when the hub can be
     reached, else refused within seconds (:func:`geolens.model_cache.hub_checkpoint`; transformers'
-    own retries take about a minute offline), with a "did you mean" for a misspelt shipped name.
+    own retries take about a minute offline), with a "did you mean" for a misspelt shipped name: the
+    message of :func:`geolens.load_model` for the same name, word for word
+    (:func:`geolens.model_cache.checkpoint_for`, which imports no torch).
     """
-    from geolens.model_cache import hub_checkpoint, looks_like_hub_id
+    from geolens.model_cache import checkpoint_for
 
     known = list(SHIPPED_MODELS) + (list(TINY_MODELS) if tiny else [])
     if name in known:
         return name
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UsageError(f"--model {name}: the folder has no config.json (not a Hugging Face checkpoint folder)")
-        return str(path)
-    suggestion = ""
-    import difflib
-
-    for candidates in (known, [k.split("-")[0] for k in known]):  # 'smollm2' → 'smollm2-135m'
-        close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-        if close:
-            suggestion = f" (did you mean {known[candidates.index(close[0])]!r}?)"
-            break
-    if not looks_like_hub_id(name) or path.exists():
-        raise UsageError(
-            f"--model {name}: unknown model: no such folder, and not a Hugging Face hub id{suggestion} "
-            f"(known names: {', '.join(known)}; or a local checkpoint folder)"
-        )
-    try:
-        return hub_checkpoint(name, shipped=tuple(known))
-    except UsageError as err:
-        raise UsageError(f"--model {name}: {err}{suggestion}") from None
+    return checkpoint_for(name, known)
 
 
 BACKENDS = {"tl": "transformer_lens", "hf": "hf"}

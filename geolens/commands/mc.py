@@ -89,7 +89,7 @@ def run(args) -> int:
     except ValueError as err:
         raise UsageError(f"--tasks: {err}") from err
     command = " ".join(["geolens"] + sys.argv[1:])
-    resume = args.resume
+    resume, seeded = args.resume, None
     if protocol is not None and protocol.records and args.out and not args.resume:
         try:  # protocol 3's re-analysis: the stored records become the run's checkpoint (hash checked)
             seeded = seed_from_records(protocol, model_name, Path(args.out))
@@ -99,7 +99,9 @@ def run(args) -> int:
             print(f"re-analysis: the per-question records of {seeded} (SHA-256 checked) are this run's checkpoint")
             resume = True
     try:  # a resumed checkpoint must agree with these settings: refused before the model loads
-        checkpoint = MCCheckpoint.open(Path(args.out or ".") / CHECKPOINT, settings, resume=resume)
+        checkpoint = MCCheckpoint.open(
+            Path(args.out or ".") / CHECKPOINT, settings, resume=resume, verified=bool(seeded)
+        )
     except ResumeError as err:
         raise UsageError(str(err)) from None
     if resume != args.resume:

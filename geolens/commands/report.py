@@ -19,10 +19,6 @@ import time
 from pathlib import Path
 
 
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name.strip("/")) or "model"
-
-
 def _compare(paths, out) -> int:
     from geolens.report.citations import cite_text
     from geolens.report.compare import load_report, write_comparison
@@ -48,6 +44,7 @@ def run(args) -> int:
         out_folder,
     )
     from geolens.errors import UsageError
+    from geolens.files import folder_name  # `.`, `..` refused: nothing is written outside --out
     from geolens.report import SECTIONS, available_sections
     from geolens.run_folder import IncompleteResults, require_complete
 
@@ -89,7 +86,7 @@ def run(args) -> int:
     backend = check_backend(args.backend, compat=args.compat)
     out = out_folder(args, "report")  # a later usage error removes it again
     check_corpus(args.corpus)
-    outs = [out] if len(names) == 1 else [check_out_dir(out / _safe(name)) for name in models]
+    outs = [out] if len(names) == 1 else [check_out_dir(out / folder_name(m, what="--model")) for m in models]
     for name, folder in zip(names, outs):
         _run_one(args, name, folder, sections, backend)
     if len(names) == 1:

@@ -35,6 +35,7 @@ from geolens.adapter import get_attention_layer, model_mode, names_filter
 from geolens.faithfulness.norm_controlled import ANALYSES, norm_controlled_document, statistics_table
 from geolens.methods import Method, methods
 from geolens.metrics import LayerInputs, Metric, SequenceInputs, get_metric, mode_variant
+from geolens.models import resolve_model
 from geolens.per_term import float64_exact
 from geolens.stats import bootstrap_pvalue, cluster_bootstrap_indices, holm_family, percentile_ci, resample_means
 from geolens.validation import checked_text_tokens
@@ -73,6 +74,13 @@ class AttributionEvaluation:
         seed: the bootstrap's seed.
         alpha: the Holm family's α.
         settings: the sample (documents, positions, terms, query ranges, how positions were drawn).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge
+    >>> texts = ["the cat sat on the mat.", "a dog ran far away!"]
+    >>> result = geolens.evaluate_attribution("contribution_abs", tiny_bridge("gqa"), texts, n_boot=50)
+    >>> result.method, len(result.positions), result.differences[["a", "b"]].iloc[0].tolist()  # 2 positions a text
+    ('contribution_abs', 4, ['value_weighted', 'contribution_abs'])
     """
 
     method: str
@@ -304,7 +312,7 @@ def _method_scores(model, metric: Metric, mode: str, tokens: Tensor, terms: pd.D
                 view = get_attention_layer(model, cache, l, dtype=torch.float64)
                 per_layer[l] = metric.layer_scores(LayerInputs.from_layer(view, mode), summed=False)[0]
         else:
-            x = metric.fn(SequenceInputs(model, tokens, tuple(layers), n_heads, int(seed)))[:, 0]
+            x = metric.scores(SequenceInputs(model, tokens, tuple(layers), n_heads, int(seed)))[:, 0]
             x = x.abs() if metric.absolute else x
             per_layer = {l: x[k] for k, l in enumerate(layers)}
     out = np.empty(len(terms), dtype=np.float64)
@@ -451,9 +459,7 @@ def evaluate_attribution(
     n_boot = _positive_int(n_boot, "n_boot")
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-    from geolens.attribution import _resolve_model  # a name is loaded once and kept, as attribute() does
-
-    model, model_name = _resolve_model(model, "transformer_lens")
+    model, model_name = resolve_model(model, "transformer_lens")  # a name is loaded once and kept
     if model_mode(model) == "hf":
         raise ValueError(
             "evaluate_attribution needs a TransformerLens model (float64 per-term effects): "

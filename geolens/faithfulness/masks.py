@@ -54,7 +54,7 @@ def metric_scores(
     inputs = SequenceInputs(model, tokens, layers, 1 if summed else model.cfg.n_heads, seed, value_zeroing_chunk)
     for m in metrics:
         if not specs[m].per_layer:
-            out[m] = specs[m].fn(inputs)
+            out[m] = specs[m].scores(inputs)
     return {m: out[m] for m in metrics}
 
 

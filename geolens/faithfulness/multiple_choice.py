@@ -387,9 +387,12 @@ def run_multiple_choice(
     questions, margin drops and the Holm family of :attr:`MCSettings.pairs`.
 
     ``checkpoint`` keeps every question's record and is saved after each new one; records already
-    in it (a resumed run) are reused. Questions are keyed by task and index within the task.
+    in it (a resumed run) are reused, once the checkpoint's weights are checked against ``model``'s
+    (:meth:`~geolens.faithfulness.mc_checkpoint.MCCheckpoint.check_writer`). Questions are keyed by
+    task and index within the task.
     """
     ckpt = checkpoint if checkpoint is not None else MCCheckpoint(None, settings.fingerprint())
+    ckpt.check_writer(model)  # other weights than the checkpoint's: refused before any question
     layers = settings.layers(model.cfg.n_layers)
     metrics = settings.metrics
     seen: dict[str, int] = {}

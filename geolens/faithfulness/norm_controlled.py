@@ -214,6 +214,7 @@ def norm_controlled_stage(
             model_name=model_name,
             resume=resume,
             progress=progress,
+            model=model,  # its weights fingerprint binds the saved rows (float64, as measured)
             positions_per_document=n_positions,
             queries=list(queries),
             dtype="float64",

@@ -136,7 +136,7 @@ def masking_stage(
         }
 
     tables = run_document_stage(
-        "masking", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress
+        "masking", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress, model=model
     )
     if protocol["secondary"].get("exclusions") == "none":  # protocol 3's masking addendum
         return masking_summary_no_exclusion(tables["rows"], protocol.settings)
@@ -186,7 +186,7 @@ def per_term_stage(
         return {"rows": rows, "positions": positions}
 
     tables = run_document_stage(
-        "per_term", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress
+        "per_term", out, fingerprint, int(windows.shape[0]), measure, resume=resume, progress=progress, model=model
     )
     pairs = [tuple(pair) for pair in protocol["pairs"]]
     part = ground_truth_summary(
@@ -261,6 +261,7 @@ def run_stages(
     summary["pairs"] = [p for key in ("per_term_effects", "masking") if key in summary for p in summary[key]["pairs"]]
     summary["not_testable"] = not_testable_pairs(protocol)
     summary["stage_seconds"] = {}
+    writers = []
     for stage in ("per_term", "masking"):
         path = out / f"{stage}_progress.json"
         if summary["stages"].get(stage) == "complete" and path.is_file():
@@ -269,4 +270,8 @@ def run_stages(
             # (its stage_seconds, else its wall-clock seconds when that summary ran only this stage)
             earlier = previous.get("stage_seconds", {}).get(stage, previous.get("seconds"))
             summary["stage_seconds"][stage] = saved.get("seconds", earlier)
+            writers.append(saved.get("writer"))
+    from geolens.resume import versions_note
+
+    summary.update(versions_note(*writers))  # a stage resumed under another geolens version: said here
     return summary

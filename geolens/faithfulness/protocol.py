@@ -172,10 +172,10 @@ class MaskingConfig:
             return tuple(range(n))
         from geolens.validation import check_layer
 
-        try:  # never wrapped past the end; 1.0 / True refused
+        try:  # never wrapped past the end; 1.0 / True refused (TypeError), out of range an IndexError
             out = [check_layer(l, n) for l in self.layers]
         except (IndexError, TypeError) as err:
-            raise ValueError(f"protocol layers: {err}") from None
+            raise type(err)(f"protocol layers: {err}") from None
         if not out:
             raise ValueError("the protocol masks no layer")
         return tuple(sorted(set(out)))

@@ -383,6 +383,13 @@ def claimed_order_holds(pairs: pd.DataFrame, direction: str = "comprehensiveness
     ``holds`` when every testable step's CI lies above 0 (a step that cannot differ under the
     protocol neither supports nor contradicts it); ``decided`` is False when any testable step
     could not be decided (no range, too few documents, a metric missing) or none is testable.
+
+    >>> verdicts = dict(zip(CLAIMED_STEPS, ["holds", "holds", "reversed"]))
+    >>> pairs = pd.DataFrame([dict(a=a, b=b, direction="comprehensiveness", quantity="delta_ppl", verdict=v,
+    ...                            auc_diff=0.0, ci_low=0.0, ci_high=0.0) for (a, b), v in verdicts.items()])
+    >>> r = claimed_order_holds(pairs)
+    >>> r["holds"], r["decided"], r["pairs"]["output_normalized < contribution"]
+    (False, True, 'reversed')
     """
     if direction not in DIRECTIONS or quantity not in QUANTITIES:
         raise ValueError(f"unknown direction/quantity {direction!r}/{quantity!r}")

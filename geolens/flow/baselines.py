@@ -16,7 +16,7 @@ and :func:`geolens.attribute`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Sequence, Union
 
 import numpy as np
 import torch
@@ -62,14 +62,63 @@ def input_embeddings(model, tokens: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_
     return cache[hook][0].detach()
 
 
-def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: int) -> Float[Tensor, "row"]:
-    """f = log p(target) at the last position for each row of ``points``, the model run from the
-    rows entering block 0 (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`); float64, in
-    the caller's grad mode."""
+Target = Union[int, Tensor]
+"""A target of the gradient methods: one token id, or a continuation ``[k]`` of k ≥ 2 token ids
+(:func:`check_target`)."""
+
+
+def check_target(target, d_vocab: int | None = None) -> Target:
+    """One token id (an int) or a continuation of k ≥ 2 ids (a 1-D int64 tensor), range-checked.
+
+    A continuation t_1 … t_k is explained as f = Σ_m log p(t_m | the text, t_<m): the gradient
+    methods run on the text followed by t_1 … t_{k−1} and sum the log-probabilities of the last k
+    positions (:func:`gradient_x_input`, :func:`integrated_gradients`).
+
+    >>> check_target(7), check_target([3]), check_target([3, 4]).tolist()
+    (7, 3, [3, 4])
+    """
+    if isinstance(target, bool):
+        raise TypeError(f"target must be a token id or a list of token ids, got {target!r}")
+    if isinstance(target, (int, np.integer)):
+        ids = torch.tensor([int(target)])
+    else:
+        try:
+            ids = torch.as_tensor(target)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"target must be a token id or a list of token ids, got {target!r}") from None
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"target token ids must be integers, got {ids.dtype}")
+        ids = ids.reshape(-1).long()
+    if ids.numel() == 0:
+        raise ValueError("target is empty: give a token id or a non-empty list of them")
+    if d_vocab is not None:
+        bad = [int(t) for t in ids if not 0 <= int(t) < int(d_vocab)]
+        if bad:
+            raise IndexError(f"target token ids {bad[:4]} are out of range for a vocabulary of {int(d_vocab)}")
+    return int(ids[0]) if ids.numel() == 1 else ids
+
+
+def _continued(tokens: Tensor, position: int, target: Target) -> Tensor:
+    """The tokens 0 … ``position``, followed by the continuation's first k − 1 tokens."""
+    prompt = tokens[: position + 1]
+    if isinstance(target, int):
+        return prompt
+    return torch.cat([prompt, target[:-1].to(prompt.device, prompt.dtype)])
+
+
+def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: Target) -> Float[Tensor, "row"]:
+    """f = log p(target) at the last position for each row of ``points`` (a continuation of k
+    tokens: Σ of the last k positions' log p of its tokens), the model run from the rows entering
+    block 0 (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`); float64, in the caller's
+    grad mode."""
     adapter = adapter_for(model)
-    with applied(model, [last_predictions_hook(model, points.shape[1] + 1, 1)]):
+    k = 1 if isinstance(target, int) else int(target.numel())
+    with applied(model, [last_predictions_hook(model, points.shape[1] + 1, k)]):
         logits = adapter.forward_from_layer(points, 0)
-    return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
+    if k == 1:
+        return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
+    logp = torch.log_softmax(logits[:, -k:].to(torch.float64), dim=-1)  # [row, k, vocab]
+    return logp.gather(-1, target.to(logp.device)[None, :, None].expand(logp.shape[0], k, 1)).sum((1, 2))
 
 
 def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: int) -> tuple[Tensor, Tensor]:
@@ -83,13 +132,18 @@ def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: in
 
 def check_position(position, n: int) -> int:
     """``position`` of a sequence of ``n`` tokens as an index in [0, n) (negative counts from the
-    end), or a one-line ValueError.
+    end); a one-line TypeError for a non-integer, IndexError out of range (the error vocabulary of
+    :func:`geolens.validation.check_layer`).
 
     >>> check_position(-1, 8)
     7
     """
-    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not -n <= int(position) < n:
-        raise ValueError(f"position must be an integer in [{-n}, {n}), got {position!r}")
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+        raise TypeError(f"position must be an integer token index, got {position!r}")
+    if not -n <= int(position) < n:
+        raise IndexError(
+            f"position={int(position)} is out of range: the text has {n} tokens (0…{n - 1}, or -{n}…-1 from the end)"
+        )
     return int(position) % n
 
 
@@ -132,14 +186,20 @@ def gradient_x_input(
     """
     tokens = as_row(tokens)
     position = check_position(position, tokens.shape[-1])
-    x = input_embeddings(model, tokens[: position + 1])
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+    target = check_target(target, adapter_for(model).cfg.d_vocab)
+    x = input_embeddings(model, _continued(tokens, position, target))
     _, grad = _logprob_and_gradient(model, x[None], target)
+    x, grad = x[: position + 1], grad[:, : position + 1]  # a continuation's own tokens are not scored
     delta = x if baseline_embeddings is None else x - _check_embeddings(baseline_embeddings, x)
     out = torch.zeros(tokens.shape[0], dtype=torch.float64)
     out[: position + 1] = (delta.to(torch.float64) * grad[0].to(torch.float64)).sum(-1).cpu()
     return out
+
+
+def _target_value(target: Target) -> int | tuple[int, ...]:
+    return int(target) if isinstance(target, int) else tuple(int(t) for t in target)
 
 
 def _check_embeddings(xb: Tensor, x: Tensor) -> Tensor:
@@ -177,7 +237,7 @@ class IntegratedGradients:
     f_input: float  # f(x)
     f_baseline: float  # f(x′)
     n_steps: int  # gradient evaluations (the midpoints of the grid)
-    target: int
+    target: int | tuple[int, ...]  # a token id, or a continuation's ids
     n_forward: int = 0  # forward-only evaluations of f at interval ends (grid="local")
     edges: Float[Tensor, "edge"] | None = None  # the grid's interval ends in α, float64, 0 … 1
 
@@ -251,16 +311,18 @@ def integrated_gradients(
     if grid == "local" and tolerance is None:
         raise ValueError("grid='local' refines until a tolerance: give tolerance")
     position = check_position(position, tokens.shape[-1])
-    x = input_embeddings(model, tokens[: position + 1])
+    if target is None:
+        target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+    target = check_target(target, adapter_for(model).cfg.d_vocab)
+    x = input_embeddings(model, _continued(tokens, position, target))
     if baseline is not None:
         baseline = as_row(baseline)
         if baseline.shape != tokens.shape:
             raise ValueError(f"baseline has shape {tuple(baseline.shape)}, the tokens {tuple(tokens.shape)}")
         xb = input_embeddings(model, baseline[: position + 1])
     else:
-        xb = _check_embeddings(baseline_embeddings, x)
-    if target is None:
-        target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+        xb = _check_embeddings(baseline_embeddings, x[: position + 1])
+    xb = torch.cat([xb, x[position + 1 :]])  # a continuation stays as it is along the path
     diff = x - xb
     with torch.no_grad():  # f(x), f(x′): forward only
         ends = _logprobs(model, torch.stack([x, xb]), target).cpu()
@@ -277,9 +339,9 @@ def integrated_gradients(
 
     def result(steps: int) -> IntegratedGradients:
         out = torch.zeros(tokens.shape[0], dtype=torch.float64)
-        out[: position + 1] = (diff.to(torch.float64).cpu() * total / steps).sum(-1)
+        out[: position + 1] = (diff.to(torch.float64).cpu() * total / steps).sum(-1)[: position + 1]
         edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
-        return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, int(target), edges=edges)
+        return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, _target_value(target), edges=edges)
 
     steps = int(n_steps)
     add((torch.arange(steps, dtype=torch.float64) + 0.5) / steps)
@@ -288,7 +350,9 @@ def integrated_gradients(
         if ig.rel_gap <= float(tolerance) or steps + 2 > int(max_steps):
             return ig
         first = torch.cat(shares)
-        return _refine_locally(model, x, xb, target, tokens.shape[0], ends, first, batch_size, tolerance, max_steps)
+        return _refine_locally(
+            model, x, xb, target, tokens.shape[0], position + 1, ends, first, batch_size, tolerance, max_steps
+        )
     while tolerance is not None and ig.rel_gap > float(tolerance) and 3 * steps <= int(max_steps):
         s = torch.arange(3 * steps, dtype=torch.float64)
         new = s[(s % 3) != 1]  # (s + ½)/(3S) with s ≡ 1 (mod 3) are the midpoints of S
@@ -328,7 +392,7 @@ def _path_logprobs(model, x: Tensor, xb: Tensor, alphas: Tensor, target: int, ba
 
 
 def _refine_locally(
-    model, x, xb, target, length, ends, shares, batch_size, tolerance, max_steps
+    model, x, xb, target, length, n_scored, ends, shares, batch_size, tolerance, max_steps
 ) -> IntegratedGradients:
     """:func:`integrated_gradients`' local rounds, from the even grid whose midpoints' a_j are
     ``shares`` [interval, pos] and which missed the tolerance."""
@@ -341,9 +405,11 @@ def _refine_locally(
 
     def result() -> IntegratedGradients:
         out = torch.zeros(length, dtype=torch.float64)
-        out[: x.shape[0]] = ((hi - lo)[:, None] * shares).sum(0)
+        out[:n_scored] = ((hi - lo)[:, None] * shares).sum(0)[:n_scored]
         edges = torch.cat([lo, hi[-1:]])
-        return IntegratedGradients(out, f_input, f_baseline, n_grad, int(target), n_forward=n_forward, edges=edges)
+        return IntegratedGradients(
+            out, f_input, f_baseline, n_grad, _target_value(target), n_forward=n_forward, edges=edges
+        )
 
     ig = result()
     while ig.rel_gap > float(tolerance) and n_grad + 2 <= int(max_steps):

@@ -45,12 +45,14 @@ from geolens.adapter import (
     has_post_attention_norm,
     required_hook_names,
 )
+from geolens.finite import check_finite
 from geolens.geometry import layer_output, query_slices, split_query_chunk
 from geolens.validation import (
     check_attention_mask,
     check_cache_layers,
     check_dtype,
     check_layer,
+    check_tokens,
     refuse_unmasked_padding,
 )
 
@@ -321,7 +323,7 @@ class _Mixer:
 def _value_zeroing_layer(model, tokens, layer: int, attention_mask) -> Float[Tensor, "batch query key"]:
     """Value Zeroing scores of one layer (:func:`geolens.value_zeroing`, raw), each row of a
     padded batch computed on its real tokens alone."""
-    from geolens.faithfulness import value_zeroing
+    from geolens.interventions.value_zeroing import value_zeroing
 
     if attention_mask is None:
         return value_zeroing(model, tokens, [layer])[0]
@@ -349,6 +351,8 @@ def _check(model, cache, method, target_layer, attention_mask, tokens, dtype):
     n_layers = model.cfg.n_layers
     last = n_layers - 1 if target_layer is None else check_layer(target_layer, n_layers, name="target_layer")
     dtype = check_dtype(dtype)
+    if tokens is not None:
+        tokens = check_tokens(model, tokens)
     if method == "value_zeroing_rollout":
         if tokens is None:
             raise ValueError(
@@ -466,4 +470,12 @@ def contribution_flow(
                 M[:, queries] = mixer.rows(queries, n)
             R = M @ R
         del mixer
+        if not bool(torch.isfinite(R).all()):  # where the NaN or inf first appears, and why
+            check_finite(
+                R,
+                what=f"the shares of contribution_flow({method!r})",
+                dims=("batch", "query", "source"),
+                model=model,
+                layer=layer,
+            )
     return R

@@ -137,7 +137,13 @@ def _check_threshold(threshold) -> float:
 
 
 def token_strings(model, tokens, batch_index: int, n: int) -> list[str]:
-    """One string per position: the decoded tokens of row ``batch_index`` (``"0"``, ``"1"``, … without tokens)."""
+    """One string per position: the decoded tokens of row ``batch_index`` (``"0"``, ``"1"``, … without tokens).
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> token_strings(model, tiny_tokens(model), 0, 20)[:4], token_strings(model, None, 0, 3)
+    (['<bos>', 't', 'h', 'e'], ['0', '1', '2'])
+    """
     if tokens is None:
         return [str(j) for j in range(n)]
     row = tokens if tokens.ndim == 1 else tokens[batch_index]

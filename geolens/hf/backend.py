@@ -352,8 +352,9 @@ def run_with_cache(
     >>> tuple(logits.shape), tuple(c.shape), bool(torch.allclose(c.sum(-1), torch.ones(1, 4, 6), atol=1e-5))
     ((1, 6, 64), (1, 4, 6, 6), True)
     """
-    from geolens.validation import refuse_unmasked_padding, stamp_cache
+    from geolens.validation import check_tokens, refuse_unmasked_padding, stamp_cache
 
+    tokens = check_tokens(model, tokens)  # integer ids, not empty, inside the vocabulary (one line)
     if attention_mask is None and isinstance(tokens, Tensor):
         refuse_unmasked_padding(model, tokens)
     if adapter_for(model).model_mode == "hf":  # read as it is: nothing is attached to the model
@@ -377,7 +378,8 @@ def to_tokens(
 
     A text longer than the model's context (``cfg.n_ctx``) raises ``ValueError`` giving its token
     count and the limit; ``truncate=True`` keeps the first ``n_ctx`` tokens of each text, as
-    TransformerLens' ``to_tokens`` does by default (silently there)."""
+    TransformerLens' ``to_tokens`` does by default (silently there), and says so in a
+    ``UserWarning``."""
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         raise ValueError("this model has no tokenizer: pass tokenizer= to geolens.hf.prepare, or token ids")
@@ -396,6 +398,12 @@ def to_tokens(
                 f"model's context of {int(n_ctx)} tokens: shorten it, or pass truncate=True to keep its first "
                 f"{int(n_ctx)} tokens"
             )
+        import warnings
+
+        warnings.warn(  # the words of geolens.validation.text_tokens
+            f"the text is {longest} tokens long: truncated to the model's context, its first {int(n_ctx)} tokens",
+            stacklevel=2,
+        )
         rows = [r[: int(n_ctx)] for r in rows]
     width = max(len(r) for r in rows)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)

@@ -23,7 +23,16 @@ from geolens.hf.backend import cached_forward, config
 
 
 class AttentionCheckError(RuntimeError):
-    """What geolens would read of a Hugging Face model's attention is not what the model computes."""
+    """What geolens would read of a Hugging Face model's attention is not what the model computes.
+
+    >>> from geolens.hf import prepare
+    >>> from geolens.hf.tiny import tiny_family
+    >>> model = tiny_family("qwen3")  # a random 2-layer Qwen3, its layer 1 edited after loading:
+    >>> _ = model.model.layers[1].self_attn.register_forward_hook(lambda m, args, out: (out[0] + 0.01, *out[1:]))
+    >>> prepare(model)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    geolens.hf.check.AttentionCheckError: hf-qwen3: layer 1: the attention output rebuilt ... differs ...
+    """
 
 
 def check_tokens(model, *, n_pos: int = 24, batch: int = 2, seed: int = 0) -> torch.Tensor:
@@ -36,7 +45,14 @@ def check_tokens(model, *, n_pos: int = 24, batch: int = 2, seed: int = 0) -> to
 
 def check_attention(model, tokens: torch.Tensor | None = None) -> float:
     """Verify every layer's attention reading (module docstring); returns the largest error
-    relative to its tolerance (≤ 1). Raises :class:`AttentionCheckError` otherwise."""
+    relative to its tolerance (≤ 1). Raises :class:`AttentionCheckError` otherwise.
+
+    >>> from geolens.hf import prepare
+    >>> from geolens.hf.tiny import tiny_family
+    >>> model = prepare(tiny_family("qwen3"))  # prepare runs this check once; it can be rerun at any time
+    >>> check_attention(model) <= 1
+    True
+    """
     adapter = adapter_for(model)
     tokens = check_tokens(model) if tokens is None else tokens
     names = set()

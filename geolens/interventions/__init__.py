@@ -6,6 +6,10 @@ with the :func:`applied` context manager, which removes them on exit even when a
 escapes. Modules:
 
 - :mod:`geolens.interventions.base`: :func:`applied`, :func:`active_hook_count`.
+
+One intervention needs no hook: :mod:`geolens.interventions.value_zeroing` zeroes each value
+vector v_j and measures the layer output's turn from one clean forward (the pattern does not
+change, so the edited output is the clean one minus source j's terms).
 """
 
 from geolens.interventions.base import active_hook_count, applied

@@ -54,6 +54,15 @@ def head_ablation_hooks(
         mode: ``"zero"`` or ``"mean"``.
         means: ``[n_layers, n_heads, d_head]`` reference means of z (:func:`mean_head_z`), needed
             for ``mode="mean"``.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)
+    >>> hooks = head_ablation_hooks(model, [(1, 0), (1, 3)])  # zero heads 0 and 3 of layer 1
+    >>> with applied(model, hooks):
+    ...     ablated = model(tokens)
+    >>> [name for name, _ in hooks], bool((ablated != model(tokens)).any())
+    (['blocks.1.attn.hook_z'], True)
     """
     cfg = model.cfg
     if mode not in ("zero", "mean"):
@@ -130,7 +139,15 @@ class MeanHeadZ(CorpusAnalysis):
 def mean_head_z(
     model, tokens: Tensor, *, batch_size: int = 8, progress: bool = False
 ) -> Float[Tensor, "layer head d_head"]:
-    """Reference means of z for mean ablation, streamed over ``tokens`` ``[n, seq]``."""
+    """Reference means of z for mean ablation, streamed over ``tokens`` ``[n, seq]``.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers, 4 heads of d_head 8
+    >>> means = mean_head_z(model, tiny_tokens(model))
+    >>> hooks = head_ablation_hooks(model, [(0, 2)], mode="mean", means=means)
+    >>> tuple(means.shape), [name for name, _ in hooks]
+    ((2, 4, 8), ['blocks.0.attn.hook_z'])
+    """
     from geolens.runner import run_analysis
 
     return run_analysis(

@@ -14,6 +14,14 @@ def active_hook_count(model) -> int:
 
     Counts PyTorch forward hooks on every module (TransformerLens ``HookPoint``s included), so a
     test can assert that nothing leaked into the next forward pass.
+
+    >>> from geolens.interventions.ablation import head_ablation_hooks
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")
+    >>> with applied(model, head_ablation_hooks(model, [(1, 0)])):
+    ...     inside = active_hook_count(model)
+    >>> inside, active_hook_count(model)  # one hook in the block, none after it
+    (1, 0)
     """
     return sum(len(m._forward_hooks) for m in model.modules())
 
@@ -25,6 +33,15 @@ def applied(model, fwd_hooks: FwdHooks) -> Iterator[None]:
     Uses TransformerLens' own ``model.hooks(fwd_hooks=...)`` context manager (HookedTransformer
     and TransformerBridge both have it), after checking that every hook name exists, so a typo
     is a clear ``KeyError`` instead of a silent no-op.
+
+    >>> from geolens.interventions.sink_values import scale_sink_value
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)
+    >>> with applied(model, scale_sink_value(model, 0.0).fwd_hooks):  # v_0 ← 0 in every layer
+    ...     edited = model(tokens)
+    >>> bool((edited != model(tokens)).any()), active_hook_count(model)
+    (True, 0)
     """
     if not fwd_hooks:
         yield

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from geolens.adapter import PATTERN, adapter_for, hook_name, unembed_input_hook
 from geolens.interventions.base import FwdHooks, applied
+from geolens.validation import out_of_range
 
 RankingScope = Literal["row", "query", "source"]
 RANKING_SCOPES: tuple[str, ...] = get_args(RankingScope)
@@ -83,6 +84,12 @@ def removal_mask(
 
     Comprehensiveness uses ``largest=True`` (remove the most important), sufficiency
     ``largest=False`` (remove the least important), docs/method.md §3.
+
+    >>> scores = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.2, 0.0], [0.1, 0.9, 0.3]])  # [query, key]
+    >>> removal_mask(scores, 0.5, allow_sink=True).int()  # half of each query's earlier sources, top first
+    tensor([[0, 0, 0],
+            [1, 0, 0],
+            [0, 1, 0]], dtype=torch.int32)
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
@@ -262,13 +269,23 @@ def pattern_mask_hooks(
 
     ``remove[n]`` is the mask of layer ``layers[n]``; its batch axis must equal the pattern's
     batch or be 1, its head axis n_heads or 1.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)  # [2, 20]
+    >>> remove = torch.zeros(1, 1, 1, 20, 20, dtype=torch.bool)  # [layer, batch, head, query, key]
+    >>> remove[..., 5:, 1] = True  # α_i1 = 0 for every query i ≥ 5, every head
+    >>> with applied(model, pattern_mask_hooks(model, remove, layers=[1])):
+    ...     masked = model(tokens)
+    >>> bool((masked != model(tokens)).any())
+    True
     """
     layers = [int(l) for l in layers]
     if len(set(layers)) != len(layers):
         raise ValueError(f"layers must be distinct, got {layers}")
     for l in layers:
         if not 0 <= l < model.cfg.n_layers:
-            raise IndexError(f"layer {l} out of range for a model with {model.cfg.n_layers} layers")
+            raise IndexError(out_of_range(f"layer {l}", model.cfg.n_layers, "layers", allow_negative=False))
     _check_remove(remove, layers, model.cfg.n_heads)
     require_pattern_hooks(model, layers)
 

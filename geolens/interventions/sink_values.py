@@ -163,7 +163,14 @@ def _edit_values(model, layers, heads, kv_heads, make) -> SinkValueEdit:
 
 
 def scale_sink_value(model, lam: float, *, layers=None, heads=None, kv_heads=None) -> SinkValueEdit:
-    """The edit v_0 ← λ v_0 with its affected heads (see :func:`scale_sink_value_hooks`)."""
+    """The edit v_0 ← λ v_0 with its affected heads (see :func:`scale_sink_value_hooks`).
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")  # 4 query heads sharing 2 kv heads
+    >>> edit = scale_sink_value(model, 0.5, layers=[1], kv_heads=[0])  # apply with applied(model, edit.fwd_hooks)
+    >>> edit.layers, edit.kv_heads, edit.query_heads, [name for name, _ in edit.fwd_hooks]
+    ((1,), (0,), (0, 1), ['blocks.1.attn.hook_v'])
+    """
     lam = float(lam)
     if not torch.isfinite(torch.tensor(lam)):
         raise ValueError(f"λ must be finite, got {lam}")

@@ -36,7 +36,7 @@ from geolens.pipelines import save_figures, write_tables
 from geolens.pipelines.flow import FlowRun, PromptFlow, checked_induction
 from geolens.pipelines.flow_text import erasure_markdown
 from geolens.preregistration import NOT_DECIDED, status_line
-from geolens.resume import run_document_stage
+from geolens.resume import run_document_stage, versions_note
 from geolens.viz.common import to_jsonable
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +179,9 @@ def save_erasure(
     def measure(d):  # erasure.measure_document looked up now: the resume tests replace it
         return erasure.measure_document(model, windows[d], d, settings, space_id=space_id, counts=counts)
 
-    tables = run_document_stage("erasure", folder, fingerprint, n_documents, measure, resume=resume, progress=progress)
+    tables = run_document_stage(
+        "erasure", folder, fingerprint, n_documents, measure, resume=resume, progress=progress, model=model
+    )
     if "rankings" in tables:
         tables["rankings"]["order"] = tables["rankings"]["order"].astype(str)
     ic = protocol["induction_check"]
@@ -188,6 +190,7 @@ def save_erasure(
     )
     if skipped is not None:
         progress(f"known-answer check skipped: {skipped}")
+    record = json.loads((folder / "erasure_progress.json").read_text(encoding="utf-8"))
     run = FlowRun.of(
         tables,
         settings,
@@ -217,8 +220,9 @@ def save_erasure(
         settings=settings.to_dict(),
         corpus_indices=sources,
         seconds=round(time.time() - started, 1),
-        erasure_seconds=json.loads((folder / "erasure_progress.json").read_text(encoding="utf-8")).get("seconds"),
+        erasure_seconds=record.get("seconds"),
         versions={"geolens": geolens.__version__, "torch": torch.__version__},
+        **versions_note(record.get("writer")),  # resumed under another geolens version: said here
         **run.summary,
     )
     atomic_write_bytes(

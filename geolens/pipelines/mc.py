@@ -33,6 +33,7 @@ from geolens.faithfulness.multiple_choice import (
     run_multiple_choice,
 )
 from geolens.multiple_choice import Question, load_questions
+from geolens.resume import versions_note
 
 
 def mc_questions(tasks: Sequence[str], max_questions: int = 0) -> list[Question]:
@@ -87,6 +88,7 @@ def save_mc(
     from geolens.viz.faithfulness import mc_clean_plot
 
     checkpoint.check_model(model_fingerprint(model))
+    checkpoint.check_writer(model)  # the weights fingerprint: other weights at the same --model are refused
     checkpoint.save()
     result = run_multiple_choice(
         model, questions, settings, masks=masks, checkpoint=checkpoint, chunk_size=chunk_size, progress=True
@@ -111,6 +113,7 @@ def save_mc(
         masks=masks,
         commands=checkpoint.commands,
         seconds=round(time.time() - t0, 1),
+        **versions_note(checkpoint.writer),  # resumed under another geolens version: said here
     )
     _write(out / "mc_questions.csv", result.questions.to_csv(index=False, float_format="%.6g"))
     _write(out / "mc_summary.csv", result.tasks.to_csv(index=False, float_format="%.6g"))

@@ -37,6 +37,7 @@ import torch
 from geolens.claims import MIN_WINDOWS, PROTOCOL_MIN_DOCUMENTS, sample_size
 from geolens.report.document import Report, Section, render_html, report_json, versions
 from geolens.runner import run_corpus
+from geolens.validation import check_layer
 
 DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 
@@ -169,8 +170,8 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
         raise ValueError(f"tokens must be [n_sequences, seq_len ≥ 2], got {tuple(tokens.shape)}")
     specs = _select(config.sections)
     n_layers = int(model.cfg.n_layers)
-    if config.example_layer is not None and not -n_layers <= config.example_layer < n_layers:
-        raise ValueError(f"example_layer {config.example_layer} is out of range: the model has {n_layers} layers")
+    if config.example_layer is not None:
+        check_layer(config.example_layer, n_layers, name="example_layer")  # IndexError out of range
     h = int(config.n_heldout)
     if h < 1 or tokens.shape[0] <= h:
         raise ValueError(f"need more windows ({tokens.shape[0]}) than n_heldout={h} (≥ 1)")

@@ -58,7 +58,11 @@ METRICS = ("precision", "recall", "f")
 @dataclass(frozen=True)
 class Condition:
     """One scoring condition: ``space`` value|projected, ``distance`` euclidean|cosine,
-    ``by`` attention|norm, ``sink`` keep|exclude|force, ``random`` whether to score random sets."""
+    ``by`` attention|norm, ``sink`` keep|exclude|force, ``random`` whether to score random sets.
+
+    >>> Condition("value", "cosine", "attention", "exclude").name
+    'value/cosine/attention/sink-exclude'
+    """
 
     space: str = "value"
     distance: str = "euclidean"
@@ -137,7 +141,17 @@ class _CorrSums(Accumulator):
 
 
 class SelectionAnalysis(CorpusAnalysis):
-    """Streams the authors' protocol over a corpus; see the module docstring."""
+    """Streams the authors' protocol over a corpus; see the module docstring.
+
+    >>> from geolens.runner import run_corpus
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> analysis = SelectionAnalysis.for_model(model, 16, conditions=[Condition("value", "cosine")], n_random=2)
+    >>> _ = run_corpus(model, tiny_tokens(model, length=16), [analysis], progress=False)
+    >>> res = analysis.result(n_boot=50)  # tables: comparison, scores, by_layer, heads, ...
+    >>> res["comparison"].N.tolist(), res["main_condition"]
+    ([1, 2, 4, 8], 'value/cosine/attention/sink-keep')
+    """
 
     def __init__(
         self,

@@ -50,7 +50,11 @@ COSINE_EPS = 1e-12
 
 
 def power_of_two_sizes(max_n: int, *, cap: int = 256) -> list[int]:
-    """N ∈ {1, 2, 4, …} with N < max_n (the visible count) and N ≤ cap (the authors' protocol)."""
+    """N ∈ {1, 2, 4, …} with N < max_n (the visible count) and N ≤ cap (the authors' protocol).
+
+    >>> power_of_two_sizes(20), power_of_two_sizes(1000)[-1]
+    ([1, 2, 4, 8, 16], 256)
+    """
     out, n = [], 1
     while n < max_n and n <= cap:
         out.append(n)
@@ -212,6 +216,11 @@ def selection_scores(
 
     ``y`` are the contributions y_i (``ranking`` may carry extra leading axes, e.g. random draws,
     that share the same ``y``), ``visible`` marks T_t. Position 0 is the sink.
+
+    >>> y = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.0, -1.0]])  # 4 sources' y_i
+    >>> sep = selection_scores(y, torch.tensor([0.4, 0.1, 0.3, 0.2]), torch.ones(4, dtype=torch.bool), [1, 2])
+    >>> [round(p, 3) for p in sep.precision.tolist()], sep.recall.tolist()  # N=2 picks 0 and 2, leaves 1 nearer
+    ([1.0, 0.667], [1.0, 0.0])
     """
     return selection_scores_multi(y, ranking, visible, sizes, distances=(distance,), gram=gram, sink=sink)[distance]
 
@@ -308,6 +317,14 @@ def head_selection_scores(
     (``"all"``) or a slice. ``by`` ranks by attention α or by contribution norm ‖α u‖ in the chosen
     space. ``window``: the layer's sliding window (``geolens.adapter.sliding_window(model, l)``),
     which restricts T_t to the last W keys; None for full attention.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> _, cache = model.run_with_cache(tiny_tokens(model), names_filter=geolens.names_filter(model))
+    >>> sep = head_selection_scores(geolens.get_attention_layer(model, cache, 1), power_of_two_sizes(20))
+    >>> tuple(sep.f.shape), bool(((sep.f >= 0) & (sep.f <= 1)).all())  # [batch, head, final query, N]
+    ((2, 4, 1, 5), True)
     """
     check_choice(space, ("value", "projected"), name="space")
     n_q = layer.pattern.shape[2]

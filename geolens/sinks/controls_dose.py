@@ -30,12 +30,12 @@ import pandas as pd
 import torch
 
 from geolens.adapter import adapter_for, model_mode
-from geolens.checkpoint import model_fingerprint, plain_json, tokens_fingerprint
+from geolens.checkpoint import check_writer, model_fingerprint, plain_json, tokens_fingerprint, writer_record
 from geolens.data import bos_token_id
 from geolens.interventions.base import applied
 from geolens.interventions.masking import branch_hook
 from geolens.interventions.sink_values import SinkEditSpec, sink_edit_query_heads
-from geolens.resume import ResumeRefused, read_records, refuse, write_records
+from geolens.resume import AGAIN, ResumeRefused, read_records, refuse, write_records
 from geolens.sinks.controls_protocol import SINK_HEAD_SHARE, WINDOW_COLUMNS, DoseProtocol, edit_dose
 from geolens.sinks.controls_summary import dose_summary
 from geolens.sinks.geometry import GU_EPSILON
@@ -316,6 +316,7 @@ def dose_controls(
     )
     done: dict = {}
     path = Path(checkpoint) if checkpoint is not None else None
+    writer = writer_record(model)  # the weights fingerprint and the geolens version
     if path is not None and resume and path.is_file():
         state = read_records(path, ("windows",))  # refused when unreadable or a record was edited
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -328,6 +329,7 @@ def dose_controls(
         bad = sorted(set(done) - {str(w) for w in range(tokens.shape[0])})
         if bad:
             raise refuse(path, f"it holds windows {', '.join(bad[:5])} that this sample does not have")
+        writer = check_writer(path, state.get("writer"), model, again=AGAIN)  # other weights: refused
     todo = [w for w in range(tokens.shape[0]) if str(w) not in done]
     it = todo
     if progress:
@@ -352,7 +354,8 @@ def dose_controls(
         del ref
         done[str(w)] = entry
         if path is not None:
-            write_records(path, {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint}, {"windows": done})
+            header = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "writer": writer}
+            write_records(path, header, {"windows": done})
     rows = []
     for w in range(tokens.shape[0]):
         entry = done[str(w)]

@@ -22,7 +22,9 @@ Low-norm heads (documented rule): at λ = 1, a head's relative output norm is
 r_h = mean_i ‖o_i^h‖ / mean_{j≥1} ‖ṽ_j^h‖ (how much of a typical value's norm survives the
 mixing). Heads in the edited layers with r_h at or below the ``low_norm_quantile`` (0.25 by
 default) of r over those heads are "low-norm". The claim of Cunningham & Muça Cirone (2026): as λ → 0 the
-low-norm heads' outputs turn toward the semantic cone (cos rises) and perplexity rises.
+low-norm heads' outputs turn toward the semantic cone (cos rises) and perplexity rises. Measured on
+SmolLM2-135M (docs/results.md, interventions): the cosine rises in every layer set tried, the
+perplexity only when all layers are edited at once.
 """
 
 from __future__ import annotations
@@ -87,6 +89,47 @@ def next_token_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """−log p(t_{i+1} | t_≤i) for every predicted position, float64, ``[batch, seq−1]``."""
     logp = torch.log_softmax(logits[:, :-1].to(torch.float64), dim=-1)
     return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
+
+
+class KeptLogits(CorpusAnalysis):
+    """The logits of every forward pass, kept (for :func:`semantic_drift`'s ``keep_logits``)."""
+
+    def __init__(self):
+        self.parts: list[torch.Tensor] = []
+
+    def hook_names(self, model) -> list[str]:
+        return [logits_hook(model)]
+
+    def update(self, model, cache, tokens) -> None:
+        self.parts.append(logits_from_cache(model, cache).detach().clone())
+
+    def merge(self, other: "KeptLogits") -> "KeptLogits":
+        self.parts += other.parts
+        return self
+
+    def result(self) -> torch.Tensor:
+        return torch.cat(self.parts)
+
+
+class RowNLL(CorpusAnalysis):
+    """Each row's mean next-token NLL (nats), in the order the rows run (:func:`semantic_drift`'s
+    ``row_nll``: the per-sequence loss that an interval over sequences needs)."""
+
+    def __init__(self):
+        self.parts: list[torch.Tensor] = []
+
+    def hook_names(self, model) -> list[str]:
+        return [logits_hook(model)]
+
+    def update(self, model, cache, tokens) -> None:
+        self.parts.append(next_token_nll(logits_from_cache(model, cache), tokens).mean(-1).cpu())
+
+    def merge(self, other: "RowNLL") -> "RowNLL":
+        self.parts += other.parts
+        return self
+
+    def result(self) -> np.ndarray:
+        return torch.cat(self.parts).numpy()
 
 
 class DriftStatistics(CorpusAnalysis):
@@ -164,6 +207,11 @@ class DriftResult:
     edited: dict
     n_sequences: int
     model_mode: str
+    logits: dict | None = None
+    row_nll: dict | None = None
+    """``{λ: [n] mean next-token NLL of each sequence}`` (nats; the groups' rows one after the other).
+    ``logits``: ``{λ: [batch, pos, vocab] logits}`` (or ``{λ: [tensor per group]}`` for groups of
+    different lengths) when asked with ``keep_logits=True``, else None."""
 
 
 def low_norm_heads(baseline: pd.DataFrame, quantile: float = 0.25) -> pd.Series:
@@ -176,7 +224,7 @@ def low_norm_heads(baseline: pd.DataFrame, quantile: float = 0.25) -> pd.Series:
 
 def semantic_drift(
     model,
-    tokens: torch.Tensor,
+    tokens: torch.Tensor | Sequence[torch.Tensor],
     *,
     lambdas: Sequence[float] = DEFAULT_LAMBDAS,
     layers=None,
@@ -185,23 +233,49 @@ def semantic_drift(
     low_norm_quantile: float = 0.25,
     batch_size: int = 8,
     progress: bool = False,
+    keep_logits: bool = False,
 ) -> DriftResult:
     """Run the λ grid (λ = 1 is always added as the baseline) and tabulate the drift (module docstring).
 
-    ``layers``/``heads``/``kv_heads`` choose the edit as in
-    :func:`geolens.interventions.sink_values.scale_sink_value` (``heads`` must cover whole kv
-    groups); statistics are reported for the query heads of the edited layers that see the edit.
+    ``tokens``: ``[n, seq]`` windows (BOS first), or a list of such tensors of different
+    lengths (each runs as it is; the statistics pool over all). ``layers``/``heads``/``kv_heads``
+    choose the edit as in :func:`geolens.interventions.sink_values.scale_sink_value` (``heads``
+    must cover whole kv groups); statistics are reported for the query heads of the edited layers
+    that see the edit. ``keep_logits``: keep every λ's logits (``DriftResult.logits``). The
+    one-call form with the loss change and a plot: :func:`geolens.intervene.scale_sink_values`.
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> drift = semantic_drift(model, tiny_tokens(model, length=12), lambdas=(0.0,), layers=[1])
+    >>> drift.lambdas, drift.edited["layers"], list(drift.summary.columns[:4])
+    ((0.0, 1.0), [1], ['lambda', 'nll', 'ppl', 'delta_ppl'])
     """
+    groups = [tokens] if isinstance(tokens, torch.Tensor) else list(tokens)
+    if not groups or any(not isinstance(g, torch.Tensor) or g.ndim != 2 for g in groups):
+        raise ValueError("tokens must be an [n, seq] tensor or a non-empty list of them")
     lambdas = tuple(sorted({float(x) for x in lambdas} | {1.0}))
     if any(not np.isfinite(x) for x in lambdas):
         raise ValueError("λ values must be finite")
-    tables, summary = {}, []
+    tables, summary, logits, row_nll = {}, [], {}, {}
     edit = None
     for lam in lambdas:
         edit = scale_sink_value(model, lam, layers=layers, heads=heads, kv_heads=kv_heads)
         stats = DriftStatistics(model.cfg.n_layers, model.cfg.n_heads, layers=edit.layers)
         with applied(model, edit.fwd_hooks):
-            run_corpus(model, tokens, [stats], batch_size=batch_size, progress=progress, desc=f"drift λ={lam:g}")
+            for group in groups:
+                kept = [KeptLogits()] if keep_logits else []
+                rows = RowNLL()
+                run_corpus(
+                    model,
+                    group,
+                    [stats, rows, *kept],
+                    batch_size=batch_size,
+                    progress=progress,
+                    desc=f"drift λ={lam:g}",
+                )
+                row_nll.setdefault(lam, []).append(rows.result())
+                if keep_logits:
+                    logits.setdefault(lam, []).append(kept[0].result())
         df = stats.result()
         df = df[df["head"].isin(edit.query_heads)].reset_index(drop=True)
         df.insert(0, "lambda", lam)
@@ -219,4 +293,17 @@ def semantic_drift(
             ]
     heads_df = pd.concat([tables[lam] for lam in lambdas], ignore_index=True)
     edited = {"layers": list(edit.layers), "kv_heads": list(edit.kv_heads), "query_heads": list(edit.query_heads)}
-    return DriftResult(heads_df, summary, lambdas, low_norm_quantile, edited, int(tokens.shape[0]), model_mode(model))
+    if keep_logits and len(groups) == 1:
+        logits = {lam: parts[0] for lam, parts in logits.items()}
+    n_sequences = sum(int(g.shape[0]) for g in groups)
+    return DriftResult(
+        heads_df,
+        summary,
+        lambdas,
+        low_norm_quantile,
+        edited,
+        n_sequences,
+        model_mode(model),
+        logits if keep_logits else None,
+        {lam: np.concatenate(parts) for lam, parts in row_nll.items()},
+    )

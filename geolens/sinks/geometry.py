@@ -141,7 +141,16 @@ class SinkGeometryResult:
 
 
 class SinkGeometry(CorpusAnalysis):
-    """Streaming accumulation of the statistics of :func:`layer_sink_statistics` (``[layer, head]``)."""
+    """Streaming accumulation of the statistics of :func:`layer_sink_statistics` (``[layer, head]``).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers × 4 heads
+    >>> sinks = SinkGeometry(model.cfg.n_layers, model.cfg.n_heads)
+    >>> _ = geolens.run_corpus(model, tiny_tokens(model, length=16), [sinks], progress=False)
+    >>> len(sinks.result().heads)  # a SinkGeometryResult, as sink_geometry returns: one row per (layer, head)
+    8
+    """
 
     def __init__(
         self, n_layers: int, n_heads: int, *, eps: float = GU_EPSILON, n_bins: int = 20, layers=None, mode: str = ""

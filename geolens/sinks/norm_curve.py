@@ -80,7 +80,17 @@ def quadratic_fit(centres: np.ndarray, means: np.ndarray, counts: np.ndarray, mi
 
 
 class NormCurve(CorpusAnalysis):
-    """Histograms of α_i0 with ‖o_i^h‖ as payload, per (layer, head) and per layer."""
+    """Histograms of α_i0 with ‖o_i^h‖ as payload, per (layer, head) and per layer.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers × 4 heads
+    >>> curve = NormCurve(model.cfg.n_layers, model.cfg.n_heads)
+    >>> _ = geolens.run_corpus(model, tiny_tokens(model, length=16), [curve], progress=False)
+    >>> res = curve.result(min_count=1)  # a NormCurveResult, as output_norm_curve returns
+    >>> sorted(set(res.curves.scope)), len(res.fits)  # one fit per head and one per layer
+    (['head', 'layer'], 10)
+    """
 
     def __init__(self, n_layers: int, n_heads: int, *, n_bins: int = 20, layers=None):
         self.n_layers, self.n_heads = int(n_layers), int(n_heads)
@@ -182,7 +192,14 @@ def output_norm_curve(
     min_count: int = 20,
     progress: bool = False,
 ) -> NormCurveResult:
-    """Mean head output norm per sink-rate bin and its quadratic convexity fit (module docstring)."""
+    """Mean head output norm per sink-rate bin and its quadratic convexity fit (module docstring).
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers × 4 heads
+    >>> curve = output_norm_curve(model, tiny_tokens(model, length=16), min_count=1)
+    >>> curve.summary()["head_n_fitted"], curve.summary()["layer_n_fitted"]
+    (8, 2)
+    """
     return run_analysis(
         model,
         tokens,

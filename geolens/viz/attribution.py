@@ -2,8 +2,9 @@
 
 :func:`attribution_figure` draws one horizontal bar per source token, every token labelled on the
 axis (``"12 ␣Paris"``: position and token), one panel per method side by side sharing that axis,
-positive scores blue and negative ones red; the figure grows with the text so that 100 tokens stay
-readable. :func:`attribution_html` colours each token by its score (blue positive, red negative,
+positive scores blue and negative ones red, each panel titled with the method's label and its x axis
+saying what a score is, with its unit (the method registry's, :func:`score_unit`); the figure grows
+with the text so that 100 tokens stay readable. :func:`attribution_html` colours each token by its score (blue positive, red negative,
 the strength the score's share of the largest magnitude), one line per method, with the exact
 score in each token's tooltip: what ``Attribution._repr_html_`` shows in Jupyter.
 """
@@ -11,6 +12,7 @@ score in each token's tooltip: what ``Attribution._repr_html_`` shows in Jupyter
 from __future__ import annotations
 
 import html
+import textwrap
 
 import numpy as np
 
@@ -28,6 +30,22 @@ def shown_token(token: str) -> str:
     return t if t.strip() else repr(token)
 
 
+def score_unit(method: str) -> str:
+    """What a method's score is, with its unit (the registry's :attr:`geolens.methods.Method.unit`),
+    as the x axis of its panel says it; ``"score"`` for a method the registry does not know or
+    whose unit was not given (a metric registered without ``unit=``).
+
+    >>> score_unit("alti"), score_unit("integrated_gradients")
+    ('share of the prediction (unitless, a row sums to 1)', 'contribution to log p(target) (nats)')
+    """
+    from geolens.methods import get_method
+
+    try:
+        return get_method(method).unit or "score"
+    except ValueError:
+        return "score"
+
+
 def _rows(att) -> np.ndarray:
     return att.score_rows()[:, : att.position + 1].detach().cpu().double().numpy()
 
@@ -43,11 +61,12 @@ def attribution_figure(att, *, figsize: tuple[float, float] | None = None):
     axes = fig.subplots(1, n_methods, sharey=True, squeeze=False)[0]
     y = np.arange(n)
     fontsize = 9 if n <= 40 else 8
-    for ax, values, label in zip(axes, rows, att.labels):
+    for ax, values, label, name in zip(axes, rows, att.labels, att.methods):
         colours = [POSITIVE if v >= 0 else NEGATIVE for v in values]
         ax.barh(y, values, color=colours, height=0.8)
         ax.axvline(0, color="#444444", linewidth=0.6)
         ax.set_title(label, fontsize=10)
+        ax.set_xlabel(textwrap.fill(score_unit(name), 30), fontsize=8)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
     axes[0].set_yticks(y, labels, fontsize=fontsize)

@@ -34,9 +34,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens.adapter import get_attention_layer, model_mode
+from geolens.claims import counted
 from geolens.factors import attention_metrics
 from geolens.metrics import LayerInputs, get_metric
-from geolens.validation import check_choice
+from geolens.validation import check_choice, check_head
 from geolens.viz.common import Component, HTMLView, PlotView, new_figure
 
 POSITIVE_COLOR = "blue"
@@ -44,7 +45,13 @@ NEGATIVE_COLOR = "red"
 
 
 def str_tokens(model, tokens: Tensor) -> list[str]:
-    """One string per token id of a 1-D ``tokens`` tensor (decoded one at a time)."""
+    """One string per token id of a 1-D ``tokens`` tensor (decoded one at a time).
+
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # a character-level tokenizer
+    >>> str_tokens(model, tiny_tokens(model)[0])[:5]
+    ['<bos>', 't', 'h', 'e', ' ']
+    """
     if tokens.ndim != 1:
         raise ValueError(f"expected a 1-D tensor of token ids, got shape {tuple(tokens.shape)}")
     return [model.tokenizer.decode([t]) for t in tokens.tolist()]
@@ -98,13 +105,13 @@ def signed_heatmaps(
     if values.ndim != 3 or values.shape[1] != values.shape[2]:
         raise ValueError(f"values must be [head, query, key] with query == key, got {tuple(values.shape)}")
     if len(tokens) != values.shape[-1]:
-        raise ValueError(f"{len(tokens)} tokens for {values.shape[-1]} positions")
+        raise ValueError(f"{counted(len(tokens), 'token')} for {counted(values.shape[-1], 'position')}")
     values = values.detach().to("cpu", torch.float64)
     if not torch.isfinite(values).all():
         raise ValueError("values contain NaN or inf")
     names = list(head_names) if head_names is not None else [f"Head {h}" for h in range(values.shape[0])]
     if len(names) != values.shape[0]:
-        raise ValueError(f"{len(names)} head names for {values.shape[0]} heads")
+        raise ValueError(f"{counted(len(names), 'head name')} for {counted(values.shape[0], 'head')}")
     m = _heatmap_scale(values) if max_abs is None else float(max_abs)
     lo, hi = (-m, m) if scale == "symmetric" else _per_sign_scale(_scaled_part(values))
     if scale == "per_sign":
@@ -136,7 +143,7 @@ def _check_batch(tokens: Tensor, batch_index: int) -> Tensor:
     if tokens.ndim == 1:
         tokens = tokens[None]
     if not 0 <= batch_index < tokens.shape[0]:
-        raise IndexError(f"batch_index {batch_index} out of range for {tokens.shape[0]} sequences")
+        raise IndexError(f"batch_index {batch_index} out of range for {counted(tokens.shape[0], 'sequence')}")
     return tokens[batch_index]
 
 
@@ -159,6 +166,15 @@ def contribution_heatmaps(
     (contribution weights can be negative and can exceed 1; attention cannot). Its caption is the
     registry's label and description with both ends of the scale. ``.data`` holds every value
     shown, the scales and, per metric, the share of visible (query, source) pairs below 0.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)  # [2, 20]
+    >>> _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+    >>> view = contribution_heatmaps(model, cache, tokens, 1)  # shows itself in a notebook; view.save("heads.html")
+    >>> [c.name for c in view.components], len(view.data["tokens"])
+    (['AttentionHeads', 'AttentionHeads'], 20)
     """
     drawn = [get_metric(name) for name in metrics]  # ValueError naming the registered metrics
     needs_model = [m.name for m in drawn if not m.per_layer]
@@ -223,13 +239,22 @@ def source_colors(
     ``head=h``: α_ij^h and the intra-head c_ij^h of that head. ``head=None``: the head mean of
     α_ij and the inter-head per-source totals C_ij = Σ_h c_ij^h (both sum to 1 over sources).
     Only the visible sources j ≤ i are shown; both rows use one symmetric scale each.
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)
+    >>> _, cache = model.run_with_cache(tokens, names_filter=geolens.names_filter(model))
+    >>> view = source_colors(model, cache, tokens, 1, query=5)  # the sources 0 … 5 of query 5
+    >>> [c.name for c in view.components], view.data["tokens"], round(float(view.data["attention"].sum()), 4)
+    (['ColoredTokens', 'ColoredTokens'], ['<bos>', 't', 'h', 'e', ' ', 'c'], 1.0)
     """
     seq = _check_batch(tokens, batch_index)
     words = str_tokens(model, seq)
     n = len(words)
     i = query % n if -n <= query < n else None
     if i is None:
-        raise IndexError(f"query {query} out of range for {n} positions")
+        raise IndexError(f"query {query} out of range for {counted(n, 'position')}")
     mode = "intra" if head is not None else "inter"
     m = attention_metrics(model, cache, layer, mode)
     alpha = m.raw_attention[batch_index, :, i, : i + 1].detach().double().cpu()
@@ -237,8 +262,7 @@ def source_colors(
     if head is None:
         attn_row, contrib_row, who = alpha.mean(0), contrib.sum(0), "layer (head mean α, Σ_h c)"
     else:
-        if not 0 <= head < model.cfg.n_heads:
-            raise IndexError(f"head {head} out of range for {model.cfg.n_heads} heads")
+        head = check_head(head, model.cfg.n_heads)
         attn_row, contrib_row, who = alpha[head], contrib[head], f"head {head}"
     shown = words[: i + 1]
     components = []
@@ -277,7 +301,12 @@ def sink_attention_vs_contribution_plot(
     sink_contribution_sem: Float[Tensor, "layer"] | None = None,
     title: str = "Sink: attention vs contribution",
 ) -> PlotView:
-    """Per layer, mean α_i0 and mean c_i0 (with standard errors when given)."""
+    """Per layer, mean α_i0 and mean c_i0 (with standard errors when given).
+
+    >>> view = sink_attention_vs_contribution_plot(torch.tensor([0.5, 0.8, 0.9]), torch.tensor([0.1, 0.2, 0.05]))
+    >>> type(view).__name__, len(view.figure.axes)  # view.save("sink.png")
+    ('PlotView', 1)
+    """
     a = torch.as_tensor(sink_attention, dtype=torch.float64).cpu()
     c = torch.as_tensor(sink_contribution, dtype=torch.float64).cpu()
     if a.shape != c.shape or a.ndim != 1:

@@ -154,6 +154,16 @@ def faithfulness_curves_plot(curves: pd.DataFrame, quantity: str = "delta_ppl", 
     all-layer curves (k = 0.01 … 0.1) is visible. Every metric has its own marker (hollow,
     decreasing size) and line style, so curves that lie on top of each other stay visible; pairs
     that coincide are named under the figure, with the reason (``data["coincide"]``).
+
+    >>> import geolens
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> protocol = geolens.MaskingConfig(fractions=(0.1, 0.5))
+    >>> res = geolens.faithfulness_curves(model, tiny_tokens(model, length=16), protocol,
+    ...                                   metrics=["raw_attention", "contribution"], progress=False, n_boot=20)
+    >>> view = faithfulness_curves_plot(res.curves)
+    >>> type(view).__name__, len(view.figure.axes)  # comprehensiveness, sufficiency
+    ('PlotView', 2)
     """
     fig = new_figure(figsize=(12, 4.6))
     axes = fig.subplots(1, 2, sharey=False)
@@ -265,7 +275,17 @@ def pruning_curves_plot(df: pd.DataFrame, *, subtitle: str = "", log: bool = Tru
 
     With ``log``, the y scale follows the data (:func:`_delta_ppl_scale`: log when every ΔPPL is
     positive and spans more than a decade, so no empty half of a symmetric-log axis); the legend
-    sits right of the axes."""
+    sits right of the axes.
+
+    >>> from geolens.pruning import pruning_curves, pruning_orders
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model, length=16)
+    >>> curves = pruning_curves(model, tokens, pruning_orders(model, tokens), (0.75, 0.5), mode="zero", progress=False)
+    >>> view = pruning_curves_plot(curves)
+    >>> type(view).__name__, len(view.figure.axes)
+    ('PlotView', 1)
+    """
     fig = new_figure(figsize=(7.5, 4))
     ax = fig.subplots()
     data = {}

@@ -37,7 +37,19 @@ def _short(token: str, n: int = 9) -> str:
 
 def flow_routes_html(graph) -> str:
     """The routes as one self-contained HTML fragment (module docstring); one ``<circle
-    class="gl-flow-node">`` per node, one ``<line class="gl-flow-edge">`` per edge."""
+    class="gl-flow-node">`` per node, one ``<line class="gl-flow-edge">`` per edge.
+
+    >>> from geolens.flow import flow_names_filter
+    >>> from geolens.flow.routes import flow_routes
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> tokens = tiny_tokens(model)
+    >>> _, cache = model.run_with_cache(tokens, names_filter=flow_names_filter(model))
+    >>> graph = flow_routes(model, cache, -1, 0.1, tokens=tokens)
+    >>> fragment = flow_routes_html(graph)  # in a notebook: IPython.display.HTML(fragment)
+    >>> fragment.count("<circle") == len(graph.nodes), fragment.count('<line class="gl-flow-edge"') == len(graph.edges)
+    (True, True)
+    """
     g = _as_dict(graph)
     tokens, n_layers = [str(t) for t in g["tokens"]], int(g["n_layers"])
     nodes = [(int(l), int(p)) for l, p in g["nodes"]]

@@ -20,7 +20,18 @@ from geolens.viz.common import PlotView, new_figure
 
 
 def f_vs_n_plot(scores: pd.DataFrame, *, space: str = "value", by: str = "attention", title: str = "") -> PlotView:
-    """``scores``: the ``scores`` table of :meth:`SelectionAnalysis.result` (one corpus)."""
+    """``scores``: the ``scores`` table of :meth:`SelectionAnalysis.result` (one corpus).
+
+    >>> from geolens.runner import run_corpus
+    >>> from geolens.selection.analysis import Condition, SelectionAnalysis
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> analysis = SelectionAnalysis.for_model(model, 16, conditions=[Condition("value", "cosine")], n_random=2)
+    >>> _ = run_corpus(model, tiny_tokens(model, length=16), [analysis], progress=False)
+    >>> view = f_vs_n_plot(analysis.result(n_boot=50)["scores"])
+    >>> type(view).__name__, len(view.figure.axes)  # one panel per distance
+    ('PlotView', 1)
+    """
     s = scores[(scores.metric == "f") & (scores.space == space) & (scores.by == by)]
     distances = [d for d in ("euclidean", "cosine") if d in set(s.distance)]
     fig = new_figure(figsize=(4.2 * len(distances) + 2.4, 3.5))

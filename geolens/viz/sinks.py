@@ -16,11 +16,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from geolens.claims import counted
 from geolens.viz.common import PlotView, new_figure
 
 
 def sink_layer_bars(geometry) -> PlotView:
-    """Four panels of per-layer bars from a :class:`~geolens.sinks.SinkGeometryResult`."""
+    """Four panels of per-layer bars from a :class:`~geolens.sinks.SinkGeometryResult`.
+
+    >>> from geolens.sinks import sink_geometry
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> view = sink_layer_bars(sink_geometry(model, tiny_tokens(model, length=16)))
+    >>> type(view).__name__, len(view.figure.axes)  # view.save("sinks.png")
+    ('PlotView', 4)
+    """
     df = geometry.layers
     x = df["layer"].to_numpy()
     fig = new_figure(figsize=(11, 6.5))
@@ -74,6 +83,13 @@ def decomposition_bars(decomposition) -> PlotView:
     a negative share means that factor varies against the sum and cancels part of the others'
     variance, and then another share exceeds 1 (docs/method.md §4.3). They are drawn as grouped,
     not stacked, bars for that reason; the black tick is the sum of the three (1 up to rounding).
+
+    >>> from geolens.sinks import token_type_decomposition
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> view = decomposition_bars(token_type_decomposition(model, tiny_tokens(model, length=16)))
+    >>> type(view).__name__, len(view.figure.axes)  # sink and tail
+    ('PlotView', 2)
     """
     df = decomposition.layers
     fig = new_figure(figsize=(11, 5.8))
@@ -108,7 +124,15 @@ def decomposition_bars(decomposition) -> PlotView:
 
 
 def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels: int = 12) -> PlotView:
-    """Mean ‖o_i^h‖ per sink-rate bin (95% CI) with the quadratic fit, one panel per layer."""
+    """Mean ‖o_i^h‖ per sink-rate bin (95% CI) with the quadratic fit, one panel per layer.
+
+    >>> from geolens.sinks import output_norm_curve
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")  # 2 layers
+    >>> view = norm_curve_plot(output_norm_curve(model, tiny_tokens(model, length=16), min_count=1))
+    >>> type(view).__name__, len(view.figure.axes)
+    ('PlotView', 2)
+    """
     curves, fits = norm_curve.curves, norm_curve.fits
     curves = curves[curves.scope == scope]
     fits = fits[fits.scope == scope]
@@ -152,14 +176,44 @@ def norm_curve_plot(norm_curve, layers=None, *, scope: str = "layer", max_panels
     )
 
 
+def drift_title(drift) -> str:
+    """What a drift figure shows, in one line: the edited layers and kv heads, the λ grid, the
+    number of sequences (singular or plural) and the low-norm rule.
+
+    >>> from types import SimpleNamespace
+    >>> d = SimpleNamespace(edited={"layers": [4, 10], "kv_heads": [0, 1, 2]}, lambdas=(0.0, 1.0), n_sequences=1,
+    ...                     low_norm_quantile=0.25)
+    >>> drift_title(d)
+    'Semantic drift: v_0 ← λ·v_0 in layers 4, 10 (kv heads 0, 1, 2), λ ∈ {0, 1}; 1 sequence; low-norm heads: bottom 25% of relative output norm at λ = 1'
+    """
+    layers = list(drift.edited.get("layers", []))
+    kv = list(drift.edited.get("kv_heads", []))
+    unit = "layer" if len(layers) == 1 else "layers"
+    n = int(drift.n_sequences)
+    return (
+        f"Semantic drift: v_0 ← λ·v_0 in {unit} {', '.join(map(str, layers))} (kv heads {', '.join(map(str, kv))}), "
+        f"λ ∈ {{{', '.join(f'{x:g}' for x in drift.lambdas)}}}; {n} sequence{'' if n == 1 else 's'}; "
+        f"low-norm heads: bottom {drift.low_norm_quantile:.0%} of relative output norm at λ = 1"
+    )
+
+
 def drift_plot(drift) -> PlotView:
-    """Three panels against λ: cos(o, cone), relative output norm (low-norm vs other heads), ΔPPL."""
+    """Three panels against λ: cos(o, cone), relative output norm (low-norm vs other heads), ΔPPL;
+    the title names the edited layers, the λ grid and the sample (:func:`drift_title`).
+
+    >>> from geolens.sinks import semantic_drift
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> view = drift_plot(semantic_drift(model, tiny_tokens(model, length=12), lambdas=(0.0,), layers=[1]))
+    >>> type(view).__name__, len(view.figure.axes)
+    ('PlotView', 3)
+    """
     heads, s = drift.heads, drift.summary
     fig = new_figure(figsize=(12, 3.6))
     axes = fig.subplots(1, 3)
-    for ax, col, title in (
-        (axes[0], "cos_cone", "cos(o_i^h, semantic cone)"),
-        (axes[1], "relative_out_norm", "‖o_i^h‖ / mean‖ṽ_j‖"),
+    for ax, col, title, ylabel in (
+        (axes[0], "cos_cone", "cos(o_i^h, semantic cone)", "cosine (−1 … 1)"),
+        (axes[1], "relative_out_norm", "‖o_i^h‖ / mean‖ṽ_j‖", "ratio of norms (unitless)"),
     ):
         for (l, h), g in heads.groupby(["layer", "head"]):
             low = bool(g.low_norm.iloc[0])
@@ -167,16 +221,15 @@ def drift_plot(drift) -> PlotView:
         ax.plot(s["lambda"], s[f"{col}_low_norm"], "o-", color="tab:red", lw=2, label="low-norm heads (mean)")
         ax.plot(s["lambda"], s[f"{col}_other"], "s-", color="k", lw=2, label="other heads (mean)")
         ax.set_xlabel("λ (v_0 ← λ v_0)")
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     axes[2].plot(s["lambda"], s["delta_ppl"], "o-")
     axes[2].axhline(0, color="k", lw=0.6)
-    axes[2].set_xlabel("λ")
+    axes[2].set_xlabel("λ (v_0 ← λ v_0)")
+    axes[2].set_ylabel("ΔPPL (perplexity, edited − λ = 1)", fontsize=8)
     axes[2].set_title(f"ΔPPL vs λ = 1 (PPL(1) = {float(s.loc[s['lambda'] == 1.0, 'ppl'].iloc[0]):.2f})", fontsize=9)
-    fig.suptitle(
-        f"Semantic drift ({drift.n_sequences} sequences; low-norm: bottom {drift.low_norm_quantile:.0%} of relative norm at λ = 1)",
-        fontsize=10,
-    )
+    fig.suptitle(drift_title(drift), fontsize=10)
     fig.tight_layout()
     return PlotView(fig, title="semantic drift", data={"summary": s})
 
@@ -253,7 +306,8 @@ def controls_plot(controls) -> PlotView:
     if handles:
         fig.legend(handles, names, loc="center right", fontsize=7, frameon=False)
     fig.suptitle(
-        f"Sink-value controls: {controls.n_windows} windows × {controls.seq_len} tokens, clean PPL {controls.clean_ppl:.2f}; "
+        f"Sink-value controls: {counted(controls.n_windows, 'window')} × {counted(controls.seq_len, 'token')}, "
+        f"clean PPL {controls.clean_ppl:.2f}; "
         f"{controls.ci:.0%} CIs, bootstrap over windows (n_boot = {controls.n_boot})",
         fontsize=10,
     )

@@ -66,6 +66,13 @@ def regime_grid_plot(taxonomies: dict, *, title: str = "Head regimes") -> PlotVi
 
     A cell's hue is its regime and its strength the winning share (1/3, a three-way tie, is
     palest); the colour bar on the right is the key, one column per regime.
+
+    >>> from geolens.taxonomy import head_taxonomy
+    >>> from geolens.testing import tiny_bridge, tiny_tokens
+    >>> model = tiny_bridge("gqa")
+    >>> view = regime_grid_plot({"tiny": head_taxonomy(model, tiny_tokens(model, length=16))})
+    >>> type(view).__name__, len(view.figure.axes)  # the grid and its colour key
+    ('PlotView', 2)
     """
     names = list(taxonomies)
     L, H = next(iter(taxonomies.values())).regimes.shape

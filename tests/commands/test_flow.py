@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from conftest import register_in_git
 
 from geolens.cli import main
-from geolens.preregistration import register
 from geolens.run_folder import require_complete
 from geolens.stats import VERDICTS
 
@@ -169,7 +169,7 @@ def protocol(tmp_path) -> Path:
     folder.mkdir()
     (folder / "protocol.json").write_text(json.dumps(p), encoding="utf-8")
     (folder / "PROTOCOL.md").write_text("# A test protocol, version 1\n", encoding="utf-8")
-    register(folder / "protocol.json", registered_at="2026-12-06")  # REGISTERED.json: both files' hashes
+    register_in_git(folder / "protocol.json")  # committed, then REGISTERED.json: both hashes and that commit
     return folder / "protocol.json"
 
 
@@ -261,7 +261,7 @@ def test_a_version_3_run_writes_the_local_grids_line(capsys, tmp_path, protocol)
     p["integrated_gradients"].update(steps=2)
     p["integrated_gradients"]["adaptive"].update(tolerance=1e-4, max_steps=40)
     protocol.write_text(json.dumps(p), encoding="utf-8")
-    register(protocol, registered_at="2026-12-06")
+    register_in_git(protocol)
     out = tmp_path / "run3"
     rc, text, err = run_cli(["flow", "--erasure", "--protocol", protocol, "--model", "tiny-gqa", "--out", out], capsys)
     assert rc == 0, err

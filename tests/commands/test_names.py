@@ -21,8 +21,6 @@ def test_the_parser_constants_equal_their_sources():
     assert _names.FRACTIONS == FRACTIONS
     assert _names.DEFAULT_LAMBDAS == DEFAULT_LAMBDAS
     assert _names.DEFAULT_TASKS == DEFAULT_TASKS
-    import geolens.faithfulness.value_zeroing  # noqa: F401 - registers value_zeroing
-
     assert _names.METRICS == metric_names()
     assert _names.DEFAULT_METRICS == metric_names(default_only=True)
     costly = {m: get_metric(m).description for m in metric_names() if m not in metric_names(default_only=True)}

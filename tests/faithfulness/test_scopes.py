@@ -149,7 +149,7 @@ def test_bad_input_one_line_errors(tiny_gqa):
     with pytest.raises(ValueError, match="unknown metrics") as e:
         faithfulness_curves(model, tokens, MaskingConfig(), ["attention"], progress=False)
     one_line(e)
-    with pytest.raises(ValueError, match="layer=7 is out of range for a model with 2 layers") as e:
+    with pytest.raises(IndexError, match="layer=7 is out of range: the model has 2 layers") as e:
         faithfulness_curves(model, tokens, MaskingConfig(layers=(7,)), ["random"], progress=False)
     one_line(e)
     with pytest.raises(ValueError, match="skip_prefix") as e:

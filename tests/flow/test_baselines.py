@@ -210,7 +210,7 @@ def test_the_local_rounds_follow_the_protocols_rule_on_a_known_path(monkeypatch)
     ends = torch.tensor([f(1.0), f(0.0)], dtype=torch.float64)
     for steps, tolerance, max_steps in [(32, 0.01, 864), (32, 1e-6, 120), (8, 1e-3, 864), (8, 1e-9, 40), (1, 0.01, 9)]:
         first = shares(None, x, xb, (torch.arange(steps, dtype=torch.float64) + 0.5) / steps, 0, 8)
-        ig = baselines._refine_locally(None, x, xb, 0, 2, ends, first, 8, tolerance, max_steps)
+        ig = baselines._refine_locally(None, x, xb, 0, 2, 2, ends, first, 8, tolerance, max_steps)
         edges, n = by_hand(steps, tolerance, max_steps)
         assert ig.edges.tolist() == edges and ig.n_steps == n == len(edges) - 1, (steps, tolerance)
         assert ig.n_forward == n - 1 and (ig.rel_gap <= tolerance or n + 2 > max_steps)
@@ -219,7 +219,7 @@ def test_the_local_rounds_follow_the_protocols_rule_on_a_known_path(monkeypatch)
     # rule's limit, as version 2's); one of 8 sees it
     assert ig.n_steps == 1 and by_hand(8, 1e-3, 864)[1] > 8
     first = shares(None, x, xb, (torch.arange(32, dtype=torch.float64) + 0.5) / 32, 0, 8)
-    tight = baselines._refine_locally(None, x, xb, 0, 2, ends, first, 8, 1e-6, 120)
+    tight = baselines._refine_locally(None, x, xb, 0, 2, 2, ends, first, 8, 1e-6, 120)
     assert tight.rel_gap > 1e-6 and tight.n_steps in (119, 120), "1e-6 is out of reach of 120 gradients"
     widths = tight.edges.diff()
     assert float(widths[(tight.edges[:-1] > 0.06) & (tight.edges[:-1] < 0.08)].max()) < float(widths.max()) / 9

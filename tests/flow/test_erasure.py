@@ -221,7 +221,7 @@ def test_gradient_helpers_remove_hooks_on_error(model):
     with pytest.raises(IndexError):
         integrated_gradients(model, tokens, tokens, 6, target=model.cfg.d_vocab + 5, n_steps=2)
     assert active_hook_count(model) == model.geolens_test_hooks
-    with pytest.raises(ValueError, match="position"):
+    with pytest.raises(IndexError, match="position=8 is out of range"):
         gradient_x_input(model, tokens, 8)
     with pytest.raises(ValueError, match="baseline"):
         integrated_gradients(model, tokens, tokens[:5], 4)

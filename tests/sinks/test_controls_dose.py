@@ -248,7 +248,14 @@ def test_checkpoint_resumes_to_the_same_numbers_and_refuses_another_run(seven_la
         _small_run(model, checkpoint=ck, resume=True, sink_heads={0: (2,), 6: ()})
     with pytest.raises(CheckpointMismatch, match="rows_per_forward"):
         _small_run(model, checkpoint=ck, resume=True, rows_per_forward=5)
-    ck.write_text("{}")
+    assert state["writer"]["weights_fingerprint"]  # the checkpoint names the weights that wrote it
+    write_records(ck, dict(state, writer=dict(state["writer"], weights_fingerprint="0" * 16)), {"windows": windows})
+    with pytest.raises(CheckpointMismatch, match="it was written by a model with other weights"):
+        _small_run(model, checkpoint=ck, resume=True)
+    ck.write_text("{}")  # no records, no digests: never trusted
+    with pytest.raises(CheckpointMismatch, match="has no digests of its records"):
+        _small_run(model, checkpoint=ck, resume=True)
+    write_records(ck, dict(state, format="another checkpoint"), {"windows": windows})
     with pytest.raises(CheckpointMismatch, match="not a checkpoint"):
         _small_run(model, checkpoint=ck, resume=True)
     ck.write_text('{"format": "geolens sink dose controls checkpoint 1", "windo')  # truncated by a crash

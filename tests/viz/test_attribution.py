@@ -67,3 +67,27 @@ def test_the_html_escapes_tokens_and_scales_colours_by_the_largest_magnitude():
             rgb = "31,119,180" if v > 0 else "214,39,40"
             assert style == f"rgba({rgb},{min(abs(v) / scale, 1) * 0.85:.3f})"
         assert row.count("outline:2px solid #444") == 1 and 'title="2 ' in row.split("outline")[0].rsplit("<span", 1)[1]
+
+
+def test_every_panel_says_what_a_score_is_with_its_unit_from_the_registry():
+    """The x axis of each panel: the registry's unit of the method (geolens.methods.Method.unit);
+    "score" for a method the registry does not know (m1, m2 above)."""
+    from geolens.methods import get_method
+    from geolens.viz.attribution import score_unit
+
+    att = _attribution()
+    att.methods = ["contribution_flow", "integrated_gradients"]
+    fig = attribution_figure(att)
+    shown = [ax.get_xlabel().replace("\n", " ") for ax in fig.axes]
+    assert shown == ["share of the prediction (unitless, a row sums to 1)", "contribution to log p(target) (nats)"]
+    assert [ax.get_xlabel() for ax in attribution_figure(_attribution()).axes] == ["score", "score"]
+    units = {m: score_unit(m) for m in ("alti", "attention_rollout", "value_zeroing_rollout", "grad_x_input")}
+    assert units == {
+        "alti": "share of the prediction (unitless, a row sums to 1)",
+        "attention_rollout": "share of the prediction (unitless, a row sums to 1)",
+        "value_zeroing_rollout": "share of the prediction (unitless, a row sums to 1)",
+        "grad_x_input": "contribution to log p(target) (nats)",
+    }
+    for name in ("raw_attention", "value_weighted", "output_normalized", "contribution", "contribution_abs"):
+        assert get_method(name).unit and score_unit(name) == get_method(name).unit  # every built-in metric has one
+    assert get_method("grad_x_input").label == "gradient × input"  # the method's name, as the docs say it

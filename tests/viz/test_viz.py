@@ -11,6 +11,8 @@ HELPERS = {  # public functions of geolens.viz that draw nothing: they prepare w
     "fraction_ticks",
     "shown_token",
     "attribution_figure",  # the matplotlib Figure of Attribution.plot()
+    "score_unit",  # the axis label of a method's scores, from the registry
+    "drift_title",  # the line a drift figure's title reads
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from geolens.adapter import names_filter
-from geolens.claims import Claim
+from geolens.claims import Claim, counted
 from geolens.report.contrast import ContributionContrast
 from geolens.report.document import Finding, Section
 from geolens.viz.contributions import contribution_heatmaps, sink_attention_vs_contribution_plot, source_colors
@@ -45,7 +45,7 @@ def build(ctx, analyses: dict) -> Section:
 
     a0, c0 = overall["sink_attention"], overall["sink_contribution"]
     agree, neg = overall["top1_agreement"], overall["negative_share"]
-    scope = f"{n_layers} layers × {model.cfg.n_heads} heads, {n_queries} (head, query) samples"
+    scope = f"{counted(n_layers, 'layer')} × {counted(model.cfg.n_heads, 'head')}, {counted(n_queries, '(head, query) sample')}"
     claims = [
         Claim(
             claim="Attention to the sink overstates what the sink contributes to the head output",
@@ -75,7 +75,7 @@ def build(ctx, analyses: dict) -> Section:
     intro = (
         "Attention α_ij says where a head looks; the contribution weight c_ij = ⟨o_i, α_ij ṽ_j⟩/‖o_i‖² "
         "(Cunningham & Muça Cirone 2026) says how much of the head output o_i source j provides (it can be negative). Corpus "
-        f"statistics over {ctx.tokens.shape[0]} windows of {ctx.tokens.shape[1]} tokens; the example "
+        f"statistics over {counted(ctx.tokens.shape[0], 'window')} of {counted(ctx.tokens.shape[1], 'token')}; the example "
         f"heatmaps show layer {layer} "
         + ("(chosen)" if cfg.example_layer is not None else "(the layer with the lowest top-1 agreement)")
         + " on the prompt (click a head to enlarge it). Attention is blue; contribution weights are blue "

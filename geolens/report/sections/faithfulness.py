@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from geolens.claims import PROTOCOL_MIN_DOCUMENTS, describe_sample, estimate_text, sample_size, table_verdict
+from geolens.claims import PROTOCOL_MIN_DOCUMENTS, counted, describe_sample, estimate_text, sample_size, table_verdict
 from geolens.pipelines.norm_controlled import NormControlledParams, run_norm_controlled
 from geolens.report.document import Finding, Section
 
@@ -118,7 +118,7 @@ def published_text(pub: dict | None) -> str:
 
     return (
         f" For context, the published protocol-3 run on this model ({pub['path']}, {pub['label']}, n = "
-        f"{pub['n_positions']} positions of {pub['n_documents']} Lee documents, 128-token windows): mean partial ρ "
+        f"{counted(pub['n_positions'], 'position')} of {counted(pub['n_documents'], 'Lee document')}, 128-token windows): mean partial ρ "
         f"of c {ci('contribution')}, of |c| {ci('contribution_abs')}, of gradient × activation {ci('grad_x_act')}, "
         f"of raw attention {ci('raw_attention')}; the claimed order beyond the norm: "
         f"{pub['claimed_order_beyond_norm']}. Those numbers are the published run's, not this report's."
@@ -136,7 +136,7 @@ def finding(summary: dict, sample: dict) -> list[Finding]:
         Finding(
             title="Contribution weights beyond the norm, against each term's measured effect",
             what="mean partial Spearman ρ of contribution weights c with the per-term KL given the norm ‖α ṽ‖ "
-            f"(float64; + = c predicts the effect beyond the norm, 0 = nothing beyond it; {row['n_positions']} positions)",
+            f"(float64; + = c predicts the effect beyond the norm, 0 = nothing beyond it; {counted(row['n_positions'], 'position')})",
             value=float(row["mean"]),
             low=row.get("ci_low"),
             high=row.get("ci_high"),
@@ -169,7 +169,7 @@ def intro_text(summary: dict, params: NormControlledParams, sample: dict, querie
         "value-weighted attention, its output normalisation per head (intra) and per layer (inter), contribution "
         "weights c (Cunningham & Muça Cirone 2026) signed and |c|, gradient × activation (attribution patching, Syed "
         "et al. 2023) and random scores; Value Zeroing (Mohebbi et al. 2023) scores sources and is not part of "
-        f"protocol 3. Sample: {summary['n_positions']} positions ({summary['n_terms']} terms), {params.n_positions} per "
+        f"protocol 3. Sample: {counted(summary['n_positions'], 'position')} ({counted(summary['n_terms'], 'term')}), {params.n_positions} per "
         f"window drawn with the layer uniform and the query uniform in {queries[0]} … {queries[1]}, "
         f"{describe_sample(sample)}, each window one cluster; median numerical floor of the KL "
         f"{fl['kl_floor_median']:.2g} nats, {100 * summary['resolvable']['share_of_terms']:.0f} % of the terms resolvable "

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from geolens.claims import describe_sample, sample_size, table_verdict
+from geolens.claims import counted, describe_sample, sample_size, table_verdict
 from geolens.flow import ERASURE_METHODS, ErasureSettings
 from geolens.pipelines.flow import LABELS, LISTED, PROTOCOL_MIN_DOCUMENTS, FlowParams, prompt_flow, run_flow
 from geolens.report.document import Finding, Section
@@ -101,7 +101,7 @@ def ig_note(summary: dict, s: ErasureSettings) -> str:
     else:
         within = round(float(ic["share_within_tolerance"]) * n)
         done = (
-            f"integrated gradients ended within {s.ig_tolerance:.0%} of completeness in {within} of {n} predictions "
+            f"integrated gradients ended within {s.ig_tolerance:.0%} of completeness in {within} of {counted(n, 'prediction')} "
             + (
                 f"(at most {int(ic['max_steps_used'])} steps)"
                 if s.ig_grid == "even"
@@ -251,8 +251,8 @@ def build(ctx, analyses: dict) -> Section:
     rc = run.summary["range_check"][s.primary]
     n_pred = int(run.summary["n_predictions"])
     size = (
-        f"{windows.shape[0]} {WINDOWS} × {len(s.positions)} prediction{'s' if len(s.positions) > 1 else ''} (position{'s' if len(s.positions) > 1 else ''} "
-        f"{', '.join(map(str, s.positions))}) = {n_pred} predictions, {rc['excluded_kl']} out of range under the {s.primary} replacement; "
+        f"{counted(windows.shape[0], WINDOWS[:-1])} × {counted(len(s.positions), 'prediction')} (position{'s' if len(s.positions) > 1 else ''} "
+        f"{', '.join(map(str, s.positions))}) = {counted(n_pred, 'prediction')}, {rc['excluded_kl']} out of range under the {s.primary} replacement; "
         f"{describe_sample(sample)} in range (the protocol asks for {PROTOCOL_MIN_DOCUMENTS} documents)"
     )
     methods = ", ".join(LABELS[m] for m in s.methods)
@@ -296,7 +296,7 @@ def build(ctx, analyses: dict) -> Section:
         table_list.append(
             (
                 f"nAOPC under the {moved['robustness']} replacement minus under the {moved['primary']} one (KL, "
-                f"{moved['n_predictions']} predictions in range under both)",
+                f"{counted(moved['n_predictions'], 'prediction')} in range under both)",
                 shown["replacements"],
                 "The interval is at the test's Holm level (one family over methods and directions). The protocol fixes no rule "
                 "for this comparison, so it decides nothing: the robustness claim is indicative.",

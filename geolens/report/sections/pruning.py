@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from geolens.claims import counted
 from geolens.pipelines.pruning import PruningParams, pruning_analyses, run_pruning
 from geolens.pruning import RETENTION
 from geolens.report.document import Finding, Section
@@ -19,8 +20,8 @@ from geolens.report.document import Finding, Section
 def params(ctx) -> PruningParams:
     ref, evaluation = ctx.tokens, ctx.heldout
     desc = (
-        f"mean-ablation of hook_z; references (taxonomy, entropy, mean z) on the {ref.shape[0]} corpus-pass windows, "
-        f"ΔPPL on {evaluation.shape[0]} held-out windows × {evaluation.shape[1]} tokens"
+        f"mean-ablation of hook_z; references (taxonomy, entropy, mean z) on the {counted(ref.shape[0], 'corpus-pass window')}, "
+        f"ΔPPL on {counted(evaluation.shape[0], 'held-out window')} × {counted(evaluation.shape[1], 'token')}"
     )
     grid = (
         {"retention": (0.8, 0.5), "seeds": (0,)} if ctx.config.quick else {"retention": RETENTION, "seeds": (0, 1, 2)}

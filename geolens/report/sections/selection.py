@@ -10,6 +10,7 @@ bootstrap samples; the full report scores all default conditions with 16 ranking
 
 from __future__ import annotations
 
+from geolens.claims import counted
 from geolens.pipelines.selection import MAIN, NO_SINK, SelectionParams, run_selection, selection_analyses
 from geolens.report.document import Finding, Section
 from geolens.selection.analysis import DEFAULT_CONDITIONS
@@ -64,8 +65,8 @@ def build(ctx, analyses: dict) -> Section:
         "separable (Mudarisov et al. 2026) "
         "when the selected contributions y_i = α_i v_i lie closer to their aggregate s_N than "
         "the others (precision P_N, recall R_N, F_N). Scores are for the final query of each window, "
-        f"all layers × heads, document means with bootstrap CIs ({res['n_documents']} windows; "
-        f"{res['n_random']} random rankings). The random N-sets with and without the sink use the same random "
+        f"all layers × heads, document means with bootstrap CIs ({counted(res['n_documents'], 'window')}; "
+        f"{counted(res['n_random'], 'random ranking')}). The random N-sets with and without the sink use the same random "
         "rankings and differ only when a draw puts the sink among the first N, so their curves nearly coincide."
     )
     return Section(

@@ -8,13 +8,16 @@ pass; the grid is :func:`geolens.viz.taxonomy.regime_grid_plot`.
 
 from __future__ import annotations
 
+from geolens.claims import counted
 from geolens.pipelines.taxonomy import TaxonomyParams, run_taxonomy, taxonomy_analyses
 from geolens.report.document import Finding, Section
 from geolens.taxonomy import REGIMES
 
 
 def params(ctx) -> TaxonomyParams:
-    p = TaxonomyParams(batch_size=ctx.config.batch_size, label=f"{ctx.config.corpus} ({ctx.tokens.shape[0]} windows)")
+    p = TaxonomyParams(
+        batch_size=ctx.config.batch_size, label=f"{ctx.config.corpus} ({counted(ctx.tokens.shape[0], 'window')})"
+    )
     p.title = f"Head regimes ({p.space} space)"
     return p
 
