@@ -42,9 +42,9 @@ TEXT = "the cat sat on the mat"
 def tiny():
     """The 2-layer, 4-head tiny model and a cache of one text."""
     import geolens
-    from geolens.testing import tiny_bridge
+    from tests.conftest import make_tiny
 
-    model = tiny_bridge("gqa")
+    model = make_tiny("gqa")  # a TransformerBridge on TL 4.x, a HookedTransformer on TL 2.x
     tokens = model.to_tokens(TEXT)
     _, cache = geolens.run_with_cache(model, tokens, names_filter=geolens.names_filter(model))
     return model, tokens, cache

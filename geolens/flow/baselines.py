@@ -112,13 +112,42 @@ def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: Target) -
     block 0 (:meth:`~geolens.adapter.ModelAdapter.forward_from_layer`); float64, in the caller's
     grad mode."""
     adapter = adapter_for(model)
-    k = 1 if isinstance(target, int) else int(target.numel())
-    with applied(model, [last_predictions_hook(model, points.shape[1] + 1, k)]):
+    with applied(model, [last_predictions_hook(model, points.shape[1] + 1, _n_targets(target))]):
         logits = adapter.forward_from_layer(points, 0)
+    return _target_logprob(logits, target)
+
+
+def _n_targets(target: Target) -> int:
+    return 1 if isinstance(target, int) else int(target.numel())
+
+
+def _target_logprob(logits: Float[Tensor, "row scored d_vocab"], target: Target) -> Float[Tensor, "row"]:
+    """f of each row from the logits of its last k positions (k = the target's tokens), float64."""
+    k = _n_targets(target)
     if k == 1:
         return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
     logp = torch.log_softmax(logits[:, -k:].to(torch.float64), dim=-1)  # [row, k, vocab]
     return logp.gather(-1, target.to(logp.device)[None, :, None].expand(logp.shape[0], k, 1)).sum((1, 2))
+
+
+def _input_and_gradient(model, tokens: Int[Tensor, "pos"], target: Target) -> tuple[Tensor, Tensor]:
+    """x (the residual entering block 0, ``[pos, d_model]``) and ∂f/∂x from one forward and one
+    backward of the tokens: a hook at block 0's input makes x the leaf that f is differentiated
+    against, so x needs no forward of its own (:func:`input_embeddings` followed by a forward from
+    x gives the same numbers to the bit, one forward more)."""
+    hook = adapter_for(model).resid_pre_hook(0)
+    seen: dict[str, Tensor] = {}
+
+    def leaf(x: Tensor, hook=None) -> Tensor:
+        seen["x"] = x.detach().requires_grad_(True)
+        return seen["x"]
+
+    device = next(model.parameters()).device
+    scored = last_predictions_hook(model, tokens.shape[0] + 1, _n_targets(target))
+    with torch.enable_grad(), applied(model, [(hook, leaf), scored]):
+        logits = model(tokens[None].to(device), return_type="logits")
+        (grad,) = torch.autograd.grad(_target_logprob(logits, target).sum(), seen["x"])
+    return seen["x"].detach()[0], grad[0].detach()
 
 
 def _logprob_and_gradient(model, x: Float[Tensor, "row pos d_model"], target: int) -> tuple[Tensor, Tensor]:
@@ -189,12 +218,11 @@ def gradient_x_input(
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     target = check_target(target, adapter_for(model).cfg.d_vocab)
-    x = input_embeddings(model, _continued(tokens, position, target))
-    _, grad = _logprob_and_gradient(model, x[None], target)
-    x, grad = x[: position + 1], grad[:, : position + 1]  # a continuation's own tokens are not scored
+    x, grad = _input_and_gradient(model, _continued(tokens, position, target), target)
+    x, grad = x[: position + 1], grad[: position + 1]  # a continuation's own tokens are not scored
     delta = x if baseline_embeddings is None else x - _check_embeddings(baseline_embeddings, x)
     out = torch.zeros(tokens.shape[0], dtype=torch.float64)
-    out[: position + 1] = (delta.to(torch.float64) * grad[0].to(torch.float64)).sum(-1).cpu()
+    out[: position + 1] = (delta.to(torch.float64) * grad.to(torch.float64)).sum(-1).cpu()
     return out
 
 

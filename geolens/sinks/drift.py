@@ -122,7 +122,7 @@ class RowNLL(CorpusAnalysis):
         return [logits_hook(model)]
 
     def update(self, model, cache, tokens) -> None:
-        self.parts.append(next_token_nll(logits_from_cache(model, cache), tokens).mean(-1).cpu())
+        self.parts.append(next_token_nll(logits_from_cache(model, cache), tokens).mean(-1).detach().cpu())
 
     def merge(self, other: "RowNLL") -> "RowNLL":
         self.parts += other.parts

@@ -342,3 +342,27 @@ def test_version_3_puts_integrated_gradients_on_the_local_grid(m64):
     completeness = erasure_summary(tables, small)["ig_completeness"]
     assert completeness["grid"] == "local" and "steps_used" not in completeness
     assert completeness["total_gradients"] == ig.n_steps and completeness["total_forward"] == ig.n_forward
+
+
+@pytest.mark.parametrize("target", [None, 5, [5, 9, 11]])
+def test_gradient_x_input_in_one_forward_equals_the_two_pass_reference(target):
+    """x read from block 0's input in the same forward that is differentiated gives the numbers of
+    x computed first (input_embeddings) and then differentiated from there, to the bit."""
+    from geolens.flow import baselines
+    from geolens.testing import tiny_tokens
+    from tests.conftest import make_tiny
+
+    for kind in ("gqa", "mha"):
+        model = make_tiny(kind)
+        tokens = tiny_tokens(model, length=12)[0]
+        for position in (11, 6):
+            got = baselines.gradient_x_input(model, tokens, position, target=target)
+            t = target
+            if t is None:
+                t = int(baselines.last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
+            t = baselines.check_target(t)
+            x = baselines.input_embeddings(model, baselines._continued(tokens, position, t))
+            _, grad = baselines._logprob_and_gradient(model, x[None], t)
+            expected = torch.zeros(tokens.shape[0], dtype=torch.float64)
+            expected[: position + 1] = (x[: position + 1].double() * grad[0, : position + 1].double()).sum(-1)
+            assert torch.equal(got, expected), (kind, position, target)

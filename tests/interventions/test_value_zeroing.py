@@ -26,10 +26,11 @@ def test_the_metric_and_the_public_names_are_this_function():
     import geolens
     from geolens.faithfulness import value_zeroing as from_faithfulness
     from geolens.metrics import SequenceInputs, get_metric
-    from geolens.testing import tiny_bridge, tiny_tokens
+    from geolens.testing import tiny_tokens
+    from tests.conftest import make_tiny
 
     assert geolens.value_zeroing is value_zeroing and from_faithfulness is value_zeroing
-    model = tiny_bridge("gqa")
+    model = make_tiny("gqa")  # a TransformerBridge on TL 4.x, a HookedTransformer on TL 2.x
     tokens = tiny_tokens(model, length=10)[:1]
     metric = get_metric("value_zeroing")
     scores = metric.fn(SequenceInputs(model, tokens, (1,), model.cfg.n_heads, seed=0))

@@ -29,11 +29,12 @@ def test_counts_read_singular_for_one():
     """Figures and report text count with geolens.claims.counted: "1 window", never "1 windows"."""
     from geolens.claims import counted
     from geolens.sinks.controls import sink_controls
-    from geolens.testing import tiny_bridge, tiny_tokens
+    from geolens.testing import tiny_tokens
     from geolens.viz.sinks import controls_plot
+    from tests.conftest import make_tiny
 
     assert counted(1, "sequence") == "1 sequence" and counted(2, "sequence") == "2 sequences"
     assert counted(0, "window") == "0 windows" and counted(1, "query", "queries") == "1 query"
-    model = tiny_bridge("gqa")
+    model = make_tiny("gqa")
     one = sink_controls(model, tiny_tokens(model, length=12)[:1], layers=[1], n_boot=50)
     assert controls_plot(one).figure._suptitle.get_text().startswith("Sink-value controls: 1 window × 12 tokens, ")
