@@ -166,6 +166,16 @@ def test_a_method_without_term_level_scores_is_a_one_line_error(method):
     assert "contribution_abs" in message and "value_weighted" in message  # the allowed ones
 
 
+def test_a_plain_callable_is_refused_with_a_pointer_to_register_metric():
+    def my_scores(inputs):
+        return inputs.attention
+
+    with pytest.raises(TypeError) as info:
+        geolens.evaluate_attribution(my_scores, "tiny-gqa", TEXTS)
+    message = str(info.value)
+    assert "\n" not in message and "geolens.register_metric('my_scores'" in message
+
+
 def test_a_registered_metric_is_a_term_level_method(registered):
     from geolens.faithfulness.evaluation import term_level_methods
 
