@@ -79,6 +79,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def run_examples(obj, name: str) -> None:
+    """Run the ``>>>`` examples of ``obj``'s docstring as ``--doctest-modules`` does (its module's
+    names in scope): skipped where their TransformerBridge models do not exist (TL 2.x/3.x), a
+    failure names how many examples failed. The one runner of tests/test_public_api.py (the names
+    of ``geolens.__all__``) and tests/test_api_reference.py (the other entries of docs/api.md)."""
+    import doctest
+
+    if not HAS_BRIDGE:
+        pytest.skip("the examples use TransformerLens 4.x TransformerBridge models")
+    finder = doctest.DocTestFinder(recurse=False)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    tests = finder.find(obj, name=name, globs=dict(vars(sys.modules[obj.__module__])))
+    assert tests and tests[0].examples, name
+    for t in tests:
+        runner.run(t)
+    res = runner.summarize(verbose=False)
+    assert res.failed == 0, f"{name}: {res.failed} of {res.attempted} examples failed (run pytest -s to see them)"
+
+
 def make_tiny(kind: str, *, compatibility_mode: bool = False, seed: int = 0, n_layers: int = 2):
     if HAS_BRIDGE:
         from geolens.testing import tiny_bridge

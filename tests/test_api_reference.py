@@ -27,17 +27,16 @@ where ``tiny_bridge`` raises ImportError).
 from __future__ import annotations
 
 import ast
-import doctest
 import importlib
 import inspect
 import json
 import re
-import sys
 import textwrap
 import types
 from pathlib import Path
 
 import pytest
+from conftest import run_examples
 
 import geolens
 
@@ -236,21 +235,5 @@ def test_every_entry_has_an_example(name):
 
 @pytest.mark.parametrize("name", _entries_outside_all())
 def test_examples_outside_all_run(name):
-    from geolens.adapter import is_bridge
-    from geolens.testing import tiny_bridge
-
-    try:
-        bridge = is_bridge(tiny_bridge("gqa"))
-    except ImportError:
-        bridge = False
-    if not bridge:
-        pytest.skip("the examples use TransformerLens 4.x TransformerBridge models")
     _, obj = resolve(name)
-    finder = doctest.DocTestFinder(recurse=False)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    tests = finder.find(obj, name=name, globs=dict(vars(sys.modules[obj.__module__])))  # as doctest-modules does
-    assert tests and tests[0].examples, name
-    for t in tests:
-        runner.run(t)
-    res = runner.summarize(verbose=False)
-    assert res.failed == 0, f"{name}: {res.failed} of {res.attempted} examples failed (run pytest -s to see them)"
+    run_examples(obj, name)

@@ -20,10 +20,6 @@ def _model(model):
     return resolve_model(model)[0]
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 @dataclass
 class _Texts:
     """Texts as token groups of equal length: ``groups[k]`` ``[n_k, seq_k]`` holds the texts
@@ -66,21 +62,6 @@ def _texts(model, texts) -> _Texts:
         index.append([i for i, _ in members])
         groups.append(torch.stack([t for _, t in members]))
     return _Texts(groups, index)
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
-    from geolens.sinks.drift import next_token_nll
-
-    return next_token_nll(logits, tokens)
-
-
-def _check_texts_or_none(texts, what: str):
-    if texts is None:
-        raise ValueError(f"{what} needs texts to measure on (or use it as a context manager without them)")
 
 
 class _Edit:

@@ -11,9 +11,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from geolens.intervene._common import Head, _device, _Edit, _model, _plural, _Texts, _texts, _token_nll
+from geolens.claims import counted
+from geolens.intervene._common import Head, _Edit, _model, _Texts, _texts
 from geolens.interventions.ablation import AblationMode, MeanHeadZ, head_ablation_hooks, heads_by_layer
 from geolens.interventions.base import applied
+from geolens.runner import model_device, run_corpus
+from geolens.sinks.drift import next_token_nll
 
 
 def _head_list(model, heads) -> list[Head]:
@@ -37,11 +40,9 @@ def _means(model, texts: _Texts | None, means, how: str, batch_size: int):
         raise ValueError(
             "how='mean' needs means= (geolens.interventions.ablation.mean_head_z) or texts to average over"
         )
-    from geolens.runner import run_corpus
-
     stats = MeanHeadZ.for_model(model)
     for g in texts.groups:
-        run_corpus(model, g.to(_device(model)), [stats], batch_size=batch_size, progress=False)
+        run_corpus(model, g, [stats], batch_size=batch_size, progress=False)
     return stats.result(), "the measured texts"
 
 
@@ -56,7 +57,7 @@ def _nll_per_condition(model, texts: _Texts, conditions: list[list[Head]], how, 
         for l, h in heads:
             table[k, l, h] = True
     out = np.zeros((n_cond, texts.n))
-    device = _device(model)
+    device = model_device(model)
     rows_per_batch = max(1, int(batch_size))
     with torch.no_grad():
         for group, index in zip(texts.groups, texts.index):
@@ -70,7 +71,7 @@ def _nll_per_condition(model, texts: _Texts, conditions: list[list[Head]], how, 
                     batch = seq.repeat(stop - start, 1)
                     with applied(model, hooks):
                         logits = model(batch, return_type="logits")
-                    out[start:stop, text_index] = _token_nll(logits, batch).mean(-1).cpu().numpy()
+                    out[start:stop, text_index] = next_token_nll(logits, batch).mean(-1).cpu().numpy()
     return out
 
 
@@ -109,11 +110,11 @@ class HeadAblation(_Edit):
 
     @property
     def description(self) -> str:
-        what = f"{_plural(len(self.heads), 'head')} {self.how}-ablated"
+        what = f"{counted(len(self.heads), 'head')} {self.how}-ablated"
         if not self.measured:
             return what + " (not measured)"
         return (
-            f"{what}; {_plural(len(self.clean_loss), 'text')}: loss {self.clean_loss.mean():.4f} → "
+            f"{what}; {counted(len(self.clean_loss), 'text')}: loss {self.clean_loss.mean():.4f} → "
             f"{self.ablated_loss.mean():.4f} nats (Δ {self.delta_loss:+.4f})"
         )
 

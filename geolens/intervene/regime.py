@@ -13,7 +13,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from geolens.intervene._common import Head, _device, _Edit, _model, _plural, _Texts, _texts
+from geolens.claims import counted
+from geolens.intervene._common import Head, _Edit, _model, _Texts, _texts
 from geolens.intervene.heads import _means, _nll_per_condition
 from geolens.interventions.ablation import AblationMode, head_ablation_hooks
 from geolens.stats import control_difference_samples, percentile_ci, verdict
@@ -103,13 +104,13 @@ class RegimeAblation(_Edit):
 
     @property
     def description(self) -> str:
-        what = f"{_plural(len(self.heads), self.regime + ' head')} {self.how}-ablated"
+        what = f"{counted(len(self.heads), self.regime + ' head')} {self.how}-ablated"
         if not self.measured:
             return what + " (not measured)"
         est, lo, hi, v = self.difference
         r = self.random_delta_loss
         return (
-            f"{what}; {_plural(len(self.clean_loss), 'text')}: Δloss {self.delta_loss:+.4f} nats against "
+            f"{what}; {counted(len(self.clean_loss), 'text')}: Δloss {self.delta_loss:+.4f} nats against "
             f"{r.mean():+.4f} for {len(r)} random draws of {len(self.heads)} heads; difference {est:+.4f} "
             f"[{lo:+.4f}, {hi:+.4f}] ({self.level:.0%} interval): {v}"
         )
@@ -135,15 +136,15 @@ class RegimeAblation(_Edit):
         fig = new_figure(figsize=(6, 2.8))
         ax = fig.subplots()
         jitter = np.random.default_rng(0).uniform(-0.15, 0.15, len(r))
-        ax.scatter(r, jitter, color="tab:gray", s=18, label=f"random heads ({_plural(len(r), 'draw')})")
+        ax.scatter(r, jitter, color="tab:gray", s=18, label=f"random heads ({counted(len(r), 'draw')})")
         ax.axvline(self.delta_loss, color="tab:red", lw=2, label=f"{self.regime} heads")
         ax.axvline(float(r.mean()), color="k", lw=1, ls="--", label="random, mean")
         ax.set_yticks([])
         ax.set_ylim(-0.6, 0.6)
-        ax.set_xlabel(f"Δ loss when {_plural(len(self.heads), 'head')} are {self.how}-ablated (nats per token)")
+        ax.set_xlabel(f"Δ loss when {counted(len(self.heads), 'head')} are {self.how}-ablated (nats per token)")
         ax.set_title(
             f"{self.regime} − random: {est:+.3f} [{lo:+.3f}, {hi:+.3f}] ({self.level:.0%} interval, "
-            f"{_plural(len(self.clean_loss), 'text')}): {v}",
+            f"{counted(len(self.clean_loss), 'text')}): {v}",
             fontsize=8,
         )
         ax.legend(fontsize=7, loc="upper left")
@@ -183,7 +184,7 @@ def _taxonomy(model, texts: _Texts, batch_size: int):
 
     analysis = TaxonomyAnalysis.for_model(model)
     for g in texts.groups:
-        run_corpus(model, g.to(_device(model)), [analysis], batch_size=batch_size, progress=False, desc="taxonomy")
+        run_corpus(model, g, [analysis], batch_size=batch_size, progress=False, desc="taxonomy")
     return analysis.result()
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geolens.intervene._common import _device, _Edit, _model, _plural, _texts
+from geolens.claims import counted
+from geolens.intervene._common import _Edit, _model, _texts
 from geolens.interventions.sink_values import scale_sink_value
 from geolens.stats import verdict
 
@@ -61,7 +62,7 @@ class SinkScaling(_Edit):
             return edit + " (not measured)"
         row = self.summary.set_index("lambda").loc[self.lam]
         return (
-            f"{edit}; {_plural(self.n_texts, 'text')}: loss {row.loss - row.delta_loss:.4f} → {row.loss:.4f} nats "
+            f"{edit}; {counted(self.n_texts, 'text')}: loss {row.loss - row.delta_loss:.4f} → {row.loss:.4f} nats "
             f"(Δ {row.delta_loss:+.4f}), perplexity Δ {row.delta_ppl:+.3f}"
         )
 
@@ -202,11 +203,10 @@ def scale_sink_values(
     if texts is None:
         return result
     t = _texts(model, texts)
-    groups = [g.to(_device(model)) for g in t.groups]
     with torch.no_grad():
         result.drift = semantic_drift(
             model,
-            groups,
+            t.groups,
             lambdas=(lam, *lambdas),
             layers=edit.layers,
             heads=heads,
