@@ -37,7 +37,14 @@ from geolens.flow import (
     integrated_gradients,
     space_token,
 )
-from geolens.flow.baselines import check_position, check_target, input_embeddings, prefix_mean_baseline
+from geolens.flow.baselines import (
+    check_position,
+    check_target,
+    continued_tokens,
+    input_embeddings,
+    prefix_mean_baseline,
+    target_logprob,
+)
 from geolens.hf import run_with_cache
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
@@ -464,30 +471,28 @@ def attribute(
 
 def _target_ids(model, target) -> list[int]:
     """The token ids of ``target=``: an id, a list of ids, or a string tokenised without BOS."""
-    d_vocab = int(model.cfg.d_vocab)
-    if isinstance(target, str):
+    if isinstance(target, str):  # the tokenizer's ids: inside the vocabulary
         if not target:
             raise ValueError("target must be a non-empty string, a token id or a list of token ids, got ''")
         ids = model.to_tokens(target, prepend_bos=False)[0].tolist()
         if not ids:
             raise ValueError(f"target {target!r} has no token")
-    else:
-        ids = check_target(target, d_vocab)
-        ids = [ids] if isinstance(ids, int) else ids.tolist()
-    check_target(ids, d_vocab)
-    return [int(t) for t in ids]
+        return [int(t) for t in ids]
+    ids = check_target(target, int(model.cfg.d_vocab))
+    return [ids] if isinstance(ids, int) else [int(t) for t in ids]
 
 
 def _target_logprob(model, tokens: Tensor, position: int, ids: list[int], logits: Tensor) -> float:
-    """log p(t_1 … t_k | text up to ``position``) = Σ_m log p(t_m | …, t_<m), float64 (clean model)."""
-    if len(ids) == 1:
-        return float(torch.log_softmax(logits[0, position].to(torch.float64), dim=-1)[ids[0]])
-    cont = torch.tensor(ids, device=tokens.device)
-    seq = torch.cat([tokens[: position + 1], cont[:-1].to(tokens.dtype)])
-    with torch.no_grad():
-        out = model(seq[None], return_type="logits")[0, position:]
-    logp = torch.log_softmax(out.to(torch.float64), dim=-1)
-    return float(logp.gather(-1, cont[:, None]).sum())
+    """log p(t_1 … t_k | text up to ``position``) = Σ_m log p(t_m | …, t_<m), float64 (clean model):
+    :func:`geolens.flow.baselines.target_logprob`, the f the gradient methods explain; one token
+    reads the logits already computed, a continuation runs the text followed by t_1 … t_{k−1}."""
+    target = check_target(ids)
+    if isinstance(target, int):
+        scored = logits[:, : position + 1]
+    else:
+        with torch.no_grad():
+            scored = model(continued_tokens(tokens, position, target)[None], return_type="logits")
+    return float(target_logprob(scored, target)[0])
 
 
 def _gradient(model, tokens: Tensor, position: int, m: Method, target, options, used, info) -> Tensor:

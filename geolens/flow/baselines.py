@@ -98,7 +98,7 @@ def check_target(target, d_vocab: int | None = None) -> Target:
     return int(ids[0]) if ids.numel() == 1 else ids
 
 
-def _continued(tokens: Tensor, position: int, target: Target) -> Tensor:
+def continued_tokens(tokens: Tensor, position: int, target: Target) -> Tensor:
     """The tokens 0 … ``position``, followed by the continuation's first k − 1 tokens."""
     prompt = tokens[: position + 1]
     if isinstance(target, int):
@@ -114,15 +114,17 @@ def _logprobs(model, points: Float[Tensor, "row pos d_model"], target: Target) -
     adapter = adapter_for(model)
     with applied(model, [last_predictions_hook(model, points.shape[1] + 1, _n_targets(target))]):
         logits = adapter.forward_from_layer(points, 0)
-    return _target_logprob(logits, target)
+    return target_logprob(logits, target)
 
 
 def _n_targets(target: Target) -> int:
     return 1 if isinstance(target, int) else int(target.numel())
 
 
-def _target_logprob(logits: Float[Tensor, "row scored d_vocab"], target: Target) -> Float[Tensor, "row"]:
-    """f of each row from the logits of its last k positions (k = the target's tokens), float64."""
+def target_logprob(logits: Float[Tensor, "row scored d_vocab"], target: Target) -> Float[Tensor, "row"]:
+    """f = log p(target) of each row from the logits of its last k positions (k = the target's
+    tokens: Σ_m log p(t_m | …, t_<m) for a continuation), float64; with
+    :func:`continued_tokens`, what :func:`geolens.attribute` reports as ``target_logprob``."""
     k = _n_targets(target)
     if k == 1:
         return torch.log_softmax(logits[:, -1].to(torch.float64), dim=-1)[:, int(target)]
@@ -146,7 +148,7 @@ def _input_and_gradient(model, tokens: Int[Tensor, "pos"], target: Target) -> tu
     scored = last_predictions_hook(model, tokens.shape[0] + 1, _n_targets(target))
     with torch.enable_grad(), applied(model, [(hook, leaf), scored]):
         logits = model(tokens[None].to(device), return_type="logits")
-        (grad,) = torch.autograd.grad(_target_logprob(logits, target).sum(), seen["x"])
+        (grad,) = torch.autograd.grad(target_logprob(logits, target).sum(), seen["x"])
     return seen["x"].detach()[0], grad[0].detach()
 
 
@@ -218,7 +220,7 @@ def gradient_x_input(
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     target = check_target(target, adapter_for(model).cfg.d_vocab)
-    x, grad = _input_and_gradient(model, _continued(tokens, position, target), target)
+    x, grad = _input_and_gradient(model, continued_tokens(tokens, position, target), target)
     x, grad = x[: position + 1], grad[: position + 1]  # a continuation's own tokens are not scored
     delta = x if baseline_embeddings is None else x - _check_embeddings(baseline_embeddings, x)
     out = torch.zeros(tokens.shape[0], dtype=torch.float64)
@@ -342,7 +344,7 @@ def integrated_gradients(
     if target is None:
         target = int(last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
     target = check_target(target, adapter_for(model).cfg.d_vocab)
-    x = input_embeddings(model, _continued(tokens, position, target))
+    x = input_embeddings(model, continued_tokens(tokens, position, target))
     if baseline is not None:
         baseline = as_row(baseline)
         if baseline.shape != tokens.shape:

@@ -361,7 +361,7 @@ def test_gradient_x_input_in_one_forward_equals_the_two_pass_reference(target):
             if t is None:
                 t = int(baselines.last_position_logprobs(model, tokens[None, : position + 1])[0].argmax())
             t = baselines.check_target(t)
-            x = baselines.input_embeddings(model, baselines._continued(tokens, position, t))
+            x = baselines.input_embeddings(model, baselines.continued_tokens(tokens, position, t))
             _, grad = baselines._logprob_and_gradient(model, x[None], t)
             expected = torch.zeros(tokens.shape[0], dtype=torch.float64)
             expected[: position + 1] = (x[: position + 1].double() * grad[0, : position + 1].double()).sum(-1)
