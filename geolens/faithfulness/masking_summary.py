@@ -136,15 +136,24 @@ def _pair_differences(per_doc: pd.DataFrame, boot: np.ndarray, formed, direction
             )
 
 
-def _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha: float, outcome: str) -> list[dict]:
+def _pair_family(
+    per_doc, boot, hashes, formed, not_formed, directions, alpha: float, outcome: str, drop=()
+) -> list[dict]:
     """The pre-registered pairs of both directions as one Holm family: Δ = S(b) − S(a) for
     comprehensiveness, S(a) − S(b) for sufficiency (Δ > 0: b more faithful), "not testable" when
     the two metrics' masks are identical in every condition of the direction. A pair whose metric
-    has no rows in a direction is appended to ``not_formed``."""
+    has no rows in a direction is appended to ``not_formed``; a test named in ``drop`` as
+    ``(a, b, direction)`` (a comparison already in the family) is left out of it and listed there."""
     tests = []
+    drop = {tuple(t) for t in drop}
     for direction, a, b, delta, samples in _pair_differences(per_doc, boot, formed, directions):
         if delta is None:
             not_formed.append(dict(a=a, b=b, direction=direction, why="a metric has no rows in this direction"))
+            continue
+        if (a, b, direction) in drop:
+            not_formed.append(
+                dict(a=a, b=b, direction=direction, why="the same comparison as another test of the family")
+            )
             continue
         ha = hashes.xs((a, direction), level=("metric", "direction"))
         hb = hashes.xs((b, direction), level=("metric", "direction")).reindex(ha.index)
@@ -456,7 +465,7 @@ def _off_distribution(rows: pd.DataFrame) -> list[dict]:
 
 
 def masking_summary_no_exclusion(
-    rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None
+    rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None, drop=()
 ) -> dict:
     """The masking endpoint of protocol 3's addendum (docs/faithfulness/v3/masking/PROTOCOL.md)
     from :func:`~geolens.faithfulness.layer_masking.layer_masking_document`'s rows: no
@@ -474,6 +483,10 @@ def masking_summary_no_exclusion(
     - **Reported**: the conditions off the unigram ceiling per metric and direction, and what
       protocol 2's range and ceiling rules would have excluded (:func:`_protocol_2_rules`), with
       ``layers_a_rule_would_drop``.
+
+    ``drop``: tests ``(a, b, direction)`` left out of the family as duplicates of another test
+    (protocol 4 §3: the opposite-sign control's sufficiency test of pair 7 is its comprehensiveness
+    test again); they are listed in ``pairs_not_formed``.
     """
     _check_rows(rows)
     second, stats = protocol["secondary"], protocol["statistics"]
@@ -493,7 +506,7 @@ def masking_summary_no_exclusion(
     present = set(conditions.metric)
     formed, not_formed = _pair_list(protocol, present)
     hashes = conditions.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
-    pairs = _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha, "aopc_kl")
+    pairs = _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha, "aopc_kl", drop)
 
     layer_kl_all = all_removed.kl.groupby(level="layer").mean()
     pooled = aopc / layer_kl_all.reindex(aopc.index.get_level_values("layer")).to_numpy()
