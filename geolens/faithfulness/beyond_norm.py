@@ -10,8 +10,10 @@ about the residual of that regression:
   ``min_terms_per_group`` such terms is left out and counted.
 - **Norm removed**: the least-squares fit of y = log KL on [1, x = log ‖α ṽ‖] within the group
   (free slope and intercept), residual e = y − ŷ (:func:`norm_residuals`).
-- **Statistic**: the Spearman correlation of the metric's score with e in the group; a position's
-  value is its group's, or the mean over its heads' groups.
+- **Statistic**: the Spearman correlation of the metric's score (protocol 3's scores,
+  :func:`geolens.faithfulness.norm_controlled_stats.metric_scores`: |c| and gradient × activation
+  by its absolute value) with e in the group; a position's value is its group's, or the mean over
+  its heads' groups.
 - **Not testable by construction**: a metric that is a function of the norm within the group
   (value-weighted; output-normalised inter within a position; and intra within a head).
 
@@ -157,6 +159,10 @@ def beyond_norm_summary(terms: pd.DataFrame, positions: pd.DataFrame, protocol) 
     ``tests``, the sensitivity scope's ``sensitivity_tests``."""
     section, stats = protocol["beyond_norm"], protocol["statistics"]
     n_boot, seed, alpha = int(stats["n_boot"]), int(stats["seed"]), float(stats["alpha"])
+    from geolens.faithfulness.norm_controlled_stats import metric_scores
+
+    scores = metric_scores(terms)  # protocol 3's scores: |c|, gradient × activation by |·| (KL orientation)
+    terms = terms.assign(**{m: scores[m] for m in scores if m != "value_weighted"})
     kept, counts = _resolvable(terms, positions, float(section["resolvable_factor"]))
     primary = _scope_summary(kept, section, "position", n_boot, seed, alpha)
     sensitivity = _scope_summary(kept, section, "head", n_boot, seed, alpha)
