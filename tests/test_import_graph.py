@@ -66,6 +66,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "methods",
         "attribution",
         "intervene",
+        "stability",
     ),
     "interfaces": ("pipelines", "report", "commands", "run_folder", "folder_lock", "cli", "__main__", "__init__"),
 }

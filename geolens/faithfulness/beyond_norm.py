@@ -41,9 +41,10 @@ def norm_residuals(kl: np.ndarray, norm: np.ndarray) -> tuple[np.ndarray, float,
     >>> float(np.abs(e).max()) < 1e-12, round(slope, 12), round(r2, 12)
     (True, 2.0, 1.0)
     """
-    y, x = np.log(np.asarray(kl, dtype=np.float64)), np.log(np.asarray(norm, dtype=np.float64))
-    if y.size < 3 or not np.isfinite(y).all() or not np.isfinite(x).all():
+    kl, norm = np.asarray(kl, dtype=np.float64), np.asarray(norm, dtype=np.float64)
+    if kl.size < 3 or not (np.isfinite(kl) & np.isfinite(norm) & (kl > 0) & (norm > 0)).all():
         raise ValueError("norm_residuals needs at least 3 terms with positive, finite KL and norm")
+    y, x = np.log(kl), np.log(norm)
     xc, yc = x - x.mean(), y - y.mean()
     sxx = float(xc @ xc)
     slope = float(xc @ yc) / sxx if sxx > 0 else 0.0
@@ -92,12 +93,18 @@ def _resolvable(terms: pd.DataFrame, positions: pd.DataFrame, factor: float) -> 
     return terms[keep], dict(n_terms=int(len(terms)), n_resolvable=int(keep.sum()), share=float(keep.mean()))
 
 
-def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: float) -> dict:
+def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: float, cache: dict | None) -> dict:
     metrics = list(section["metrics"][scope])
     sanity = list(section.get("sanity", []))
     min_terms = int(section["min_terms_per_group"])
     by = ["document", "position"] + (["head"] if scope == "head" else [])
-    groups = group_statistics(terms, metrics + sanity, by=by, min_terms=min_terms)
+    if cache is not None and scope in cache:  # whole positions left out: the others' groups are unchanged
+        here = pd.MultiIndex.from_frame(terms[["document", "position"]].drop_duplicates())
+        groups = cache[scope][pd.MultiIndex.from_frame(cache[scope][["document", "position"]]).isin(here)]
+    else:
+        groups = group_statistics(terms, metrics + sanity, by=by, min_terms=min_terms)
+        if cache is not None:
+            cache[scope] = groups
     n_groups_all = int(terms.groupby(by).ngroups)
     per_position = groups.groupby(["document", "position"])[metrics + sanity + ["slope", "r2"]].mean()
     documents = per_position.index.get_level_values("document").to_numpy()
@@ -152,11 +159,13 @@ def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: fl
     )
 
 
-def beyond_norm_summary(terms: pd.DataFrame, positions: pd.DataFrame, protocol) -> dict:
+def beyond_norm_summary(terms: pd.DataFrame, positions: pd.DataFrame, protocol, *, groups: dict | None = None) -> dict:
     """Protocol 4 §1 from protocol 3's stored rows (module docstring): ``terms``
     (``per_term_terms.csv.gz``) and ``positions`` (``per_term_positions.csv.gz``); ``protocol``: the
     twin (its ``beyond_norm`` and ``statistics`` sections). The primary scope's tests are
-    ``tests``, the sensitivity scope's ``sensitivity_tests``."""
+    ``tests``, the sensitivity scope's ``sensitivity_tests``. ``groups``: a dict that keeps the
+    per-group statistics of the first call, reused by later calls on the same rows with whole
+    positions left out (:mod:`geolens.stability`)."""
     section, stats = protocol["beyond_norm"], protocol["statistics"]
     n_boot, seed, alpha = int(stats["n_boot"]), int(stats["seed"]), float(stats["alpha"])
     from geolens.faithfulness.norm_controlled_stats import metric_scores
@@ -164,8 +173,8 @@ def beyond_norm_summary(terms: pd.DataFrame, positions: pd.DataFrame, protocol) 
     scores = metric_scores(terms)  # protocol 3's scores: |c|, gradient × activation by |·| (KL orientation)
     terms = terms.assign(**{m: scores[m] for m in scores if m != "value_weighted"})
     kept, counts = _resolvable(terms, positions, float(section["resolvable_factor"]))
-    primary = _scope_summary(kept, section, "position", n_boot, seed, alpha)
-    sensitivity = _scope_summary(kept, section, "head", n_boot, seed, alpha)
+    primary = _scope_summary(kept, section, "position", n_boot, seed, alpha, groups)
+    sensitivity = _scope_summary(kept, section, "head", n_boot, seed, alpha, groups)
     agree = {(t["kind"], t["a"], t["b"]): t["verdict"] for t in sensitivity["tests"]}
     return dict(
         terms=counts,

@@ -163,7 +163,9 @@ def _pair_family(
     return [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
 
 
-def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None) -> dict:
+def masking_summary(
+    rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None, family_only: bool = False
+) -> dict:
     """Normalised AOPC, the range and ceiling checks, per-metric means and the pre-registered pairs
     of the masking endpoint (PROTOCOL.md §3–4) from :func:`layer_masking_document`'s rows of all
     documents.
@@ -195,7 +197,9 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
       (KL(k)/KL(all removed)) of each metric with the per-k pair differences, and the per-layer
       means of the nAOPC.
 
-    ``n_boot`` and ``seed`` override the protocol's (for tests and exploratory runs).
+    ``n_boot`` and ``seed`` override the protocol's (for tests and exploratory runs);
+    ``family_only``: only ``{"pairs": ...}``, the Holm family (what :mod:`geolens.stability`
+    recomputes for each leave-out).
     """
     _check_rows(rows)
     second = protocol["secondary"]
@@ -262,6 +266,8 @@ def masking_summary(rows: pd.DataFrame, protocol, *, n_boot: int | None = None, 
     formed, not_formed = _pair_list(protocol, present)
     hashes = kept.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
     pairs = _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha, "kl")
+    if family_only:
+        return dict(pairs=pairs)
 
     exploratory = dict(
         note="exploratory: 95% CIs on the same document resamples, outside the Holm family",
@@ -465,7 +471,13 @@ def _off_distribution(rows: pd.DataFrame) -> list[dict]:
 
 
 def masking_summary_no_exclusion(
-    rows: pd.DataFrame, protocol, *, n_boot: int | None = None, seed: int | None = None, drop=()
+    rows: pd.DataFrame,
+    protocol,
+    *,
+    n_boot: int | None = None,
+    seed: int | None = None,
+    drop=(),
+    family_only: bool = False,
 ) -> dict:
     """The masking endpoint of protocol 3's addendum (docs/faithfulness/v3/masking/PROTOCOL.md)
     from :func:`~geolens.faithfulness.layer_masking.layer_masking_document`'s rows: no
@@ -486,7 +498,7 @@ def masking_summary_no_exclusion(
 
     ``drop``: tests ``(a, b, direction)`` left out of the family as duplicates of another test
     (protocol 4 §3: the opposite-sign control's sufficiency test of pair 7 is its comprehensiveness
-    test again); they are listed in ``pairs_not_formed``.
+    test again); they are listed in ``pairs_not_formed``. ``family_only``: only ``{"pairs": ...}``.
     """
     _check_rows(rows)
     second, stats = protocol["secondary"], protocol["statistics"]
@@ -507,6 +519,8 @@ def masking_summary_no_exclusion(
     formed, not_formed = _pair_list(protocol, present)
     hashes = conditions.set_index(["document", "layer", "metric", "direction", "k"]).mask_hash
     pairs = _pair_family(per_doc, boot, hashes, formed, not_formed, directions, alpha, "aopc_kl", drop)
+    if family_only:
+        return dict(pairs=pairs)
 
     layer_kl_all = all_removed.kl.groupby(level="layer").mean()
     pooled = aopc / layer_kl_all.reindex(aopc.index.get_level_values("layer")).to_numpy()

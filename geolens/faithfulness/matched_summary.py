@@ -139,7 +139,7 @@ def corrected_addendum_family(rows: pd.DataFrame, published: dict, protocol) -> 
 
     addendum = load_protocol(Path(__file__).resolve().parents[2] / protocol["matched_masking"]["addendum"])
     drop = [tuple(t) for t in protocol["addendum_correction"]["drop"]]
-    summary = masking_summary_no_exclusion(rows, addendum.settings, drop=drop)
+    summary = masking_summary_no_exclusion(rows, addendum.settings, drop=drop, family_only=True)
     before = {(p["a"], p["b"], p["direction"]): p for p in published["masking"]["pairs"]}
     changed = []
     for p in summary["pairs"]:

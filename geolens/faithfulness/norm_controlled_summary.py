@@ -50,14 +50,20 @@ def _pivot(stats: pd.DataFrame, analysis: str) -> tuple[pd.DataFrame, int]:
     return kept, int(len(table) - len(kept))
 
 
-def norm_controlled_summary(terms: pd.DataFrame, positions: pd.DataFrame, settings: dict) -> dict:
+def norm_controlled_summary(
+    terms: pd.DataFrame | None, positions: pd.DataFrame, settings: dict, *, stats=None, family_only: bool = False
+) -> dict:
     """``per_term_effects`` of a protocol-3 run (PROTOCOL.md §5-7, §10) from its ``terms`` and
-    ``positions`` tables and the protocol's twin ``settings``."""
+    ``positions`` tables and the protocol's twin ``settings``. ``stats``: the positions'
+    :func:`~geolens.faithfulness.norm_controlled_stats.statistics_table`, when already computed
+    (``terms`` may then be None); ``family_only``: only ``{"pairs": ...}``, the primary Holm family
+    (what :mod:`geolens.stability` recomputes for each leave-out)."""
     st = settings["statistics"]
     n_boot, seed, alpha = int(st["n_boot"]), int(st["seed"]), float(st["alpha"])
     factor = float(settings["numerical_floor"]["resolvable_factor"])
     pairs = [tuple(p) for p in settings["pairs"]]
-    stats = statistics_table(terms, positions, resolvable_factor=factor)
+    if stats is None:
+        stats = statistics_table(terms, positions, resolvable_factor=factor)
 
     # primary: the partial Spearman given the norm, one Holm family
     table, n_excl = _pivot(stats, "norm_controlled")
@@ -78,6 +84,8 @@ def norm_controlled_summary(terms: pd.DataFrame, positions: pd.DataFrame, settin
     for entry, result in zip(entries, decided):
         values = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in result._asdict().items()}
         family.append(dict(entry, **values))
+    if family_only:
+        return dict(pairs=family)
     not_testable = [
         dict(a=e["pair"][0], b=e["pair"][1], verdict="not testable", why=e["why"])
         for e in settings.get("not_testable_by_construction", [])

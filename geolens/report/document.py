@@ -35,7 +35,8 @@ class Finding:
     The section computes it from its pipeline's results; the page only prints it, by
     :func:`geolens.claims.estimate_text` (no interval below two units, none of zero width).
     ``figure`` is the index in the section's figures of the one that shows it (a matplotlib one
-    can open the page)."""
+    can open the page). ``level_why`` says in words why ``level`` is not 95 % (the interval of a
+    Holm step: wider, so that the family of tests keeps a 5 % error rate); the page prints it."""
 
     title: str
     what: str
@@ -47,6 +48,7 @@ class Finding:
     fmt: str = "+.3f"
     level: float = 0.95
     figure: int | None = None
+    level_why: str | None = None  # why the level is not 95 %, in words (a Holm step's level)
 
     @property
     def estimate(self) -> str:
@@ -64,7 +66,10 @@ class Finding:
         ``…, interval of zero width``."""
         units = self.units[:-1] if self.n == 1 and self.units.endswith("windows") else self.units
         if self.interval_shown:
-            return f"{100 * self.level:.3g}% CI, n = {self.n} {units}"
+            level = f"{100 * self.level:.3g}% CI"
+            if abs(self.level - 0.95) > 1e-9:
+                level += f" ({self.level_why or 'a Holm-adjusted level: its family of tests keeps a 5% error rate'})"
+            return f"{level}, n = {self.n} {units}"
         why = estimate_text(self.value, self.low, self.high, self.n, fmt=self.fmt).split(" (", 1)[1].rstrip(")")
         return f"n = {self.n} {units}, {why.split(', ')[-1]}"
 

@@ -221,11 +221,15 @@ def finding(run, sample: dict) -> list[Finding]:
     return [
         Finding(
             title="Contribution flow vs a random ranking: input-token erasure",
-            what="comprehensiveness nAOPC of contribution flow minus random (KL; + = contribution flow more faithful)",
+            what="how much more the prediction moves (KL, normalised AOPC) when the input tokens contribution flow "
+            "ranks highest are erased than when random tokens are; above 0, contribution flow finds the tokens "
+            "the prediction depends on better than chance",
             value=sign * float(p.delta),
             low=lo,
             high=hi,
             level=float(p.level),
+            level_why=f"the level of the Holm step of this comparison among the {int((pairs.family == 'primary').sum())} "
+            "primary tests, so that the family keeps a 5% error rate",
             n=int(sample["n_windows"]),
             units=sample["windows"],
             fmt="+.3g",

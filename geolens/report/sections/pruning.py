@@ -43,8 +43,9 @@ def build(ctx, analyses: dict) -> Section:
     numbers = claims[0].numbers
     finding = Finding(
         title="Pruning heads in regime order vs random orders",
-        what=f"mean ΔPPL over retention levels {', '.join(f'{r:g}' for r in p.retention)}, regime order "
-        f"({numbers['regime']:.3g}) minus the mean of the random orders ({numbers['random']:.3g}; − = regime hurts less)",
+        what=f"the rise in perplexity (mean ΔPPL over retention levels {', '.join(f'{r:g}' for r in p.retention)}) when "
+        f"heads are pruned in regime order ({numbers['regime']:.3g}) minus its mean over random orders "
+        f"({numbers['random']:.3g}); below 0, pruning in regime order costs less perplexity than random orders",
         value=numbers["regime"] - numbers["random"],
         low=None,
         high=None,
