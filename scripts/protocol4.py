@@ -123,7 +123,8 @@ def main(argv=None) -> int:
     from geolens.run_folder import open_run_folder
 
     protocol = load_protocol(PROTOCOL)
-    command = "python scripts/protocol4.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python scripts/protocol4.py " + " ".join(a for a in given if a not in ("--overwrite", "--resume"))
     try:
         folder = open_run_folder(
             args.out,

@@ -1,7 +1,7 @@
 """Re-summarise the published pre-registered runs from their stored stage files and compare them
 with the committed files, timings aside: the check that a move of code changed no number in docs/.
 
-Run from a clean checkout (a git worktree of the commit under test), one model at a time; every
+Protocol 4's scripts and the stability analysis are re-run the same way. Run from a clean checkout (a git worktree of the commit under test), one model at a time; every
 command resumes a finished run, so it only reloads the model and recomputes the statistics:
 
     git worktree add /tmp/regen HEAD && cd /tmp/regen && python scripts/regenerate_check.py
@@ -36,6 +36,17 @@ RUNS = [
     "faithfulness --protocol docs/faithfulness/v3/protocol.json --model {m} --corpus lee --stage per_term --out docs/faithfulness/v3/{m} --resume --threads 1",
     "mc --protocol docs/faithfulness/v3/masking/protocol.json --model {m} --out docs/faithfulness/v3/masking/{m}-mc --resume",
 ]
+# protocol 4 (docs/faithfulness/v4/PROTOCOL.md): scripts, each re-summarising its stored rows
+SCRIPT_RUNS = [
+    "scripts/protocol4.py beyond-norm --model {m} --out docs/faithfulness/v4/{m}-beyond-norm --overwrite",
+    "scripts/protocol4.py addendum-correction --model {m} --out docs/faithfulness/v4/{m}-addendum-correction --overwrite",
+    "scripts/protocol4.py matched-masking --model {m} --out docs/faithfulness/v4/{m}-masking --resume",
+]
+# the stability of every verdict (docs/stability/PROTOCOL.md), after the runs it reads
+AFTER = [
+    "-m geolens.stability --out docs/stability/results --again",
+    "-m geolens.stability --out docs/stability/results --render",
+]
 MODELS = ("smollm2-135m", "gemma3-270m")
 TIMING = {"seconds", "completed", "erasure_seconds", "stage_seconds", "versions", "commands"}
 # where and with what the re-summary ran (issue #46): its commit and working tree, how the registration
@@ -62,6 +73,12 @@ def main() -> int:
                 continue
             print("==", " ".join(argv[2:]), flush=True)
             subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        for run in SCRIPT_RUNS:
+            argv = [sys.executable, *run.format(m=m).split()]
+            print("==", " ".join(argv[1:]), flush=True)
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    for run in AFTER:
+        subprocess.run([sys.executable, *run.split()], check=True, stdout=subprocess.DEVNULL)
     status = subprocess.run(["git", "status", "--short", "docs"], capture_output=True, text=True, check=True).stdout
     bad = 0
     for line in filter(None, status.splitlines()):

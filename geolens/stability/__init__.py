@@ -34,6 +34,14 @@ def label_of(documents: dict | None, layers: dict | None) -> str:
     return "fragile" if any(s < FRAGILE_BELOW for s in shares) else "stable"
 
 
+def _relative(folder) -> str:
+    """The folder as the repository names it (``docs/...``), else as given."""
+    from pathlib import Path
+
+    parts = Path(folder).resolve().parts
+    return "/".join(parts[parts.index("docs") :]) if "docs" in parts else str(folder)
+
+
 def _tally(published: str, verdicts: list[str]) -> dict:
     flips = Counter(v for v in verdicts if v != published)
     kept = len(verdicts) - sum(flips.values())
@@ -69,7 +77,7 @@ def assess(family: Family, progress=print) -> dict:
     return dict(
         family=family.name,
         model=family.model,
-        folder=str(family.folder),
+        folder=_relative(family.folder),
         unit=family.unit,
         n_units=len(family.documents),
         n_layers=None if family.layers is None else len(family.layers),
