@@ -125,6 +125,7 @@ def main(argv=None) -> int:
     protocol = load_protocol(PROTOCOL)
     given = argv if argv is not None else sys.argv[1:]
     command = "python scripts/protocol4.py " + " ".join(a for a in given if a not in ("--overwrite", "--resume"))
+    summary = _header(protocol, args.part, args.model, command)  # the commit and tree before anything is written
     try:
         folder = open_run_folder(
             args.out,
@@ -138,7 +139,6 @@ def main(argv=None) -> int:
         return 2
     out = Path(folder.path)
     start = time.time()
-    summary = _header(protocol, args.part, args.model, command)
     if args.part == "beyond-norm":
         summary.update(beyond_norm(args, protocol))
     elif args.part == "matched-masking":
