@@ -31,7 +31,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from geolens import threads as _threads
 from geolens._version import __version__ as __version__
+
+_threads.prefer_passive_wait()  # before torch loads OpenMP (geolens.threads); no torch import here
 
 # public name -> the module that defines it (the one home of each)
 _PUBLIC = {

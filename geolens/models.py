@@ -265,6 +265,9 @@ def load_model(
     if backend not in ("transformer_lens", "hf"):
         raise ValueError(f"backend must be 'transformer_lens' or 'hf', got {backend!r}")
     dtype = model_dtype(dtype)
+    from geolens.threads import apply
+
+    apply()  # torch's threads follow the free cores (geolens.threads; GEOLENS_THREADS overrides)
     if backend == "hf":
         if (n_devices or 1) > 1:
             raise ValueError(

@@ -52,12 +52,14 @@ TIMING = {"seconds", "completed", "erasure_seconds", "stage_seconds", "versions"
 # where and with what the re-summary ran (issue #46): its commit and working tree, how the registration
 # was confirmed, the writer of a rewritten checkpoint, the geolens versions a resume crossed
 PROVENANCE = {"run_commit", "working_tree", "registered_commit", "checked_against", "writer", "resumed_across_versions"}
+# added to a published summary by a later analysis, not by its command (geolens.stability --annotate)
+ADDED_LATER = {"stability"}
 RECOMPUTED = ("induction_check", "induction.csv", "README.md")  # flow: recomputed by forward passes
 
 
 def strip(x):
     if isinstance(x, dict):
-        return {k: strip(v) for k, v in x.items() if k not in TIMING | PROVENANCE and k != "records"}
+        return {k: strip(v) for k, v in x.items() if k not in TIMING | PROVENANCE | ADDED_LATER and k != "records"}
     if isinstance(x, list):
         return [strip(v) for v in x]
     return x

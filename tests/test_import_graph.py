@@ -50,6 +50,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "claims",
         "resume",
         "preregistration",
+        "threads",
     ),
     "topics": (
         "interventions",

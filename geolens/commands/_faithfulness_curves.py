@@ -155,8 +155,9 @@ def run_curves(args) -> int:
     from geolens.models import load_model
 
     torch.set_grad_enabled(False)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(args.threads or None)  # --threads, else GEOLENS_THREADS, else the free cores
     model = load_model(model_name)
     protocol = MaskingConfig(
         layers=parse_layers(args.layers, model.cfg.n_layers),

@@ -64,8 +64,9 @@ def run_preregistered(args) -> int:
     from geolens.pipelines.faithfulness_text import masking_markdown, per_term_text, protocol_markdown
 
     torch.set_grad_enabled(False)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(args.threads or None)  # --threads, else GEOLENS_THREADS, else the free cores
     model = load_model(model_name)
     if data.get("model_mode") and model_mode(model) != data["model_mode"]:
         differences.append(f"model mode {model_mode(model)}, not {data['model_mode']}")

@@ -251,16 +251,18 @@ BACKENDS = {"tl": "transformer_lens", "hf": "hf"}
 
 
 def load_run_model(args, name: str):
-    """The model of a run, ``name`` checked by :func:`check_model_name`: autograd off, ``--threads``
-    applied (when the command has it and it is not 0), then :func:`geolens.models.load_model`
+    """The model of a run, ``name`` checked by :func:`check_model_name`: autograd off, the thread
+    count of :func:`geolens.threads.apply` (``--threads`` when the command has it and it is not 0,
+    else ``GEOLENS_THREADS``, else the free cores), then :func:`geolens.models.load_model`
     (looked up now: tests replace it) with ``--compat``."""
     import torch
 
     from geolens import models
 
     torch.set_grad_enabled(False)
-    if getattr(args, "threads", 0):
-        torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(getattr(args, "threads", 0) or None)  # --threads, else GEOLENS_THREADS, else the free cores
     return models.load_model(name, compatibility_mode=args.compat)
 
 
@@ -376,7 +378,7 @@ RUN_OPTIONS: dict[str, dict] = {
     "n_sequences": dict(type=positive_int, help="corpus windows"),
     "seq_len": dict(type=seq_len_int, help="tokens per window, BOS included"),
     "batch_size": dict(type=positive_int, help="sequences per forward pass"),
-    "threads": dict(type=non_negative_int, help="torch threads (0: torch's default)"),
+    "threads": dict(type=non_negative_int, help="torch threads (0: GEOLENS_THREADS, else the free cores)"),
 }
 
 

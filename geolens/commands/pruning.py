@@ -33,8 +33,9 @@ def run(args) -> int:
     retention = tuple(args.retention) if args.retention else RETENTION
     seeds = tuple(args.seeds)
     torch.set_grad_enabled(False)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(args.threads or None)  # --threads, else GEOLENS_THREADS, else the free cores
     model = load_model(model_name)
     cfg = model.cfg
     n_eval, n_ref = args.n_sequences, args.ref_sequences

@@ -198,6 +198,9 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
         sections.append(section)
     mark_sample_sizes(sections, int(corpus.shape[0]))
     params = asdict(config)
+    from geolens.threads import policy
+
+    params["threads"] = policy()  # torch's threads, where the count came from, OpenMP's wait policy, the load
     params["corpus_pass_seconds"] = round(corpus_seconds, 2)
     params["report_seconds"] = round(time.perf_counter() - began, 2)  # the corpus pass and every section
     params["n_sequences"], params["seq_len"] = int(corpus.shape[0]), int(tokens.shape[1])

@@ -2,10 +2,12 @@
 
     python -m geolens.stability --out docs/stability/results [--model M] [--family NAME]
     python -m geolens.stability --out docs/stability/results --render
+    python -m geolens.stability --out docs/stability/results --annotate
 
 Each (family, model) is written to ``OUT/<model>/<family>.json`` as it finishes (a second
 invocation skips those already there unless ``--again``); ``--render`` writes ``OUT/stability.json``
-and ``OUT/README.md`` from them. Re-analysis of stored rows only: no model is loaded.
+and ``OUT/README.md`` from them; ``--annotate`` adds each family's labels to its results file
+(:func:`annotate`). Re-analysis of stored rows only: no model is loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,60 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+SUMMARY_FILES = ("summary.json", "controls_summary.json", "corrected_family.json")
+
+
+def annotate(combined: dict, root: Path) -> list[Path]:
+    """Add to each family's results file (its folder's ``summary.json``, ``controls_summary.json``
+    or, for the corrected addendum family, protocol 4's ``corrected_family.json``) a ``stability``
+    entry keyed by the family's name: each test's verdict, the shares kept and its label. The
+    published numbers are left as they are; the folder's manifest gets the file's new size and
+    SHA-256 (refused, and nothing written, for a folder whose manifest does not vouch for its files)."""
+    import hashlib
+
+    from geolens.checkpoint import atomic_write_bytes
+
+    changed = []
+    for family in combined["families"]:
+        folder = root / family["folder"]
+        if "corrected" in family["family"]:
+            folder = root / "docs" / "faithfulness" / "v4" / f"{family['model']}-addendum-correction"
+        name = next((n for n in SUMMARY_FILES if (folder / n).is_file()), None)
+        if name is None:
+            raise SystemExit(f"error: no summary file in {folder}")
+        manifest_path = folder / "manifest.json"
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
+        if manifest is not None:
+            for entry_name, entry in manifest["files"].items():
+                if hashlib.sha256((folder / entry_name).read_bytes()).hexdigest() != entry["sha256"]:
+                    raise SystemExit(
+                        f"error: {folder / entry_name} is not the file its manifest lists; nothing annotated"
+                    )
+        summary = json.loads((folder / name).read_text(encoding="utf-8"))
+        summary.setdefault("stability", {})[family["family"]] = dict(
+            plan="docs/stability/PROTOCOL.md",
+            results="docs/stability/results/stability.json",
+            fragile_below=combined["fragile_below"],
+            tests=[
+                dict(
+                    test=t["test"],
+                    verdict=t["verdict"],
+                    documents_kept=None if t["label"] is None else t["documents"]["share"],
+                    layers_kept=None if t["label"] is None or t["layers"] is None else t["layers"]["share"],
+                    label=t["label"],
+                )
+                for t in family["tests"]
+            ],
+        )
+        data = (json.dumps(summary, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+        atomic_write_bytes(folder / name, data)
+        if manifest is not None and name in manifest["files"]:
+            manifest["files"][name] = dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+            atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        changed.append(folder / name)
+    return changed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m geolens.stability", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -40,7 +96,20 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--render", action="store_true", help="combine the families written into stability.json and README.md"
     )
+    parser.add_argument(
+        "--annotate",
+        action="store_true",
+        help="add each family's labels to its result folder's summary (after --render)",
+    )
     args = parser.parse_args(argv)
+    if args.annotate:
+        path = args.out / "stability.json"
+        if not path.is_file():
+            print(f"error: {path} is missing: run --render first", file=sys.stderr)
+            return 2
+        changed = annotate(json.loads(path.read_text(encoding="utf-8")), DOCS.parent)
+        print(f"stability: labels added to {len(changed)} summaries")
+        return 0
     if args.render:
         results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(args.out.glob("*/*.json"))]
         if not results:

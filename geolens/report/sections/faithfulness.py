@@ -103,7 +103,21 @@ def published(model_name: str, root: Path = PUBLISHED) -> dict | None:
         n_documents=int(part["n_documents"]),
         metrics={m["metric"]: dict(mean=m["mean"], ci_low=m["ci_low"], ci_high=m["ci_high"]) for m in nc["metrics"]},
         claimed_order_beyond_norm=nc.get("claimed_order_beyond_norm"),
+        stability=published_stability("protocol 3 per-term", model_name, root.parents[1] / "stability" / "results"),
     )
+
+
+def published_stability(family: str, model_name: str, results: Path) -> dict | None:
+    """The leave-one-out stability of a published family (``docs/stability/results/stability.json``,
+    :mod:`geolens.stability`): its number of verdicts and the fragile ones, None without the file."""
+    path = results / "stability.json"
+    if not path.is_file():
+        return None
+    for entry in json.loads(path.read_text(encoding="utf-8"))["families"]:
+        if entry["family"] == family and entry["model"] == model_name:
+            fragile = [t["test"] for t in entry["tests"] if t["label"] == "fragile"]
+            return dict(n_tests=int(entry["n_tests"]), fragile=fragile)
+    return None
 
 
 def published_text(pub: dict | None) -> str:
@@ -122,6 +136,18 @@ def published_text(pub: dict | None) -> str:
         f"of c {ci('contribution')}, of |c| {ci('contribution_abs')}, of gradient × activation {ci('grad_x_act')}, "
         f"of raw attention {ci('raw_attention')}; the claimed order beyond the norm: "
         f"{pub['claimed_order_beyond_norm']}. Those numbers are the published run's, not this report's."
+        + _stability_text(pub.get("stability"))
+    )
+
+
+def _stability_text(stab: dict | None) -> str:
+    if stab is None:
+        return ""
+    if not stab["fragile"]:
+        return f" Each of its {stab['n_tests']} Holm verdicts survives leaving out any one document or layer (docs/stability)."
+    return (
+        f" {len(stab['fragile'])} of its {stab['n_tests']} Holm verdicts are fragile, changing when one document or one "
+        f"layer is left out (docs/stability): {'; '.join(stab['fragile'])}."
     )
 
 

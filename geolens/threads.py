@@ -1,0 +1,137 @@
+"""Threads on a shared machine: OpenMP's passive wait and a thread count that follows the free cores.
+
+By default torch runs one thread per core and OpenMP makes idle threads spin (its *active* wait
+policy). Beside other busy processes that is the worst case: the spinning threads burn the cores
+the other jobs need, and every parallel region waits for a thread that is not scheduled. geolens
+therefore, unless told otherwise:
+
+- sets ``OMP_WAIT_POLICY=PASSIVE`` when ``import geolens`` comes before torch's (:func:`prefer_passive_wait`;
+  OpenMP reads it once, when torch loads it, so a torch imported earlier keeps its policy);
+- uses as many threads as there are free cores, the cores this process may run on
+  (``os.sched_getaffinity``) minus the one-minute load average, at least 1 (:func:`free_cores`), when
+  a model is loaded (:func:`geolens.models.load_model`) and a command starts.
+
+Overrides, strongest first: a command's ``--threads N``; ``GEOLENS_THREADS=N`` in the environment;
+``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment; a ``torch.set_num_threads`` of your
+own after the first model is loaded (geolens then leaves the count alone); ``OMP_WAIT_POLICY`` set
+in the environment. :func:`policy` says what is in force, and the report
+records it in ``report.json`` (``params.threads``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "GEOLENS_THREADS"
+_state: dict = {"passive_set_by_geolens": False, "applied": None}
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def load_average() -> float:
+    """The one-minute load average (0.0 where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def free_cores(n_cores: int | None = None, load: float | None = None) -> int:
+    """The cores not taken by other work: ``n_cores − load``, rounded, between 1 and ``n_cores``.
+
+    >>> free_cores(2, 0.1), free_cores(2, 3.0), free_cores(16, 5.4)
+    (2, 1, 11)
+    """
+    n = cores() if n_cores is None else int(n_cores)
+    busy = load_average() if load is None else float(load)
+    return max(1, min(n, int(n - busy + 0.5)))
+
+
+def prefer_passive_wait() -> bool:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` when neither the environment nor an imported torch has
+    decided the policy; True when this call set it."""
+    if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    _state["passive_set_by_geolens"] = True
+    return True
+
+
+def _env_threads() -> int | None:
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        from geolens.errors import UsageError
+
+        raise UsageError(f"{ENV}={value!r}: give a positive number of threads")
+    return int(value)
+
+
+def choose(explicit: int | None = None) -> tuple[int | None, str]:
+    """``(threads, source)``: ``explicit`` (a command's ``--threads``), else ``GEOLENS_THREADS``, else
+    the free cores; ``(None, "yours")`` when torch's count was already changed by the caller.
+
+    >>> choose(3)
+    (3, '--threads')
+    """
+    if explicit:
+        return int(explicit), "--threads"
+    env = _env_threads()
+    if env is not None:
+        return env, ENV
+    import torch
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(name, "").strip():
+            return None, name  # the environment decided torch's count
+    applied = _state["applied"]
+    if applied is not None:
+        if torch.get_num_threads() != applied["threads"]:
+            return None, "yours"  # torch.set_num_threads was called after geolens set the count
+        if applied["source"] == "--threads":  # a command's explicit count holds for its whole run
+            return applied["threads"], "--threads"
+    return free_cores(), "free cores"
+
+
+def apply(explicit: int | None = None) -> dict:
+    """Set torch's thread count by :func:`choose` and return :func:`policy`."""
+    import torch
+
+    n, source = choose(explicit)
+    if n is not None:
+        torch.set_num_threads(n)
+        _state["applied"] = dict(threads=n, source=source)
+    return policy(source)
+
+
+def policy(source: str | None = None) -> dict:
+    """What is in force: torch's threads and where that count came from, the OpenMP wait policy, the
+    cores and the load average when it was read.
+
+    >>> sorted(policy())
+    ['cores', 'load_average', 'source', 'threads', 'wait_policy']
+    """
+    import torch
+
+    wait = os.environ.get("OMP_WAIT_POLICY", "").upper() or "ACTIVE (OpenMP's default)"
+    if _state["passive_set_by_geolens"]:
+        wait += " (set by geolens)"
+    applied = _state["applied"] or {}
+    return dict(
+        threads=int(torch.get_num_threads()),
+        source=source or applied.get("source", "torch's default"),
+        wait_policy=wait,
+        cores=cores(),
+        load_average=round(load_average(), 2),
+    )
+
+
+__all__ = ["ENV", "apply", "choose", "cores", "free_cores", "load_average", "policy", "prefer_passive_wait"]

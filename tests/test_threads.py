@@ -1,0 +1,77 @@
+"""Threads on a shared machine (geolens.threads): the free-core rule, the order of the overrides,
+the passive wait set only before torch loads, and the policy recorded. Run in subprocesses where
+the environment or torch's import order matters, so that the test process keeps its own setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from geolens import threads
+
+
+def _run(code: str, **env) -> dict:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "GEOLENS_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    }
+    environ.update(env)
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_free_cores_subtracts_the_load_and_keeps_at_least_one():
+    assert threads.free_cores(2, 0.0) == 2
+    assert threads.free_cores(2, 0.6) == 1  # 1.4 rounds to 1
+    assert threads.free_cores(2, 3.0) == 1
+    assert threads.free_cores(4, 1.4) == 3
+    assert threads.free_cores(4, -1.0) == 4  # never more than the cores
+
+
+def test_passive_wait_is_set_before_torch_only_and_never_over_the_environment():
+    code = "import json, os, geolens, torch; print(json.dumps(dict(w=os.environ.get('OMP_WAIT_POLICY'), p=geolens.threads.policy()['wait_policy'])))"
+    assert _run(code) == dict(w="PASSIVE", p="PASSIVE (set by geolens)")
+    assert _run(code, OMP_WAIT_POLICY="active")["w"] == "active"
+    after = "import json, os, torch, geolens; print(json.dumps(dict(w=os.environ.get('OMP_WAIT_POLICY'))))"
+    assert _run(after) == dict(w=None)  # torch came first: its OpenMP policy is decided
+
+
+def test_the_overrides_in_order():
+    explicit = (
+        "import json, geolens.threads as t; t.free_cores = lambda *a: 1; a = t.apply(3); b = t.apply(); "
+        "print(json.dumps([a['threads'], a['source'], b['threads'], b['source']]))"
+    )
+    assert _run(explicit) == [3, "--threads", 3, "--threads"]  # a command's --threads holds for its run
+    free = (
+        "import json, torch, geolens.threads as t; t.free_cores = lambda *a: 1; "
+        "b = t.apply(); torch.set_num_threads(2); c = t.apply(); "
+        "print(json.dumps([b['threads'], b['source'], c['threads'], c['source']]))"
+    )
+    assert _run(free) == [1, "free cores", 2, "yours"]  # your own count, set after geolens's, is kept
+    assert _run(free, GEOLENS_THREADS="2")[:2] == [2, "GEOLENS_THREADS"]
+    assert _run(free, OMP_NUM_THREADS="1")[1] == "OMP_NUM_THREADS"
+
+
+def test_a_bad_geolens_threads_is_one_line():
+    from geolens.errors import UsageError
+
+    os.environ[threads.ENV] = "two"
+    try:
+        with pytest.raises(UsageError, match="GEOLENS_THREADS='two'"):
+            threads.choose()
+    finally:
+        del os.environ[threads.ENV]
+
+
+def test_load_model_applies_the_policy():
+    code = (
+        "import json, geolens, geolens.threads as t; t.free_cores = lambda *a: 1; "
+        "geolens.load_model('tiny-gqa'); import torch; print(json.dumps([torch.get_num_threads(), t.policy()['source']]))"
+    )
+    assert _run(code) == [1, "free cores"]
