@@ -135,6 +135,33 @@ def resample_means(x, indices, *, omit_nan: bool = False) -> np.ndarray:
     return np.stack([mean(x[np.asarray(i)], axis=0) for i in indices])
 
 
+def cluster_resample_means(x, groups, n_boot: int, seed: Seed = 0, *, omit_nan: bool = False) -> np.ndarray:
+    """:func:`resample_means` over the resamples of :func:`cluster_bootstrap_indices` (the same
+    draws of clusters), computed from per-cluster sums and counts: ``[n_boot]`` for ``x`` ``[n]``.
+    Equal to ``resample_means(x, cluster_bootstrap_indices(groups, n_boot, seed), omit_nan=...)``
+    up to the order of float summation, in a fraction of its time (one matrix product).
+
+    >>> x, g = np.array([1.0, 3.0, 10.0, np.nan]), ["a", "a", "b", "b"]
+    >>> slow = resample_means(x, cluster_bootstrap_indices(g, 50, seed=1), omit_nan=True)
+    >>> bool(np.allclose(cluster_resample_means(x, g, 50, seed=1, omit_nan=True), slow))
+    True
+    """
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    codes, members = _cluster_codes(groups)
+    if codes.size != x.size:
+        raise ValueError(f"groups must label every row: {codes.size} labels for {x.size} rows")
+    draws = bootstrap_indices(len(members), n_boot, seed)  # [n_boot, G], as cluster_bootstrap_indices
+    counts = np.zeros((draws.shape[0], len(members)))
+    np.add.at(counts, (np.arange(draws.shape[0])[:, None], draws), 1.0)
+    finite = ~np.isnan(x) if omit_nan else np.ones(x.size, dtype=bool)
+    sums = np.bincount(codes, weights=np.where(finite, x, 0.0), minlength=len(members))
+    sizes = np.bincount(codes, weights=finite.astype(np.float64), minlength=len(members))
+    if not omit_nan and np.isnan(x).any():
+        return np.full(draws.shape[0], np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (counts @ sums) / (counts @ sizes)
+
+
 def _nanmean(x, axis):
     """``np.nanmean`` without its warning for an all-NaN slice (NaN there)."""
     with warnings.catch_warnings():
@@ -433,6 +460,7 @@ __all__ = [
     "bootstrap_indices",
     "bootstrap_pvalue",
     "cluster_bootstrap_indices",
+    "cluster_resample_means",
     "holm",
     "holm_family",
     "mean_ci",
