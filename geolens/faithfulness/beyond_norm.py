@@ -109,14 +109,14 @@ def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: fl
     per_position = groups.groupby(["document", "position"])[metrics + sanity + ["slope", "r2"]].mean()
     documents = per_position.index.get_level_values("document").to_numpy()
 
-    def boot(v: np.ndarray) -> np.ndarray:  # document-cluster resamples, the same draws for every metric
+    def resampled(v: np.ndarray) -> np.ndarray:  # document-cluster resamples, the same draws for every metric
         return cluster_resample_means(v, documents, n_boot, seed, omit_nan=True)
 
     def values(m: str) -> np.ndarray:
         return per_position[m].to_numpy()
 
     def interval(v: np.ndarray) -> dict:
-        lo, hi = percentile_ci(boot(v), 0.95, omit_nan=True)
+        lo, hi = percentile_ci(resampled(v), 0.95, omit_nan=True)
         return dict(mean=float(np.nanmean(v)), ci_low=float(lo), ci_high=float(hi))
 
     tests, diffs = [], []
@@ -127,7 +127,7 @@ def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: fl
         if a in metrics and b in metrics:
             tests.append(dict(kind="pair", a=a, b=b))
             diffs.append(values(b) - values(a))
-    decided = holm_family([np.nanmean(d) for d in diffs], [boot(d) for d in diffs], alpha=alpha)
+    decided = holm_family([np.nanmean(d) for d in diffs], [resampled(d) for d in diffs], alpha=alpha)
     n_positions, n_documents = len(per_position), len(set(documents))
     tests = [
         {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in dict(t, **r._asdict()).items()}

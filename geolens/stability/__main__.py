@@ -6,7 +6,7 @@
 
 Each (family, model) is written to ``OUT/<model>/<family>.json`` as it finishes (a second
 invocation skips those already there unless ``--again``); ``--render`` writes ``OUT/stability.json``
-and ``OUT/README.md`` from them; ``--annotate`` adds each family's labels to its results file
+and ``OUT/README.md`` from them, and refills the stability paragraphs of ``docs/results.md``; ``--annotate`` adds each family's labels to its results file
 (:func:`annotate`). Re-analysis of stored rows only: no model is loaded.
 """
 
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from geolens.stability import assess, published_families
-from geolens.stability.report import render
+from geolens.stability.report import fill_markers, render
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -120,6 +120,9 @@ def main(argv=None) -> int:
             json.dumps(combined, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
         )
         (args.out / "README.md").write_text(text, encoding="utf-8")
+        results_md = DOCS / "results.md"
+        if results_md.is_file():  # the paragraphs beside each family's verdicts
+            results_md.write_text(fill_markers(results_md.read_text(encoding="utf-8"), combined), encoding="utf-8")
         print(f"stability: {len(results)} families rendered into {args.out}")
         return 0
     models = tuple(args.model or ("smollm2-135m", "gemma3-270m"))

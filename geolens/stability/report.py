@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def _share(part) -> str:
     if part is None:
@@ -62,4 +64,42 @@ def render(results: list[dict]) -> tuple[dict, str]:
     return combined, "\n".join(lines)
 
 
-__all__ = ["render"]
+MARKER = re.compile(r"(<!-- stability: (?P<family>[^>]+?) -->\n)(?P<body>.*?)(<!-- /stability -->)", re.S)
+MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma3-270m": "Gemma 3 270M"}
+
+
+def stability_paragraph(combined: dict, family: str) -> str:
+    """One paragraph on ``family``'s stability for each model: how many verdicts are fragile, and
+    each fragile one with the shares kept and what it flips to."""
+    parts = []
+    for entry in combined["families"]:
+        if entry["family"] != family:
+            continue
+        model = MODEL_NAMES.get(entry["model"], entry["model"])
+        fragile = [t for t in entry["tests"] if t["label"] == "fragile"]
+        if not fragile:
+            parts.append(f"on {model}, all {entry['n_tests']} verdicts are stable")
+            continue
+        items = []
+        for t in fragile:
+            kept = [f"{t['documents']['kept']}/{t['documents']['n']} {entry['unit']} leave-outs"]
+            if t["layers"] is not None:
+                kept.append(f"{t['layers']['kept']}/{t['layers']['n']} layer leave-outs")
+            flips = sorted({v for part in (t["documents"], t["layers"]) if part for v in part["flips"]})
+            items.append(f"{t['test']} ({t['verdict']}; kept in {' and '.join(kept)}; else {', '.join(flips)})")
+        parts.append(f"on {model}, {len(fragile)} of {entry['n_tests']} verdicts are fragile: " + "; ".join(items))
+    if not parts:
+        return ""
+    return (
+        "**Stability** (one document or one layer left out, [registered plan](stability/PROTOCOL.md), "
+        "[all families](stability/results/README.md)): " + "; ".join(parts) + ".\n"
+    )
+
+
+def fill_markers(text: str, combined: dict) -> str:
+    """``text`` with each ``<!-- stability: FAMILY -->`` … ``<!-- /stability -->`` block refilled
+    by :func:`stability_paragraph` (docs/results.md carries them beside each family's verdicts)."""
+    return MARKER.sub(lambda m: m.group(1) + stability_paragraph(combined, m.group("family")) + m.group(4), text)
+
+
+__all__ = ["fill_markers", "render", "stability_paragraph"]

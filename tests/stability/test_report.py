@@ -40,3 +40,18 @@ def test_the_table_prints_kept_shares_flips_and_labels():
     assert "| holds | 34/100 (→ tie 66) | n/a | **fragile** |" in text
     assert "layers: not applicable (no layer)" in text and "| x → y | not testable | – | – | – |" in text
     assert "1 of 2 verdicts in 2 families are fragile" in text
+
+
+def test_the_results_page_paragraphs_are_refilled_between_their_markers():
+    from geolens.stability.report import fill_markers
+
+    combined, _ = render([_result("fragile")])
+    text = "before\n<!-- stability: f -->\nold text\n<!-- /stability -->\nafter\n<!-- stability: other -->\n<!-- /stability -->\n"
+    out = fill_markers(text, combined)
+    assert out.startswith("before\n<!-- stability: f -->\n**Stability**") and "old text" not in out
+    assert (
+        "on m, 1 of 1 verdicts are fragile: comprehensiveness: raw_attention → contribution (holds; kept in 34/100"
+        in out
+    )
+    assert "else tie" in out and out.endswith("<!-- stability: other -->\n<!-- /stability -->\n")
+    assert fill_markers(out, combined) == out  # refilling is idempotent
