@@ -133,3 +133,17 @@ def test_published_run_is_quoted_only_for_the_protocols_models(tmp_path):
         assert f"n = {saved['n_positions']} positions of {saved['n_documents']}" in text
     assert published("tiny-gqa") is None and published("smollm2-135m", root=tmp_path) is None
     assert published_text(None) == ""
+
+
+def test_the_quoted_run_names_its_fragile_verdicts():
+    """The quote of the published protocol-3 run says which of its Holm verdicts are fragile under
+    the leave-one-out analysis (docs/stability/results/stability.json), and how many are stable."""
+    from geolens.report.sections.faithfulness import published, published_text
+
+    pub = published("smollm2-135m")
+    assert pub["stability"]["n_tests"] == 9
+    assert "per_term_norm_controlled: contribution → contribution_abs" in pub["stability"]["fragile"]
+    text = published_text(pub)
+    assert "2 of its 9 Holm verdicts are fragile" in text and "contribution → contribution_abs" in text
+    stable = published_text(dict(pub, stability=dict(n_tests=9, fragile=[])))
+    assert "Each of its 9 Holm verdicts survives leaving out any one document or layer" in stable
