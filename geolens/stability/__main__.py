@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from geolens.stability import assess, published_families
+from geolens.stability import _relative, assess, published_families
 from geolens.stability.report import fill_markers, render
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -41,14 +41,14 @@ def annotate(combined: dict, root: Path) -> list[Path]:
     or, for the corrected addendum family, protocol 4's ``corrected_family.json``) a ``stability``
     entry keyed by the family's name: each test's verdict, the shares kept and its label. The
     published numbers are left as they are; the folder's manifest gets the file's new size and
-    SHA-256 (refused, and nothing written, for a folder whose manifest does not vouch for its files)."""
+    SHA-256 (refused for a results file that is not the one its manifest lists)."""
     import hashlib
 
     from geolens.checkpoint import atomic_write_bytes
 
     changed = []
     for family in combined["families"]:
-        folder = root / family["folder"]
+        folder = root / _relative(family["folder"])
         if "corrected" in family["family"]:
             folder = root / "docs" / "faithfulness" / "v4" / f"{family['model']}-addendum-correction"
         name = next((n for n in SUMMARY_FILES if (folder / n).is_file()), None)
@@ -56,12 +56,9 @@ def annotate(combined: dict, root: Path) -> list[Path]:
             raise SystemExit(f"error: no summary file in {folder}")
         manifest_path = folder / "manifest.json"
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
-        if manifest is not None:
-            for entry_name, entry in manifest["files"].items():
-                if hashlib.sha256((folder / entry_name).read_bytes()).hexdigest() != entry["sha256"]:
-                    raise SystemExit(
-                        f"error: {folder / entry_name} is not the file its manifest lists; nothing annotated"
-                    )
+        entry = None if manifest is None else manifest["files"].get(name)
+        if entry is not None and hashlib.sha256((folder / name).read_bytes()).hexdigest() != entry["sha256"]:
+            raise SystemExit(f"error: {folder / name} is not the file its manifest lists; nothing annotated there")
         summary = json.loads((folder / name).read_text(encoding="utf-8"))
         summary.setdefault("stability", {})[family["family"]] = dict(
             plan="docs/stability/PROTOCOL.md",

@@ -79,3 +79,32 @@ def test_every_published_family_recomputes_to_its_published_verdicts():
         got = {key_of(t): t["verdict"] for t in family.compute()}
         want = {key_of(t): t["verdict"] for t in family.published}
         assert got == want, f"{family.name}, {family.model}"
+
+
+def test_annotate_adds_the_labels_and_keeps_the_manifest_true(tmp_path):
+    import hashlib
+    import json
+
+    from geolens.run_folder import manifest_problems
+    from geolens.stability.__main__ import annotate
+
+    folder = tmp_path / "docs" / "flow" / "m"
+    folder.mkdir(parents=True)
+    data = json.dumps({"pairs": [{"a": "x", "b": "y", "verdict": "holds", "delta": 0.25}]}).encode()
+    (folder / "summary.json").write_bytes(data)
+    files = {"summary.json": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+    (folder / "manifest.json").write_text(json.dumps({"command": "c", "files": files}))
+    test = dict(test="x → y", verdict="holds", label="fragile", documents=dict(share=0.5), layers=None)
+    combined = dict(
+        fragile_below=0.95, families=[dict(family="flow v1", model="m", folder="docs/flow/m", tests=[test])]
+    )
+    annotate(combined, tmp_path)
+    out = json.loads((folder / "summary.json").read_text())
+    assert out["pairs"][0]["delta"] == 0.25  # the published numbers as they were
+    assert out["stability"]["flow v1"]["tests"] == [
+        dict(test="x → y", verdict="holds", documents_kept=0.5, layers_kept=None, label="fragile")
+    ]
+    assert manifest_problems(folder) == []
+    (folder / "summary.json").write_text("{}")  # not the file the manifest lists: refused
+    with pytest.raises(SystemExit, match="not the file its manifest lists"):
+        annotate(combined, tmp_path)
