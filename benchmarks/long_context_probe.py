@@ -40,7 +40,9 @@ def measure_in_subprocess(length: int, budget: int, *, timeout: float | None = N
 
 
 def main() -> None:
-    torch.set_num_threads(1)
+    from geolens.threads import apply
+
+    apply(1)  # kept when a model loads (geolens.threads)
     B, H, Q, D, M = 1, 4, int(sys.argv[1]), 8, 32
     g = torch.Generator().manual_seed(0)
     pattern = torch.softmax(torch.randn(B, H, Q, Q, generator=g).tril_() + torch.triu(torch.full((Q, Q), -1e9), 1), -1)

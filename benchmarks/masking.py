@@ -153,7 +153,9 @@ def main() -> int:
     from geolens.faithfulness.layer_masking import masked_outcomes, scored_positions
 
     torch.set_grad_enabled(False)
-    torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(args.threads)  # kept when a model loads (geolens.threads)
     protocol = json.loads(PROTOCOL.read_text(encoding="utf-8"))
     if args.tiny:
         from geolens.testing import tiny_bridge, tiny_tokens

@@ -493,8 +493,9 @@ def main() -> int:
     import torch
 
     import geolens  # noqa: F401  (the import check: everything below needs it)
+    from geolens.threads import apply
 
-    torch.set_num_threads(args.threads)
+    apply(args.threads)  # kept when a model loads (geolens.threads)
     if args.smoke:
         from geolens.testing import tiny_bridge, tiny_tokens
 

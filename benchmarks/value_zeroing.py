@@ -57,6 +57,8 @@ from pathlib import Path
 
 from _common import require, smoke_folder  # benchmarks/_common.py
 
+from geolens import threads as geolens_threads
+
 CHECKPOINT = Path(os.environ.get("GEOLENS_CACHE", Path.home() / ".cache" / "geolens")) / "models" / "smollm2-135m-f32"
 
 
@@ -107,7 +109,7 @@ def child_geolens(args) -> None:
     import torch
 
     torch.set_grad_enabled(False)
-    torch.set_num_threads(args.threads)
+    geolens_threads.apply(args.threads)  # kept when a model loads (geolens.threads)
     import geolens
     from geolens.data import load_corpus
     from geolens.models import load_model
@@ -132,7 +134,7 @@ def child_inseq(args) -> None:
     import torch
 
     torch.set_grad_enabled(False)
-    torch.set_num_threads(args.threads)
+    geolens_threads.apply(args.threads)  # kept when a model loads (geolens.threads)
     import inseq
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -177,7 +179,7 @@ def child_reference(args) -> None:
     import torch
 
     torch.set_grad_enabled(False)
-    torch.set_num_threads(args.threads)
+    geolens_threads.apply(args.threads)  # kept when a model loads (geolens.threads)
     import geolens
     from geolens.models import load_model
 

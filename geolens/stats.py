@@ -150,14 +150,14 @@ def cluster_resample_means(x, groups, n_boot: int, seed: Seed = 0, *, omit_nan: 
     codes, members = _cluster_codes(groups)
     if codes.size != x.size:
         raise ValueError(f"groups must label every row: {codes.size} labels for {x.size} rows")
+    if np.isinf(x).any() or (not omit_nan and np.isnan(x).any()):  # the exact semantics, the slow way
+        return resample_means(x, cluster_bootstrap_indices(groups, n_boot, seed), omit_nan=omit_nan)
     draws = bootstrap_indices(len(members), n_boot, seed)  # [n_boot, G], as cluster_bootstrap_indices
     counts = np.zeros((draws.shape[0], len(members)))
     np.add.at(counts, (np.arange(draws.shape[0])[:, None], draws), 1.0)
     finite = ~np.isnan(x) if omit_nan else np.ones(x.size, dtype=bool)
     sums = np.bincount(codes, weights=np.where(finite, x, 0.0), minlength=len(members))
     sizes = np.bincount(codes, weights=finite.astype(np.float64), minlength=len(members))
-    if not omit_nan and np.isnan(x).any():
-        return np.full(draws.shape[0], np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (counts @ sums) / (counts @ sizes)
 

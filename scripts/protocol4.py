@@ -79,10 +79,14 @@ def matched_masking(args, protocol, out: Path) -> dict:
     from geolens.resume import run_document_stage
 
     section = protocol["matched_masking"]
-    torch.set_num_threads(int(section["threads"]))
+    from geolens.threads import apply
+
+    apply(int(section["threads"]))  # the registered count, kept by load_model (geolens.threads)
     torch.set_grad_enabled(False)
     stored = pd.read_csv(_check_source(section["stored_rows"][args.model]))
     model = geolens.load_model(args.model)
+    if torch.get_num_threads() != int(section["threads"]):
+        raise SystemExit(f"error: the run needs {section['threads']} torch thread(s), got {torch.get_num_threads()}")
     addendum = load_protocol(ROOT / section["addendum"])
     windows, _ = protocol_windows(model, addendum, load_corpus("lee"))
     n = int(section["n_documents"]) if args.n_documents is None else int(args.n_documents)
@@ -103,7 +107,7 @@ def addendum_correction(args, protocol) -> dict:
     from geolens.faithfulness.matched_summary import corrected_addendum_family
 
     folder = ADDENDUM / args.model
-    rows = pd.read_csv(folder / "masking_rows.csv.gz")
+    rows = pd.read_csv(_check_source(protocol["matched_masking"]["stored_rows"][args.model]))
     published = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     return corrected_addendum_family(rows, published, protocol.settings)
 

@@ -83,7 +83,6 @@ def headline(res: dict, regime: dict) -> dict:
 
 def run(args) -> int:
     import numpy as np
-    import torch
 
     from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.commands._options import corpus_windows as windows
@@ -99,8 +98,9 @@ def run(args) -> int:
         check_corpus(corpus, "--corpora")
     if args.nstar_sequences > 0:
         check_corpus(args.nstar_corpus, "--nstar-corpus")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(args.threads or None)  # --threads, else GEOLENS_THREADS, else the free cores
     t0 = time.time()
     model = load_model(model_name)
     summary = {

@@ -22,7 +22,6 @@ import time
 
 
 def run(args) -> int:
-    import torch
 
     from geolens.commands._options import check_corpus, check_model_name, out_folder
     from geolens.commands._options import corpus_windows as windows
@@ -37,8 +36,9 @@ def run(args) -> int:
     out = out_folder(args, "taxonomy")  # a later usage error removes it again
     for corpus in args.corpora:
         check_corpus(corpus, "--corpora")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from geolens.threads import apply
+
+    apply(args.threads or None)  # --threads, else GEOLENS_THREADS, else the free cores
     t0 = time.time()
     model = load_model(model_name)
     params = TaxonomyParams(

@@ -93,7 +93,9 @@ def _resolvable(terms: pd.DataFrame, positions: pd.DataFrame, factor: float) -> 
     return terms[keep], dict(n_terms=int(len(terms)), n_resolvable=int(keep.sum()), share=float(keep.mean()))
 
 
-def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: float, cache: dict | None) -> dict:
+def _scope_summary(
+    terms, section, scope: str, n_boot: int, seed: int, alpha: float, cache: dict | None, n_groups_all: int
+) -> dict:
     metrics = list(section["metrics"][scope])
     sanity = list(section.get("sanity", []))
     min_terms = int(section["min_terms_per_group"])
@@ -105,7 +107,6 @@ def _scope_summary(terms, section, scope: str, n_boot: int, seed: int, alpha: fl
         groups = group_statistics(terms, metrics + sanity, by=by, min_terms=min_terms)
         if cache is not None:
             cache[scope] = groups
-    n_groups_all = int(terms.groupby(by).ngroups)
     per_position = groups.groupby(["document", "position"])[metrics + sanity + ["slope", "r2"]].mean()
     documents = per_position.index.get_level_values("document").to_numpy()
 
@@ -173,8 +174,12 @@ def beyond_norm_summary(terms: pd.DataFrame, positions: pd.DataFrame, protocol, 
     scores = metric_scores(terms)  # protocol 3's scores: |c|, gradient × activation by |·| (KL orientation)
     terms = terms.assign(**{m: scores[m] for m in scores if m != "value_weighted"})
     kept, counts = _resolvable(terms, positions, float(section["resolvable_factor"]))
-    primary = _scope_summary(kept, section, "position", n_boot, seed, alpha, groups)
-    sensitivity = _scope_summary(kept, section, "head", n_boot, seed, alpha, groups)
+    n_all = {  # every group, also those without a resolvable term: each left out is counted
+        scope: int(terms.groupby(["document", "position"] + (["head"] if scope == "head" else [])).ngroups)
+        for scope in SCOPES
+    }
+    primary = _scope_summary(kept, section, "position", n_boot, seed, alpha, groups, n_all["position"])
+    sensitivity = _scope_summary(kept, section, "head", n_boot, seed, alpha, groups, n_all["head"])
     agree = {(t["kind"], t["a"], t["b"]): t["verdict"] for t in sensitivity["tests"]}
     return dict(
         terms=counts,

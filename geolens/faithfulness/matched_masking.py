@@ -9,8 +9,9 @@ set of the query's terms whose removed sum has the same norm, within a tolerance
   (every (h, j) with α_ij^h ≠ 0); the running sums S_t of the first t terms of that order; at the
   first t where ‖S_t‖ reaches the target norm τ_i, the prefix S_t or S_{t−1}, whichever norm is
   closer to τ_i. It is kept when that norm lies within ``tolerance`` (5 %) of τ_i; otherwise
-  another order is drawn, up to ``max_orders`` (20). A query whose target no order matches keeps
-  the closest prefix found and is counted as unmatched.
+  another order is drawn, up to ``max_orders`` (10, protocol 4's). A query whose target no order
+  matches keeps the closest prefix found and is counted as unmatched. (The search compares float32
+  running sums; whether the kept prefix matched is decided from its float64 norm.)
 - **Terms' vectors** (:func:`term_vectors`): ṽ_j^h = v_j^h W_O^h in the residual stream (d_model),
   computed in float64 from the layer's cached tensors, so that the norms of the sums are exact.
 - **Seeds**: ``SeedSequence([2026, document, layer, 4, metric index, k index, draw])``
@@ -120,7 +121,7 @@ def matched_random_mask(
     rng: np.random.Generator,
     *,
     tolerance: float = 0.05,
-    max_orders: int = 20,
+    max_orders: int = 10,
 ) -> tuple[Bool[Tensor, "head query key"], np.ndarray, np.ndarray]:
     """A random mask whose removed sum has, query by query, the norm of ``target``'s (module
     docstring). ``vectors``: :func:`term_vectors` ``[head, query, key, d_model]`` with ``terms``,
@@ -173,6 +174,8 @@ def matched_random_mask(
                     best, best_gap = order[: t + 1], float(gaps[t])
                 if best_gap <= tolerance * tau:
                     break
+        if best is None:  # no finite running norm: the query's terms cannot be matched
+            best = np.arange(1)
         out[i, index[best]] = True
         ratio[i] = float(np.linalg.norm(u64[best].sum(0))) / tau if tau > 0 else 1.0
         matched[i] = abs(ratio[i] - 1.0) <= tolerance

@@ -34,6 +34,16 @@ def _aopc_by_document(frame: pd.DataFrame, column: str, fractions: list[float]) 
     return grid.mean(axis=1).unstack(column)
 
 
+def _queries_per_window(protocol) -> int:
+    """The queries of a window (each has at least one term removed at every k): the addendum's ``seq_len``."""
+    from pathlib import Path
+
+    twin = Path(__file__).resolve().parents[2] / protocol["matched_masking"]["addendum"]
+    import json
+
+    return int(json.loads(twin.read_text(encoding="utf-8"))["data"]["seq_len"])
+
+
 def matched_masking_summary(rows: pd.DataFrame, stored: pd.DataFrame, protocol) -> dict:
     """Protocol 4 §2 from the control rows (``rows``) and the addendum's stored rows (module
     docstring). ``protocol``: the twin (its ``matched_masking`` and ``statistics`` sections).
@@ -88,18 +98,29 @@ def matched_masking_summary(rows: pd.DataFrame, stored: pd.DataFrame, protocol) 
         values.append(diff)
     decided = holm_family([v.mean() for v in values], [resample_means(v, idx) for v in values], alpha=alpha)
     tests = [_none_if_nan(dict(t, **r._asdict())) for t, r in zip(tests, decided)]
+    per_key = controls.groupby(["document", "target", "k"]).size()
+    if (per_key != int(section["draws"])).any():
+        raise ValueError(f"every (document, metric, k) needs {section['draws']} control draws")
+    every = stored[(stored.direction == "comprehensiveness") & stored.document.isin(documents)]
+    for m, same_as in same.items():  # metrics whose masks the protocol declares identical
+        a = every[every.metric == m].set_index(["document", "k"]).mask_hash.sort_index()
+        b = every[every.metric == same_as].set_index(["document", "k"]).mask_hash.sort_index()
+        if not a.equals(b):
+            raise ValueError(f"{m}'s masks are not {same_as}'s in every condition")
+    n_queries = _queries_per_window(protocol)
     matching = []
     for (m, k), g in controls.groupby(["target", "k"]):
-        n_queries = g.n_removed_target.size  # one row per (document, draw)
+        n_conditions = int(len(g))  # one row per (document, draw)
         matching.append(
             dict(
                 metric=m,
                 k=float(k),
-                unmatched_queries_per_condition=float(g.n_unmatched.mean()),
-                median_norm_ratio=float(g.norm_ratio_median.median()),
+                unmatched_share=float(g.n_unmatched.sum()) / (n_conditions * n_queries),
+                median_norm_ratio=float(g.norm_ratio_median.median()),  # over conditions, of their medians
                 terms_removed_control=float(g.n_removed.mean()),
                 terms_removed_metric=float(g.n_removed_target.mean()),
-                n_conditions=int(n_queries),
+                n_conditions=n_conditions,
+                n_queries=n_queries,
             )
         )
     all_removed = stored[(stored.metric == "all_removed") & stored.document.isin(documents)].set_index("document").kl
@@ -216,11 +237,17 @@ def render_readme(summary: dict) -> str:
         lines.append(
             f"| {name} | {_fmt(t['estimate'])} | [{_fmt(t['ci_low'])}, {_fmt(t['ci_high'])}]{level} | {p_adj} | {t['verdict']} |"
         )
-    lines += ["", "Matching: mean unmatched queries per condition (of 127), median norm ratio, terms removed.", ""]
+    lines += [
+        "",
+        "Matching: the share of (query, draw) controls left unmatched (no order within 5 %), the median over "
+        "conditions of each condition's median norm ratio (control / metric), and the terms each removes "
+        "(mean per condition, all queries).",
+        "",
+    ]
     lines += ["| metric | k | unmatched | norm ratio | terms removed (control / metric) |", "|---|---|---|---|---|"]
     for r in summary["matching"]:
         lines.append(
-            f"| {r['metric']} | {r['k']:g} | {r['unmatched_queries_per_condition']:.1f} | {r['median_norm_ratio']:.3f} | "
+            f"| {r['metric']} | {r['k']:g} | {r['unmatched_share']:.1%} | {r['median_norm_ratio']:.3f} | "
             f"{r['terms_removed_control']:.0f} / {r['terms_removed_metric']:.0f} |"
         )
     return "\n".join(lines) + "\n"

@@ -46,19 +46,23 @@ def annotate(combined: dict, root: Path) -> list[Path]:
 
     from geolens.checkpoint import atomic_write_bytes
 
-    changed = []
-    for family in combined["families"]:
+    plan = []
+    for family in combined["families"]:  # every file checked before any is written
         folder = root / _relative(family["folder"])
         if "corrected" in family["family"]:
             folder = root / "docs" / "faithfulness" / "v4" / f"{family['model']}-addendum-correction"
         name = next((n for n in SUMMARY_FILES if (folder / n).is_file()), None)
         if name is None:
-            raise SystemExit(f"error: no summary file in {folder}")
+            raise SystemExit(f"error: no summary file in {folder}; nothing annotated")
         manifest_path = folder / "manifest.json"
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
         entry = None if manifest is None else manifest["files"].get(name)
         if entry is not None and hashlib.sha256((folder / name).read_bytes()).hexdigest() != entry["sha256"]:
-            raise SystemExit(f"error: {folder / name} is not the file its manifest lists; nothing annotated there")
+            raise SystemExit(f"error: {folder / name} is not the file its manifest lists; nothing annotated")
+        plan.append((family, folder, name))
+    changed = []
+    for family, folder, name in plan:
+        manifest_path = folder / "manifest.json"
         summary = json.loads((folder / name).read_text(encoding="utf-8"))
         summary.setdefault("stability", {})[family["family"]] = dict(
             plan="docs/stability/PROTOCOL.md",
@@ -77,9 +81,11 @@ def annotate(combined: dict, root: Path) -> list[Path]:
         )
         data = (json.dumps(summary, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
         atomic_write_bytes(folder / name, data)
-        if manifest is not None and name in manifest["files"]:
-            manifest["files"][name] = dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-            atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        if manifest_path.is_file():
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            if name in manifest["files"]:
+                manifest["files"][name] = dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+                atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode())
         changed.append(folder / name)
     return changed
 

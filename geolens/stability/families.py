@@ -160,7 +160,9 @@ def masking_addendum(docs: Path, model: str, *, corrected: bool) -> Family:
     summary = _json(folder / "summary.json")
     if corrected:
         correction = docs / "faithfulness" / "v4" / f"{model}-addendum-correction" / "corrected_family.json"
-        published = _json(correction)["corrected_tests"] if correction.is_file() else recompute(None, None)
+        if not correction.is_file():
+            raise FileNotFoundError(f"{correction}: run scripts/protocol4.py addendum-correction first")
+        published = _json(correction)["corrected_tests"]
         name = "protocol 3 addendum masking (corrected, 15 tests)"
     else:
         published, name = summary["masking"]["pairs"], "protocol 3 addendum masking (as published, 16 tests)"
@@ -182,7 +184,8 @@ def multiple_choice(docs: Path, model: str, *, addendum: bool) -> Family:
     pairs = [(p["a"], p["b"]) for p in summary["pairs"]]
     identical = {(p["a"], p["b"]) for p in summary["pairs"] if p.get("identical_masks")}
     mc = twin.get("multiple_choice", {})
-    n_boot, seed, alpha = int(mc.get("n_boot", 2000)), 0, float(twin.get("statistics", {}).get("alpha", 0.05))
+    n_boot, seed = int(mc.get("n_boot", 2000)), int(mc.get("seed", twin.get("statistics", {}).get("seed", 0)))
+    alpha = float(twin.get("statistics", {}).get("alpha", 0.05))
     keys = masked.task.astype(str) + "/" + masked.qid.astype(str)
 
     def recompute(question, layer):

@@ -39,6 +39,7 @@ def _constructed(n_docs=12, seed=0):
                         direction="comprehensiveness",
                         k=k,
                         kl=0.1 * mi + k + rng.normal(0, 0.01),
+                        mask_hash=f"{d}/{'value_weighted' if m == 'output_normalized_inter' else m}/{k}",
                     )
                 )
                 stored.append(dict(document=d, layer=d % 3, metric=m, direction="sufficiency", k=k, kl=9.0))
@@ -106,15 +107,24 @@ def test_excess_and_family_equal_a_computation_by_hand():
     assert pair["estimate"] == pytest.approx((excess["contribution"] - excess["value_weighted"]).mean(), abs=1e-12)
     assert out["above_all_removed"]["n_documents"] == 12
     assert out["reuse_checks"]["n"] == 12 and out["reuse_checks"]["max_relative_difference"] == 0.0
+    share = out["matching"][0]
+    assert share["n_conditions"] == 36 and share["n_queries"] == 128
+    assert share["unmatched_share"] == pytest.approx((0 + 1 + 2) * 12 / (36 * 128))  # n_unmatched = draw
     assert "| excess of contribution |" in render_readme(
         dict(out, part="matched-masking", model="m", label="x", command="c")
     )
 
 
-def test_a_document_without_its_controls_is_refused():
+def test_a_document_without_its_controls_or_with_unequal_masks_is_refused():
     rows, stored = _constructed()
     with pytest.raises(ValueError, match="lacks"):
         matched_masking_summary(rows[~((rows.document == 3) & (rows.target == "contribution"))], stored, TWIN)
+    with pytest.raises(ValueError, match="needs 3 control draws"):
+        matched_masking_summary(rows[~((rows.document == 3) & (rows.draw == 2))], stored, TWIN)
+    other = stored.copy()
+    other.loc[other.metric == "output_normalized_inter", "mask_hash"] = "x"
+    with pytest.raises(ValueError, match="not value_weighted's"):
+        matched_masking_summary(rows, other, TWIN)
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
