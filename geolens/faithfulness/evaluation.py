@@ -393,7 +393,7 @@ def _summaries(stats: pd.DataFrame, name: str, n_boot: int, seed: int, alpha: fl
 
 
 def evaluate_attribution(
-    method: str | Method,
+    method: str | Method | Sequence[str | Method],
     model,
     texts: str | Sequence[str] | None = None,
     *,
@@ -406,8 +406,8 @@ def evaluate_attribution(
     seed: int = 0,
     alpha: float = 0.05,
     batch_size: int = 128,
-    progress: Callable[[str], object] | None = None,
-) -> AttributionEvaluation:
+    progress: bool | Callable[[str], object] | None = True,
+) -> AttributionEvaluation | list[AttributionEvaluation]:
     """Score a term-level attribution method against the exact effect of removing each attention
     term, with protocol 3's statistics (docs/faithfulness/v3/PROTOCOL.md; guide: docs/evaluate.md).
 
@@ -429,7 +429,8 @@ def evaluate_attribution(
             including any added with :func:`geolens.register_metric`), its name, a mode-qualified
             name (``"output_normalized_intra"``) or its :class:`~geolens.methods.Method`. Its
             scores are compared as they are (an ``absolute`` metric's as |·|), a larger score
-            predicting a larger KL.
+            predicting a larger KL. A list of them is scored against the same effects, measured
+            once: the result is then a list, one evaluation per method, in order.
         model: a loaded TransformerLens model, or a name :func:`geolens.load_model` accepts.
         texts: a text or a list of texts, one document each (BOS prepended); default: protocol
             3's windows of the first ``n_documents`` documents of the Lee corpus.
@@ -444,7 +445,8 @@ def evaluate_attribution(
         seed: the bootstrap's seed (protocol 3: 0), also a per-sequence metric's (``random``).
         alpha: the Holm family's α.
         batch_size: removals per batched forward.
-        progress: called with a line after each document (e.g. ``print``).
+        progress: True (the default): a progress bar over the documents (tqdm, in a terminal and
+            in Jupyter); False or None: nothing; a callable: called with a line after each document.
 
     Returns:
         :class:`AttributionEvaluation` (``.summary``, ``.differences``, ``.positions``, ...).
@@ -459,7 +461,13 @@ def evaluate_attribution(
     >>> len(result.positions), next(model.parameters()).dtype  # 2 positions a text; dtype restored
     (6, torch.float32)
     """
-    metric, mode, name = _check_method(method, mode)
+    several = isinstance(method, (list, tuple))
+    if several and not method:
+        raise ValueError("method: give at least one method")
+    checked = [_check_method(m, mode) for m in (method if several else [method])]
+    names = [name for _, _, name in checked]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method: each method once, got {names}")
     n_documents = _positive_int(n_documents, "n_documents")
     n_positions = _positive_int(n_positions, "n_positions")
     n_boot = _positive_int(n_boot, "n_boot")
@@ -475,19 +483,46 @@ def evaluate_attribution(
     ranges = _queries(windows, queries)
     device = next(model.parameters()).device
     all_terms, all_positions = [], []
-    with float64_model(model):
-        for d, (window, q) in enumerate(zip(windows, ranges)):
-            window = window.to(device)
-            terms, positions = norm_controlled_document(
-                model, window, d, n_positions=n_positions, queries=q, batch_size=batch_size
-            )
-            terms[_CARRIER] = _method_scores(model, metric, mode, window, terms, seed)
-            all_terms.append(terms)
-            all_positions.append(positions)
-            if progress is not None:
-                progress(f"document {d + 1}/{len(windows)}: {len(positions)} positions, {len(terms)} terms")
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(windows), desc="per-term effects (float64)", unit="document")
+    try:
+        with float64_model(model):
+            for d, (window, q) in enumerate(zip(windows, ranges)):
+                window = window.to(device)
+                terms, positions = norm_controlled_document(
+                    model, window, d, n_positions=n_positions, queries=q, batch_size=batch_size
+                )
+                for i, (metric, method_mode, _) in enumerate(checked):  # every method on the same effects
+                    terms[f"{_CARRIER}{i}"] = _method_scores(model, metric, method_mode, window, terms, seed)
+                all_terms.append(terms)
+                all_positions.append(positions)
+                if bar is not None:
+                    bar.update(1)
+                elif callable(progress):
+                    progress(f"document {d + 1}/{len(windows)}: {len(positions)} positions, {len(terms)} terms")
+    finally:
+        if bar is not None:
+            bar.close()
     terms = pd.concat(all_terms, ignore_index=True)
     positions = pd.concat(all_positions, ignore_index=True)
+    results = [
+        _evaluation(
+            terms, positions, i, name, method_mode, model, model_name, windows, ranges, n_positions, n_boot, seed, alpha
+        )
+        for i, (_, method_mode, name) in enumerate(checked)
+    ]
+    return results if several else results[0]
+
+
+def _evaluation(terms, positions, i, name, mode, model, model_name, windows, ranges, n_positions, n_boot, seed, alpha):
+    """One method's :class:`AttributionEvaluation` from the shared terms (its scores in column ``_CARRIER{i}``)."""
+    carriers = [c for c in terms.columns if c.startswith(_CARRIER)]
+    terms = terms.drop(columns=[c for c in carriers if c != f"{_CARRIER}{i}"]).rename(
+        columns={f"{_CARRIER}{i}": _CARRIER}
+    )
     stats = statistics_table(terms, positions)
     stats = stats[stats.metric.isin([_CARRIER, *REFERENCES])].copy()
     stats["role"] = stats.metric.where(stats.metric != _CARRIER, "method")

@@ -252,3 +252,22 @@ def test_the_defaults_reproduce_protocol_3_on_smollm2():
     for p in result.positions.itertuples():
         stored = position_statistics(terms[terms.position == p.position], float(p.floor))
         assert p.norm_controlled == stored["norm_controlled"]["contribution_abs"]
+
+
+def test_several_methods_share_one_measurement_of_the_effects_and_equal_their_own_calls():
+    """A list of methods: one evaluation each, in order, each equal to its own call (the effects are
+    measured once for all of them), progress as a callable once per document."""
+    model = tiny_bridge("gqa")
+    texts = ["the cat sat on the mat.", "a dog ran far away!"]
+    lines = []
+    both = geolens.evaluate_attribution(
+        ["contribution_abs", "raw_attention"], model, texts, n_boot=100, progress=lines.append
+    )
+    assert [r.method for r in both] == ["contribution_abs", "raw_attention"] and len(lines) == 2
+    for result in both:
+        alone = geolens.evaluate_attribution(result.method, model, texts, n_boot=100, progress=False)
+        assert result.summary.equals(alone.summary) and result.terms.equals(alone.terms)
+    with pytest.raises(ValueError, match="each method once"):
+        geolens.evaluate_attribution(["raw_attention", "raw_attention"], model, texts)
+    with pytest.raises(ValueError, match="at least one"):
+        geolens.evaluate_attribution([], model, texts)
