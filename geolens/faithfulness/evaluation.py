@@ -180,12 +180,10 @@ def _check_method(method, mode: str | None) -> tuple[Metric, str, str]:
         name, key = method.name, method.key if method.family == "metric" else None
     elif isinstance(method, str):
         name = key = method
-    elif callable(method):
+    elif callable(method):  # a metric's fn, unregistered: LayerInputs -> [batch, head, query, key]
         label = getattr(method, "__name__", type(method).__name__)
-        raise TypeError(
-            f"method must be a registered method's name, got the callable {label!r}: register it first, "
-            f"geolens.register_metric({label!r}, label=..., fn={label}) (docs/evaluate.md), then pass {label!r}"
-        )
+        name = label if label.isidentifier() else "callable"  # a lambda is "callable"
+        return Metric(name=name, label=label, fn=method), mode or "inter", name
     else:
         raise ValueError(f"method must be a method name or a geolens Method, got {type(method).__name__}")
     qualified = mode_variant(name) if key not in allowed else None

@@ -166,14 +166,23 @@ def test_a_method_without_term_level_scores_is_a_one_line_error(method):
     assert "contribution_abs" in message and "value_weighted" in message  # the allowed ones
 
 
-def test_a_plain_callable_is_refused_with_a_pointer_to_register_metric():
-    def my_scores(inputs):
-        return inputs.attention
+def test_a_plain_callable_is_scored_as_its_registered_twin_and_a_wrong_shape_is_one_line(registered):
+    """A callable with a metric's signature (LayerInputs -> [batch, head, query, key]) needs no
+    registration: it is scored as the same fn registered; what it returns is checked in one line."""
+    model = tiny_bridge("gqa")
 
-    with pytest.raises(TypeError) as info:
-        geolens.evaluate_attribution(my_scores, "tiny-gqa", TEXTS)
+    def sqrt_weighted(x):
+        return x.alpha.sqrt() * x.value_norm
+
+    plain = geolens.evaluate_attribution(sqrt_weighted, model, TEXTS, n_boot=100, progress=False)
+    twin = registered("sqrt_weighted_twin", sqrt_weighted)
+    named = geolens.evaluate_attribution(twin, model, TEXTS, n_boot=100, progress=False)
+    assert plain.method == "sqrt_weighted"
+    assert np.array_equal(plain.terms["score"].to_numpy(), named.terms["score"].to_numpy())
+    with pytest.raises(ValueError) as info:
+        geolens.evaluate_attribution(lambda x: x.alpha[:, :1], model, TEXTS, progress=False)
     message = str(info.value)
-    assert "\n" not in message and "geolens.register_metric('my_scores'" in message
+    assert "\n" not in message and "'callable'" in message and "[batch, head, query, key]" in message
 
 
 def test_a_registered_metric_is_a_term_level_method(registered):
