@@ -32,6 +32,7 @@ serve several draws in turn.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Literal, NamedTuple, Sequence
 
@@ -360,6 +361,16 @@ def bootstrap_pvalue(samples, null: float = 0.0) -> float:
     return float(min(1.0, 2.0 * min(below, above)))
 
 
+def nan_to_none(record: dict) -> dict:
+    """``record`` with every float NaN replaced by None (a test's record as JSON writes it: a "not
+    testable" comparison has no interval).
+
+    >>> nan_to_none({"ci_low": float("nan"), "verdict": "not testable", "rank": 0})
+    {'ci_low': None, 'verdict': 'not testable', 'rank': 0}
+    """
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
+
+
 def holm(pvalues: Sequence[float]) -> np.ndarray:
     """Holm–Bonferroni adjusted p-values (Holm 1979, Scand. J. Statist. 6:65–70), in input order.
 
@@ -464,6 +475,7 @@ __all__ = [
     "holm",
     "holm_family",
     "mean_ci",
+    "nan_to_none",
     "paired_bootstrap",
     "percentile_ci",
     "resample_means",

@@ -10,7 +10,8 @@ about the residual of that regression:
   ``min_terms_per_group`` such terms is left out and counted.
 - **Norm removed**: the least-squares fit of y = log KL on [1, x = log ‖α ṽ‖] within the group
   (free slope and intercept), residual e = y − ŷ (:func:`norm_residuals`).
-- **Statistic**: the Spearman correlation of the metric's score (protocol 3's scores,
+- **Statistic**: the Spearman correlation (:func:`geolens.faithfulness.ground_truth.spearman`) of the
+  metric's score (protocol 3's scores,
   :func:`geolens.faithfulness.norm_controlled_stats.metric_scores`: |c| and gradient × activation
   by its absolute value) with e in the group; a position's value is its group's, or the mean over
   its heads' groups.
@@ -23,12 +24,11 @@ Holm family per scope (document-cluster bootstrap), and the regression's slope a
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from geolens.stats import cluster_resample_means, holm_family, percentile_ci
+from geolens.faithfulness.ground_truth import spearman
+from geolens.stats import cluster_resample_means, holm_family, nan_to_none, percentile_ci
 
 SCOPES = ("position", "head")
 
@@ -51,22 +51,6 @@ def norm_residuals(kl: np.ndarray, norm: np.ndarray) -> tuple[np.ndarray, float,
     e = yc - slope * xc
     syy = float(yc @ yc)
     return e, slope, (1.0 - float(e @ e) / syy) if syy > 0 else float("nan")
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    return pd.Series(x).rank(method="average").to_numpy()
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant.
-
-    >>> spearman(np.array([1.0, 2.0, 3.0]), np.array([10.0, 30.0, 20.0]))
-    0.5
-    """
-    ra, rb = _ranks(np.asarray(a, dtype=np.float64)), _ranks(np.asarray(b, dtype=np.float64))
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = math.sqrt(float(ra @ ra) * float(rb @ rb))
-    return float(ra @ rb) / den if den > 0 else float("nan")
 
 
 def group_statistics(terms: pd.DataFrame, metrics, *, by, min_terms: int) -> pd.DataFrame:
@@ -131,8 +115,7 @@ def _scope_summary(
     decided = holm_family([np.nanmean(d) for d in diffs], [resampled(d) for d in diffs], alpha=alpha)
     n_positions, n_documents = len(per_position), len(set(documents))
     tests = [
-        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in dict(t, **r._asdict()).items()}
-        | dict(n_positions=n_positions, n_documents=n_documents)
+        nan_to_none(dict(t, **r._asdict())) | dict(n_positions=n_positions, n_documents=n_documents)
         for t, r in zip(tests, decided)
     ]
     slope, r2 = groups.slope.to_numpy(), groups.r2.to_numpy()
@@ -240,4 +223,4 @@ def render_lines(summary: dict) -> list[str]:
     return lines
 
 
-__all__ = ["SCOPES", "beyond_norm_summary", "group_statistics", "norm_residuals", "render_lines", "spearman"]
+__all__ = ["SCOPES", "beyond_norm_summary", "group_statistics", "norm_residuals", "render_lines"]

@@ -44,7 +44,7 @@ import torch
 from geolens.adapter import adapter_for, get_attention_layer, names_filter
 from geolens.metrics import LayerInputs
 from geolens.per_term import PositionEffects, position_effects
-from geolens.stats import cluster_bootstrap_indices, holm_family, percentile_ci, resample_means
+from geolens.stats import cluster_bootstrap_indices, holm_family, nan_to_none, percentile_ci, resample_means
 
 OUTCOMES = ("kl", "delta_p")
 TERM_METRICS = (
@@ -358,11 +358,7 @@ def ground_truth_summary(
                     )
     decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
     for (entry, *_), result in zip(tests, decided):
-        family.append(
-            dict(
-                entry, **{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in result._asdict().items()}
-            )
-        )
+        family.append(dict(entry, **nan_to_none(result._asdict())))
     for e in exploratory:
         if e["verdict"] is None:
             e["verdict"] = "holds" if e["ci_low"] > 0 else "reversed" if e["ci_high"] < 0 else "tie"

@@ -8,19 +8,13 @@ the Δp nAOPC, the per-k curves and the per-layer means come beside them as expl
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from geolens.faithfulness.layer_masking import ALL_REMOVED, DIRECTIONS, SECTION_2_ONLY
-from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, percentile_ci, resample_means
+from geolens.stats import cluster_bootstrap_indices, holm_family, mean_ci, nan_to_none, percentile_ci, resample_means
 
 MIN_DELTA_P_ALL_REMOVED = 1e-3  # exploratory Δp nAOPC: |Δp(all removed)| below this is no denominator
-
-
-def _none_if_nan(d: dict) -> dict:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
 def _check_rows(rows: pd.DataFrame) -> None:
@@ -160,7 +154,7 @@ def _pair_family(
         entry = dict(endpoint="masking", outcome=outcome, direction=direction, a=a, b=b, n_documents=int(len(per_doc)))
         tests.append((entry, float(delta.mean()), samples, not bool((ha == hb).all())))
     decided = holm_family([t[1] for t in tests], [t[2] for t in tests], testable=[t[3] for t in tests], alpha=alpha)
-    return [_none_if_nan(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
+    return [nan_to_none(dict(entry, **result._asdict())) for (entry, *_), result in zip(tests, decided)]
 
 
 def masking_summary(
@@ -298,7 +292,7 @@ def _pair_intervals(
             continue
         lo, hi = percentile_ci(samples, 0.95, omit_nan=True)
         out.append(
-            _none_if_nan(
+            nan_to_none(
                 dict(
                     direction=direction,
                     a=a,
@@ -329,7 +323,7 @@ def _delta_p_summary(kept, table, fractions, formed, directions, documents, indi
     boot = resample_means(per_doc.to_numpy(), indices, omit_nan=True)
     lo, hi = percentile_ci(boot, 0.95, omit_nan=True)
     metrics = [
-        _none_if_nan(
+        nan_to_none(
             dict(
                 direction=d,
                 metric=m,
@@ -416,7 +410,7 @@ def _aopc(conditions: pd.DataFrame, outcome: str, fractions: list[float]) -> pd.
 def _metric_rows(per_doc: pd.DataFrame, boot: np.ndarray, name: str) -> list[dict]:
     lo, hi = percentile_ci(boot, 0.95, omit_nan=True)
     return [
-        _none_if_nan(
+        nan_to_none(
             dict(
                 direction=d,
                 metric=m,

@@ -12,17 +12,11 @@ size-matched random control (§2), the masking addendum's family without its dup
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from geolens.faithfulness.matched_masking import MATCHED
-from geolens.stats import bootstrap_indices, holm_family, percentile_ci, resample_means
-
-
-def _none_if_nan(d: dict) -> dict:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+from geolens.stats import bootstrap_indices, holm_family, nan_to_none, percentile_ci, resample_means
 
 
 def _aopc_by_document(frame: pd.DataFrame, column: str, fractions: list[float]) -> pd.DataFrame:
@@ -97,7 +91,7 @@ def matched_masking_summary(rows: pd.DataFrame, stored: pd.DataFrame, protocol) 
         tests.append(dict(kind=kind, a=a, b=b, n_documents=len(documents)))
         values.append(diff)
     decided = holm_family([v.mean() for v in values], [resample_means(v, idx) for v in values], alpha=alpha)
-    tests = [_none_if_nan(dict(t, **r._asdict())) for t, r in zip(tests, decided)]
+    tests = [nan_to_none(dict(t, **r._asdict())) for t, r in zip(tests, decided)]
     per_key = controls.groupby(["document", "target", "k"]).size()
     if (per_key != int(section["draws"])).any():
         raise ValueError(f"every (document, metric, k) needs {section['draws']} control draws")

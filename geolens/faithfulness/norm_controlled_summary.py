@@ -15,7 +15,7 @@ import pandas as pd
 
 from geolens.faithfulness.ground_truth import TERM_METRICS
 from geolens.faithfulness.norm_controlled_stats import statistics_table
-from geolens.stats import cluster_bootstrap_indices, holm_family, percentile_ci, resample_means
+from geolens.stats import cluster_bootstrap_indices, holm_family, nan_to_none, percentile_ci, resample_means
 
 
 def _means(table: pd.DataFrame, clusters, n_boot: int, seed: int):
@@ -82,7 +82,7 @@ def norm_controlled_summary(
     decided = holm_family([t[0] for t in tests], [t[1] for t in tests], testable=[t[2] for t in tests], alpha=alpha)
     family = []
     for entry, result in zip(entries, decided):
-        values = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in result._asdict().items()}
+        values = nan_to_none(result._asdict())
         family.append(dict(entry, **values))
     if family_only:
         return dict(pairs=family)

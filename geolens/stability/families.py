@@ -9,13 +9,14 @@ plan names them (``docs/stability/protocol.json``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
+
+from geolens.files import read_json
 
 KEY_FIELDS = ("family", "kind", "endpoint", "scope", "direction", "a", "b")
 
@@ -52,7 +53,7 @@ class Family:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json(path, str(path))  # geolens.files: a file that is not JSON is one line naming it
 
 
 def _keep(frame: pd.DataFrame, document, layer, *, doc="document", lay="layer") -> pd.DataFrame:
