@@ -6,7 +6,8 @@
 
 Each (family, model) is written to ``OUT/<model>/<family>.json`` as it finishes (a second
 invocation skips those already there unless ``--again``); ``--render`` writes ``OUT/stability.json``
-and ``OUT/README.md`` from them, and refills the stability paragraphs of ``docs/results.md``; ``--annotate`` adds each family's labels to its results file
+and ``OUT/README.md`` from them, and, when ``OUT`` is the published ``docs/stability/results``, refills the
+stability paragraphs of ``docs/results.md``; ``--annotate`` adds each family's labels to its results file
 (:func:`annotate`). Re-analysis of stored rows only: no model is loaded.
 """
 
@@ -124,7 +125,10 @@ def main(argv=None) -> int:
         )
         (args.out / "README.md").write_text(text, encoding="utf-8")
         results_md = DOCS / "results.md"
-        if results_md.is_file():  # the paragraphs beside each family's verdicts
+        published = args.out.resolve() == (DOCS / "stability" / "results").resolve()
+        if (
+            published and results_md.is_file()
+        ):  # the paragraphs beside each family's verdicts (docs/ only when --out is)
             results_md.write_text(fill_markers(results_md.read_text(encoding="utf-8"), combined), encoding="utf-8")
         print(f"stability: {len(results)} families rendered into {args.out}")
         return 0
