@@ -107,6 +107,12 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     if args.annotate:
+        if args.out.resolve() != (DOCS / "stability" / "results").resolve():
+            print(
+                "error: --annotate labels the published results files: use --out docs/stability/results",
+                file=sys.stderr,
+            )
+            return 2
         path = args.out / "stability.json"
         if not path.is_file():
             print(f"error: {path} is missing: run --render first", file=sys.stderr)
