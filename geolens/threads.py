@@ -8,7 +8,8 @@ therefore, unless told otherwise:
 - sets ``OMP_WAIT_POLICY=PASSIVE`` when ``import geolens`` comes before torch's (:func:`prefer_passive_wait`;
   OpenMP reads it once, when torch loads it, so a torch imported earlier keeps its policy);
 - uses as many threads as there are free cores, the cores this process may run on
-  (``os.sched_getaffinity``) minus the one-minute load average, at least 1 (:func:`free_cores`), when
+  (``os.sched_getaffinity``) minus the one-minute load average that other processes make (the
+  load less this process's own use), at least 1 (:func:`free_cores`), when
   a model is loaded (:func:`geolens.models.load_model`) and a command starts.
 
 Overrides, strongest first: a command's ``--threads N``; ``GEOLENS_THREADS=N`` in the environment;
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 ENV = "GEOLENS_THREADS"
 _state: dict = {"passive_set_by_geolens": False, "applied": None}
+_SINCE = (time.monotonic(), sum(os.times()[:2]))  # wall and CPU seconds of this process when geolens loaded
 
 
 def cores() -> int:
@@ -43,15 +46,27 @@ def load_average() -> float:
         return 0.0
 
 
-def free_cores(n_cores: int | None = None, load: float | None = None) -> int:
-    """The cores not taken by other work: ``n_cores − load``, rounded, between 1 and ``n_cores``.
+def own_load() -> float:
+    """This process's share of the load average: its CPU seconds over its wall seconds since geolens
+    loaded (0.0 in its first second). The load average counts this process too; what it has been
+    using is not taken by *other* work."""
+    wall = time.monotonic() - _SINCE[0]
+    return 0.0 if wall < 1.0 else (sum(os.times()[:2]) - _SINCE[1]) / wall
 
-    >>> free_cores(2, 0.1), free_cores(2, 3.0), free_cores(16, 5.4)
+
+def free_cores(n_cores: int | None = None, load: float | None = None, own: float | None = None) -> int:
+    """The cores not taken by other work: ``n_cores − (load − own)``, rounded, between 1 and
+    ``n_cores`` (``own``: this process's part of the load, :func:`own_load`).
+
+    >>> free_cores(2, 0.1, 0.0), free_cores(2, 3.0, 0.0), free_cores(16, 5.4, 0.0)
     (2, 1, 11)
+    >>> free_cores(2, 1.06, 1.0), free_cores(2, 4.0, 1.0)  # this process alone; beside three busy ones
+    (2, 1)
     """
     n = cores() if n_cores is None else int(n_cores)
     busy = load_average() if load is None else float(load)
-    return max(1, min(n, int(n - busy + 0.5)))
+    mine = own_load() if own is None else float(own)
+    return max(1, min(n, int(n - max(0.0, busy - mine) + 0.5)))
 
 
 def prefer_passive_wait() -> bool:

@@ -27,11 +27,23 @@ def _run(code: str, **env) -> dict:
 
 
 def test_free_cores_subtracts_the_load_and_keeps_at_least_one():
-    assert threads.free_cores(2, 0.0) == 2
-    assert threads.free_cores(2, 0.6) == 1  # 1.4 rounds to 1
-    assert threads.free_cores(2, 3.0) == 1
-    assert threads.free_cores(4, 1.4) == 3
-    assert threads.free_cores(4, -1.0) == 4  # never more than the cores
+    assert threads.free_cores(2, 0.0, 0.0) == 2
+    assert threads.free_cores(2, 0.6, 0.0) == 1  # 1.4 rounds to 1
+    assert threads.free_cores(2, 3.0, 0.0) == 1
+    assert threads.free_cores(4, 1.4, 0.0) == 3
+    assert threads.free_cores(4, -1.0, 0.0) == 4  # never more than the cores
+
+
+def test_this_process_own_load_is_not_counted_as_other_work():
+    assert threads.free_cores(2, 1.06, 1.0) == 2  # an idle machine where only this process ran
+    assert threads.free_cores(2, 4.0, 1.0) == 1  # beside three busy processes
+    assert threads.free_cores(2, 0.2, 1.0) == 2  # never more free than the cores
+    code = (
+        "import json, time, geolens.threads as t; end = time.monotonic() + 1.5\n"
+        "while time.monotonic() < end: pass\n"
+        "print(json.dumps(t.own_load()))"
+    )
+    assert 0.5 < _run(code) <= 1.1  # a process that kept one core busy
 
 
 def test_passive_wait_is_set_before_torch_only_and_never_over_the_environment():
