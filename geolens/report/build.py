@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -160,6 +160,14 @@ def mark_sample_sizes(sections: Sequence[Section], n_corpus_windows: int) -> Non
             claim.numbers["sample"] = claim.numbers.get("sample") or sample_size(n_corpus_windows)
 
 
+def _timed(build: Callable[[], Section]) -> Section:
+    """``build()``'s section with its wall seconds and this process's CPU seconds (all threads)."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    section = build()
+    section.seconds, section.cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+    return section
+
+
 def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress: bool = True) -> Report:
     """Run every selected, available section on ``model`` and ``tokens`` and collect the report.
 
@@ -176,33 +184,29 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
     if h < 1 or tokens.shape[0] <= h:
         raise ValueError(f"need more windows ({tokens.shape[0]}) than n_heldout={h} (≥ 1)")
     corpus, heldout = tokens[:-h], tokens[-h:]
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     ctx = ReportContext(model=model, tokens=corpus, heldout=heldout, config=config, progress=progress)
     modules = {spec.key: spec.load() for spec in specs}
     wanted = {key: (m.analyses(ctx) if hasattr(m, "analyses") else {}) for key, m in modules.items()}
     flat = [a for per_section in wanted.values() for a in per_section.values()]
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     if flat:
         run_corpus(model, corpus, flat, batch_size=config.batch_size, progress=progress, desc="corpus pass")
-    corpus_seconds = time.perf_counter() - start
+    corpus_seconds, corpus_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     sections = []
     for key, module in modules.items():
-        start = time.perf_counter()
-        section = module.build(ctx, wanted[key])
-        section.seconds = time.perf_counter() - start
-        sections.append(section)
+        sections.append(_timed(lambda: module.build(ctx, wanted[key])))
     for build_appendix in ctx.shared.get("appendix", []):  # superseded material, after every current section
-        start = time.perf_counter()
-        section = build_appendix(ctx)
-        section.seconds = time.perf_counter() - start
-        sections.append(section)
+        sections.append(_timed(lambda: build_appendix(ctx)))
     mark_sample_sizes(sections, int(corpus.shape[0]))
     params = asdict(config)
     from geolens.threads import policy
 
     params["threads"] = policy()  # torch's threads, where the count came from, OpenMP's wait policy, the load
     params["corpus_pass_seconds"] = round(corpus_seconds, 2)
+    params["corpus_pass_cpu_seconds"] = round(corpus_cpu, 2)  # this process's CPU time, all its threads
     params["report_seconds"] = round(time.perf_counter() - began, 2)  # the corpus pass and every section
+    params["report_cpu_seconds"] = round(time.process_time() - began_cpu, 2)
     params["n_sequences"], params["seq_len"] = int(corpus.shape[0]), int(tokens.shape[1])
     params["verdict_rule"] = (
         "holds / does not hold only when decided by confidence intervals on at least the claim's minimum sample "

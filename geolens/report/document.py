@@ -106,7 +106,8 @@ class Section:
     numbers: dict[str, Any] = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time of the section's own work (after the shared corpus pass)
+    cpu_seconds: float = 0.0  # this process's CPU time over the same span, all threads
     findings: list[Finding] = field(default_factory=list)
     appendix: bool = False  # superseded material of the full report, shown after every current section
 
@@ -260,6 +261,7 @@ def report_json(report: Report) -> dict[str, Any]:
             "title": s.title,
             "appendix": s.appendix,
             "seconds": round(s.seconds, 2),
+            "cpu_seconds": round(s.cpu_seconds, 2),
             "params": s.params,
             "numbers": s.numbers,
             "figures": [{"title": cite_text(f.title), "kind": type(f).__name__, "data": f.data} for f in s.figures],
