@@ -127,6 +127,8 @@ def _run_one(args, model_name: str, out: Path, sections, backend: str = "transfo
     tokens = corpus_windows(model, config.corpus, config.seq_len, config.n_sequences + config.n_heldout)
     report = build_report(model, tokens, config, progress=not args.no_progress)
     paths = write_report(report, out)
+    if report.params.get("quick_sample"):
+        print(f"\nquick mode samples down: {report.params['quick_sample']}")
     print(f"\nwall time per part ({'quick' if args.quick else 'full'} run, {torch.get_num_threads()} torch threads):")
     print(f"{'':<40} {'wall':>7}   {'CPU':>7}")
     print(f"{'model load':<40} {loaded:7.1f} s")

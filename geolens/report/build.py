@@ -202,6 +202,9 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
     params = asdict(config)
     from geolens.threads import policy
 
+    if config.quick:  # what quick mode samples down, one line (the run line and the command print it)
+        notes = [m.quick_sample(ctx) for m in modules.values() if hasattr(m, "quick_sample")]
+        params["quick_sample"] = "; ".join(notes) + "; the full report keeps the published protocols"
     params["threads"] = policy()  # torch's threads, where the count came from, OpenMP's wait policy, the load
     params["corpus_pass_seconds"] = round(corpus_seconds, 2)
     params["corpus_pass_cpu_seconds"] = round(corpus_cpu, 2)  # this process's CPU time, all its threads

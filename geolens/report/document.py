@@ -190,6 +190,7 @@ def run_summary(report: Report) -> dict[str, Any]:
         "n_tokens": (n + (held or 0)) * seq_len if isinstance(n, int) and isinstance(seq_len, int) else None,
         "seconds": p.get("report_seconds"),
         "quick": bool(p.get("quick")),
+        "quick_sample": p.get("quick_sample"),
         "created": report.created,
         "versions": {k: str(v[k]) for k in SHORT_VERSIONS if k in v},
     }

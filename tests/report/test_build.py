@@ -24,6 +24,13 @@ def test_report_json_has_every_section_numbers_and_versions(tiny_report):
         assert data["versions"][key]
     assert data["params"]["n_sequences"] == 2 and data["params"]["n_heldout"] == 1 and data["params"]["seq_len"] == 16
     assert data["params"]["report_seconds"] >= data["params"]["corpus_pass_seconds"] >= 0
+    # each part's wall and CPU seconds (this process, all threads)
+    assert data["params"]["report_cpu_seconds"] >= data["params"]["corpus_pass_cpu_seconds"] >= 0
+    assert all(s["cpu_seconds"] >= 0 and s["seconds"] >= 0 for s in data["sections"].values())
+    if data["params"]["quick"]:  # what quick mode samples down, one line, in the page's run line too
+        line = data["params"]["quick_sample"]
+        assert "per-term effects on" in line and line.endswith("the full report keeps the published protocols")
+        assert line in paths["html"].read_text()
     assert data["params"]["model_config"]["n_layers"] == model.cfg.n_layers
     assert set(data["sections"]) == {s.key for s in report.sections} == set(available_sections())
     for key, section in data["sections"].items():

@@ -111,10 +111,24 @@ def ig_note(summary: dict, s: ErasureSettings) -> str:
     return f"; the gradient methods start from {base}, and {done}"
 
 
+QUICK_WINDOWS = 4  # quick mode: the first 4 corpus windows (benchmarks/first_hour.py: the quick report within 45 s)
+
+
 def n_windows(ctx) -> int:
-    """The corpus windows the erasure test runs on: all of them in quick mode, else up to 16 (each
-    full-size window costs tens of CPU-seconds: three predictions, two replacements, every method)."""
-    return int(ctx.tokens.shape[0]) if ctx.config.quick else min(16, int(ctx.tokens.shape[0]))
+    """The corpus windows the erasure test runs on: the first :data:`QUICK_WINDOWS` in quick mode,
+    else up to 16 (each full-size window costs tens of CPU-seconds: three predictions, two
+    replacements, every method)."""
+    n = int(ctx.tokens.shape[0])
+    return min(QUICK_WINDOWS, n) if ctx.config.quick else min(16, n)
+
+
+def quick_sample(ctx) -> str:
+    """What quick mode samples down here, in a few words (the report's quick-mode line)."""
+    left_out = " and ".join(m.replace("_", " ") for m in QUICK_LEFT_OUT)
+    return (
+        f"the erasure test on {n_windows(ctx)} of {counted(int(ctx.tokens.shape[0]), 'window')}, one prediction each, "
+        f"space replacement only, without {left_out}"
+    )
 
 
 @dataclass

@@ -29,6 +29,11 @@ def params(ctx) -> PruningParams:
     return PruningParams(mode="mean", batch_size=ctx.config.batch_size, description=desc, **grid)
 
 
+def quick_sample(ctx) -> str:
+    """What quick mode samples down here, in a few words (the report's quick-mode line)."""
+    return "pruning at 80 % and 50 % retention, one seed"
+
+
 def analyses(ctx) -> dict:
     return pruning_analyses(ctx.model, ctx.tokens, params(ctx))
 

@@ -23,6 +23,11 @@ def params(ctx) -> SinksParams:
     return SinksParams(batch_size=ctx.config.batch_size, **drift)
 
 
+def quick_sample(ctx) -> str:
+    """What quick mode samples down here, in a few words (the report's quick-mode line)."""
+    return "the sink value-norm intervention on 1 window at λ = 0 and 1"
+
+
 def analyses(ctx) -> dict:
     return sinks_analyses(ctx.model, ctx.tokens, params(ctx))
 
