@@ -8,9 +8,12 @@ therefore, unless told otherwise:
 - sets ``OMP_WAIT_POLICY=PASSIVE`` when ``import geolens`` comes before torch's (:func:`prefer_passive_wait`;
   OpenMP reads it once, when torch loads it, so a torch imported earlier keeps its policy);
 - uses as many threads as there are free cores, the cores this process may run on
-  (``os.sched_getaffinity``) minus the one-minute load average that other processes make (the
-  load less this process's own use), at least 1 (:func:`free_cores`), when
-  a model is loaded (:func:`geolens.models.load_model`) and a command starts.
+  (``os.sched_getaffinity``) minus the cores other processes keep busy, at least 1
+  (:func:`free_cores`), when a model is loaded (:func:`geolens.models.load_model`) and a command
+  starts. The busy cores are measured now, over 0.1 s, from ``/proc/stat`` on this process's cores
+  less this process's own use (:func:`busy_cores`); the one-minute load average lags by a minute
+  (a command started just after another had finished saw a busy machine and ran on one thread),
+  and serves only where ``/proc/stat`` cannot be read (less this process's share, :func:`own_load`).
 
 Overrides, strongest first: a command's ``--threads N``; ``GEOLENS_THREADS=N`` in the environment;
 ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment; a ``torch.set_num_threads`` of your
@@ -54,19 +57,55 @@ def own_load() -> float:
     return 0.0 if wall < 1.0 else (sum(os.times()[:2]) - _SINCE[1]) / wall
 
 
-def free_cores(n_cores: int | None = None, load: float | None = None, own: float | None = None) -> int:
-    """The cores not taken by other work: ``n_cores − (load − own)``, rounded, between 1 and
-    ``n_cores`` (``own``: this process's part of the load, :func:`own_load`).
+def _cpu_jiffies(cpus) -> dict[int, tuple[int, int]] | None:
+    """``{cpu: (busy, total)}`` clock ticks of ``cpus`` since boot (``/proc/stat``); None where unreadable."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            out[int(name[3:])] = (sum(ticks) - ticks[3] - ticks[4], sum(ticks))
+    return out or None
 
-    >>> free_cores(2, 0.1, 0.0), free_cores(2, 3.0, 0.0), free_cores(16, 5.4, 0.0)
-    (2, 1, 11)
-    >>> free_cores(2, 1.06, 1.0), free_cores(2, 4.0, 1.0)  # this process alone; beside three busy ones
-    (2, 1)
+
+def busy_cores(interval: float = 0.1) -> float | None:
+    """The cores of this process's affinity that *other* processes keep busy, measured over
+    ``interval`` seconds: the busy share of each core (``/proc/stat``) summed, less this process's
+    own CPU use over the same span. None where ``/proc/stat`` cannot be read."""
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = set(range(os.cpu_count() or 1))
+    before, own_before, start = _cpu_jiffies(cpus), sum(os.times()[:2]), time.monotonic()
+    if before is None:
+        return None
+    time.sleep(interval)
+    after, own, wall = _cpu_jiffies(cpus), sum(os.times()[:2]) - own_before, time.monotonic() - start
+    if after is None:
+        return None
+    busy = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in after if c in before)
+    return max(0.0, busy - own / max(wall, 1e-9))
+
+
+def free_cores(n_cores: int | None = None, busy: float | None = None) -> int:
+    """The cores not taken by other work: ``n_cores − busy``, rounded, between 1 and ``n_cores``.
+    ``busy``: the cores other processes keep busy (default: :func:`busy_cores`, measured now; where
+    that cannot be read, the load average less this process's share, :func:`own_load`).
+
+    >>> free_cores(2, 0.1), free_cores(2, 3.0), free_cores(16, 5.4), free_cores(4, -1.0)
+    (2, 1, 11, 4)
     """
     n = cores() if n_cores is None else int(n_cores)
-    busy = load_average() if load is None else float(load)
-    mine = own_load() if own is None else float(own)
-    return max(1, min(n, int(n - max(0.0, busy - mine) + 0.5)))
+    if busy is None:
+        busy = busy_cores()
+    if busy is None:
+        busy = load_average() - own_load()
+    return max(1, min(n, int(n - max(0.0, float(busy)) + 0.5)))
 
 
 def prefer_passive_wait() -> bool:
@@ -113,7 +152,9 @@ def choose(explicit: int | None = None) -> tuple[int | None, str]:
             return None, "yours"  # torch.set_num_threads was called after geolens set the count
         if applied["source"] == "--threads":  # a command's explicit count holds for its whole run
             return applied["threads"], "--threads"
-    return free_cores(), "free cores"
+    busy = busy_cores()
+    _state["measured"] = None if busy is None else round(busy, 2)
+    return free_cores(busy=busy), "free cores"
 
 
 def apply(explicit: int | None = None) -> dict:
@@ -123,16 +164,17 @@ def apply(explicit: int | None = None) -> dict:
     n, source = choose(explicit)
     if n is not None:
         torch.set_num_threads(n)
-        _state["applied"] = dict(threads=n, source=source)
+        _state["applied"] = dict(threads=n, source=source, busy=_state.pop("measured", None))
     return policy(source)
 
 
 def policy(source: str | None = None) -> dict:
     """What is in force: torch's threads and where that count came from, the OpenMP wait policy, the
-    cores and the load average when it was read.
+    cores, and the cores other processes kept busy when the count was chosen (None: not measured)
+    with the load average now.
 
     >>> sorted(policy())
-    ['cores', 'load_average', 'source', 'threads', 'wait_policy']
+    ['busy_cores', 'cores', 'load_average', 'source', 'threads', 'wait_policy']
     """
     import torch
 
@@ -145,8 +187,19 @@ def policy(source: str | None = None) -> dict:
         source=source or applied.get("source", "torch's default"),
         wait_policy=wait,
         cores=cores(),
+        busy_cores=applied.get("busy"),
         load_average=round(load_average(), 2),
     )
 
 
-__all__ = ["ENV", "apply", "choose", "cores", "free_cores", "load_average", "policy", "prefer_passive_wait"]
+__all__ = [
+    "ENV",
+    "apply",
+    "busy_cores",
+    "choose",
+    "cores",
+    "free_cores",
+    "load_average",
+    "policy",
+    "prefer_passive_wait",
+]

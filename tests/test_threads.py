@@ -26,18 +26,50 @@ def _run(code: str, **env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_free_cores_subtracts_the_load_and_keeps_at_least_one():
-    assert threads.free_cores(2, 0.0, 0.0) == 2
-    assert threads.free_cores(2, 0.6, 0.0) == 1  # 1.4 rounds to 1
-    assert threads.free_cores(2, 3.0, 0.0) == 1
-    assert threads.free_cores(4, 1.4, 0.0) == 3
-    assert threads.free_cores(4, -1.0, 0.0) == 4  # never more than the cores
+def test_free_cores_subtracts_the_busy_cores_and_keeps_at_least_one():
+    assert threads.free_cores(2, 0.0) == 2
+    assert threads.free_cores(2, 0.6) == 1  # 1.4 rounds to 1
+    assert threads.free_cores(2, 3.0) == 1
+    assert threads.free_cores(4, 1.4) == 3
+    assert threads.free_cores(4, -1.0) == 4  # never more than the cores
 
 
-def test_this_process_own_load_is_not_counted_as_other_work():
-    assert threads.free_cores(2, 1.06, 1.0) == 2  # an idle machine where only this process ran
-    assert threads.free_cores(2, 4.0, 1.0) == 1  # beside three busy processes
-    assert threads.free_cores(2, 0.2, 1.0) == 2  # never more free than the cores
+def test_busy_cores_sees_another_process_and_not_this_one():
+    """Measured over 0.1 s from /proc/stat: a child spinning on one core counts (about 1 core, on a
+    machine that is not busier), this process spinning does not. No timing is asserted beyond the
+    share of one core a spinning process shows; skipped without /proc/stat."""
+    if threads.busy_cores() is None:
+        pytest.skip("no /proc/stat here")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.5)
+        seen = threads.busy_cores(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert seen >= 0.6  # the child's core (the machine's other work can only add)
+
+
+def test_busy_cores_leaves_out_this_process_own_use(monkeypatch):
+    """The arithmetic, on made-up ticks: two cores at 100 ticks each over the span, 150 busy in
+    all, while this process used 0.5 s of CPU in 1 s: 1.5 − 0.5 = 1.0 core busy elsewhere."""
+    ticks = iter([{0: (0, 0), 1: (0, 0)}, {0: (100, 100), 1: (50, 100)}])
+    clock = iter([0.0, 1.0])
+    cpu = iter([(0.0, 0.0, 0, 0, 0), (0.5, 0.0, 0, 0, 0)])
+    monkeypatch.setattr(threads, "_cpu_jiffies", lambda cpus: next(ticks))
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    monkeypatch.setattr(threads.os, "times", lambda: next(cpu))
+    assert threads.busy_cores() == pytest.approx(1.0)
+    monkeypatch.setattr(threads, "_cpu_jiffies", lambda cpus: None)
+    monkeypatch.setattr(threads.time, "monotonic", lambda: 0.0)
+    monkeypatch.setattr(threads.os, "times", lambda: (0.0, 0.0, 0, 0, 0))
+    assert threads.busy_cores() is None  # no /proc/stat: free_cores falls back on the load average
+
+
+def test_this_process_own_load_is_measured():
     code = (
         "import json, time, geolens.threads as t; end = time.monotonic() + 1.5\n"
         "while time.monotonic() < end: pass\n"
@@ -56,12 +88,12 @@ def test_passive_wait_is_set_before_torch_only_and_never_over_the_environment():
 
 def test_the_overrides_in_order():
     explicit = (
-        "import json, geolens.threads as t; t.free_cores = lambda *a: 1; a = t.apply(3); b = t.apply(); "
+        "import json, geolens.threads as t; t.free_cores = lambda *a, **k: 1; a = t.apply(3); b = t.apply(); "
         "print(json.dumps([a['threads'], a['source'], b['threads'], b['source']]))"
     )
     assert _run(explicit) == [3, "--threads", 3, "--threads"]  # a command's --threads holds for its run
     free = (
-        "import json, torch, geolens.threads as t; t.free_cores = lambda *a: 1; "
+        "import json, torch, geolens.threads as t; t.free_cores = lambda *a, **k: 1; "
         "b = t.apply(); torch.set_num_threads(2); c = t.apply(); "
         "print(json.dumps([b['threads'], b['source'], c['threads'], c['source']]))"
     )
@@ -83,7 +115,7 @@ def test_a_bad_geolens_threads_is_one_line():
 
 def test_load_model_applies_the_policy():
     code = (
-        "import json, geolens, geolens.threads as t; t.free_cores = lambda *a: 1; "
+        "import json, geolens, geolens.threads as t; t.free_cores = lambda *a, **k: 1; "
         "geolens.load_model('tiny-gqa'); import torch; print(json.dumps([torch.get_num_threads(), t.policy()['source']]))"
     )
     assert _run(code) == [1, "free cores"]
