@@ -133,7 +133,9 @@ def _run_one(args, model_name: str, out: Path, sections, backend: str = "transfo
     print(f"{'':<40} {'wall':>7}   {'CPU':>7}")
     print(f"{'model load':<40} {loaded:7.1f} s")
     p = report.params
-    print(f"{'corpus pass (shared by the sections)':<40} {p['corpus_pass_seconds']:7.1f} s {p['corpus_pass_cpu_seconds']:7.1f} s")
+    print(
+        f"{'corpus pass (shared by the sections)':<40} {p['corpus_pass_seconds']:7.1f} s {p['corpus_pass_cpu_seconds']:7.1f} s"
+    )
     for s in report.sections:
         print(f"{s.title:<40} {s.seconds:7.1f} s {s.cpu_seconds:7.1f} s")
     print("\npaper claim → measured")

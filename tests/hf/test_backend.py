@@ -244,7 +244,18 @@ def test_contributions_against_the_naive_reference(family_cache):
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
 # the clock; the machine's load and the torch threads chosen from it (params.threads); the backend, and the
 # model's name as each backend records it (the class name on the HF-native one)
-_RUN_DEPENDENT = {"created", "seconds", "corpus_pass_seconds", "report_seconds", "cpu_seconds", "corpus_pass_cpu_seconds", "report_cpu_seconds", "threads", "model_mode", "model"}
+_RUN_DEPENDENT = {
+    "created",
+    "seconds",
+    "corpus_pass_seconds",
+    "report_seconds",
+    "cpu_seconds",
+    "corpus_pass_cpu_seconds",
+    "report_cpu_seconds",
+    "threads",
+    "model_mode",
+    "model",
+}
 # Numbers agree within 1e-5 relative, or 5e-5 absolute: ΔPPL (and its AUCs) is a difference of two
 # perplexities near 64 and carries their float32 rounding (ulp 7.6e-6; GPT-2's logits differ by a
 # few ulps between the backends), whatever its own size

@@ -74,7 +74,9 @@ def per_term_windows(ctx):
 def quick_sample(ctx) -> str:
     """What quick mode samples down here, in a few words (the report's quick-mode line)."""
     n = int(per_term_windows(ctx).shape[0])
-    return f"per-term effects on {n} of {counted(int(ctx.tokens.shape[0]), 'window')}, one position each, 1000 resamples"
+    return (
+        f"per-term effects on {n} of {counted(int(ctx.tokens.shape[0]), 'window')}, one position each, 1000 resamples"
+    )
 
 
 def per_term_tables(run, sample: dict) -> dict[str, pd.DataFrame]:

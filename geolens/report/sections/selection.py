@@ -31,10 +31,10 @@ def params(ctx) -> SelectionParams:
     )
 
 
-
 def quick_sample(ctx) -> str:
     """What quick mode samples down here, in a few words (the report's quick-mode line)."""
     return "token selection with and without the sink only, 4 random draws, 200 resamples"
+
 
 def analyses(ctx) -> dict:
     return selection_analyses(ctx.model, ctx.tokens, params(ctx))
