@@ -151,6 +151,17 @@ def register_in_git(protocol_json, registered_at: str = "2026-12-06") -> str:
     return commit
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _effects_cache(tmp_path_factory):
+    """evaluate_attribution's on-disk effects cache in a folder of this test session's own, never
+    the user's (geolens.faithfulness.effects_cache.FOLDER)."""
+    from geolens.faithfulness import effects_cache
+
+    effects_cache.FOLDER = tmp_path_factory.mktemp("effects")
+    yield
+    effects_cache.FOLDER = None
+
+
 @pytest.fixture(scope="session", params=TINY_KINDS)
 def tiny(request):
     """(model, tokens, full cache) for each tiny architecture."""

@@ -21,24 +21,24 @@ from :mod:`geolens.stats`. The method's scores come from the metric registry
 
 from __future__ import annotations
 
-import contextlib
-import io
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 from torch import Tensor
 
-from geolens.adapter import get_attention_layer, model_mode, names_filter
+from geolens.adapter import model_mode
+from geolens.faithfulness.effects_cache import effects_key, load_arrays, load_effects, save_arrays, save_effects
+from geolens.faithfulness.method_scores import method_scores, stored_residuals
 from geolens.faithfulness.norm_controlled import ANALYSES, norm_controlled_document, statistics_table
+from geolens.faithfulness.reference import check_norms, has_reference, load_reference, residuals_key
 from geolens.methods import Method, methods
-from geolens.metrics import LayerInputs, Metric, SequenceInputs, get_metric, mode_variant
+from geolens.metrics import Metric, get_metric, mode_variant
 from geolens.models import resolve_model
-from geolens.per_term import float64_exact
+from geolens.per_term import float64_model
 from geolens.stats import bootstrap_pvalue, cluster_bootstrap_indices, holm_family, percentile_ci, resample_means
-from geolens.validation import checked_text_tokens
+from geolens.validation import checked_text_tokens, weights_fingerprint
 
 REFERENCES = ("value_weighted", "raw_attention")
 """The reference rows of every evaluation: value-weighted attention (the norm itself: its partial is
@@ -49,6 +49,7 @@ ROLES = ("method",) + REFERENCES
 # scores ride in it and its statistics are the ones the protocol computes for any metric.
 _CARRIER = "random"
 LEE_WINDOWS = {"seq_len": 128, "min_document_tokens": 127}  # protocol 3's windows (PROTOCOL.md §1)
+LEE_QUERIES = (8, 126)  # protocol 3's query range (PROTOCOL.md §2)
 
 
 @dataclass
@@ -257,77 +258,7 @@ def _queries(windows: list[Tensor], queries: tuple[int, int]) -> list[tuple[int,
 
 
 # ---------------------------------------------------------------------------------------------
-# The model in float64, restored on any exit
-
-
-@contextlib.contextmanager
-def float64_model(model):
-    """The model cast to float64 and computing its softmax and RMS norms in float64
-    (:func:`geolens.per_term.float64_exact`) for the block; every parameter and buffer gets its own
-    dtype back on exit, exception or not (its values too: float32 → float64 → float32 is exact).
-
-    >>> from geolens.testing import tiny_bridge
-    >>> model = tiny_bridge("gqa")
-    >>> with float64_model(model):
-    ...     inside = next(model.parameters()).dtype
-    >>> inside, next(model.parameters()).dtype
-    (torch.float64, torch.float32)
-    """
-    before = {**_named_dtypes(model, "parameters"), **_named_dtypes(model, "buffers")}
-    cfg = getattr(model, "cfg", None)
-    cfg_dtype = getattr(cfg, "dtype", None)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints "Changing model dtype"
-            model.to(torch.float64)
-        with float64_exact(model):
-            yield model
-    finally:
-        with contextlib.redirect_stdout(io.StringIO()):
-            model.to(next(iter(before.values()), torch.float32))
-        with torch.no_grad():  # buffers are new tensors after .to(): found again by name
-            for kind in ("parameters", "buffers"):
-                for key, t in getattr(model, f"named_{kind}")():
-                    if (kind, key) in before and t.dtype != before[(kind, key)]:
-                        t.data = t.data.to(before[(kind, key)])
-        if cfg_dtype is not None and getattr(cfg, "dtype", None) != cfg_dtype:
-            try:  # a TransformerLens config keeps its dtype as a field
-                cfg.dtype = cfg_dtype
-            except AttributeError:  # geolens.hf's config reads it from the model: restored above
-                pass
-
-
-def _named_dtypes(model, kind: str) -> dict[tuple[str, str], torch.dtype]:
-    return {(kind, key): t.dtype for key, t in getattr(model, f"named_{kind}")()}
-
-
-# ---------------------------------------------------------------------------------------------
 # The method's scores of the measured terms
-
-
-def _method_scores(model, metric: Metric, mode: str, tokens: Tensor, terms: pd.DataFrame, seed: int) -> np.ndarray:
-    """The method's score of each row of ``terms`` (one document), read from the float64 model."""
-    layers = sorted({int(l) for l in terms.layer})
-    n_heads = int(model.cfg.n_heads)
-    with torch.no_grad():
-        if metric.per_layer:
-            _, cache = model.run_with_cache(tokens, names_filter=names_filter(model, layers))
-            per_layer = {}
-            for l in layers:
-                view = get_attention_layer(model, cache, l, dtype=torch.float64)
-                per_layer[l] = metric.layer_scores(LayerInputs.from_layer(view, mode), summed=False)[0]
-        else:
-            x = metric.scores(SequenceInputs(model, tokens, tuple(layers), n_heads, int(seed)))[:, 0]
-            x = x.abs() if metric.absolute else x
-            per_layer = {l: x[k] for k, l in enumerate(layers)}
-    out = np.empty(len(terms), dtype=np.float64)
-    for l, rows in terms.groupby("layer").indices.items():
-        x = per_layer[int(l)].double().cpu()  # [head or 1, query or 1, key]
-        x = x.expand(n_heads, tokens.shape[1], tokens.shape[1]).numpy()
-        part = terms.iloc[rows]
-        out[rows] = x[part["head"].to_numpy(), part["query"].to_numpy(), part["source"].to_numpy()]
-    if not np.isfinite(out).all():
-        raise ValueError(f"method {metric.name!r} gave non-finite scores (NaN or inf) to some terms")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,15 +327,17 @@ def evaluate_attribution(
     texts: str | Sequence[str] | None = None,
     *,
     tokens: Tensor | Sequence[Tensor] | None = None,
-    n_documents: int = 10,
-    n_positions: int = 2,
-    queries: tuple[int, int] = (8, 126),
+    n_documents: int | None = None,
+    n_positions: int | None = None,
+    queries: tuple[int, int] | None = None,
     mode: str | None = None,
     n_boot: int = 1000,
     seed: int = 0,
     alpha: float = 0.05,
     batch_size: int = 128,
     progress: bool | Callable[[str], object] | None = True,
+    reference: bool = True,
+    cache: bool = True,
 ) -> AttributionEvaluation | list[AttributionEvaluation]:
     """Score a term-level attribution method against the exact effect of removing each attention
     term, with protocol 3's statistics (docs/faithfulness/v3/PROTOCOL.md; guide: docs/evaluate.md).
@@ -430,13 +363,20 @@ def evaluate_attribution(
             predicting a larger KL. A list of them is scored against the same effects, measured
             once: the result is then a list, one evaluation per method, in order.
         model: a loaded TransformerLens model, or a name :func:`geolens.load_model` accepts.
-        texts: a text or a list of texts, one document each (BOS prepended); default: protocol
-            3's windows of the first ``n_documents`` documents of the Lee corpus.
+        texts: a text or a list of texts, one document each (BOS prepended). Default: for
+            ``"smollm2-135m"`` and ``"gemma3-270m"``, the shipped reference set (protocol 3's
+            published effects of its 100 documents, :mod:`geolens.faithfulness.reference`: only the
+            method's scores are computed, one forward a document); for other models, protocol 3's
+            windows of the first ``n_documents`` documents of the Lee corpus.
         tokens: instead of ``texts``: token ids ``[pos]`` or ``[n, pos]`` (one unpadded document a
             row, BOS included), or a list of them.
-        n_documents: how many Lee documents when neither ``texts`` nor ``tokens`` is given.
-        n_positions: positions drawn per document (protocol 3: 2 for SmolLM2, 1 for Gemma 3).
-        queries: the range of query positions (inclusive) drawn from.
+        n_documents: with the reference set, its first ``n_documents`` documents (default: all
+            100); else how many Lee documents when neither ``texts`` nor ``tokens`` is given
+            (default 10).
+        n_positions: positions drawn per document (default 2; protocol 3: 2 for SmolLM2, 1 for
+            Gemma 3). The reference set has its own: passing this with it is refused.
+        queries: the range of query positions (inclusive) drawn from (default (8, 126); refused
+            with the reference set, as ``n_positions``).
         mode: the output o_i the method's inputs use (``"inter"``, the layer's, by default, as
             protocol 3's contribution weights; or ``"intra"``, the head's).
         n_boot: the bootstrap's resamples (protocol 3: 10 000).
@@ -445,6 +385,11 @@ def evaluate_attribution(
         batch_size: removals per batched forward.
         progress: True (the default): a progress bar over the documents (tqdm, in a terminal and
             in Jupyter); False or None: nothing; a callable: called with a line after each document.
+        reference: False: measure the effects on the Lee windows even for a model with a shipped
+            reference set.
+        cache: keep measured effects on disk and reuse them (:mod:`geolens.faithfulness.effects_cache`:
+            one file per document under ``$GEOLENS_CACHE/effects``, keyed by the weights, the
+            protocol, the tokens and the positions), so that a second metric costs only its scores.
 
     Returns:
         :class:`AttributionEvaluation` (``.summary``, ``.differences``, ``.positions``, ...).
@@ -466,8 +411,9 @@ def evaluate_attribution(
     names = [name for _, _, name in checked]
     if len(set(names)) != len(names):
         raise ValueError(f"method: each method once, got {names}")
-    n_documents = _positive_int(n_documents, "n_documents")
-    n_positions = _positive_int(n_positions, "n_positions")
+    for value, name in ((n_documents, "n_documents"), (n_positions, "n_positions")):
+        if value is not None:
+            _positive_int(value, name)
     n_boot = _positive_int(n_boot, "n_boot")
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
@@ -477,24 +423,50 @@ def evaluate_attribution(
             "evaluate_attribution needs a TransformerLens model (float64 per-term effects): "
             "load it with geolens.load_model(name) (backend='transformer_lens')"
         )
-    windows = _documents(model, texts, tokens, n_documents)
-    ranges = _queries(windows, queries)
+    use_reference = bool(reference) and texts is None and tokens is None and has_reference(model_name)
+    if use_reference:
+        if n_positions is not None or queries is not None:
+            raise ValueError(
+                f"the {model_name} reference set has its own positions (protocol 3's): pass texts to draw "
+                "n_positions and queries yourself, or reference=False to measure on the Lee windows"
+            )
+        ref = load_reference(model_name)
+        ref = ref if n_documents is None else ref.subset(n_documents)
+        windows = [ref.tokens[d][None] for d in range(ref.n_documents)]
+        ranges = [tuple(LEE_QUERIES)] * len(windows)
+        n_positions = int(ref.positions.groupby("document").size().max())
+    else:
+        n_documents = _positive_int(10 if n_documents is None else n_documents, "n_documents")
+        n_positions = _positive_int(2 if n_positions is None else n_positions, "n_positions")
+        windows = _documents(model, texts, tokens, n_documents)
+        ranges = _queries(windows, LEE_QUERIES if queries is None else queries)
     device = next(model.parameters()).device
+    weights = weights_fingerprint(model)  # of the model as given (its dtype), before the float64 cast
+    stored = load_arrays(residuals_key(weights, ref)) if use_reference and cache else None
+    new: dict = {}
     all_terms, all_positions = [], []
+    desc = "scoring the reference terms" if use_reference else "per-term effects (float64)"
     bar = None
     if progress is True:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(windows), desc="per-term effects (float64)", unit="document")
+        bar = tqdm(total=len(windows), desc=desc, unit="document")
     try:
         with float64_model(model):
             for d, (window, q) in enumerate(zip(windows, ranges)):
                 window = window.to(device)
-                terms, positions = norm_controlled_document(
-                    model, window, d, n_positions=n_positions, queries=q, batch_size=batch_size
-                )
-                for i, (metric, method_mode, _) in enumerate(checked):  # every method on the same effects
-                    terms[f"{_CARRIER}{i}"] = _method_scores(model, metric, method_mode, window, terms, seed)
+                if use_reference:
+                    terms, positions = ref.terms[ref.terms.document == d].reset_index(drop=True), None
+                else:
+                    terms, positions = _effects(model, window, d, n_positions, q, batch_size, weights, cache)
+                known = stored_residuals(stored, d) if use_reference else None
+                scores, norms, resid = method_scores(model, checked, window, terms, seed, known)
+                if use_reference:  # the model the effects were measured on, or refused in one line
+                    check_norms(model_name, norms, terms["norm"].to_numpy())
+                    positions = ref.positions[ref.positions.document == d]
+                    if known is None:
+                        new.update({f"{d}:{l}": x.cpu().numpy() for l, x in resid.items()})
+                terms = terms.assign(**{f"{_CARRIER}{i}": x for i, x in enumerate(scores)})
                 all_terms.append(terms)
                 all_positions.append(positions)
                 if bar is not None:
@@ -504,25 +476,46 @@ def evaluate_attribution(
     finally:
         if bar is not None:
             bar.close()
+    if new and cache:  # the residuals of this call's new documents, beside those already cached
+        save_arrays(residuals_key(weights, ref), {**(stored or {}), **new})
     terms = pd.concat(all_terms, ignore_index=True)
     positions = pd.concat(all_positions, ignore_index=True)
+    source = (
+        f"the {model_name} reference set (protocol 3's published effects, geolens.faithfulness.reference)"
+        if use_reference
+        else "measured here" + (" (or read from the effects cache)" if cache else "")
+    )
+    common = (model, model_name, windows, ranges, n_positions, n_boot, seed, alpha, source)
     results = [
-        _evaluation(
-            terms, positions, i, name, method_mode, model, model_name, windows, ranges, n_positions, n_boot, seed, alpha
-        )
-        for i, (_, method_mode, name) in enumerate(checked)
+        _evaluation(terms, positions, i, name, method_mode, *common) for i, (_, method_mode, name) in enumerate(checked)
     ]
     return results if several else results[0]
 
 
-def _evaluation(terms, positions, i, name, mode, model, model_name, windows, ranges, n_positions, n_boot, seed, alpha):
+def _effects(model, window, d, n_positions, queries, batch_size, weights, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One document's measured ``(terms, positions)``: from the on-disk cache when it holds them
+    (``cache``), else measured (:func:`norm_controlled_document`) and cached."""
+    key = effects_key(weights, window, d, n_positions, queries, batch_size) if cache else None
+    found = load_effects(key) if cache else None
+    if found is not None:
+        return found
+    terms, positions = norm_controlled_document(
+        model, window, d, n_positions=n_positions, queries=queries, batch_size=batch_size
+    )
+    if cache:
+        save_effects(key, terms, positions)
+    return terms, positions
+
+
+def _evaluation(
+    terms, positions, i, name, mode, model, model_name, windows, ranges, n_positions, n_boot, seed, alpha, source
+):
     """One method's :class:`AttributionEvaluation` from the shared terms (its scores in column ``_CARRIER{i}``)."""
     carriers = [c for c in terms.columns if c.startswith(_CARRIER)]
     terms = terms.drop(columns=[c for c in carriers if c != f"{_CARRIER}{i}"]).rename(
         columns={f"{_CARRIER}{i}": _CARRIER}
     )
-    stats = statistics_table(terms, positions)
-    stats = stats[stats.metric.isin([_CARRIER, *REFERENCES])].copy()
+    stats = statistics_table(terms, positions, metrics=(_CARRIER, *REFERENCES))
     stats["role"] = stats.metric.where(stats.metric != _CARRIER, "method")
     stats["metric"] = stats.metric.where(stats.metric != _CARRIER, name)
     summary, differences = _summaries(stats, name, n_boot, int(seed), float(alpha))
@@ -548,6 +541,7 @@ def _evaluation(terms, positions, i, name, mode, model, model_name, windows, ran
             queries=[list(q) for q in ranges],
             position_rng="numpy.random.default_rng([3, document_index])",
             effects_dtype="float64",
+            effects=source,
             model_mode=model_mode(model),
         ),
     )

@@ -8,6 +8,8 @@ for one position's terms, and :func:`statistics_table` for every position of a r
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -90,25 +92,33 @@ def strata_spearman(scores, effects, norm, n_strata: int = 5, min_terms: int = M
     return total / weight if weight else float("nan")
 
 
-def metric_scores(terms: pd.DataFrame) -> dict[str, np.ndarray]:
+def metric_scores(terms: pd.DataFrame, metrics: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Each metric's scores (KL orientation) from a ``terms`` table: value-weighted is the norm,
-    |contribution| its absolute value, gradient × activation (top-1) by |·|."""
-    scores = {m: terms[m].to_numpy(np.float64) for m in TERM_METRICS if m in terms and m != "grad_x_act"}
-    scores["value_weighted"] = terms["norm"].to_numpy(np.float64)
-    scores["contribution_abs"] = np.abs(terms["contribution"].to_numpy(np.float64))
-    scores["grad_x_act"] = np.abs(terms["grad_x_act"].to_numpy(np.float64))
-    return {m: scores[m] for m in TERM_METRICS}
+    |contribution| its absolute value, gradient × activation (top-1) by |·|. ``metrics``: only
+    these (in :data:`TERM_METRICS` order; the table needs only their columns); default: all."""
+    wanted = [m for m in TERM_METRICS if metrics is None or m in metrics]
+    derived = {
+        "value_weighted": lambda: terms["norm"].to_numpy(np.float64),
+        "contribution_abs": lambda: np.abs(terms["contribution"].to_numpy(np.float64)),
+        "grad_x_act": lambda: np.abs(terms["grad_x_act"].to_numpy(np.float64)),
+    }
+    return {m: derived[m]() if m in derived else terms[m].to_numpy(np.float64) for m in wanted}
 
 
-def position_statistics(terms: pd.DataFrame, floor: float, *, resolvable_factor: float = 1e3) -> dict:
+def position_statistics(
+    terms: pd.DataFrame, floor: float, *, resolvable_factor: float = 1e3, metrics: Sequence[str] | None = None
+) -> dict:
     """``{analysis: {metric: value}}`` of one position's ``terms`` (PROTOCOL.md §5, §7); NaN where
-    the position is excluded from that analysis (fewer than 5 terms, constant effects, ...)."""
-    scores = metric_scores(terms)
+    the position is excluded from that analysis (fewer than 5 terms, constant effects, ...).
+    ``metrics``: only these (:func:`metric_scores`)."""
+    scores = metric_scores(terms, metrics)
     kl = terms["kl"].to_numpy(np.float64)
     norm = terms["norm"].to_numpy(np.float64)
     dlogp = terms["delta_logp_next"].to_numpy(np.float64)
-    signed = dict(scores, grad_x_act=-terms["grad_x_act_next"].to_numpy(np.float64))
-    magnitude = dict(scores, grad_x_act=np.abs(terms["grad_x_act_next"].to_numpy(np.float64)))
+    signed, magnitude = dict(scores), dict(scores)
+    if "grad_x_act" in scores:  # its signed and magnitude analyses score the next token's gradient × activation
+        signed["grad_x_act"] = -terms["grad_x_act_next"].to_numpy(np.float64)
+        magnitude["grad_x_act"] = np.abs(terms["grad_x_act_next"].to_numpy(np.float64))
     nan = float("nan")
 
     def both(name: str, keep: np.ndarray | None, table: dict, effect: np.ndarray) -> dict:
@@ -134,13 +144,22 @@ def position_statistics(terms: pd.DataFrame, floor: float, *, resolvable_factor:
     return result
 
 
-def statistics_table(terms: pd.DataFrame, positions: pd.DataFrame, *, resolvable_factor: float = 1e3) -> pd.DataFrame:
-    """One row per (document, position, analysis, metric) with its ``value`` (:func:`position_statistics`)."""
+def statistics_table(
+    terms: pd.DataFrame,
+    positions: pd.DataFrame,
+    *,
+    resolvable_factor: float = 1e3,
+    metrics: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """One row per (document, position, analysis, metric) with its ``value`` (:func:`position_statistics`;
+    ``metrics``: only these)."""
     floors = positions.set_index(["document", "position"])["floor"]
     rows = []
     for (d, p), part in terms.groupby(["document", "position"], sort=True):
         ids = positions[(positions.document == d) & (positions.position == p)].iloc[0]
-        stats = position_statistics(part, float(floors.loc[(d, p)]), resolvable_factor=resolvable_factor)
+        stats = position_statistics(
+            part, float(floors.loc[(d, p)]), resolvable_factor=resolvable_factor, metrics=metrics
+        )
         for analysis, values in stats.items():
             for metric, value in values.items():
                 rows.append(

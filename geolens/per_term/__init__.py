@@ -58,7 +58,7 @@ The package, one module per idea:
 """
 
 from geolens.per_term.effects import _naive_effects, _z_removal, per_term_effects  # noqa: F401 - private: the tests
-from geolens.per_term.exact import EPS64, float64_exact, numerical_floor
+from geolens.per_term.exact import EPS64, float64_exact, float64_model, numerical_floor
 from geolens.per_term.position import PositionEffects, position_effects
 from geolens.per_term.state import (  # noqa: F401 - the private names: tests and norm_controlled import them here
     OUTCOMES,
@@ -72,6 +72,7 @@ from geolens.per_term.state import (  # noqa: F401 - the private names: tests an
 )
 
 __all__ = [
+    "float64_model",
     "EPS64",
     "OUTCOMES",
     "Method",

@@ -7,8 +7,9 @@ resolves effects, from its unperturbed row against the clean forward.
 
 from __future__ import annotations
 
+import io
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 
 import torch
 from torch import Tensor
@@ -119,3 +120,43 @@ def float64_exact(model):
         for module, name in patched:
             if name in vars(module):
                 object.__delattr__(module, name)
+
+
+@contextmanager
+def float64_model(model):
+    """The model cast to float64 and computing its softmax and RMS norms in float64
+    (:func:`geolens.per_term.float64_exact`) for the block; every parameter and buffer gets its own
+    dtype back on exit, exception or not (its values too: float32 → float64 → float32 is exact).
+
+    >>> from geolens.testing import tiny_bridge
+    >>> model = tiny_bridge("gqa")
+    >>> with float64_model(model):
+    ...     inside = next(model.parameters()).dtype
+    >>> inside, next(model.parameters()).dtype
+    (torch.float64, torch.float32)
+    """
+    before = {**_named_dtypes(model, "parameters"), **_named_dtypes(model, "buffers")}
+    cfg = getattr(model, "cfg", None)
+    cfg_dtype = getattr(cfg, "dtype", None)
+    try:
+        with redirect_stdout(io.StringIO()):  # TransformerLens prints "Changing model dtype"
+            model.to(torch.float64)
+        with float64_exact(model):
+            yield model
+    finally:
+        with redirect_stdout(io.StringIO()):
+            model.to(next(iter(before.values()), torch.float32))
+        with torch.no_grad():  # buffers are new tensors after .to(): found again by name
+            for kind in ("parameters", "buffers"):
+                for key, t in getattr(model, f"named_{kind}")():
+                    if (kind, key) in before and t.dtype != before[(kind, key)]:
+                        t.data = t.data.to(before[(kind, key)])
+        if cfg_dtype is not None and getattr(cfg, "dtype", None) != cfg_dtype:
+            try:  # a TransformerLens config keeps its dtype as a field
+                cfg.dtype = cfg_dtype
+            except AttributeError:  # geolens.hf's config reads it from the model: restored above
+                pass
+
+
+def _named_dtypes(model, kind: str) -> dict[tuple[str, str], torch.dtype]:
+    return {(kind, key): t.dtype for key, t in getattr(model, f"named_{kind}")()}
