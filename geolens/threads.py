@@ -17,7 +17,8 @@ therefore, unless told otherwise:
 
 Overrides, strongest first: a command's ``--threads N``; ``GEOLENS_THREADS=N`` in the environment;
 ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment; a ``torch.set_num_threads`` of your
-own after the first model is loaded (geolens then leaves the count alone); ``OMP_WAIT_POLICY`` set
+own, before or after the first model is loaded (geolens then leaves the count alone; before it,
+a count other than torch's default of one thread per core is taken as yours); ``OMP_WAIT_POLICY`` set
 in the environment. :func:`policy` says what is in force, and the report
 records it in ``report.json`` (``params.threads``).
 """
@@ -147,6 +148,8 @@ def choose(explicit: int | None = None) -> tuple[int | None, str]:
         if os.environ.get(name, "").strip():
             return None, name  # the environment decided torch's count
     applied = _state["applied"]
+    if applied is None and torch.get_num_threads() != cores():
+        return None, "yours"  # torch's default is one thread per core: a torch.set_num_threads of the caller's
     if applied is not None:
         if torch.get_num_threads() != applied["threads"]:
             return None, "yours"  # torch.set_num_threads was called after geolens set the count

@@ -98,6 +98,12 @@ def test_the_overrides_in_order():
         "print(json.dumps([b['threads'], b['source'], c['threads'], c['source']]))"
     )
     assert _run(free) == [1, "free cores", 2, "yours"]  # your own count, set after geolens's, is kept
+    before = (
+        "import json, torch, geolens.threads as t; t.free_cores = lambda *a, **k: 1; n = 2 if t.cores() == 1 else 1; "
+        "torch.set_num_threads(n); a = t.apply(); print(json.dumps([a['threads'], a['source'], n]))"
+    )
+    got = _run(before)  # set before geolens chose any: not torch's default of one per core, so yours
+    assert got[:2] == [got[2], "yours"]
     assert _run(free, GEOLENS_THREADS="2")[:2] == [2, "GEOLENS_THREADS"]
     assert _run(free, OMP_NUM_THREADS="1")[1] == "OMP_NUM_THREADS"
 

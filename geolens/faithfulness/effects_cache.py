@@ -143,8 +143,7 @@ def load_arrays(key: str, folder: Path | None = None) -> dict[str, np.ndarray] |
 
 
 def save_arrays(key: str, arrays: dict[str, np.ndarray], folder: Path | None = None) -> Path | None:
-    """Write ``arrays`` under ``key``, uncompressed (float64 activations do not compress; they read
-    back faster so), atomically; None, with a warning, where the folder cannot be written."""
+    """Write ``arrays`` under ``key``, uncompressed (they read back several times faster so), atomically; None, with a warning, where the folder cannot be written."""
     return _write(folder or cache_folder(), key, dict(arrays, key=np.array(key)), compressed=False)
 
 

@@ -30,9 +30,9 @@ from torch import Tensor
 
 from geolens.adapter import model_mode
 from geolens.faithfulness.effects_cache import effects_key, load_arrays, load_effects, save_arrays, save_effects
-from geolens.faithfulness.method_scores import method_scores, stored_residuals
+from geolens.faithfulness.method_scores import flat_caches, method_scores, stored_caches
 from geolens.faithfulness.norm_controlled import ANALYSES, norm_controlled_document, statistics_table
-from geolens.faithfulness.reference import check_norms, has_reference, load_reference, residuals_key
+from geolens.faithfulness.reference import check_norms, has_reference, layers_key, load_reference
 from geolens.methods import Method, methods
 from geolens.metrics import Metric, get_metric, mode_variant
 from geolens.models import resolve_model
@@ -442,7 +442,7 @@ def evaluate_attribution(
         ranges = _queries(windows, LEE_QUERIES if queries is None else queries)
     device = next(model.parameters()).device
     weights = weights_fingerprint(model)  # of the model as given (its dtype), before the float64 cast
-    stored = load_arrays(residuals_key(weights, ref)) if use_reference and cache else None
+    stored = load_arrays(layers_key(weights, ref)) if use_reference and cache else None
     new: dict = {}
     all_terms, all_positions = [], []
     desc = "scoring the reference terms" if use_reference else "per-term effects (float64)"
@@ -459,13 +459,13 @@ def evaluate_attribution(
                     terms, positions = ref.terms[ref.terms.document == d].reset_index(drop=True), None
                 else:
                     terms, positions = _effects(model, window, d, n_positions, q, batch_size, weights, cache)
-                known = stored_residuals(stored, d) if use_reference else None
-                scores, norms, resid = method_scores(model, checked, window, terms, seed, known)
+                known = stored_caches(stored, d) if use_reference else None
+                scores, norms, caches = method_scores(model, checked, window, terms, seed, known)
                 if use_reference:  # the model the effects were measured on, or refused in one line
                     check_norms(model_name, norms, terms["norm"].to_numpy())
                     positions = ref.positions[ref.positions.document == d]
                     if known is None:
-                        new.update({f"{d}:{l}": x.cpu().numpy() for l, x in resid.items()})
+                        new.update(flat_caches(d, caches))
                 terms = terms.assign(**{f"{_CARRIER}{i}": x for i, x in enumerate(scores)})
                 all_terms.append(terms)
                 all_positions.append(positions)
@@ -476,8 +476,8 @@ def evaluate_attribution(
     finally:
         if bar is not None:
             bar.close()
-    if new and cache:  # the residuals of this call's new documents, beside those already cached
-        save_arrays(residuals_key(weights, ref), {**(stored or {}), **new})
+    if new and cache:  # the hook tensors of this call's new documents, beside those already cached
+        save_arrays(layers_key(weights, ref), {**(stored or {}), **new})
     terms = pd.concat(all_terms, ignore_index=True)
     positions = pd.concat(all_positions, ignore_index=True)
     source = (

@@ -1,13 +1,14 @@
 """A method's scores of protocol 3's measured terms (:func:`geolens.evaluate_attribution`).
 
 Each document's drawn (layer, query) positions need the layer's attention inputs at their queries
-only. :func:`residuals` runs one forward of the document's first tokens (up to its last query + 1)
-that stops after its last drawn layer, keeping the residual stream entering each drawn layer;
-:func:`layer_inputs` runs each drawn layer's block alone on that residual (TransformerLens'
-``start_at_layer``, the same values as the whole forward's: a causal model's layer inputs at a
-query depend on no later token or layer), and :func:`method_scores` reads the methods' scores and
-the norms ‖α ṽ‖ of the terms there. The residual streams of the shipped reference sets are cached
-(:func:`geolens.faithfulness.reference.residuals_key`), so that a later method runs only the blocks.
+only. :func:`layer_caches` runs one forward of the document's first tokens (up to its last query +
+1) that stops after its last drawn layer, keeping each drawn layer's hook tensors (pattern, values,
+z) cut to its own query + 1 (a causal model's layer inputs at a query depend on no later token or
+layer); :func:`layer_inputs` builds each layer's view from them, and :func:`method_scores` reads
+the methods' scores and the norms ‖α ṽ‖ of the terms there. For the shipped reference sets those
+tensors are cached on disk (:func:`geolens.faithfulness.reference.layers_key`), so that a later
+method runs no forward at all. (TransformerLens 4.x's ``start_at_layer`` would not save the
+prefix: the bridge still runs the blocks before it, docs/tl-notes.md.)
 """
 
 from __future__ import annotations
@@ -17,34 +18,37 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from geolens.adapter import adapter_for, get_attention_layer, names_filter
+from geolens.adapter import get_attention_layer, names_filter
 from geolens.metrics import LayerInputs, SequenceInputs
 
 
-def residuals(model, tokens: Tensor, widths: dict[int, int]) -> dict[int, Tensor]:
-    """The residual stream entering each drawn layer l, on the first ``widths[l]`` tokens (its last
-    query + 1), from one forward that stops after the last drawn layer (a causal model's layer
-    inputs at the queries depend on no later token or layer)."""
-    adapter = adapter_for(model)
-    hooks = {adapter.resid_pre_hook(l): l for l in widths}
+def _trim(name: str, x: Tensor, n: int) -> Tensor:
+    """A cached hook tensor cut to the first ``n`` positions (TransformerLens layouts: a pattern
+    ``[batch, head, query, key]``, every other ``[batch, pos, ...]``)."""
+    return x[:, :, :n, :n] if name.endswith(("hook_pattern", "hook_attn_scores")) else x[:, :n]
+
+
+def layer_caches(model, tokens: Tensor, widths: dict[int, int]) -> dict[int, dict[str, Tensor]]:
+    """What each drawn layer l's attention view reads (:func:`geolens.names_filter`), cut to its
+    first ``widths[l]`` positions (its last query + 1), from one forward of the document's first
+    max(widths) tokens that stops after the last drawn layer: a causal model's layer inputs at
+    those queries depend on no later token or layer."""
+    layers = sorted(widths)
     with torch.no_grad():
         _, cache = model.run_with_cache(
-            tokens[:, : max(widths.values())], names_filter=lambda name: name in hooks, stop_at_layer=max(widths) + 1
+            tokens[:, : max(widths.values())], names_filter=names_filter(model, layers), stop_at_layer=max(layers) + 1
         )
-    return {l: cache[name][0, : widths[l]].clone() for name, l in hooks.items()}
+        keep = {l: set(filter(names_filter(model, [l]), cache.keys())) for l in layers}
+        return {l: {name: _trim(name, cache[name], widths[l]).clone() for name in keep[l]} for l in layers}
 
 
-def layer_inputs(model, resid: dict[int, Tensor], modes) -> dict:
-    """``{(layer, mode): LayerInputs}`` (float64) of each drawn layer: its block alone, run on the
-    residual stream entering it (``start_at_layer``: the same values as the whole forward's)."""
+def layer_inputs(model, caches: dict[int, dict[str, Tensor]], modes) -> dict:
+    """``{(layer, mode): LayerInputs}`` (float64) of each drawn layer from its cut hook tensors."""
     out = {}
     device = next(model.parameters()).device
     with torch.no_grad():
-        for l, x in resid.items():
-            _, cache = model.run_with_cache(
-                x[None].to(device), start_at_layer=l, stop_at_layer=l + 1, names_filter=names_filter(model, [l])
-            )
-            view = get_attention_layer(model, cache, l, dtype=torch.float64)
+        for l, entries in caches.items():
+            view = get_attention_layer(model, {k: v.to(device) for k, v in entries.items()}, l, dtype=torch.float64)
             out.update({(l, m): LayerInputs.from_layer(view, m) for m in set(modes)})
     return out
 
@@ -60,15 +64,15 @@ def gather(per_layer: dict, terms: pd.DataFrame, n_heads: int, widths: dict[int,
     return out
 
 
-def method_scores(model, checked, tokens: Tensor, terms: pd.DataFrame, seed: int, resid=None) -> tuple:
+def method_scores(model, checked, tokens: Tensor, terms: pd.DataFrame, seed: int, caches=None) -> tuple:
     """(each method's score of each row of ``terms`` (one document), the norms ‖α ṽ‖ recomputed
-    there, the residual streams entering the drawn layers), read from the float64 model. ``resid``:
-    those residual streams when already known (the reference set's cache): no forward is run then."""
+    there, the drawn layers' cut hook tensors :func:`layer_caches`), read from the float64 model.
+    ``caches``: those tensors when already known (the reference set's cache): no forward runs then."""
     n_heads = int(model.cfg.n_heads)
     widths = {int(l): int(q.max()) + 1 for l, q in terms.groupby("layer")["query"]}
-    if resid is None or set(resid) != set(widths) or any(resid[l].shape[0] != widths[l] for l in widths):
-        resid = residuals(model, tokens, widths)
-    inputs = layer_inputs(model, resid, [m for _, m, _ in checked] + ["inter"])
+    if caches is None or set(caches) != set(widths):
+        caches = layer_caches(model, tokens, widths)
+    inputs = layer_inputs(model, caches, [m for _, m, _ in checked] + ["inter"])
     layers = sorted(widths)
     inter = {l: (inputs[(l, "inter")].alpha * inputs[(l, "inter")].value_norm)[0] for l in layers}
     norms = gather(inter, terms, n_heads, widths)
@@ -86,13 +90,23 @@ def method_scores(model, checked, tokens: Tensor, terms: pd.DataFrame, seed: int
         if not np.isfinite(scores).all():
             raise ValueError(f"method {metric.name!r} gave non-finite scores (NaN or inf) to some terms")
         out.append(scores)
-    return out, norms, resid
+    return out, norms, caches
 
 
-def stored_residuals(stored: dict | None, d: int) -> dict[int, Tensor] | None:
-    """Document ``d``'s cached residual streams ``{layer: [tokens, d_model]}``, or None."""
-    found = {int(k.split(":")[1]): torch.from_numpy(v) for k, v in (stored or {}).items() if k.split(":")[0] == str(d)}
+def stored_caches(stored: dict | None, d: int) -> dict[int, dict[str, Tensor]] | None:
+    """Document ``d``'s cached hook tensors ``{layer: {hook name: tensor}}`` from arrays named
+    ``"{document}:{layer}:{hook name}"`` (:func:`flat_caches`), or None."""
+    found: dict[int, dict[str, Tensor]] = {}
+    for key, value in (stored or {}).items():
+        doc, layer, name = key.split(":", 2)
+        if doc == str(d):
+            found.setdefault(int(layer), {})[name] = torch.from_numpy(value)
     return found or None
 
 
-__all__ = ["gather", "layer_inputs", "method_scores", "residuals", "stored_residuals"]
+def flat_caches(d: int, caches: dict[int, dict[str, Tensor]]) -> dict[str, np.ndarray]:
+    """Document ``d``'s hook tensors as arrays named ``"{document}:{layer}:{hook name}"``."""
+    return {f"{d}:{l}:{name}": x.cpu().numpy() for l, entries in caches.items() for name, x in entries.items()}
+
+
+__all__ = ["flat_caches", "gather", "layer_caches", "layer_inputs", "method_scores", "stored_caches"]

@@ -191,13 +191,14 @@ def check_norms(model_name: str, recomputed: np.ndarray, stored: np.ndarray) -> 
         )
 
 
-def residuals_key(weights: str, ref: ReferenceSet) -> str:
-    """The cache key of the residual streams entering the reference set's drawn layers, as ``weights``
-    (:func:`geolens.validation.weights_fingerprint`) compute them: the first scoring against the set
-    runs each document's forward up to its last drawn layer and caches those residuals
-    (:func:`geolens.faithfulness.effects_cache.save_arrays`); every later method runs only the drawn
-    layers' blocks on them."""
-    record = dict(kind="reference residuals", format=1, weights=str(weights), set=ref.info["npz_sha256"])
+def layers_key(weights: str, ref: ReferenceSet) -> str:
+    """The cache key of the reference set's drawn layers' hook tensors (pattern, values, z: what a
+    method's scores are read from, :func:`geolens.faithfulness.method_scores.layer_caches`) as
+    ``weights`` (:func:`geolens.validation.weights_fingerprint`) compute them: the first scoring
+    against the set runs each document's forward up to its last drawn layer and caches them
+    (:func:`geolens.faithfulness.effects_cache.save_arrays`, float64: about 150 MB for SmolLM2, 80 MB
+    for Gemma 3); every later method runs no forward."""
+    record = dict(kind="reference layers", format=1, weights=str(weights), set=ref.info["npz_sha256"])
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
@@ -207,6 +208,6 @@ __all__ = [
     "check_norms",
     "has_reference",
     "load_reference",
-    "residuals_key",
+    "layers_key",
     "write_reference",
 ]

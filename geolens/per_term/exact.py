@@ -7,9 +7,8 @@ resolves effects, from its unperturbed row against the clean forward.
 
 from __future__ import annotations
 
-import io
 import types
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -139,23 +138,36 @@ def float64_model(model):
     cfg = getattr(model, "cfg", None)
     cfg_dtype = getattr(cfg, "dtype", None)
     try:
-        with redirect_stdout(io.StringIO()):  # TransformerLens prints "Changing model dtype"
-            model.to(torch.float64)
+        _cast_floating(model, lambda kind, key: torch.float64)
+        _set_cfg_dtype(cfg, torch.float64)
         with float64_exact(model):
             yield model
     finally:
-        with redirect_stdout(io.StringIO()):
-            model.to(next(iter(before.values()), torch.float32))
-        with torch.no_grad():  # buffers are new tensors after .to(): found again by name
-            for kind in ("parameters", "buffers"):
-                for key, t in getattr(model, f"named_{kind}")():
-                    if (kind, key) in before and t.dtype != before[(kind, key)]:
-                        t.data = t.data.to(before[(kind, key)])
-        if cfg_dtype is not None and getattr(cfg, "dtype", None) != cfg_dtype:
-            try:  # a TransformerLens config keeps its dtype as a field
-                cfg.dtype = cfg_dtype
-            except AttributeError:  # geolens.hf's config reads it from the model: restored above
-                pass
+        _cast_floating(model, lambda kind, key: before.get((kind, key)))
+        if cfg_dtype is not None:
+            _set_cfg_dtype(cfg, cfg_dtype)
+
+
+def _cast_floating(model, dtype_of) -> None:
+    """Cast each floating-point parameter and buffer in place to ``dtype_of(kind, name)`` (None:
+    left alone). ``model.to(dtype)`` casts the same tensors, but TransformerLens 4.x's bridge
+    rebuilds its state dict for it: about 5 s each way on SmolLM2, against 0.7 s here, with
+    bit-identical float64 logits (measured on SmolLM2 and Gemma 3)."""
+    with torch.no_grad():
+        for kind in ("parameters", "buffers"):
+            for key, t in getattr(model, f"named_{kind}")():
+                dtype = dtype_of(kind, key)
+                if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+                    t.data = t.data.to(dtype)
+
+
+def _set_cfg_dtype(cfg, dtype) -> None:
+    if cfg is None or getattr(cfg, "dtype", None) in (None, dtype):
+        return
+    try:  # a TransformerLens config keeps its dtype as a field
+        cfg.dtype = dtype
+    except AttributeError:  # geolens.hf's config reads it from the model: cast above
+        pass
 
 
 def _named_dtypes(model, kind: str) -> dict[tuple[str, str], torch.dtype]:

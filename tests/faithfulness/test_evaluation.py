@@ -236,8 +236,11 @@ def test_module_doctests():
 @pytest.mark.slow
 def test_the_defaults_reproduce_protocol_3_on_smollm2():
     """Measured on the Lee windows (reference=False), a model of the protocol and its metric: the
-    positions and every term's KL and score of the pre-registered run's first document, bit for bit
-    on one thread (docs/evaluate.md)."""
+    positions of the pre-registered run's first document exactly, every term's KL within 100 times
+    its position's numerical floor and its score within 1e-9 (relative), and each position's
+    statistic that of its terms (docs/evaluate.md). Bit for bit held on the machine of the run, on one
+    thread; on another CPU (AMD EPYC here, against the run's) float64 sums round differently, by
+    about one floor."""
     import pandas as pd
 
     from geolens.faithfulness.norm_controlled import position_statistics
@@ -253,17 +256,26 @@ def test_the_defaults_reproduce_protocol_3_on_smollm2():
         )
     finally:
         torch.set_num_threads(threads)
-    terms = pd.read_csv(folder / "per_term_terms.csv.gz")
-    positions = pd.read_csv(folder / "per_term_positions.csv.gz")
+    terms = pd.read_csv(folder / "per_term_terms.csv.gz", float_precision="round_trip")
+    positions = pd.read_csv(folder / "per_term_positions.csv.gz", float_precision="round_trip")
     terms, positions = terms[terms.document == 0], positions[positions.document == 0]
     ids = ["document", "position", "layer", "query", "n_terms"]
     assert result.positions[ids].reset_index(drop=True).equals(positions[ids].reset_index(drop=True))
     both = result.terms.merge(terms, on=["document", "position", "head", "source"], suffixes=("", "_stored"))
     assert len(both) == len(result.terms) == len(terms)
-    assert (both.kl == both.kl_stored).all() and (both.score == both.contribution_stored.abs()).all()
+    floors = both.merge(positions[["position", "floor"]], on="position")["floor"].to_numpy()
+    assert (np.abs(both.kl - both.kl_stored).to_numpy() <= 100 * floors).all()
+    np.testing.assert_allclose(both.score, both.contribution_stored.abs(), rtol=1e-9, atol=0)
+    # each position's statistic is the protocol's of its terms (the KLs measured here: those at the
+    # floor rank by rounding noise, so against the published KLs the statistic moves by up to 1e-3)
+    mine = terms.set_index(["position", "head", "source"])
+    measured = both.set_index(["position", "head", "source"])
+    mine = mine.assign(kl=measured.kl, delta_logp_next=measured.delta_logp_next).reset_index()
     for p in result.positions.itertuples():
-        stored = position_statistics(terms[terms.position == p.position], float(p.floor))
-        assert p.norm_controlled == stored["norm_controlled"]["contribution_abs"]
+        here = position_statistics(mine[mine.position == p.position], float(p.floor))
+        published = position_statistics(terms[terms.position == p.position], float(p.floor))
+        assert p.norm_controlled == pytest.approx(here["norm_controlled"]["contribution_abs"], abs=1e-9)
+        assert p.norm_controlled == pytest.approx(published["norm_controlled"]["contribution_abs"], abs=1e-3)
 
 
 def test_several_methods_share_one_measurement_of_the_effects_and_equal_their_own_calls():

@@ -7,12 +7,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import HAS_BRIDGE, make_tiny
 
 from geolens.adapter import get_attention_layer, names_filter
-from geolens.faithfulness.method_scores import method_scores, residuals, stored_residuals
+from geolens.faithfulness.method_scores import flat_caches, layer_caches, method_scores, stored_caches
 from geolens.metrics import LayerInputs, get_metric
 from geolens.per_term import float64_model
-from geolens.testing import TINY_KINDS, tiny_bridge, tiny_tokens
+from geolens.testing import tiny_tokens
+
+KINDS = ("gqa", "mha", "gemma") if HAS_BRIDGE else ("gqa", "mha")  # TransformerLens 2.x: HookedTransformer
 
 
 def _terms(model, layers_queries) -> pd.DataFrame:
@@ -24,17 +27,17 @@ def _terms(model, layers_queries) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("kind", TINY_KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_scores_equal_the_whole_forwards(kind):
     """Against the naive reading: the whole window's forward, every layer cached, the metric's
     [head, query, key] scores indexed at each term (float64 throughout)."""
-    model = tiny_bridge(kind)
+    model = make_tiny(kind)
     tokens = tiny_tokens(model, length=12)[:1]
     drawn = [(model.cfg.n_layers - 1, 9), (0, 5)]
     terms = _terms(model, drawn)
     checked = [(get_metric("contribution"), "inter", "contribution"), (get_metric("raw_attention"), "inter", "raw")]
     with float64_model(model):
-        (c, a), norms, resid = method_scores(model, checked, tokens, terms, seed=0)
+        (c, a), norms, caches = method_scores(model, checked, tokens, terms, seed=0)
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=names_filter(model))
         for name, got in (("contribution", c), ("raw_attention", a), ("norm", norms)):
@@ -50,16 +53,23 @@ def test_scores_equal_the_whole_forwards(kind):
                 )
                 want[k] = float(x[0].expand(model.cfg.n_heads, 12, 12)[t.head, t.query, t.source])
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15, err_msg=name)
-        # the residuals entering each drawn layer, cut after its query
-        assert {l: tuple(x.shape) for l, x in resid.items()} == {l: (q + 1, model.cfg.d_model) for l, q in drawn}
-        # given those residuals (as the reference cache gives them), no forward of the prefix: the same scores
-        again, norms_again, same = method_scores(model, checked, tokens, terms, seed=0, resid=resid)
-        assert same is resid and all(np.array_equal(x, y) for x, y in zip(again, (c, a)))
+        # each drawn layer's pattern, values and z, cut after its query
+        for l, q in drawn:
+            pattern = next(x for k, x in caches[l].items() if k.endswith("hook_pattern"))
+            assert pattern.shape[-2:] == (q + 1, q + 1) and all(
+                x.shape[1] == q + 1 for k, x in caches[l].items() if k.endswith(("hook_v", "hook_z"))
+            )
+        # given those tensors back from their arrays (as the reference cache gives them): no forward, the same scores
+        stored = stored_caches(flat_caches(0, caches), 0)
+        model.run_with_cache = None  # any forward would fail
+        again, norms_again, same = method_scores(model, checked, tokens, terms, seed=0, caches=stored)
+        del model.run_with_cache
+        assert same is stored and all(np.array_equal(x, y) for x, y in zip(again, (c, a)))
         assert np.array_equal(norms_again, norms)
 
 
-def test_residuals_stop_at_the_last_drawn_layer(monkeypatch):
-    model = tiny_bridge("gqa")
+def test_one_forward_stops_at_the_last_drawn_layer(monkeypatch):
+    model = make_tiny("gqa")
     tokens = tiny_tokens(model, length=12)[:1]
     seen = {}
     real = model.run_with_cache
@@ -69,12 +79,14 @@ def test_residuals_stop_at_the_last_drawn_layer(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model, "run_with_cache", spy)
-    out = residuals(model, tokens, {0: 4, 1: 7})
-    assert seen["stop_at_layer"] == 2 and seen["n"] == 7 and out[0].shape[0] == 4
+    out = layer_caches(model, tokens, {0: 4, 1: 7})
+    assert seen["stop_at_layer"] == 2 and seen["n"] == 7
+    assert sorted(out) == [0, 1] and all(k.startswith("blocks.0.") for k in out[0])
 
 
-def test_stored_residuals_reads_one_documents_layers():
-    stored = {"3:5": np.zeros((4, 2)), "3:7": np.ones((6, 2)), "13:5": np.ones((2, 2))}
-    got = stored_residuals(stored, 3)
-    assert sorted(got) == [5, 7] and got[7].shape == (6, 2)
-    assert stored_residuals(stored, 4) is None and stored_residuals(None, 3) is None
+def test_stored_caches_reads_one_documents_layers():
+    stored = {"3:5:blocks.5.attn.hook_v": np.zeros((1, 4, 2)), "3:7:blocks.7.attn.hook_v": np.ones((1, 6, 2))}
+    stored["13:5:blocks.5.attn.hook_v"] = np.ones((1, 2, 2))
+    got = stored_caches(stored, 3)
+    assert sorted(got) == [5, 7] and got[7]["blocks.7.attn.hook_v"].shape == (1, 6, 2)
+    assert stored_caches(stored, 4) is None and stored_caches(None, 3) is None
