@@ -308,7 +308,23 @@ def _check_levels(found: list[Method], layer, head) -> str:
 GAP_WARNING = 0.05
 """The relative completeness gap of integrated gradients above which :func:`attribute` warns."""
 
-_OPTIONS = {"ig_steps", "ig_batch", "ig_tolerance", "ig_max_steps", "baseline", "seed", "value_zeroing_chunk"}
+_OPTIONS = {
+    "ig_steps",
+    "ig_grid",
+    "ig_batch",
+    "ig_tolerance",
+    "ig_max_steps",
+    "baseline",
+    "seed",
+    "value_zeroing_chunk",
+}
+IG_DEFAULT_GRID, IG_DEFAULT_STEPS, IG_DEFAULT_TOLERANCE, IG_DEFAULT_MAX_STEPS = "local", 8, 0.01, 96
+"""Integrated gradients' default: the flow protocol's local grid (docs/flow/v3/PROTOCOL.md) started
+at 8 gradients and refined until the relative completeness gap is within 1 %, at most 96 gradients.
+Of the rules benchmarks/ig_default.py compared within 25 gradients on the flow protocol's
+predictions (midpoints, Gauss–Legendre with 8 to 24 nodes, this grid) it had the smallest median
+gap on both models (docs/benchmarks.md); none reached 1 % at the median on SmolLM2 within 25, so
+the default refines further where a path needs it."""
 
 
 def attribute(
@@ -362,12 +378,16 @@ def attribute(
             (``contribution_flow``, ``alti``, rollouts) score the residual stream at
             ``position``, which no target changes. The result records ``target``,
             ``target_ids`` and the clean ``target_logprob``. Model level only.
-        **options: ``ig_steps`` (integrated gradients' steps, default 64; the first even grid,
-            default 32, with ``ig_tolerance``), ``ig_batch`` (steps per backward, default 8),
-            ``ig_tolerance`` (refine the flow protocol's local grid until the relative completeness
-            gap is within it, docs/flow/v3/PROTOCOL.md, at most ``ig_max_steps`` gradients, default
-            864), ``baseline`` (integrated gradients' baseline: ``"space"``, the default, every token
-            after BOS up to ``position`` replaced by the tokenizer's ``" "``; ``"prefix_mean"``, the
+        **options: ``ig_grid``: integrated gradients' rule, ``"local"`` (the default: the flow
+            protocol's local grid, docs/flow/v3/PROTOCOL.md, refined until the relative
+            completeness gap is within ``ig_tolerance``, default 0.01, from ``ig_steps``
+            gradients, default 8, at most ``ig_max_steps``, default 96; with an explicit
+            ``ig_tolerance`` the start is 32 and the cap 864, as the protocol's),
+            ``"even"`` (``ig_steps`` midpoints, default 64) or ``"gauss_legendre"``
+            (``ig_steps`` nodes, default 16; either refined only with ``ig_tolerance``);
+            ``ig_batch`` (steps per backward, default 8), ``baseline`` (integrated gradients'
+            baseline: ``"space"``, the default, every token after BOS up to ``position`` replaced
+            by the tokenizer's ``" "``; ``"prefix_mean"``, the
             flow protocol's even baseline for both gradient methods, gradient × input becoming
             (x − x′)·∇f; or baseline token ids), ``seed`` (the ``random`` metric),
             ``value_zeroing_chunk``.
@@ -510,15 +530,26 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target, options, 
             baseline = None
     if m.key == "grad_x_input":
         return gradient_x_input(model, tokens, position, target=target, baseline_embeddings=xb)
+    grid = options.get("ig_grid", IG_DEFAULT_GRID)
+    if grid not in ("local", "even", "gauss_legendre"):
+        raise ValueError(f"ig_grid must be 'local', 'even' or 'gauss_legendre', got {grid!r}")
     tolerance = options.get("ig_tolerance")
-    steps = int(options.get("ig_steps", 64 if tolerance is None else 32))
+    if grid == "local":  # refined until the gap is within the tolerance (docs/flow/v3), or the cap
+        explicit = tolerance is not None
+        tolerance = float(tolerance) if explicit else IG_DEFAULT_TOLERANCE
+        cap = int(options.get("ig_max_steps", 864 if explicit else IG_DEFAULT_MAX_STEPS))
+        steps = int(options.get("ig_steps", 32 if explicit else IG_DEFAULT_STEPS))
+    else:
+        if "ig_max_steps" in options and tolerance is None:
+            raise ValueError("ig_max_steps caps the steps ig_tolerance adds: give ig_tolerance too")
+        cap = int(options.get("ig_max_steps", 864))
+        steps = int(options.get("ig_steps", 64 if grid == "even" else 16))
     batch = int(options.get("ig_batch", 8))
-    adaptive = {}
-    if tolerance is not None:  # docs/flow/v3: the local grid, until the gap is within tolerance
-        adaptive = dict(tolerance=float(tolerance), max_steps=int(options.get("ig_max_steps", 864)), grid="local")
-        used["ig_tolerance"], used["ig_max_steps"] = adaptive["tolerance"], adaptive["max_steps"]
-    elif "ig_max_steps" in options:
-        raise ValueError("ig_max_steps caps the steps ig_tolerance adds: give ig_tolerance too")
+    adaptive = dict(grid=grid)
+    used["ig_grid"] = grid
+    if tolerance is not None:
+        adaptive.update(tolerance=float(tolerance), max_steps=cap)
+        used["ig_tolerance"], used["ig_max_steps"] = float(tolerance), cap
     if xb is None and baseline is None:
         erased = torch.zeros(tokens.shape[0], dtype=torch.bool)
         erased[1 : position + 1] = True
@@ -552,8 +583,8 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target, options, 
     if ig.rel_gap > GAP_WARNING:
         warnings.warn(
             f"integrated gradients: the scores sum to {float(ig.attributions.sum()):.4g} where f(x) − f(x′) = "
-            f"{ig.f_input - ig.f_baseline:.4g} (relative gap {ig.rel_gap:.1%} > {GAP_WARNING:.0%}): raise ig_steps, "
-            "or pass ig_tolerance=0.01 to refine the grid until the gap is within 1 %",
+            f"{ig.f_input - ig.f_baseline:.4g} (relative gap {ig.rel_gap:.1%} > {GAP_WARNING:.0%}, after {ig.n_steps} "
+            "gradients): raise ig_max_steps (the default grid refines until ig_tolerance=0.01 or that cap)",
             stacklevel=3,
         )
     return ig.attributions

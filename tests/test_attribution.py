@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import geolens
-from geolens.attribution import Attribution
+from geolens.attribution import IG_DEFAULT_GRID, IG_DEFAULT_STEPS, Attribution
 from geolens.flow import erase, flow_names_filter, gradient_x_input, integrated_gradients, space_token
 from geolens.metrics import unregister_metric
 
@@ -59,9 +59,29 @@ def test_gradient_baselines_equal_flow_erasure(model):
     erased = torch.zeros(tokens.shape[0], dtype=torch.bool)
     erased[1 : p + 1] = True
     baseline = erase(tokens, erased, space_token(model))
-    ig = integrated_gradients(model, tokens, baseline, p, target=target, n_steps=16)
+    ig = integrated_gradients(
+        model, tokens, baseline, p, target=target, n_steps=16, grid="local", tolerance=0.01, max_steps=96
+    )
     torch.testing.assert_close(att.scores[1], ig.attributions, atol=1e-6, rtol=0)
-    assert att.options == {"baseline": "space", "ig_steps": 16, "ig_batch": 8}
+    assert att.options == {
+        "baseline": "space",
+        "ig_grid": "local",
+        "ig_steps": 16,
+        "ig_batch": 8,
+        "ig_tolerance": 0.01,
+        "ig_max_steps": 96,
+    }
+    for grid, fixed in (("even", {}), ("gauss_legendre", {"grid": "gauss_legendre"})):
+        other = geolens.attribute(model, TEXT, "integrated_gradients", position=p, ig_steps=16, ig_grid=grid)
+        direct = integrated_gradients(model, tokens, baseline, p, target=target, n_steps=16, **fixed)
+        torch.testing.assert_close(other.scores.reshape(-1), direct.attributions, atol=1e-6, rtol=0)
+        assert "ig_tolerance" not in other.options and other.options["ig_grid"] == grid
+    default = geolens.attribute(model, TEXT, "integrated_gradients", position=p)
+    assert (default.options["ig_grid"], default.options["ig_steps"]) == (IG_DEFAULT_GRID, IG_DEFAULT_STEPS)
+    assert (
+        default.info["integrated_gradients"]["relative_gap"] <= 0.01
+        or default.info["integrated_gradients"]["n_steps"] + 2 > 96
+    )
     assert att.info["integrated_gradients"]["completeness_gap"] == pytest.approx(ig.completeness_gap)
 
 
@@ -84,6 +104,7 @@ def test_the_flow_protocols_even_baseline_and_local_grid(model):
     torch.testing.assert_close(att.scores[1], ig.attributions, atol=1e-6, rtol=0)
     assert att.options == {
         "baseline": "prefix_mean",
+        "ig_grid": "local",
         "ig_steps": 4,
         "ig_batch": 8,
         "ig_tolerance": 1e-3,
@@ -96,7 +117,8 @@ def test_the_flow_protocols_even_baseline_and_local_grid(model):
     assert space.options["baseline"] == "space"
     for bad, message in [
         (dict(baseline="zeros"), "baseline must be"),
-        (dict(ig_max_steps=96), "give ig_tolerance"),
+        (dict(ig_max_steps=96, ig_grid="even"), "give ig_tolerance"),
+        (dict(ig_grid="simpson"), "ig_grid must be"),
     ]:
         with pytest.raises(ValueError, match=message):
             geolens.attribute(model, TEXT, "integrated_gradients", position=p, **bad)
@@ -374,6 +396,8 @@ def test_peer_method_names_are_aliases_and_a_large_completeness_gap_warns(model)
     att = geolens.attribute(model, TEXT, ["input_x_gradient", "IntegratedGradients"], ig_steps=1)
     assert att.method == ("grad_x_input", "integrated_gradients")
     with pytest.warns(UserWarning, match="relative gap"):
-        geolens.attribute(model, TEXT, "integrated_gradients", ig_steps=1, baseline=[0] * 23)
+        geolens.attribute(model, TEXT, "integrated_gradients", ig_steps=1, ig_grid="even", baseline=[0] * 23)
+    with pytest.warns(UserWarning, match=r"after 1 gradients\): raise ig_max_steps"):  # the default grid, capped
+        geolens.attribute(model, TEXT, "integrated_gradients", ig_steps=1, ig_max_steps=1, baseline=[0] * 23)
     with pytest.raises(ValueError, match="the same method twice"):
         geolens.attribute(model, TEXT, ["grad_x_input", "input_x_gradient"])

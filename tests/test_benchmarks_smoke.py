@@ -21,12 +21,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
-SLOW = {"contributions.py", "corpus_scale.py", "gpu.py", "value_zeroing.py"}  # smoke runs over ~20 s on 2 cores
+SLOW = {"contributions.py", "corpus_scale.py", "first_hour.py", "gpu.py", "value_zeroing.py"}  # smoke runs over ~20 s on 2 cores
 OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
     "contributions.py": ["contributions.json", "scaling.png"],
     "corpus_scale.py": ["corpus_scale.json"],
     "flow.py": ["flow.json"],
+    "first_hour.py": ["first_hour.json"],
     "gpu.py": ["gpu.json"],
+    "ig_default.py": ["ig_default.json"],
     "long_context_probe.py": ["long_context.json"],
     "masking.py": ["masking.json"],
     "per_term.py": ["per_term.json"],

@@ -295,7 +295,7 @@ def integrated_gradients(
     baseline_embeddings: Float[Tensor, "pos d_model"] | None = None,
     tolerance: float | None = None,
     max_steps: int = 864,
-    grid: Literal["even", "local"] = "even",
+    grid: Literal["even", "local", "gauss_legendre"] = "even",
 ) -> IntegratedGradients:
     """Integrated gradients (Sundararajan, Taly & Yan 2017) of f = log p(target) at ``position``
     on the input embeddings, from the input of the ``baseline`` tokens (same length) to that of
@@ -321,6 +321,12 @@ def integrated_gradients(
     forward passes, so a narrow dip of f costs steps only where it is. The sum is still a midpoint
     Riemann sum, IG_j = Σ_k (b_k − a_k) a_j(c_k), on an uneven grid (docs/method.md §10.1).
 
+    ``grid="gauss_legendre"`` takes the ``n_steps`` Gauss–Legendre nodes α_k = (1 + t_k)/2 with
+    weights w_k/2 (the quadrature captum and inseq use), IG_j = Σ_k (w_k/2) a_j(α_k): exact for a
+    path whose f is a polynomial of degree < 2 n_steps. With ``tolerance``, the count doubles (its
+    nodes are not nested: each round computes all of them again) until the gap is within it or
+    ``max_steps`` gradients would be passed; ``n_steps`` of the result is the gradients spent.
+
     >>> from geolens.flow.erasure import erase
     >>> from geolens.testing import tiny_bridge, tiny_tokens
     >>> model = tiny_bridge("gqa")
@@ -336,8 +342,8 @@ def integrated_gradients(
         raise ValueError(f"n_steps and batch_size must be positive integers, got {n_steps!r} and {batch_size!r}")
     if tolerance is not None and not float(tolerance) > 0:
         raise ValueError(f"tolerance must be positive, got {tolerance!r}")
-    if grid not in ("even", "local"):
-        raise ValueError(f"grid must be 'even' or 'local', got {grid!r}")
+    if grid not in ("even", "local", "gauss_legendre"):
+        raise ValueError(f"grid must be 'even', 'local' or 'gauss_legendre', got {grid!r}")
     if grid == "local" and tolerance is None:
         raise ValueError("grid='local' refines until a tolerance: give tolerance")
     position = check_position(position, tokens.shape[-1])
@@ -374,6 +380,10 @@ def integrated_gradients(
         return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, _target_value(target), edges=edges)
 
     steps = int(n_steps)
+    if grid == "gauss_legendre":
+        return _gauss_legendre(
+            model, x, xb, target, tokens.shape[0], position + 1, ends, steps, batch_size, tolerance, max_steps
+        )
     add((torch.arange(steps, dtype=torch.float64) + 0.5) / steps)
     ig = result(steps)
     if grid == "local":
@@ -390,6 +400,25 @@ def integrated_gradients(
         add((new + 0.5) / steps)
         ig = result(steps)
     return ig
+
+
+def _gauss_legendre(
+    model, x, xb, target, length, n_scored, ends, steps, batch_size, tolerance, max_steps
+) -> IntegratedGradients:
+    """:func:`integrated_gradients` with ``grid="gauss_legendre"``: ``steps`` nodes, doubled while the
+    gap exceeds ``tolerance`` and the gradients spent stay within ``max_steps``."""
+    spent = 0
+    while True:
+        t, w = np.polynomial.legendre.leggauss(steps)
+        alphas, weights = torch.from_numpy((t + 1.0) / 2.0), torch.from_numpy(w / 2.0)
+        shares = _shares(model, x, xb, alphas, target, batch_size)  # [node, pos] a_j(α_k), float64
+        spent += steps
+        out = torch.zeros(length, dtype=torch.float64)
+        out[:n_scored] = (weights[:, None] * shares).sum(0)[:n_scored]
+        ig = IntegratedGradients(out, float(ends[0]), float(ends[1]), spent, _target_value(target))
+        if tolerance is None or ig.rel_gap <= float(tolerance) or spent + 2 * steps > int(max_steps):
+            return ig
+        steps *= 2
 
 
 def _path_points(x: Tensor, xb: Tensor, alphas: Tensor, batch_size: int):

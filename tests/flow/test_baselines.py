@@ -156,6 +156,41 @@ def test_local_grid_is_a_midpoint_sum_on_the_grid_it_reports(m64):
         integrated_gradients(m64, t, None, position, **kw, grid="local")
 
 
+def test_gauss_legendre_is_the_quadrature_written_out(m64):
+    """grid="gauss_legendre": Σ_k (w_k/2) (x − x′)·∇f((1 + t_k)/2) over numpy's Legendre nodes, one
+    autograd call per node in float64; much closer to a fine midpoint sum than as many midpoints;
+    with a tolerance the count doubles and n_steps counts every gradient spent."""
+    import numpy as np
+
+    t = tokens_of(m64, 9)
+    position = 7
+    x = input_embeddings(m64, t[: position + 1])
+    xb = prefix_mean_baseline(x, range(1, position))
+    ig = integrated_gradients(
+        m64, t, None, position, baseline_embeddings=xb, n_steps=6, batch_size=4, grid="gauss_legendre"
+    )
+    adapter = adapter_for(m64)
+    nodes, weights = np.polynomial.legendre.leggauss(6)
+    expected = torch.zeros(position + 1, dtype=torch.float64)
+    for node, w in zip(nodes.tolist(), weights.tolist()):
+        point = (xb + (1 + node) / 2 * (x - xb)).clone().requires_grad_(True)
+        with torch.enable_grad():
+            f = torch.log_softmax(adapter.forward_from_layer(point[None], 0)[0, -1], -1)[ig.target]
+            (grad,) = torch.autograd.grad(f, point)
+        expected += w / 2 * ((x - xb) * grad).sum(-1)
+    assert ig.n_steps == 6 and ig.attributions[: position + 1].tolist() == pytest.approx(
+        expected.tolist(), abs=1e-12, rel=1e-9
+    )
+    fine = riemann(m64, x, xb, ig.target, 729)
+    midpoints = integrated_gradients(m64, t, None, position, baseline_embeddings=xb, n_steps=6)
+    gl_error = float((ig.attributions[: position + 1] - fine).abs().max())
+    assert gl_error < float((midpoints.attributions[: position + 1] - fine).abs().max())
+    doubled = integrated_gradients(
+        m64, t, None, position, baseline_embeddings=xb, n_steps=2, grid="gauss_legendre", tolerance=1e-9, max_steps=14
+    )
+    assert doubled.n_steps in (2, 6, 14)  # 2, then 4 more, then 8 more: within max_steps
+
+
 def test_the_local_rounds_follow_the_protocols_rule_on_a_known_path(monkeypatch):
     """The local rounds on a path known in closed form (f rises by 1 and dips by 4 nats around
     α = 0.07, width 0.004; a_j splits df/dα 30/70), against the rule of docs/flow/v3/PROTOCOL.md §1
