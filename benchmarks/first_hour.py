@@ -9,7 +9,9 @@ What a newcomer runs first, on SmolLM2-135M (CPU), each timed as wall and CPU se
   also as a ratio to one forward (the flows) or one forward + backward (the gradient methods) of
   the same input, timed in the same process just before;
 - ``evaluate_attribution`` with one and with three metrics against the shipped SmolLM2 reference
-  set (its layer cache warm: the first call of a machine, cold, is timed once beforehand);
+  set (its layer cache warm), and once, idle, before the rounds, one metric in a fresh process
+  (import and model load included) with that cache warm and with it empty (the first call of a
+  machine; ``--fresh-only RECORD`` measures only these two into an existing record);
 - ``geolens report --quick`` in a fresh process (the whole command) and each of its sections
   (report.json's wall and CPU seconds);
 - integrated gradients and gradient × input against captum's ``IntegratedGradients`` and
@@ -176,6 +178,32 @@ def _against_captum(model, tokens, target: int, n: int) -> dict:
 # The driver: rounds of both conditions, fresh processes
 
 
+def fresh_evaluations() -> dict:
+    """``evaluate_attribution("contribution_abs", "smollm2-135m")`` in a fresh process, from its first
+    line (import and model load included), idle: with the reference set's layer cache warm, and cold
+    (an empty cache folder: the first call of a machine, which fills it)."""
+    out = {}
+    for key, setup in (
+        ("fresh_process_evaluate_seconds", ""),
+        (
+            "cold_evaluate_seconds",
+            "import tempfile, pathlib, geolens.faithfulness.effects_cache as e; "
+            "e.FOLDER = pathlib.Path(tempfile.mkdtemp()); ",
+        ),
+    ):
+        code = (
+            "import time; t = time.perf_counter(); import geolens; "
+            + setup
+            + "geolens.evaluate_attribution('contribution_abs', 'smollm2-135m', progress=False); "
+            "print(time.perf_counter() - t)"
+        )
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
+        if run.returncode != 0:
+            raise SystemExit(f"first_hour: evaluate_attribution in a fresh process failed:\n{run.stderr[-3000:]}")
+        out[key] = float(run.stdout.strip().splitlines()[-1])
+    return out
+
+
 def _spinners(n: int) -> list[subprocess.Popen]:
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     time.sleep(1.0)
@@ -298,6 +326,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="the JSON record (default: print only)")
     parser.add_argument("--markdown", type=Path, help="print the tables of a JSON record and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny-gqa, one round, one busy process")
+    parser.add_argument(
+        "--fresh-only", type=Path, help="measure only the fresh-process evaluate_attribution calls into this record"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 128], help=argparse.SUPPRESS)
@@ -309,25 +340,18 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args.model, args.lengths, args.evaluate_on)))
         return 0
+    if args.fresh_only:  # the record's rounds kept; its fresh-process figures measured again
+        record = json.loads(args.fresh_only.read_text())
+        record.update(fresh_evaluations())
+        args.fresh_only.write_text(json.dumps(record, indent=1) + "\n")
+        print({k: round(record[k], 1) for k in ("fresh_process_evaluate_seconds", "cold_evaluate_seconds")})
+        return 0
     require(("scipy", "bench"), ("captum", "bench"))
     model_name = "tiny-gqa" if args.smoke else "smollm2-135m"
     lengths = [8, 12] if args.smoke else [16, 128]
     evaluate_on = "texts" if args.smoke else "reference"
     repeats, busy = (1, 1) if args.smoke else (args.repeats, BUSY)
-    if not args.smoke:  # the first call of a machine (cold layer cache), once, beside the rounds
-        cold = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import time, geolens; t = time.perf_counter(); "
-                "geolens.evaluate_attribution('contribution_abs', 'smollm2-135m', progress=False); "
-                "print(time.perf_counter() - t)",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-        cold_seconds = float(cold.stdout.strip().splitlines()[-1])
+    fresh = None if args.smoke else fresh_evaluations()
     rounds = []
     for r in range(repeats):
         this = {}
@@ -350,7 +374,7 @@ def main(argv=None) -> int:
         commit=commit.stdout.strip() or "unknown",
         machine=f"{os.cpu_count()} cores",
         goal_loaded_over_idle=GOAL,
-        cold_evaluate_seconds=None if args.smoke else cold_seconds,
+        **(fresh or {}),
         calls=summarise(rounds),
         raw=rounds,
     )

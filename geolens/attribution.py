@@ -45,6 +45,7 @@ from geolens.flow.baselines import (
     prefix_mean_baseline,
     target_logprob,
 )
+from geolens.flow.ig_options import ig_settings
 from geolens.hf import run_with_cache
 from geolens.methods import Method, get_method
 from geolens.metrics import LayerInputs, SequenceInputs, get_metric
@@ -318,13 +319,6 @@ _OPTIONS = {
     "seed",
     "value_zeroing_chunk",
 }
-IG_DEFAULT_GRID, IG_DEFAULT_STEPS, IG_DEFAULT_TOLERANCE, IG_DEFAULT_MAX_STEPS = "local", 8, 0.01, 96
-"""Integrated gradients' default: the flow protocol's local grid (docs/flow/v3/PROTOCOL.md) started
-at 8 gradients and refined until the relative completeness gap is within 1 %, at most 96 gradients.
-Of the rules benchmarks/ig_default.py compared within 25 gradients on the flow protocol's
-predictions (midpoints, Gauss–Legendre with 8 to 24 nodes, this grid) it had the smallest median
-gap on both models (docs/benchmarks.md); none reached 1 % at the median on SmolLM2 within 25, so
-the default refines further where a path needs it."""
 
 
 def attribute(
@@ -378,7 +372,7 @@ def attribute(
             (``contribution_flow``, ``alti``, rollouts) score the residual stream at
             ``position``, which no target changes. The result records ``target``,
             ``target_ids`` and the clean ``target_logprob``. Model level only.
-        **options: ``ig_grid``: integrated gradients' rule, ``"local"`` (the default: the flow
+        **options: ``ig_grid``: integrated gradients' rule (:func:`geolens.flow.ig_options.ig_settings`), ``"local"`` (the default: the flow
             protocol's local grid, docs/flow/v3/PROTOCOL.md, refined until the relative
             completeness gap is within ``ig_tolerance``, default 0.01, from ``ig_steps``
             gradients, default 8, at most ``ig_max_steps``, default 96; with an explicit
@@ -530,26 +524,8 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target, options, 
             baseline = None
     if m.key == "grad_x_input":
         return gradient_x_input(model, tokens, position, target=target, baseline_embeddings=xb)
-    grid = options.get("ig_grid", IG_DEFAULT_GRID)
-    if grid not in ("local", "even", "gauss_legendre"):
-        raise ValueError(f"ig_grid must be 'local', 'even' or 'gauss_legendre', got {grid!r}")
-    tolerance = options.get("ig_tolerance")
-    if grid == "local":  # refined until the gap is within the tolerance (docs/flow/v3), or the cap
-        explicit = tolerance is not None
-        tolerance = float(tolerance) if explicit else IG_DEFAULT_TOLERANCE
-        cap = int(options.get("ig_max_steps", 864 if explicit else IG_DEFAULT_MAX_STEPS))
-        steps = int(options.get("ig_steps", 32 if explicit else IG_DEFAULT_STEPS))
-    else:
-        if "ig_max_steps" in options and tolerance is None:
-            raise ValueError("ig_max_steps caps the steps ig_tolerance adds: give ig_tolerance too")
-        cap = int(options.get("ig_max_steps", 864))
-        steps = int(options.get("ig_steps", 64 if grid == "even" else 16))
-    batch = int(options.get("ig_batch", 8))
-    adaptive = dict(grid=grid)
-    used["ig_grid"] = grid
-    if tolerance is not None:
-        adaptive.update(tolerance=float(tolerance), max_steps=cap)
-        used["ig_tolerance"], used["ig_max_steps"] = float(tolerance), cap
+    settings = ig_settings(options)  # the rule, its start, tolerance and cap (geolens.flow.baselines)
+    used.update({k: settings[k] for k in ("ig_grid", "ig_tolerance", "ig_max_steps") if k in settings})
     if xb is None and baseline is None:
         erased = torch.zeros(tokens.shape[0], dtype=torch.bool)
         erased[1 : position + 1] = True
@@ -560,17 +536,15 @@ def _gradient(model, tokens: Tensor, position: int, m: Method, target, options, 
         if baseline.ndim == 2 and baseline.shape[0] == 1:
             baseline = baseline[0]
         used["baseline"] = [int(t) for t in baseline.tolist()]
-    used["ig_steps"], used["ig_batch"] = steps, batch
+    used["ig_steps"], used["ig_batch"] = settings["ig_steps"], settings["ig_batch"]
     ig = integrated_gradients(
         model,
         tokens,
         None if xb is not None else baseline,
         position,
         target=target,
-        n_steps=steps,
-        batch_size=batch,
         baseline_embeddings=xb,
-        **adaptive,
+        **settings["kwargs"],
     )
     info["integrated_gradients"] = {
         "f_input": ig.f_input,

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import geolens
-from geolens.attribution import IG_DEFAULT_GRID, IG_DEFAULT_STEPS, Attribution
+from geolens.attribution import Attribution
 from geolens.flow import erase, flow_names_filter, gradient_x_input, integrated_gradients, space_token
+from geolens.flow.ig_options import IG_DEFAULT_GRID, IG_DEFAULT_STEPS
 from geolens.metrics import unregister_metric
 
 TEXT = "the cat sat on the mat"

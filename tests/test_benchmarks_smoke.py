@@ -21,7 +21,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
-SLOW = {"contributions.py", "corpus_scale.py", "first_hour.py", "gpu.py", "value_zeroing.py"}  # smoke runs over ~20 s on 2 cores
+SLOW = {
+    "contributions.py",
+    "corpus_scale.py",
+    "first_hour.py",
+    "gpu.py",
+    "value_zeroing.py",
+}  # smoke runs over ~20 s on 2 cores
 OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
     "contributions.py": ["contributions.json", "scaling.png"],
     "corpus_scale.py": ["corpus_scale.json"],

@@ -4,7 +4,8 @@ Runs every report section whose geolens modules are installed (see
 :mod:`geolens.report.build`) on ``--n-sequences`` windows of ``--corpus`` and writes
 ``report.html`` (self-contained) and ``report.json`` into ``--out``; ``--n-heldout`` further windows
 are kept out of the corpus pass for faithfulness and pruning. ``--quick`` shrinks every section
-(8 + 1 windows of 64 tokens unless given, smaller grids) to finish in under two minutes.
+(8 + 1 windows of 64 tokens unless given, smaller grids) to finish in about 34 s (idle, 2 cores;
+docs/benchmarks.md, ``benchmarks/first_hour.py``).
 
 Cross-model report (:mod:`geolens.report.compare`): ``--model A --model B`` writes each model's
 report under ``--out/<model>/`` and then ``compare.html`` / ``compare.json`` in ``--out``: one
@@ -101,6 +102,7 @@ def _run_one(args, model_name: str, out: Path, sections, backend: str = "transfo
     from geolens.models import load_model
     from geolens.report import ReportConfig, build_report, write_report
     from geolens.report.citations import cite_text
+    from geolens.report.document import timing_lines
 
     options = dict(
         model=model_name,
@@ -127,17 +129,7 @@ def _run_one(args, model_name: str, out: Path, sections, backend: str = "transfo
     tokens = corpus_windows(model, config.corpus, config.seq_len, config.n_sequences + config.n_heldout)
     report = build_report(model, tokens, config, progress=not args.no_progress)
     paths = write_report(report, out)
-    if report.params.get("quick_sample"):
-        print(f"\nquick mode samples down: {report.params['quick_sample']}")
-    print(f"\nwall time per part ({'quick' if args.quick else 'full'} run, {torch.get_num_threads()} torch threads):")
-    print(f"{'':<40} {'wall':>7}   {'CPU':>7}")
-    print(f"{'model load':<40} {loaded:7.1f} s")
-    p = report.params
-    print(
-        f"{'corpus pass (shared by the sections)':<40} {p['corpus_pass_seconds']:7.1f} s {p['corpus_pass_cpu_seconds']:7.1f} s"
-    )
-    for s in report.sections:
-        print(f"{s.title:<40} {s.seconds:7.1f} s {s.cpu_seconds:7.1f} s")
+    print("\n".join(timing_lines(report, loaded, torch.get_num_threads())))
     print("\npaper claim → measured")
     for c in report.claims:
         print(f"  [{c.verdict}] {cite_text(c.claim)} ({cite_text(c.source)}): {c.measured}")
@@ -180,7 +172,7 @@ def register(subparsers) -> None:
         default=None,
         help="extra windows for faithfulness and pruning (default 8; 1 with --quick)",
     )
-    p.add_argument("--quick", action="store_true", help="small workload, under two minutes on a CPU")
+    p.add_argument("--quick", action="store_true", help="small workload, about 34 s idle on 2 cores")
     p.add_argument("--prompt", default=None, help="prompt of the example heatmaps")
     p.add_argument(
         "--example-layer",

@@ -176,6 +176,20 @@ def lead_figure(picked: list[tuple[Section, Finding]]) -> tuple[Section, int] | 
     return None
 
 
+def timing_lines(report: Report, model_load_seconds: float, threads: int) -> list[str]:
+    """What ``geolens report`` prints after a run: quick mode's one line of what it samples down, then
+    the wall and CPU seconds of each part (as ``report.json`` keeps them)."""
+    p = report.params
+    lines = [f"\nquick mode samples down: {p['quick_sample']}"] if p.get("quick_sample") else []
+    lines += [
+        f"\nwall time per part ({'quick' if p.get('quick') else 'full'} run, {threads} torch threads):",
+        f"{'':<40} {'wall':>7}   {'CPU':>7}",
+        f"{'model load':<40} {model_load_seconds:7.1f} s",
+        f"{'corpus pass (shared by the sections)':<40} {p['corpus_pass_seconds']:7.1f} s {p['corpus_pass_cpu_seconds']:7.1f} s",
+    ]
+    return lines + [f"{s.title:<40} {s.seconds:7.1f} s {s.cpu_seconds:7.1f} s" for s in report.sections]
+
+
 def run_summary(report: Report) -> dict[str, Any]:
     """The run in one line: model, corpus, windows, tokens, time, versions in short."""
     p, v = report.params, report.versions

@@ -230,3 +230,13 @@ def test_parameters_render_as_small_tables_not_json(tiny_report):
         ("e", "yes"),
         ("f", "0.25"),
     ]
+
+
+def test_timing_lines_give_each_parts_wall_and_cpu(tiny_report):
+    from geolens.report.document import timing_lines
+
+    _, report, _ = tiny_report
+    lines = timing_lines(report, 1.25, 2)
+    assert lines[0].startswith("\nquick mode samples down: ") and "(quick run, 2 torch threads)" in lines[1]
+    assert lines[3].startswith("model load") and lines[3].endswith("1.2 s")
+    assert len(lines) == 5 + len(report.sections) and all(line.count(" s") == 2 for line in lines[5:])
