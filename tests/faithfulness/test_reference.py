@@ -146,3 +146,33 @@ def test_scoring_against_the_reference_set_reproduces_the_published_family(model
     for r in results:
         assert r.partial == pytest.approx(published[r.method]["mean"], abs=1e-9)
         assert r.row(metric="raw_attention")["mean"] == pytest.approx(published["raw_attention"]["mean"], abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.tl2_slow
+def test_either_transformerlens_scores_the_reference_set_alike():
+    """The first 3 documents scored against the SmolLM2 set: the bridge (TransformerLens 4.x) or the
+    HookedTransformer of the same checkpoint (2.x, its RMS norms folded into the weights in float32,
+    norms within 3.1e-6 of the set's: accepted) give the published mean partial of |c| over those
+    positions, within 1e-6."""
+    from conftest import HAS_BRIDGE
+
+    import geolens
+    from geolens.faithfulness.norm_controlled import position_statistics
+    from geolens.models import converted_checkpoint, hooked_llama_from_checkpoint, load_model
+
+    if HAS_BRIDGE:
+        model = load_model("smollm2-135m")
+    else:
+        model, _ = hooked_llama_from_checkpoint(str(converted_checkpoint("smollm2-135m")))
+        object.__setattr__(model, "geolens_name", "smollm2-135m")
+    result = geolens.evaluate_attribution("contribution_abs", model, n_documents=3, n_boot=100, progress=False)
+    terms, positions = _published("smollm2-135m")
+    published = [
+        position_statistics(terms[(terms.document == p.document) & (terms.position == p.position)], float(p.floor))[
+            "norm_controlled"
+        ]["contribution_abs"]
+        for p in positions[positions.document < 3].itertuples()
+    ]
+    assert result.settings["effects"].startswith("the smollm2-135m reference set")
+    assert result.partial == pytest.approx(float(np.mean(published)), abs=1e-6)
