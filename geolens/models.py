@@ -289,6 +289,13 @@ def load_model(
             tiny = _cast(tiny_hooked(kind), dtype)
         return tiny if device is None or torch.device(device).type == "cpu" else tiny.to(device)
     path = _checkpoint_path(name)  # a name that cannot load is refused before transformers is imported
+    if importlib.util.find_spec("transformer_lens.model_bridge") is None:
+        from geolens.errors import UsageError
+
+        raise UsageError(
+            f"load_model({name!r}) builds a TransformerLens 4.x TransformerBridge, which this TransformerLens lacks: "
+            f"use backend='hf', or geolens.models.hooked_llama_from_checkpoint({path!r}) for a HookedTransformer"
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)

@@ -45,3 +45,25 @@ def test_analyze_refuses_empty_text(capsys):
     assert main(["analyze", "   "]) == 2  # one line on stderr, exit code 2
     err = capsys.readouterr().err.strip()
     assert "empty" in err and len(err.splitlines()) == 1
+
+
+def test_a_real_model_without_transformer_bridge_is_refused_in_one_line(monkeypatch):
+    """TransformerLens 2.x/3.x has no TransformerBridge: load_model of a real model says so and names
+    the two routes that work there, before transformers loads anything (was: a transformers error
+    about the tokenizer class of a folder saved by transformers 5)."""
+    import importlib.util
+
+    from geolens.errors import UsageError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformer_lens.model_bridge" else real(name, *a),
+    )
+    monkeypatch.setattr(models, "_checkpoint_path", lambda name: "/some/folder")
+    with pytest.raises(
+        UsageError, match=r"lacks: use backend='hf', or geolens\.models\.hooked_llama_from_checkpoint"
+    ) as err:
+        models.load_model("smollm2-135m")
+    assert "\n" not in str(err.value)
