@@ -538,3 +538,21 @@ def test_cache_verify_reports_damage(tmp_path, monkeypatch, capsys):
     assert main(["cache", "verify", NAME]) == 1 and "DAMAGED" in capsys.readouterr().out
     assert main(["cache", "path"]) == 0 and capsys.readouterr().out.strip() == str(tmp_path)
     assert main(["cache", "clear"]) == 0 and not folder.exists()
+
+
+def test_a_folder_created_by_another_run_after_the_first_look_is_met_at_its_lock(tmp_path):
+    """The race of two runs starting on one new folder: the second looked while the folder was still
+    absent, the first then created, locked and marked it. The second is refused as "in use" (its
+    lock), never told that the folder holds an interrupted run; and it leaves nothing behind."""
+    from geolens.folder_lock import FolderInUse
+    from geolens.run_folder import _open_locked, open_run_folder
+
+    out = tmp_path / "race"
+    first = open_run_folder(str(out), command="taxonomy")  # created, locked, marked incomplete
+    try:
+        before = sorted(p.name for p in out.iterdir())
+        with pytest.raises(FolderInUse, match="in use by another geolens run"):
+            _open_locked(out, None, "taxonomy", False, False, False, False, "--out")  # absent when it looked
+        assert sorted(p.name for p in out.iterdir()) == before
+    finally:
+        first.release()
