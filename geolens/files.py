@@ -206,3 +206,33 @@ def write_text_nofollow(path: str | os.PathLike, text: str, *, what: str) -> Non
     fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, what=what)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def create_writable_folder(path: Path, option: str) -> list[Path]:
+    """Create ``path`` (and missing parents) and check that it takes a file; the folders created,
+    deepest first. A folder that cannot be written is refused in one line, what was created removed."""
+    created = []
+    probe = path
+    while not probe.exists():
+        created.append(probe)
+        probe = probe.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        test = path / f".geolens-probe-{os.getpid()}"
+        test.write_bytes(b"")
+        test.unlink()
+    except OSError as err:
+        remove_created(created)
+        raise UsageError(
+            f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out"
+        ) from err
+    return created
+
+
+def remove_created(created: list[Path]) -> None:
+    """Remove the folders a refused opening created, deepest first, while they are empty."""
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:
+            break

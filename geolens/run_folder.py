@@ -63,7 +63,16 @@ from typing import Literal
 
 from geolens._version import __version__
 from geolens.errors import UsageError
-from geolens.files import UnsafePath, check_name, inside, links_out_of, refuse_link, write_text_nofollow
+from geolens.files import (
+    UnsafePath,
+    check_name,
+    create_writable_folder,
+    inside,
+    links_out_of,
+    refuse_link,
+    remove_created,
+    write_text_nofollow,
+)
 from geolens.folder_lock import LOCK, FolderLock
 from geolens.folder_lock import FolderInUse as FolderInUse  # re-exported: run_folder.FolderInUse
 
@@ -478,36 +487,6 @@ def open_run_folder(
     return folder
 
 
-def _create_writable(path: Path, option: str) -> list[Path]:
-    """Create ``path`` (and missing parents) and check that it takes a file; the folders created,
-    deepest first. A folder that cannot be written is refused in one line, what was created removed."""
-    created = []
-    probe = path
-    while not probe.exists():
-        created.append(probe)
-        probe = probe.parent
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        test = path / f".geolens-probe-{os.getpid()}"
-        test.write_bytes(b"")
-        test.unlink()
-    except OSError as err:
-        _remove_created(created)
-        raise UsageError(
-            f"{option} {path}: cannot write there ({err.strerror or type(err).__name__}); choose another --out"
-        ) from err
-    return created
-
-
-def _remove_created(created: list[Path]) -> None:
-    """Remove the folders a refused opening created, deepest first, while they are empty."""
-    for folder in created:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
 def _refuse_links(path: Path, state: State, option: str) -> None:
     """Refuse (one line, :class:`~geolens.files.UnsafePath`) a folder whose marker or manifest is a
     symbolic link, with a link at its top that leads outside it, or whose marker lists a file
@@ -537,14 +516,14 @@ def _refuse_links(path: Path, state: State, option: str) -> None:
 def _open_locked(path, lock, command, overwrite, resume, resumable, replot, option, created=None) -> RunFolder:
     if lock is None:  # absent when open_run_folder looked: create and lock it before judging what it holds,
         # so that a run that created it meanwhile is met at its lock, never judged by its half-written state
-        created = _create_writable(path, option)
+        created = create_writable_folder(path, option)
         try:
             lock = FolderLock(path, command, option)
             return _open_locked(path, lock, command, overwrite, resume, resumable, replot, option, created)
         except BaseException:
             if lock is not None:
                 lock.release()
-            _remove_created(created)
+            remove_created(created)
             raise
     state = folder_state(path)
     _refuse_links(path, state, option)
@@ -562,7 +541,7 @@ def _open_locked(path, lock, command, overwrite, resume, resumable, replot, opti
             )
             raise UsageError(f"{option} {path} already holds {_describe(path, state)}; {hint}")
     created = created or []
-    _create_writable(path, option)  # the folder exists and takes files (it does, when created above)
+    create_writable_folder(path, option)  # the folder exists and takes files (it does, when created above)
     foreign = _foreign_files(path, state)
     folder = RunFolder(
         path,
