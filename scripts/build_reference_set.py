@@ -21,7 +21,6 @@ miss the last bit of a 17-digit float).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -33,16 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "docs" / "faithfulness" / "v3"
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def published_tables(model_name: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    from geolens.resume import sha256_bytes
+
     folder = PUBLISHED / model_name
     manifest = json.loads((folder / "manifest.json").read_text())
     files = {}
     for name in ("per_term_terms.csv.gz", "per_term_positions.csv.gz"):
-        digest = sha256(folder / name)
+        digest = sha256_bytes((folder / name).read_bytes())
         if digest != manifest["files"][name]["sha256"]:
             raise SystemExit(f"{folder / name} does not match its manifest")
         files[f"docs/faithfulness/v3/{model_name}/{name}"] = digest

@@ -15,8 +15,6 @@ skipped with a warning.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tempfile
 import warnings
@@ -26,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+
+from geolens.resume import records_digest
 
 PROTOCOL = "docs/faithfulness/v3/PROTOCOL.md"
 FORMAT = 1
@@ -62,7 +62,7 @@ def effects_key(
         queries=[int(q) for q in queries],
         batch_size=int(batch_size),
     )
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return records_digest(record)
 
 
 def cache_folder() -> Path:
@@ -83,20 +83,16 @@ def _pack(frames: dict[str, pd.DataFrame], key: str) -> dict[str, np.ndarray]:
 
 def load_effects(key: str, folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """The cached ``(terms, positions)`` of ``key``, or None (absent, or not readable as written)."""
-    path = (folder or cache_folder()) / f"{key}.npz"
-    if not path.is_file() or path.is_symlink():
+    data = load_arrays(key, folder)
+    if data is None:
         return None
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if str(data["key"]) != key:
-                return None
-            frames = []
-            for name in ("terms", "positions"):
-                columns = [str(c) for c in data[f"{name}.columns"]]
-                frames.append(pd.DataFrame({c: data[f"{name}.{c}"] for c in columns}))
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # truncated, foreign, damaged: measured again
+        terms, positions = (
+            pd.DataFrame({str(c): data[f"{name}.{c}"] for c in data[f"{name}.columns"]})
+            for name in ("terms", "positions")
+        )
+    except KeyError:  # foreign arrays under this key: measured again
         return None
-    terms, positions = frames
     if terms.empty or positions.empty or not {"kl", "norm", "layer", "query"} <= set(terms.columns):
         return None
     return terms, positions
@@ -129,7 +125,8 @@ def _write(folder: Path, key: str, arrays: dict[str, np.ndarray], *, compressed:
 
 
 def load_arrays(key: str, folder: Path | None = None) -> dict[str, np.ndarray] | None:
-    """The arrays cached under ``key`` by :func:`save_arrays` (None: absent, or not readable as written)."""
+    """The arrays cached under ``key`` by :func:`save_arrays` or :func:`save_effects` (None: absent, a
+    link, another key's, or not readable as written: truncated, foreign, damaged)."""
     path = (folder or cache_folder()) / f"{key}.npz"
     if not path.is_file() or path.is_symlink():
         return None

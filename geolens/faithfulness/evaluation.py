@@ -464,7 +464,7 @@ def evaluate_attribution(
                 if use_reference:  # the model the effects were measured on, or refused in one line
                     check_norms(model_name, norms, terms["norm"].to_numpy())
                     positions = ref.positions[ref.positions.document == d]
-                    if known is None:
+                    if known is None and cache:
                         new.update(flat_caches(d, caches))
                 terms = terms.assign(**{f"{_CARRIER}{i}": x for i, x in enumerate(scores)})
                 all_terms.append(terms)
@@ -476,7 +476,7 @@ def evaluate_attribution(
     finally:
         if bar is not None:
             bar.close()
-    if new and cache:  # the hook tensors of this call's new documents, beside those already cached
+    if new:  # the hook tensors of this call's new documents, beside those already cached
         save_arrays(layers_key(weights, ref), {**(stored or {}), **new})
     terms = pd.concat(all_terms, ignore_index=True)
     positions = pd.concat(all_positions, ignore_index=True)

@@ -24,7 +24,6 @@ protocol's hash, the sizes. :func:`load_reference` reads a set; ``evaluate_attri
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+
+from geolens.resume import records_digest, sha256_bytes
 
 DATA = Path(__file__).resolve().with_name("reference_effects")
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -121,10 +122,6 @@ def has_reference(model_name) -> bool:
     return isinstance(model_name, str) and model_name in MODELS and _paths(model_name, DATA)[0].is_file()
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 _LOADED: dict[tuple[str, str], ReferenceSet] = {}
 
 
@@ -141,7 +138,7 @@ def load_reference(model_name: str, folder: Path | None = None) -> ReferenceSet:
     if not npz.is_file() or not record.is_file():
         raise FileNotFoundError(f"the {model_name} reference set is missing ({npz}): reinstall geolens")
     info = json.loads(record.read_text(encoding="utf-8"))
-    if file_sha256(npz) != info.get("npz_sha256"):
+    if sha256_bytes(npz.read_bytes()) != info.get("npz_sha256"):
         raise ValueError(f"{npz} does not match its record {record.name} (SHA-256): reinstall geolens")
     with np.load(npz, allow_pickle=False) as data:
         tokens = torch.from_numpy(data["tokens"].astype(np.int64))
@@ -174,7 +171,7 @@ def write_reference(
         if source is not None and not np.array_equal(values, source[name.split(".", 1)[1]].to_numpy()):
             raise ValueError(f"{name} does not fit {values.dtype}")
     np.savez_compressed(npz, **arrays)
-    info = dict(info, npz_sha256=file_sha256(npz), n_documents=int(tokens.shape[0]))
+    info = dict(info, npz_sha256=sha256_bytes(npz.read_bytes()), n_documents=int(tokens.shape[0]))
     info.update(n_positions=int(len(positions)), n_terms=int(len(terms)))
     record.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     _LOADED.pop((model_name, str(folder)), None)
@@ -201,7 +198,7 @@ def layers_key(weights: str, ref: ReferenceSet) -> str:
     (:func:`geolens.faithfulness.effects_cache.save_arrays`, float64: about 150 MB for SmolLM2, 80 MB
     for Gemma 3); every later method runs no forward."""
     record = dict(kind="reference layers", format=1, weights=str(weights), set=ref.info["npz_sha256"])
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return records_digest(record)
 
 
 __all__ = [
