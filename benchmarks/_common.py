@@ -1,7 +1,9 @@
-"""What every benchmark script shares: its import check and the output folder of ``--smoke``.
+"""What every benchmark script shares: its import check, the output folder of ``--smoke``, and the
+per-round ratio interval with its verdict against a goal.
 
-Standard library only, so that importing it adds nothing to a process whose memory is measured
-(``value_zeroing.py`` runs inseq in a child process of its own).
+Standard library only at import (the interval imports numpy and scipy when it is called), so that
+importing it adds nothing to a process whose memory is measured (``value_zeroing.py`` runs inseq in
+a child process of its own).
 """
 
 from __future__ import annotations
@@ -38,3 +40,33 @@ def smoke_folder() -> str:
     folder = tempfile.mkdtemp(prefix="geolens-bench-smoke-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
+
+
+def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> dict:
+    """Geometric mean of the per-round ratios num/den with a t-interval on their logs (the two
+    columns ran in the same round, so a slow spell of the machine hits both). numpy and scipy are
+    imported here, when called, so that importing this module adds nothing to a measured process."""
+    import numpy as np
+    from scipy import stats
+
+    logs = np.log(np.asarray(num) / np.asarray(den))
+    n = len(logs)
+    mean = float(logs.mean())
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
+    return dict(
+        geometric_mean=float(np.exp(mean)),
+        low=float(np.exp(mean - half)),
+        high=float(np.exp(mean + half)),
+        rounds=n,
+        level=level,
+    )
+
+
+def verdict(ci: dict, goal: float, *, at_most: bool = True) -> str:
+    """'met' when the whole interval is on the goal's side (at or below it, or with ``at_most=False``
+    at or above), 'not met' when it is wholly on the other, else 'undecided' at this number of rounds."""
+    if at_most:
+        return (
+            "met" if ci["high"] <= goal else ("not met" if ci["low"] > goal else f"undecided at {ci['rounds']} rounds")
+        )
+    return "met" if ci["low"] >= goal else ("not met" if ci["high"] < goal else f"undecided at {ci['rounds']} rounds")

@@ -67,7 +67,7 @@ import threading
 import time
 
 import torch
-from _common import require, smoke_folder  # benchmarks/_common.py
+from _common import ratio_interval, require, smoke_folder, verdict  # benchmarks/_common.py
 
 import geolens
 from geolens.adapter import get_attention_layer
@@ -128,33 +128,6 @@ def minor_faults() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> dict:
-    """Geometric mean of the per-round ratios num/den with a t-interval on their logs (the two
-    columns ran in the same round, so a slow spell of the machine hits both)."""
-    import numpy as np
-    from scipy import stats
-
-    logs = np.log(np.asarray(num) / np.asarray(den))
-    n = len(logs)
-    mean = float(logs.mean())
-    half = float(stats.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
-    return dict(
-        geometric_mean=float(np.exp(mean)),
-        low=float(np.exp(mean - half)),
-        high=float(np.exp(mean + half)),
-        rounds=n,
-        level=level,
-    )
-
-
-def verdict(interval: dict, goal: float) -> str:
-    """'met' when the whole interval is at or below the goal, 'not met' when it is above, else
-    'undecided' at this number of rounds."""
-    if interval["high"] <= goal:
-        return "met"
-    return "not met" if interval["low"] > goal else f"undecided at {interval['rounds']} rounds"
 
 
 def timed_faults(fn) -> tuple[float, int]:

@@ -46,7 +46,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _common import require, smoke_folder  # noqa: E402  (benchmarks/_common.py)
+from _common import ratio_interval, require, smoke_folder, verdict  # noqa: E402  (benchmarks/_common.py)
 
 HERE = Path(__file__).resolve()
 MODEL_METHODS = (
@@ -247,19 +247,6 @@ def _run_report(model_name: str) -> dict:
     return dict(command=t["wall"], command_cpu=cpu, sections=sections, threads=p.get("threads"))
 
 
-def _ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> dict:
-    import numpy as np
-    from scipy import stats
-
-    logs = np.log(np.asarray(num) / np.asarray(den))
-    n = len(logs)
-    mean = float(logs.mean())
-    half = float(stats.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-    return dict(
-        geometric_mean=float(np.exp(mean)), low=float(np.exp(mean - half)), high=float(np.exp(mean + half)), rounds=n
-    )
-
-
 def summarise(rounds: list[dict]) -> dict:
     """Per call: the median wall and CPU seconds per condition, the median ratio to its unit, and the
     loaded / idle interval with its verdict against :data:`GOAL`."""
@@ -285,14 +272,8 @@ def summarise(rounds: list[dict]) -> dict:
             if all("captum" in t for t in ts):
                 row[cond]["vs_captum"] = statistics.median(t["wall"] / t["captum"] for t in ts)
         if "idle" in by and "loaded" in by and len(by["idle"]) == len(by["loaded"]):
-            ci = _ratio_interval([t["wall"] for t in by["loaded"]], [t["wall"] for t in by["idle"]])
-            ci["verdict"] = (
-                "met"
-                if ci["high"] <= GOAL
-                else "not met"
-                if ci["low"] > GOAL
-                else f"undecided at {ci['rounds']} rounds"
-            )
+            ci = ratio_interval([t["wall"] for t in by["loaded"]], [t["wall"] for t in by["idle"]])
+            ci["verdict"] = verdict(ci, GOAL)
             row["loaded_over_idle"] = ci
         out[name] = row
     return out

@@ -31,36 +31,10 @@ import json
 import os
 import time
 
-from _common import require, smoke_folder  # benchmarks/_common.py
+from _common import ratio_interval, require, smoke_folder, verdict  # benchmarks/_common.py
 
 GOAL_B_A = 1.0  # issue 24: the whole flow within one forward-with-cache
 GOAL_C_B = 100.0  # issue 24: the naive version at least 100 times slower
-
-
-def ratio_interval(num: list[float], den: list[float], level: float = 0.95) -> dict:
-    """Geometric mean of the per-round ratios num/den with a t-interval on their logs."""
-    import numpy as np
-    from scipy import stats
-
-    logs = np.log(np.asarray(num) / np.asarray(den))
-    n = len(logs)
-    mean = float(logs.mean())
-    half = float(stats.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
-    return dict(
-        geometric_mean=float(np.exp(mean)),
-        low=float(np.exp(mean - half)),
-        high=float(np.exp(mean + half)),
-        rounds=n,
-        level=level,
-    )
-
-
-def verdict(ci: dict, goal: float, *, at_most: bool) -> str:
-    if at_most:
-        return (
-            "met" if ci["high"] <= goal else ("not met" if ci["low"] > goal else f"undecided at {ci['rounds']} rounds")
-        )
-    return "met" if ci["low"] >= goal else ("not met" if ci["high"] < goal else f"undecided at {ci['rounds']} rounds")
 
 
 def naive_mixing_rows(res, queries: list[int]):
