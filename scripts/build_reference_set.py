@@ -1,7 +1,13 @@
 """Build the shipped reference sets (geolens/faithfulness/reference_effects/) from protocol 3's
 published per-term effects (docs/faithfulness/v3/<model>/per_term_*.csv.gz).
 
-    python scripts/build_reference_set.py [--model smollm2-135m|gemma3-270m] [--verify-documents 1]
+    python scripts/build_reference_set.py [--model smollm2-135m|gemma3-270m] [--verify-documents 1] \
+        [--out geolens-runs/reference-effects]
+
+It writes into ``--out`` (by default ``geolens-runs/reference-effects``, outside the package: a run
+with the defaults leaves the checkout unchanged); the shipped sets are that folder's files copied
+into ``geolens/faithfulness/reference_effects/`` (``--out geolens/faithfulness/reference_effects``
+writes them there directly).
 
 For each model it checks, before writing anything:
 
@@ -52,6 +58,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["smollm2-135m", "gemma3-270m"], action="append")
     parser.add_argument("--verify-documents", type=int, default=1, help="documents measured again (default 1)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("geolens-runs/reference-effects"), help="the folder written (see above)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -60,7 +69,7 @@ def main(argv=None) -> int:
     from geolens.faithfulness.evaluation import float64_model
     from geolens.faithfulness.norm_controlled import norm_controlled_document
     from geolens.faithfulness.preregistered import protocol_windows
-    from geolens.faithfulness.reference import DATA, POSITION_COLUMNS, TERM_COLUMNS, load_reference, write_reference
+    from geolens.faithfulness.reference import POSITION_COLUMNS, TERM_COLUMNS, load_reference, write_reference
     from geolens.models import load_model
 
     protocol = json.loads((PUBLISHED / "protocol.json").read_text())
@@ -113,14 +122,14 @@ def main(argv=None) -> int:
             verified_documents=list(range(args.verify_documents)),
             command="python scripts/build_reference_set.py",
         )
-        path = write_reference(DATA, model_name, windows, positions, terms, info)
-        ref = load_reference(model_name)
+        path = write_reference(args.out, model_name, windows, positions, terms, info)
+        ref = load_reference(model_name, args.out)
         for c in POSITION_COLUMNS:
             assert np.array_equal(ref.positions[c].to_numpy(), positions[c].to_numpy()), c
         for c in TERM_COLUMNS:
             assert np.array_equal(ref.terms[c].to_numpy(), terms[c].to_numpy()), c
         assert torch.equal(ref.tokens, windows)
-        print(f"{model_name}: wrote {path.relative_to(ROOT)} ({path.stat().st_size / 1e6:.1f} MB, {len(terms)} terms)")
+        print(f"{model_name}: wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(terms)} terms)")
     return 0
 
 
