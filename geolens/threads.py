@@ -15,6 +15,14 @@ therefore, unless told otherwise:
   (a command started just after another had finished saw a busy machine and ran on one thread),
   and serves only where ``/proc/stat`` cannot be read (less this process's share, :func:`own_load`).
 
+One exception: a call whose matrix products are large (:data:`LARGE_ROWS` rows or more, e.g.
+integrated gradients or Value Zeroing on 128 tokens) runs on every core of the affinity while it
+lasts (:func:`for_rows`), even beside busy processes. With the passive wait an extra thread costs
+the others nothing while it waits, and on large products it turns a fair share of the machine
+into work: beside three busy processes on two cores, one thread gets about half a core and two
+threads about four fifths (docs/benchmarks.md#the-first-hour). On small products the second
+thread mostly waits to be scheduled at each synchronisation, so a short call keeps the free cores.
+
 Overrides, strongest first: a command's ``--threads N``; ``GEOLENS_THREADS=N`` in the environment;
 ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment; a ``torch.set_num_threads`` of your
 own, before or after the first model is loaded (geolens then leaves the count alone; before it,
@@ -28,6 +36,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 
 ENV = "GEOLENS_THREADS"
 _state: dict = {"passive_set_by_geolens": False, "applied": None}
@@ -160,6 +169,39 @@ def choose(explicit: int | None = None) -> tuple[int | None, str]:
     return free_cores(busy=busy), "free cores"
 
 
+LARGE_ROWS = 512
+"""Rows (batch × positions) from which a call's matrix products take every core (:func:`for_rows`)."""
+
+
+@contextmanager
+def for_rows(rows: int):
+    """The threads of one call whose matrix products have ``rows`` rows (batch × positions): from
+    :data:`LARGE_ROWS` on, every core of the affinity while the block runs, then the count before
+    it; below it, or when the count was not geolens' free-core choice (``--threads``,
+    ``GEOLENS_THREADS``, ``OMP_NUM_THREADS``, your own ``torch.set_num_threads``), nothing changes.
+    Yields the thread count in force.
+
+    >>> import torch
+    >>> with for_rows(8) as n:
+    ...     n == torch.get_num_threads()
+    True
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    applied = _state["applied"]
+    ours = applied is not None and applied["source"] == "free cores" and before == applied["threads"]
+    wanted = cores() if ours and int(rows) >= LARGE_ROWS else before
+    if wanted == before:
+        yield before
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield wanted
+    finally:
+        torch.set_num_threads(before)
+
+
 def apply(explicit: int | None = None) -> dict:
     """Set torch's thread count by :func:`choose` and return :func:`policy`."""
     import torch
@@ -201,7 +243,9 @@ __all__ = [
     "busy_cores",
     "choose",
     "cores",
+    "for_rows",
     "free_cores",
+    "LARGE_ROWS",
     "load_average",
     "policy",
     "prefer_passive_wait",

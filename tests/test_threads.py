@@ -125,3 +125,58 @@ def test_load_model_applies_the_policy():
         "geolens.load_model('tiny-gqa'); import torch; print(json.dumps([torch.get_num_threads(), t.policy()['source']]))"
     )
     assert _run(code) == [1, "free cores"]
+
+
+def test_a_large_call_takes_every_core_and_gives_them_back():
+    code = (
+        "import json, torch, geolens.threads as t; t.free_cores = lambda *a, **k: 1; t.cores = lambda: 2; t.apply(); "
+        "out = [torch.get_num_threads()]\n"
+        "with t.for_rows(t.LARGE_ROWS) as n: out += [n, torch.get_num_threads()]\n"
+        "out.append(torch.get_num_threads())\n"
+        "with t.for_rows(t.LARGE_ROWS - 1) as n: out += [n, torch.get_num_threads()]\n"
+        "try:\n"
+        "    with t.for_rows(10**6): raise KeyError\n"
+        "except KeyError: out.append(torch.get_num_threads())\n"
+        "print(json.dumps(out))"
+    )
+    # large: both cores, then the free-core count again (also when the block raises); small: unchanged
+    assert _run(code) == [1, 2, 2, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "setup, env",
+    [
+        ("t.apply(); torch.set_num_threads(1)", {}),  # your own count (set after geolens chose 2)
+        ("t.apply()", {"GEOLENS_THREADS": "1"}),
+        ("t.apply(1)", {}),  # a command's --threads
+        ("", {}),  # geolens chose nothing yet
+    ],
+)
+def test_a_large_call_keeps_a_count_that_is_not_geolens_free_core_choice(setup, env):
+    code = (
+        "import json, torch, geolens.threads as t; t.free_cores = lambda *a, **k: 2; t.cores = lambda: 2; "
+        f"torch.set_num_threads(1); {setup}\n"
+        "with t.for_rows(10**6) as n: print(json.dumps([n, torch.get_num_threads()]))"
+    )
+    assert _run(code, **env) == [1, 1]
+
+
+def test_attribute_sizes_each_method_by_its_largest_products(monkeypatch):
+    import geolens
+    from geolens import attribution
+    from geolens.testing import tiny_bridge
+
+    model = tiny_bridge("gqa")
+    seen = []
+    real = threads.for_rows
+
+    def spy(rows):
+        seen.append(rows)
+        return real(rows)
+
+    monkeypatch.setattr(threads, "for_rows", spy)
+    text = "one two three four five six seven eight nine ten"
+    n = len(geolens.attribute(model, text, "contribution_flow").tokens)
+    geolens.attribute(model, text, ["integrated_gradients", "value_zeroing_rollout", "alti"], ig_batch=4)
+    assert seen == [n, 4 * n, n * (n + 1) // 2, n]
+    assert attribution._rows(attribution.get_method("value_zeroing_rollout"), 1000, {}) == 4096
