@@ -146,27 +146,32 @@ def choose(explicit: int | None = None) -> tuple[int | None, str]:
     >>> choose(3)
     (3, '--threads')
     """
+    n, source, _ = _choose(explicit)
+    return n, source
+
+
+def _choose(explicit: int | None) -> tuple[int | None, str, float | None]:
+    """:func:`choose` with the busy cores measured for it (None: not measured)."""
     if explicit:
-        return int(explicit), "--threads"
+        return int(explicit), "--threads", None
     env = _env_threads()
     if env is not None:
-        return env, ENV
+        return env, ENV, None
     import torch
 
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if os.environ.get(name, "").strip():
-            return None, name  # the environment decided torch's count
+            return None, name, None  # the environment decided torch's count
     applied = _state["applied"]
     if applied is None and torch.get_num_threads() != cores():
-        return None, "yours"  # torch's default is one thread per core: a torch.set_num_threads of the caller's
+        return None, "yours", None  # torch's default is one thread per core: a torch.set_num_threads of the caller's
     if applied is not None:
         if torch.get_num_threads() != applied["threads"]:
-            return None, "yours"  # torch.set_num_threads was called after geolens set the count
+            return None, "yours", None  # torch.set_num_threads was called after geolens set the count
         if applied["source"] == "--threads":  # a command's explicit count holds for its whole run
-            return applied["threads"], "--threads"
+            return applied["threads"], "--threads", None
     busy = busy_cores()
-    _state["measured"] = None if busy is None else round(busy, 2)
-    return free_cores(busy=busy), "free cores"
+    return free_cores(busy=busy), "free cores", None if busy is None else round(busy, 2)
 
 
 LARGE_ROWS = 512
@@ -206,10 +211,10 @@ def apply(explicit: int | None = None) -> dict:
     """Set torch's thread count by :func:`choose` and return :func:`policy`."""
     import torch
 
-    n, source = choose(explicit)
+    n, source, busy = _choose(explicit)
     if n is not None:
         torch.set_num_threads(n)
-        _state["applied"] = dict(threads=n, source=source, busy=_state.pop("measured", None))
+        _state["applied"] = dict(threads=n, source=source, busy=busy)
     return policy(source)
 
 
