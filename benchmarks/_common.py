@@ -70,3 +70,25 @@ def verdict(ci: dict, goal: float, *, at_most: bool = True) -> str:
             "met" if ci["high"] <= goal else ("not met" if ci["low"] > goal else f"undecided at {ci['rounds']} rounds")
         )
     return "met" if ci["low"] >= goal else ("not met" if ci["high"] < goal else f"undecided at {ci['rounds']} rounds")
+
+
+def machine() -> str:
+    """The machine in a few words, for a record: its cores, CPU model and widest vector unit
+    (``/proc/cpuinfo``; the cores alone where that cannot be read). Seconds measured on two
+    machines compare only through this.
+
+    >>> machine().split(" cores")[0].isdigit()
+    True
+    """
+    text = f"{os.cpu_count()} cores"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            info = f.read()
+    except OSError:
+        return text
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
+    model = fields.get("model name")
+    return f"{text}, {model}, {vector}" if model else f"{text}, {vector}"

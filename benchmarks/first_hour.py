@@ -46,7 +46,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _common import ratio_interval, require, smoke_folder, verdict  # noqa: E402  (benchmarks/_common.py)
+from _common import machine, ratio_interval, require, smoke_folder, verdict  # noqa: E402  (benchmarks/_common.py)
 
 HERE = Path(__file__).resolve()
 MODEL_METHODS = (
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
         busy=busy,
         geolens=__version__,
         commit=commit.stdout.strip() or "unknown",
-        machine=f"{os.cpu_count()} cores",
+        machine=machine(),
         goal_loaded_over_idle=GOAL,
         **(fresh or {}),
         calls=summarise(rounds),
