@@ -26,7 +26,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from geolens import threads
 from geolens._version import __version__
 from geolens.adapter import get_attention_layer, names_filter
 from geolens.finite import check_finite
@@ -443,13 +442,12 @@ def attribute(
     info: dict[str, Any] = {}
     rows = []
     for m in found:
-        with threads.for_rows(_rows(m, n, options)):  # a large call takes every core (geolens.threads)
-            if m.family == "flow":
-                row = contribution_flow(model, cache, m.key, tokens=tokens)[0, position]
-            elif m.family == "gradient":
-                row = _gradient(model, tokens[0], position, m, explained, options, used, info)
-            else:
-                row = _metric_row(model, cache, tokens, m, layer, head, position, mode, options, used)
+        if m.family == "flow":
+            row = contribution_flow(model, cache, m.key, tokens=tokens)[0, position]
+        elif m.family == "gradient":
+            row = _gradient(model, tokens[0], position, m, explained, options, used, info)
+        else:
+            row = _metric_row(model, cache, tokens, m, layer, head, position, mode, options, used)
         rows.append(check_finite(row.detach().cpu(), what=f"the scores of {m.name}", dims=("position",), model=model))
     if len(rows) == 1:
         scores = rows[0]
@@ -483,17 +481,6 @@ def attribute(
         target_ids=target_ids,
         target_logprob=None if target_ids is None else _target_logprob(model, tokens[0], position, target_ids, logits),
     )
-
-
-def _rows(m: Method, n: int, options: dict) -> int:
-    """The rows (batch × positions) of ``m``'s largest matrix products on ``n`` tokens: integrated
-    gradients' ``ig_batch`` path points, Value Zeroing's rerun rows (one per query and zeroed source
-    at or before it, at most 4096 per call), the sequence otherwise (:func:`geolens.threads.for_rows`)."""
-    if m.key == "integrated_gradients":
-        return int(options.get("ig_batch", 8)) * n
-    if m.key == "value_zeroing_rollout":
-        return min(n * (n + 1) // 2, 4096)
-    return n
 
 
 def _target_ids(model, target) -> list[int]:

@@ -16,7 +16,8 @@ therefore, unless told otherwise:
   and serves only where ``/proc/stat`` cannot be read (less this process's share, :func:`own_load`).
 
 One exception: a call whose matrix products are large (:data:`LARGE_ROWS` rows or more, e.g.
-integrated gradients or Value Zeroing on 128 tokens) runs on every core of the affinity while it
+integrated gradients or Value Zeroing on 128 tokens; :func:`geolens.flow.baselines.integrated_gradients`
+and :func:`geolens.value_zeroing` size their own products) runs on every core of the affinity while it
 lasts (:func:`for_rows`), even beside busy processes. With the passive wait an extra thread costs
 the others nothing while it waits, and on large products it turns a fair share of the machine
 into work: beside three busy processes on two cores, one thread gets about half a core and two

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from geolens import threads
 
@@ -75,7 +76,18 @@ def test_this_process_own_load_is_measured():
         "while time.monotonic() < end: pass\n"
         "print(json.dumps(t.own_load()))"
     )
-    assert 0.5 < _run(code) <= 1.1  # a process that kept one core busy
+    # a process that kept one core busy: some of it, whatever else the machine runs (a busy machine
+    # gives it less than half a core), never more than the one core it can use
+    assert 0.05 < _run(code) <= 1.1
+
+
+def test_own_load_is_the_cpu_seconds_over_the_wall_seconds_since_geolens_loaded(monkeypatch):
+    monkeypatch.setattr(threads, "_SINCE", (10.0, 2.0))
+    monkeypatch.setattr(threads.time, "monotonic", lambda: 14.0)
+    monkeypatch.setattr(threads.os, "times", lambda: (3.0, 0.5, 0, 0, 0))
+    assert threads.own_load() == pytest.approx((3.5 - 2.0) / 4.0)
+    monkeypatch.setattr(threads.time, "monotonic", lambda: 10.5)
+    assert threads.own_load() == 0.0  # its first second: not measured yet
 
 
 def test_passive_wait_is_set_before_torch_only_and_never_over_the_environment():
@@ -161,12 +173,13 @@ def test_a_large_call_keeps_a_count_that_is_not_geolens_free_core_choice(setup, 
     assert _run(code, **env) == [1, 1]
 
 
-def test_attribute_sizes_each_method_by_its_largest_products(monkeypatch):
+def test_integrated_gradients_and_value_zeroing_size_their_products(monkeypatch, tiny_gqa):
     import geolens
-    from geolens import attribution
-    from geolens.testing import tiny_bridge
+    from geolens.flow.baselines import integrated_gradients
+    from geolens.flow.erasure import erase
 
-    model = tiny_bridge("gqa")
+    model = tiny_gqa[0]
+    t = tiny_gqa[1][0, :10]
     seen = []
     real = threads.for_rows
 
@@ -175,8 +188,11 @@ def test_attribute_sizes_each_method_by_its_largest_products(monkeypatch):
         return real(rows)
 
     monkeypatch.setattr(threads, "for_rows", spy)
-    text = "one two three four five six seven eight nine ten"
-    n = len(geolens.attribute(model, text, "contribution_flow").tokens)
-    geolens.attribute(model, text, ["integrated_gradients", "value_zeroing_rollout", "alti"], ig_batch=4)
-    assert seen == [n, 4 * n, n * (n + 1) // 2, n]
-    assert attribution._rows(attribution.get_method("value_zeroing_rollout"), 1000, {}) == 4096
+    integrated_gradients(model, t, erase(t, torch.arange(10) > 0, 5), 9, n_steps=4, batch_size=3)
+    geolens.value_zeroing(model, t[None], layers=[0])
+    geolens.value_zeroing(model, t[None], layers=[0], chunk_size=2)
+    assert seen == [3 * 10, 10 * 11 // 2, 2 * 10]
+    text = "one two three four five six seven eight"
+    geolens.attribute(model, text, ["integrated_gradients", "value_zeroing_rollout"], ig_batch=4)
+    n = len(geolens.attribute(model, text, "alti").tokens)
+    assert seen[3:] == [4 * n] + [n * (n + 1) // 2] * model.cfg.n_layers  # Value Zeroing: one call per layer

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from geolens import threads
 from geolens.adapter import adapter_for
 from geolens.interventions.base import applied
 from geolens.interventions.masking import last_predictions_hook
@@ -359,47 +360,48 @@ def integrated_gradients(
     else:
         xb = _check_embeddings(baseline_embeddings, x[: position + 1])
     xb = torch.cat([xb, x[position + 1 :]])  # a continuation stays as it is along the path
-    diff = x - xb
-    with torch.no_grad():  # f(x), f(x′): forward only
-        ends = _logprobs(model, torch.stack([x, xb]), target).cpu()
-    total = torch.zeros(x.shape, dtype=torch.float64)
+    with threads.for_rows(int(batch_size) * x.shape[0]):  # large batches take every core (geolens.threads)
+        diff = x - xb
+        with torch.no_grad():  # f(x), f(x′): forward only
+            ends = _logprobs(model, torch.stack([x, xb]), target).cpu()
+        total = torch.zeros(x.shape, dtype=torch.float64)
 
-    shares = []  # grid="local": a_j at each midpoint, [point, pos] per batch (the local rounds reuse them)
+        shares = []  # grid="local": a_j at each midpoint, [point, pos] per batch (the local rounds reuse them)
 
-    def add(alphas: Tensor) -> None:
-        for points in _path_points(x, xb, alphas, batch_size):
-            _, grad = _logprob_and_gradient(model, points, target)
-            total.add_(grad.to(torch.float64).sum(0).cpu())
-            if grid == "local":
-                shares.append(_share_rows(grad, x, xb))
+        def add(alphas: Tensor) -> None:
+            for points in _path_points(x, xb, alphas, batch_size):
+                _, grad = _logprob_and_gradient(model, points, target)
+                total.add_(grad.to(torch.float64).sum(0).cpu())
+                if grid == "local":
+                    shares.append(_share_rows(grad, x, xb))
 
-    def result(steps: int) -> IntegratedGradients:
-        out = torch.zeros(tokens.shape[0], dtype=torch.float64)
-        out[: position + 1] = (diff.to(torch.float64).cpu() * total / steps).sum(-1)[: position + 1]
-        edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
-        return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, _target_value(target), edges=edges)
+        def result(steps: int) -> IntegratedGradients:
+            out = torch.zeros(tokens.shape[0], dtype=torch.float64)
+            out[: position + 1] = (diff.to(torch.float64).cpu() * total / steps).sum(-1)[: position + 1]
+            edges = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
+            return IntegratedGradients(out, float(ends[0]), float(ends[1]), steps, _target_value(target), edges=edges)
 
-    steps = int(n_steps)
-    if grid == "gauss_legendre":
-        return _gauss_legendre(
-            model, x, xb, target, tokens.shape[0], position + 1, ends, steps, batch_size, tolerance, max_steps
-        )
-    add((torch.arange(steps, dtype=torch.float64) + 0.5) / steps)
-    ig = result(steps)
-    if grid == "local":
-        if ig.rel_gap <= float(tolerance) or steps + 2 > int(max_steps):
-            return ig
-        first = torch.cat(shares)
-        return _refine_locally(
-            model, x, xb, target, tokens.shape[0], position + 1, ends, first, batch_size, tolerance, max_steps
-        )
-    while tolerance is not None and ig.rel_gap > float(tolerance) and 3 * steps <= int(max_steps):
-        s = torch.arange(3 * steps, dtype=torch.float64)
-        new = s[(s % 3) != 1]  # (s + ½)/(3S) with s ≡ 1 (mod 3) are the midpoints of S
-        steps *= 3
-        add((new + 0.5) / steps)
+        steps = int(n_steps)
+        if grid == "gauss_legendre":
+            return _gauss_legendre(
+                model, x, xb, target, tokens.shape[0], position + 1, ends, steps, batch_size, tolerance, max_steps
+            )
+        add((torch.arange(steps, dtype=torch.float64) + 0.5) / steps)
         ig = result(steps)
-    return ig
+        if grid == "local":
+            if ig.rel_gap <= float(tolerance) or steps + 2 > int(max_steps):
+                return ig
+            first = torch.cat(shares)
+            return _refine_locally(
+                model, x, xb, target, tokens.shape[0], position + 1, ends, first, batch_size, tolerance, max_steps
+            )
+        while tolerance is not None and ig.rel_gap > float(tolerance) and 3 * steps <= int(max_steps):
+            s = torch.arange(3 * steps, dtype=torch.float64)
+            new = s[(s % 3) != 1]  # (s + ½)/(3S) with s ≡ 1 (mod 3) are the midpoints of S
+            steps *= 3
+            add((new + 0.5) / steps)
+            ig = result(steps)
+        return ig
 
 
 def _gauss_legendre(

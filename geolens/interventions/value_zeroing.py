@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from geolens import threads
 from geolens.adapter import adapter_for, get_attention_layer
 from geolens.geometry import layer_output
 from geolens.validation import check_context, check_layer
@@ -85,51 +86,53 @@ def value_zeroing(
             adapter.value_hook(l),
         }
     model_dtype = next(model.parameters()).dtype
-    for b in range(tokens.shape[0]):
-        with torch.no_grad():
-            _, cache = model.run_with_cache(
-                tokens[b : b + 1], names_filter=lambda name: name in wanted, stop_at_layer=layers[-1] + 1
-            )
-        for n, l in enumerate(layers):
-            view = get_attention_layer(model, cache, l)
-            resid_pre = cache[adapter.resid_pre_hook(l)][0]
-            clean = cache[adapter.resid_post_hook(l)][0]
-            attn_out = layer_output(view)[0] + view.b_O  # [query, d_model], float32
-            v_tilde = torch.einsum("khd,hdm->hkm", view.v[0], view.W_O)  # [head, key, d_model]
-            pattern = view.pattern[0]  # [head, query, key]
-            wanted_query = torch.ones(n_pos, dtype=torch.bool, device=pattern.device)
-            if queries is not None:
-                wanted_query[:] = False
-                wanted_query[queries[l]] = True
+    rows = min(n_pos * (n_pos + 1) // 2, chunk * n_pos)  # rerun rows per MLP call, at most
+    with threads.for_rows(rows):  # large reruns take every core (geolens.threads)
+        for b in range(tokens.shape[0]):
             with torch.no_grad():
-                rebuilt = adapter.block_after_attention(l, resid_pre[None], attn_out.to(model_dtype)[None])[0]
-                scale = clean.float().norm(dim=-1).clamp_min(1e-6)
-                err = float(((rebuilt - clean).float().norm(dim=-1) / scale).max())
-                if err > max(1e-3, 50 * torch.finfo(model_dtype).eps):  # rounding of the model's own dtype
-                    raise RuntimeError(
-                        f"value_zeroing: layer {l}: the block rebuilt from its attention output differs from "
-                        f"the cached block output by {err:.2g} (relative); this block structure is not supported"
-                    )
-                last = final_norm and l == n_layers - 1
-                # the rebuilt clean output is the reference, so a source that changes nothing scores 0
-                reference = adapter.final_norm(rebuilt[None])[0] if last else rebuilt
-                for start in range(0, n_pos, chunk):
-                    sources = torch.arange(start, min(start + chunk, n_pos), device=pattern.device)
-                    delta = torch.einsum(
-                        "hqs,hsm->sqm", pattern[:, :, sources], v_tilde[:, sources]
-                    )  # [source, query, d_model]
-                    visible = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]) & wanted_query[
-                        None
-                    ]
-                    s_idx, q_idx = visible.nonzero(as_tuple=True)
-                    if s_idx.numel() == 0:
-                        continue
-                    rows = (attn_out[q_idx] - delta[s_idx, q_idx]).to(model_dtype)  # subtracted in float32
-                    out = adapter.block_after_attention(l, resid_pre[q_idx][None], rows[None])[0]
-                    if last:
-                        out = adapter.final_norm(out[None])[0]
-                    cos = torch.nn.functional.cosine_similarity(out.float(), reference[q_idx].float(), dim=-1)
-                    scores[n, b, q_idx.cpu(), sources[s_idx].cpu()] = (1.0 - cos).cpu()
+                _, cache = model.run_with_cache(
+                    tokens[b : b + 1], names_filter=lambda name: name in wanted, stop_at_layer=layers[-1] + 1
+                )
+            for n, l in enumerate(layers):
+                view = get_attention_layer(model, cache, l)
+                resid_pre = cache[adapter.resid_pre_hook(l)][0]
+                clean = cache[adapter.resid_post_hook(l)][0]
+                attn_out = layer_output(view)[0] + view.b_O  # [query, d_model], float32
+                v_tilde = torch.einsum("khd,hdm->hkm", view.v[0], view.W_O)  # [head, key, d_model]
+                pattern = view.pattern[0]  # [head, query, key]
+                wanted_query = torch.ones(n_pos, dtype=torch.bool, device=pattern.device)
+                if queries is not None:
+                    wanted_query[:] = False
+                    wanted_query[queries[l]] = True
+                with torch.no_grad():
+                    rebuilt = adapter.block_after_attention(l, resid_pre[None], attn_out.to(model_dtype)[None])[0]
+                    scale = clean.float().norm(dim=-1).clamp_min(1e-6)
+                    err = float(((rebuilt - clean).float().norm(dim=-1) / scale).max())
+                    if err > max(1e-3, 50 * torch.finfo(model_dtype).eps):  # rounding of the model's own dtype
+                        raise RuntimeError(
+                            f"value_zeroing: layer {l}: the block rebuilt from its attention output differs from "
+                            f"the cached block output by {err:.2g} (relative); this block structure is not supported"
+                        )
+                    last = final_norm and l == n_layers - 1
+                    # the rebuilt clean output is the reference, so a source that changes nothing scores 0
+                    reference = adapter.final_norm(rebuilt[None])[0] if last else rebuilt
+                    for start in range(0, n_pos, chunk):
+                        sources = torch.arange(start, min(start + chunk, n_pos), device=pattern.device)
+                        delta = torch.einsum(
+                            "hqs,hsm->sqm", pattern[:, :, sources], v_tilde[:, sources]
+                        )  # [source, query, d_model]
+                        visible = (torch.arange(n_pos, device=pattern.device)[None] >= sources[:, None]) & wanted_query[
+                            None
+                        ]
+                        s_idx, q_idx = visible.nonzero(as_tuple=True)
+                        if s_idx.numel() == 0:
+                            continue
+                        rows = (attn_out[q_idx] - delta[s_idx, q_idx]).to(model_dtype)  # subtracted in float32
+                        out = adapter.block_after_attention(l, resid_pre[q_idx][None], rows[None])[0]
+                        if last:
+                            out = adapter.final_norm(out[None])[0]
+                        cos = torch.nn.functional.cosine_similarity(out.float(), reference[q_idx].float(), dim=-1)
+                        scores[n, b, q_idx.cpu(), sources[s_idx].cpu()] = (1.0 - cos).cpu()
     if normalize:
         scores = scores / scores.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
     return scores
