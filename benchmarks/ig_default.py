@@ -11,7 +11,14 @@ rule). The rules, each within ``--cap`` gradients:
 
 - ``midpoint S``: the even-grid midpoint sum of S gradients (geolens' default before, with S = 64);
 - ``gauss_legendre S``: the S-node Gauss–Legendre quadrature (captum's and inseq's rule);
-- ``local S``: version 3's adaptive local grid started at S midpoints, refined until 1 % or the cap.
+- ``local S``: version 3's adaptive local grid started at S midpoints, refined until 1 % or the cap;
+- ``default``: what :func:`geolens.attribute` runs (:mod:`geolens.flow.ig_options`: the local grid
+  from 8, refined until 1 % or 96 gradients), whatever ``--cap``.
+
+Also per prediction, forward passes only, the path's roughness: f at the 65 points α = k/64, and
+the largest change between neighbours and the total variation Σ|Δf|, each over |f(x) − f(x′)|
+(a path that rises steadily has total variation 1; a rule with S gradients cannot follow a bump
+narrower than 1/S).
 
 Printed per model and rule: the median relative gap, the share of predictions within 1 %, the
 median and largest gradients spent, and the median wall seconds of one call; ``--out`` keeps every
@@ -34,7 +41,15 @@ from pathlib import Path
 from _common import smoke_folder  # benchmarks/_common.py
 
 ROOT = Path(__file__).resolve().parents[1]
-RULES = (("midpoint", 24), ("gauss_legendre", 8), ("gauss_legendre", 16), ("gauss_legendre", 24), ("local", 8))
+RULES = (
+    ("midpoint", 24),
+    ("gauss_legendre", 8),
+    ("gauss_legendre", 16),
+    ("gauss_legendre", 24),
+    ("local", 8),
+    ("default", None),
+)
+ROUGHNESS_POINTS = 65
 
 
 def predictions(model_name: str, n_documents: int):
@@ -44,15 +59,33 @@ def predictions(model_name: str, n_documents: int):
     return pred[pred.document < n_documents][["document", "position", "target"]].drop_duplicates()
 
 
-def run_rule(model, tokens, position, target, xb, rule: str, steps: int, cap: int):
+def run_rule(model, tokens, position, target, xb, rule: str, steps: int | None, cap: int):
     from geolens.flow.baselines import integrated_gradients
+    from geolens.flow.ig_options import ig_settings
 
+    if rule == "default":
+        kwargs = dict(ig_settings({})["kwargs"], target=target, baseline_embeddings=xb)
+        return integrated_gradients(model, tokens, None, position, **kwargs)
     kwargs = dict(target=target, baseline_embeddings=xb, n_steps=steps, batch_size=8)
     if rule == "local":
         kwargs.update(grid="local", tolerance=0.01, max_steps=cap)
     elif rule == "gauss_legendre":
         kwargs.update(grid="gauss_legendre")
     return integrated_gradients(model, tokens, None, position, **kwargs)
+
+
+def roughness(model, tokens, position, target, xb) -> dict:
+    """The path's largest step and total variation of f over |f(x) − f(x′)| (floor 0.01), on the
+    even grid of :data:`ROUGHNESS_POINTS` points, forward passes only."""
+    import torch
+
+    from geolens.flow.baselines import _path_logprobs, continued_tokens, input_embeddings
+
+    x = input_embeddings(model, continued_tokens(tokens, position, target))
+    xb = torch.cat([xb, x[position + 1 :]])
+    f = _path_logprobs(model, x, xb, torch.linspace(0.0, 1.0, ROUGHNESS_POINTS, dtype=torch.float64), target, 16)
+    steps, scale = f.diff().abs(), max(abs(float(f[-1] - f[0])), 0.01)
+    return dict(largest_step=float(steps.max()) / scale, total_variation=float(steps.sum()) / scale)
 
 
 def main(argv=None) -> int:
@@ -90,18 +123,22 @@ def main(argv=None) -> int:
             x = input_embeddings(model, tokens[: int(p.position) + 1])
             xb = prefix_mean_baseline(x, range(1, int(p.position)))
             target = None if pd.isna(p.target) else int(p.target)
+            path = None
             for rule, steps in RULES:
                 start = time.perf_counter()
                 ig = run_rule(model, tokens, int(p.position), target, xb, rule, steps, args.cap)
+                seconds = time.perf_counter() - start
+                path = path or roughness(model, tokens, int(p.position), ig.target, xb)
                 rows.append(
                     dict(
                         model=model_name,
                         document=int(p.document),
                         position=int(p.position),
-                        rule=f"{rule} {steps}",
+                        rule=rule if steps is None else f"{rule} {steps}",
                         gradients=int(ig.n_steps),
                         rel_gap=float(ig.rel_gap),
-                        seconds=time.perf_counter() - start,
+                        seconds=seconds,
+                        **path,
                     )
                 )
     table = pd.DataFrame(rows)
@@ -115,6 +152,8 @@ def main(argv=None) -> int:
             median_gradients=float(part.gradients.median()),
             max_gradients=int(part.gradients.max()),
             median_seconds=float(part.seconds.median()),
+            median_largest_step=float(part.largest_step.median()),
+            median_total_variation=float(part.total_variation.median()),
         )
         for (m, rule), part in table.groupby(["model", "rule"], sort=False)
     ]
@@ -128,6 +167,14 @@ def main(argv=None) -> int:
         print(
             f"{m:<14} {rule:<18} {len(part):>4} {part.rel_gap.median():>11.2%} {(part.rel_gap <= 0.01).mean():>10.0%} "
             f"{int(part.gradients.median()):>5} (≤{int(part.gradients.max())}) {part.seconds.median():>7.2f}"
+        )
+    print(
+        f"\nthe path's roughness (f at {ROUGHNESS_POINTS} even points; over |f(x) − f(x′)|, median of the predictions)"
+    )
+    for m, part in table.drop_duplicates(["model", "document", "position"]).groupby("model", sort=False):
+        print(
+            f"{m:<14} largest step between neighbours {part.largest_step.median():.2f}, "
+            f"total variation {part.total_variation.median():.2f} (1.00: a path that only rises or only falls)"
         )
     if out:
         print(f"figures: {os.path.dirname(os.path.abspath(out))}")
