@@ -540,8 +540,9 @@ def _open_locked(path, lock, command, overwrite, resume, resumable, replot, opti
                 + ", or choose another --out"
             )
             raise UsageError(f"{option} {path} already holds {_describe(path, state)}; {hint}")
-    created = created or []
-    create_writable_folder(path, option)  # the folder exists and takes files (it does, when created above)
+    if created is None:  # the folder existed when open_run_folder looked: check that it takes files
+        create_writable_folder(path, option)
+        created = []
     foreign = _foreign_files(path, state)
     folder = RunFolder(
         path,
