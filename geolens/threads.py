@@ -1,12 +1,19 @@
-"""Threads on a shared machine: OpenMP's passive wait and a thread count that follows the free cores.
+"""Threads on a shared machine: OpenMP's passive wait after a brief spin, and a thread count that
+follows the free cores.
 
 By default torch runs one thread per core and OpenMP makes idle threads spin (its *active* wait
-policy). Beside other busy processes that is the worst case: the spinning threads burn the cores
-the other jobs need, and every parallel region waits for a thread that is not scheduled. geolens
-therefore, unless told otherwise:
+policy; libgomp, the OpenMP of torch's Linux wheels, spins about 3 ms before it sleeps). Beside
+other busy processes that is the worst case: the spinning threads burn the cores the other jobs
+need, and every parallel region waits for a thread that is not scheduled. A thread that sleeps at
+once (the *passive* wait) has the opposite cost on an idle machine: a model's small operations
+(one query's head, a layer's 64 positions) start and end a parallel region every few
+microseconds, and waking a sleeping thread for each one made such calls up to about twice as slow
+as with a brief spin before the sleep (docs/benchmarks.md#the-wait-policy). geolens therefore, unless told otherwise:
 
-- sets ``OMP_WAIT_POLICY=PASSIVE`` when ``import geolens`` comes before torch's (:func:`prefer_passive_wait`;
-  OpenMP reads it once, when torch loads it, so a torch imported earlier keeps its policy);
+- sets ``OMP_WAIT_POLICY=PASSIVE`` and libgomp's ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` when
+  ``import geolens`` comes before torch's (:func:`prefer_passive_wait`; OpenMP reads both once, when
+  torch loads it, so a torch imported earlier keeps its policy): a waiting thread spins for some
+  tens of microseconds, which covers the gap between two small operations, then sleeps;
 - uses as many threads as there are free cores, the cores this process may run on
   (``os.sched_getaffinity``) minus the cores other processes keep busy, at least 1
   (:func:`free_cores`), when a model is loaded (:func:`geolens.models.load_model`) and a command
@@ -18,8 +25,8 @@ therefore, unless told otherwise:
 One exception: a call whose matrix products are large (:data:`LARGE_ROWS` rows or more, e.g.
 integrated gradients or Value Zeroing on 128 tokens; :func:`geolens.flow.baselines.integrated_gradients`
 and :func:`geolens.value_zeroing` size their own products) runs on every core of the affinity while it
-lasts (:func:`for_rows`), even beside busy processes. With the passive wait an extra thread costs
-the others nothing while it waits, and on large products it turns a fair share of the machine
+lasts (:func:`for_rows`), even beside busy processes. An extra thread costs the others no more than
+its brief spin while it waits, and on large products it turns a fair share of the machine
 into work: beside three busy processes on two cores, one thread gets about half a core and two
 threads about four fifths (docs/benchmarks.md#the-first-hour). On small products the second
 thread mostly waits to be scheduled at each synchronisation, so a short call keeps the free cores.
@@ -27,8 +34,8 @@ thread mostly waits to be scheduled at each synchronisation, so a short call kee
 Overrides, strongest first: a command's ``--threads N``; ``GEOLENS_THREADS=N`` in the environment;
 ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment; a ``torch.set_num_threads`` of your
 own, before or after the first model is loaded (geolens then leaves the count alone; before it,
-a count other than torch's default of one thread per core is taken as yours); ``OMP_WAIT_POLICY`` set
-in the environment. :func:`policy` says what is in force, and the report
+a count other than torch's default of one thread per core is taken as yours); ``OMP_WAIT_POLICY``
+or ``GOMP_SPINCOUNT`` set in the environment. :func:`policy` says what is in force, and the report
 records it in ``report.json`` (``params.threads``).
 """
 
@@ -40,7 +47,11 @@ import time
 from contextlib import contextmanager
 
 ENV = "GEOLENS_THREADS"
-_state: dict = {"passive_set_by_geolens": False, "applied": None}
+SPIN_COUNT = 3000
+"""libgomp's spins before a waiting thread sleeps (``GOMP_SPINCOUNT``), set with the passive wait;
+libgomp counts about 100 000 spins to the millisecond, so about 30 µs. Other OpenMP runtimes ignore it
+and wait passively."""
+_state: dict = {"passive_set_by_geolens": False, "spin_set_by_geolens": False, "applied": None}
 _SINCE = (time.monotonic(), sum(os.times()[:2]))  # wall and CPU seconds of this process when geolens loaded
 
 
@@ -120,11 +131,15 @@ def free_cores(n_cores: int | None = None, busy: float | None = None) -> int:
 
 
 def prefer_passive_wait() -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` when neither the environment nor an imported torch has
-    decided the policy; True when this call set it."""
+    """Set ``OMP_WAIT_POLICY=PASSIVE``, with ``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT` unless the
+    environment has one, when neither the environment nor an imported torch has decided the policy;
+    True when this call set it."""
     if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
         return False
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        _state["spin_set_by_geolens"] = True
     _state["passive_set_by_geolens"] = True
     return True
 
@@ -230,8 +245,11 @@ def policy(source: str | None = None) -> dict:
     import torch
 
     wait = os.environ.get("OMP_WAIT_POLICY", "").upper() or "ACTIVE (OpenMP's default)"
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    if spin:
+        wait += f", GOMP_SPINCOUNT={spin}"
     if _state["passive_set_by_geolens"]:
-        wait += " (set by geolens)"
+        wait += " (set by geolens)" if _state["spin_set_by_geolens"] or not spin else " (the policy set by geolens)"
     applied = _state["applied"] or {}
     return dict(
         threads=int(torch.get_num_threads()),
@@ -245,6 +263,7 @@ def policy(source: str | None = None) -> dict:
 
 __all__ = [
     "ENV",
+    "SPIN_COUNT",
     "apply",
     "busy_cores",
     "choose",

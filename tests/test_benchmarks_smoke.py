@@ -27,6 +27,7 @@ SLOW = {
     "first_hour.py",
     "gpu.py",
     "value_zeroing.py",
+    "wait_policy.py",
 }  # smoke runs over ~20 s on 2 cores
 OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
     "contributions.py": ["contributions.json", "scaling.png"],
@@ -39,6 +40,7 @@ OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
     "masking.py": ["masking.json"],
     "per_term.py": ["per_term.json"],
     "value_zeroing.py": ["value_zeroing.json"],
+    "wait_policy.py": ["wait_policy.json"],
 }
 
 pytestmark = pytest.mark.bridge_only

@@ -19,7 +19,7 @@ def _run(code: str, **env) -> dict:
     environ = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("OMP_WAIT_POLICY", "GEOLENS_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GEOLENS_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     }
     environ.update(env)
     out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
@@ -91,11 +91,17 @@ def test_own_load_is_the_cpu_seconds_over_the_wall_seconds_since_geolens_loaded(
 
 
 def test_passive_wait_is_set_before_torch_only_and_never_over_the_environment():
-    code = "import json, os, geolens, torch; print(json.dumps(dict(w=os.environ.get('OMP_WAIT_POLICY'), p=geolens.threads.policy()['wait_policy'])))"
-    assert _run(code) == dict(w="PASSIVE", p="PASSIVE (set by geolens)")
-    assert _run(code, OMP_WAIT_POLICY="active")["w"] == "active"
-    after = "import json, os, torch, geolens; print(json.dumps(dict(w=os.environ.get('OMP_WAIT_POLICY'))))"
-    assert _run(after) == dict(w=None)  # torch came first: its OpenMP policy is decided
+    code = (
+        "import json, os, geolens, torch; print(json.dumps(dict(w=os.environ.get('OMP_WAIT_POLICY'), "
+        "s=os.environ.get('GOMP_SPINCOUNT'), p=geolens.threads.policy()['wait_policy'])))"
+    )
+    spin = threads.SPIN_COUNT
+    assert _run(code) == dict(w="PASSIVE", s=str(spin), p=f"PASSIVE, GOMP_SPINCOUNT={spin} (set by geolens)")
+    assert _run(code, OMP_WAIT_POLICY="active") == dict(w="active", s=None, p="ACTIVE")
+    yours = _run(code, GOMP_SPINCOUNT="0")  # your spin count is kept; the policy is still geolens'
+    assert yours == dict(w="PASSIVE", s="0", p="PASSIVE, GOMP_SPINCOUNT=0 (the policy set by geolens)")
+    after = "import json, os, torch, geolens; print(json.dumps(dict(w=os.environ.get('OMP_WAIT_POLICY'), s=os.environ.get('GOMP_SPINCOUNT'))))"
+    assert _run(after) == dict(w=None, s=None)  # torch came first: its OpenMP policy is decided
 
 
 def test_the_overrides_in_order():

@@ -24,6 +24,7 @@ does not hold only when decided by confidence intervals on at least that minimum
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import json
@@ -160,6 +161,34 @@ def mark_sample_sizes(sections: Sequence[Section], n_corpus_windows: int) -> Non
             claim.numbers["sample"] = claim.numbers.get("sample") or sample_size(n_corpus_windows)
 
 
+def shared_analyses(analyses: Sequence) -> tuple[list, list[tuple]]:
+    """``(distinct, twins)``: the analyses to run, and ``(twin, original)`` pairs for each one that
+    equals an earlier one (same class, same ``config()``), whose state is the original's after the pass.
+
+    >>> from geolens.taxonomy import TaxonomyAnalysis
+    >>> a, b, c = TaxonomyAnalysis(2, 4), TaxonomyAnalysis(2, 4), TaxonomyAnalysis(2, 4, space="projected")
+    >>> distinct, twins = shared_analyses([a, b, c])
+    >>> distinct == [a, c], twins == [(b, a)]
+    (True, True)
+    """
+    distinct, twins = [], []
+    for a in analyses:
+        config = getattr(a, "config", None)
+        same = [
+            d
+            for d in distinct
+            if config is not None
+            and type(d) is type(a)
+            and callable(getattr(d, "config", None))
+            and d.config() == config()
+        ]
+        if same:
+            twins.append((a, same[0]))
+        else:
+            distinct.append(a)
+    return distinct, twins
+
+
 def _timed(build: Callable[[], Section]) -> Section:
     """``build()``'s section with its wall seconds and this process's CPU seconds (all threads)."""
     start, start_cpu = time.perf_counter(), time.process_time()
@@ -188,10 +217,12 @@ def build_report(model, tokens: torch.Tensor, config: ReportConfig, *, progress:
     ctx = ReportContext(model=model, tokens=corpus, heldout=heldout, config=config, progress=progress)
     modules = {spec.key: spec.load() for spec in specs}
     wanted = {key: (m.analyses(ctx) if hasattr(m, "analyses") else {}) for key, m in modules.items()}
-    flat = [a for per_section in wanted.values() for a in per_section.values()]
+    distinct, twins = shared_analyses([a for per_section in wanted.values() for a in per_section.values()])
     start, start_cpu = time.perf_counter(), time.process_time()
-    if flat:
-        run_corpus(model, corpus, flat, batch_size=config.batch_size, progress=progress, desc="corpus pass")
+    if distinct:
+        run_corpus(model, corpus, distinct, batch_size=config.batch_size, progress=progress, desc="corpus pass")
+    for twin, original in twins:  # an analysis two sections ask for runs once; each gets its own state
+        twin.load_state_dict(copy.deepcopy(original.state_dict()))
     corpus_seconds, corpus_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     sections = []
     for key, module in modules.items():

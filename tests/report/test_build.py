@@ -1,13 +1,15 @@
 """Building a report (geolens.report.build): every section's numbers and the versions in report.json,
-every claim with its numbers, criterion and sample size, an unknown section refused, and the corpus
-pass's progress bar per batch."""
+every claim with its numbers, criterion and sample size, an unknown section refused, the corpus
+pass's progress bar per batch, and an analysis two sections ask for run once."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
 import pytest
+import torch
 
 from geolens.report import (
     ReportConfig,
@@ -135,3 +137,24 @@ def test_every_verdict_shows_its_sample_size(tiny_report):
             assert sample["n_seeds"] == 1 and "one seed" in sample["low_power_reason"]
     assert data["params"]["n_low_power_claims"] == len(data["claims"])  # 2 windows: every sample is below its minimum
     assert data["params"]["n_decided_claims"] == 0
+
+
+def test_an_analysis_two_sections_ask_for_runs_once_and_both_get_its_state(tiny_gqa):
+    """The taxonomy and pruning sections both read a TaxonomyAnalysis of the same configuration:
+    the corpus pass runs it once, and the twin's state equals a pass of its own."""
+    from geolens.report.build import shared_analyses
+    from geolens.runner import run_corpus
+    from geolens.taxonomy import TaxonomyAnalysis
+
+    model, tokens, _ = tiny_gqa
+    a, b = TaxonomyAnalysis.for_model(model), TaxonomyAnalysis.for_model(model)
+    other = TaxonomyAnalysis.for_model(model, space="projected")
+    distinct, twins = shared_analyses([a, other, b])
+    assert distinct == [a, other] and twins == [(b, a)]
+    run_corpus(model, tokens, distinct, batch_size=1, progress=False)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    alone = run_corpus(model, tokens, [TaxonomyAnalysis.for_model(model)], batch_size=1, progress=False)[0]
+    assert b.result().distribution == alone.result().distribution
+    assert torch.equal(b.prefix_counts.total, alone.prefix_counts.total)
+    a.prefix_counts.total += 1  # the twin's state is a copy: changing one leaves the other
+    assert torch.equal(b.prefix_counts.total, alone.prefix_counts.total)

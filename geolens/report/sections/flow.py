@@ -11,12 +11,11 @@ Two parts, both from the flow pipeline (:mod:`geolens.pipelines.flow`) that ``ge
   of the bootstrap. The report's windows and settings are not the protocol's, so the run is
   exploratory: its claims read indicative, with their sample.
 
-Quick mode: the prediction at position 15 of each window (the protocol's first), the space
-replacement only, the methods without Value Zeroing rollout (it reruns the model once per layer
-and source) and integrated gradients (8 forward and backward passes per prediction at least):
-the three flows, gradient × input and random, with 1000 bootstrap resamples; about 2 CPU-seconds
-per window on SmolLM2 (one thread), 22 for the whole section on the 8 corpus windows of
-``geolens report --quick`` (measured). The full report:
+Quick mode: the first :data:`QUICK_WINDOWS` corpus windows, the prediction at position 15 of each
+(the protocol's first), the space replacement only, the methods without Value Zeroing rollout (it
+reruns the model once per layer and source) and integrated gradients (8 forward and backward
+passes per prediction at least): the three flows, gradient × input and random, with 1000 bootstrap
+resamples; about 2 CPU-seconds per window on SmolLM2 (one thread). The full report:
 the protocol's positions that fit the windows (15, 31, 63), both replacements (the unigram one
 from the Lee corpus), every method, 2000 resamples, on up to 16 windows; the two gradient methods
 start from the prefix-mean baseline (docs/flow/v2/PROTOCOL.md: version 1's started integrated
@@ -111,7 +110,7 @@ def ig_note(summary: dict, s: ErasureSettings) -> str:
     return f"; the gradient methods start from {base}, and {done}"
 
 
-QUICK_WINDOWS = 4  # quick mode: the first 4 corpus windows (benchmarks/first_hour.py: the quick report within 45 s)
+QUICK_WINDOWS = 3  # quick mode: the first 3 corpus windows (benchmarks/first_hour.py: the quick report within 45 s)
 
 
 def n_windows(ctx) -> int:

@@ -80,7 +80,7 @@ def test_flow_section_in_report_json_and_page(tiny_report):
 
 def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
     """The sizes the quick report uses on SmolLM2's 64-token windows (the report's quick defaults),
-    without loading a model: the prediction at 15 on the first 4 windows, one per-term position on
+    without loading a model: the prediction at 15 on the first 3 windows, one per-term position on
     each of the first 3; each section's quick-mode line names what it left out."""
     from types import SimpleNamespace
 
@@ -92,7 +92,7 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
         tokens=torch.zeros(config.n_sequences, config.seq_len, dtype=torch.long), config=config
     )  # the corpus windows
     p = flow.params(ctx)
-    assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 4
+    assert p.erasure.positions == (15,) and "integrated_gradients" not in p.erasure.methods and flow.n_windows(ctx) == 3
     full = flow.params(SimpleNamespace(tokens=ctx.tokens, config=ReportConfig()))
     assert full.erasure.positions == (15, 31, 63) and set(full.erasure.methods) >= {
         "integrated_gradients",
@@ -111,7 +111,7 @@ def test_quick_flow_and_per_term_sizes_on_smollm2_windows():
     assert faith.per_term_params(ctx).n_positions == 1 and faith.per_term_windows(ctx).shape[0] == 3
     assert faith.per_term_params(ctx).query_range(config.seq_len) == (8, 62)
     assert faith.quick_sample(ctx).startswith("per-term effects on 3 of 8 windows")
-    assert flow.quick_sample(ctx).startswith("the erasure test on 4 of 8 windows")
+    assert flow.quick_sample(ctx).startswith("the erasure test on 3 of 8 windows")
     assert "integrated gradients" in flow.quick_sample(ctx)
 
 
