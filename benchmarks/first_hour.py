@@ -82,7 +82,7 @@ def _best_wall(fn, n: int = 3) -> float:
 
 
 def worker(model_name: str, lengths: list[int], evaluate_on: str | None) -> dict:
-    import geolens  # before torch: OpenMP's passive wait (geolens.threads)
+    import geolens  # before torch: the OpenMP wait policy (geolens.threads)
     from geolens.models import load_model
 
     model = load_model(model_name)

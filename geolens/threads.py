@@ -7,13 +7,17 @@ other busy processes that is the worst case: the spinning threads burn the cores
 need, and every parallel region waits for a thread that is not scheduled. A thread that sleeps at
 once (the *passive* wait) has the opposite cost on an idle machine: a model's small operations
 (one query's head, a layer's 64 positions) start and end a parallel region every few
-microseconds, and waking a sleeping thread for each one made such calls up to about twice as slow
-as with a brief spin before the sleep (docs/benchmarks.md#the-wait-policy). geolens therefore, unless told otherwise:
+microseconds, and waking a sleeping thread for each one made such calls up to 1.7 times as slow as
+a brief spin before the sleep (docs/benchmarks.md#the-wait-policy). geolens therefore, unless told
+otherwise:
 
-- sets ``OMP_WAIT_POLICY=PASSIVE`` and libgomp's ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` when
-  ``import geolens`` comes before torch's (:func:`prefer_passive_wait`; OpenMP reads both once, when
-  torch loads it, so a torch imported earlier keeps its policy): a waiting thread spins for some
-  tens of microseconds, which covers the gap between two small operations, then sleeps;
+- sets ``OMP_WAIT_POLICY=PASSIVE`` and libgomp's ``GOMP_SPINCOUNT`` when ``import geolens`` comes
+  before torch's (:func:`prefer_passive_wait`; OpenMP reads both once, when torch loads it, so a
+  torch imported earlier keeps its policy). The spin count is :data:`SPIN_COUNT` when no other
+  process keeps a core busy at that moment (measured over 0.05 s): a waiting thread spins for some
+  tens of microseconds, which covers the gap between two small operations, then sleeps. Beside
+  busy processes it is 0, a plain passive wait: there the spin made calls slower, not faster
+  (:func:`spin_count`);
 - uses as many threads as there are free cores, the cores this process may run on
   (``os.sched_getaffinity``) minus the cores other processes keep busy, at least 1
   (:func:`free_cores`), when a model is loaded (:func:`geolens.models.load_model`) and a command
@@ -51,7 +55,7 @@ SPIN_COUNT = 3000
 """libgomp's spins before a waiting thread sleeps (``GOMP_SPINCOUNT``), set with the passive wait;
 libgomp counts about 100 000 spins to the millisecond, so about 30 µs. Other OpenMP runtimes ignore it
 and wait passively."""
-_state: dict = {"passive_set_by_geolens": False, "spin_set_by_geolens": False, "applied": None}
+_state: dict = {"passive_set_by_geolens": False, "spin_set_by_geolens": False, "busy_at_import": None, "applied": None}
 _SINCE = (time.monotonic(), sum(os.times()[:2]))  # wall and CPU seconds of this process when geolens loaded
 
 
@@ -130,16 +134,33 @@ def free_cores(n_cores: int | None = None, busy: float | None = None) -> int:
     return max(1, min(n, int(n - max(0.0, float(busy)) + 0.5)))
 
 
+def spin_count(busy: float | None, n_cores: int | None = None) -> int:
+    """The ``GOMP_SPINCOUNT`` geolens sets: :data:`SPIN_COUNT` when no other process keeps a core
+    busy (``busy``: the cores other processes keep busy, :func:`busy_cores`), else 0, a plain
+    passive wait: beside busy processes the spin cost more than it saved (docs/benchmarks.md#the-wait-policy).
+    ``busy`` None (not measured): 0.
+
+    >>> spin_count(0.1, 2), spin_count(2.0, 2), spin_count(None, 2)
+    (3000, 0, 0)
+    """
+    if busy is None:
+        return 0
+    n = cores() if n_cores is None else int(n_cores)
+    return SPIN_COUNT if free_cores(n, busy) >= n else 0
+
+
 def prefer_passive_wait() -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE``, with ``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT` unless the
-    environment has one, when neither the environment nor an imported torch has decided the policy;
-    True when this call set it."""
+    """Set ``OMP_WAIT_POLICY=PASSIVE``, with ``GOMP_SPINCOUNT`` = :func:`spin_count` of the cores
+    other processes keep busy now (measured over 0.05 s) unless the environment has one, when neither
+    the environment nor an imported torch has decided the policy; True when this call set it."""
     if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
         return False
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     if "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        busy = busy_cores(0.05)
+        os.environ["GOMP_SPINCOUNT"] = str(spin_count(busy))
         _state["spin_set_by_geolens"] = True
+        _state["busy_at_import"] = None if busy is None else round(busy, 2)
     _state["passive_set_by_geolens"] = True
     return True
 
@@ -248,8 +269,12 @@ def policy(source: str | None = None) -> dict:
     spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
     if spin:
         wait += f", GOMP_SPINCOUNT={spin}"
-    if _state["passive_set_by_geolens"]:
-        wait += " (set by geolens)" if _state["spin_set_by_geolens"] or not spin else " (the policy set by geolens)"
+    if _state["passive_set_by_geolens"] and _state["spin_set_by_geolens"]:
+        busy = _state["busy_at_import"]
+        seen = "not measured" if busy is None else f"{busy:g}"
+        wait += f" (set by geolens; cores other processes kept busy at import: {seen})"
+    elif _state["passive_set_by_geolens"]:
+        wait += " (the policy set by geolens)" if spin else " (set by geolens)"
     applied = _state["applied"] or {}
     return dict(
         threads=int(torch.get_num_threads()),
@@ -274,4 +299,5 @@ __all__ = [
     "load_average",
     "policy",
     "prefer_passive_wait",
+    "spin_count",
 ]
