@@ -1,11 +1,16 @@
 """Benchmark: OpenMP's wait policy — a passive wait against a passive wait after a brief spin.
 
 geolens sets ``OMP_WAIT_POLICY=PASSIVE`` and libgomp's ``GOMP_SPINCOUNT`` (``geolens.threads``) when
-it is imported before torch. This script measures what the spin buys and costs, on SmolLM2-135M:
+it is imported before torch. This script measures what the spin buys and costs, on SmolLM2-135M
+(the record of commit be6ae08 chose the rule: the spin only on a free machine):
 
-- ``passive``: ``GOMP_SPINCOUNT=0``, a waiting thread sleeps at once;
-- ``spin``: geolens' default, ``GOMP_SPINCOUNT`` = ``geolens.threads.SPIN_COUNT`` (a waiting thread
-  spins about 30 µs, then sleeps).
+- ``passive``: ``GOMP_SPINCOUNT=0``, a waiting thread sleeps at once (what geolens sets beside busy
+  processes);
+- ``spin``: ``GOMP_SPINCOUNT`` = ``geolens.threads.SPIN_COUNT``, a waiting thread spins about 30 µs,
+  then sleeps (what geolens sets when no other process keeps a core busy).
+
+Both are set in each worker's environment, in both conditions, so that each is measured idle and
+loaded (geolens' own choice follows the load at import, ``geolens.threads.spin_count``).
 
 Calls, each in a fresh process per policy and condition (geolens chooses its threads as a user's
 process would): the quick report's corpus pass (its analyses on its 8 windows of 64 tokens, 2 at a
@@ -95,8 +100,9 @@ def _run_worker(model_name: str, policy: str) -> dict:
     env = dict(os.environ)
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "GEOLENS_THREADS"):
         env.pop(name, None)
-    if policy == "passive":
-        env["GOMP_SPINCOUNT"] = "0"
+    from geolens.threads import SPIN_COUNT
+
+    env["GOMP_SPINCOUNT"] = "0" if policy == "passive" else str(SPIN_COUNT)  # set here: geolens' own follows the load
     command = [sys.executable, str(HERE), "--worker", "--model", model_name]
     run = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
     if run.returncode != 0:

@@ -1,5 +1,5 @@
-"""Threads on a shared machine: OpenMP's passive wait after a brief spin, and a thread count that
-follows the free cores.
+"""Threads on a shared machine: OpenMP's passive wait (after a brief spin on a free machine), and a
+thread count that follows the free cores.
 
 By default torch runs one thread per core and OpenMP makes idle threads spin (its *active* wait
 policy; libgomp, the OpenMP of torch's Linux wheels, spins about 3 ms before it sleeps). Beside
@@ -29,9 +29,9 @@ otherwise:
 One exception: a call whose matrix products are large (:data:`LARGE_ROWS` rows or more, e.g.
 integrated gradients or Value Zeroing on 128 tokens; :func:`geolens.flow.baselines.integrated_gradients`
 and :func:`geolens.value_zeroing` size their own products) runs on every core of the affinity while it
-lasts (:func:`for_rows`), even beside busy processes. An extra thread costs the others no more than
-its brief spin while it waits, and on large products it turns a fair share of the machine
-into work: beside three busy processes on two cores, one thread gets about half a core and two
+lasts (:func:`for_rows`), even beside busy processes. There the wait has no spin, so an extra
+thread costs the others nothing while it waits, and on large products it turns a fair share of the
+machine into work: beside three busy processes on two cores, one thread gets about half a core and two
 threads about four fifths (docs/benchmarks.md#the-first-hour). On small products the second
 thread mostly waits to be scheduled at each synchronisation, so a short call keeps the free cores.
 
