@@ -54,7 +54,7 @@ def worker(model_name: str) -> dict:
 
     from geolens.models import load_model
     from geolens.report import ReportConfig
-    from geolens.report.build import ReportContext, _select
+    from geolens.report.build import ReportContext, _select, shared_analyses
     from geolens.runner import run_corpus
 
     model = load_model(model_name)
@@ -74,7 +74,7 @@ def worker(model_name: str) -> dict:
     corpus = tokens[:-1]
     ctx = ReportContext(model=model, tokens=corpus, heldout=tokens[-1:], config=config, progress=False)
     modules = [spec.load() for spec in _select(config.sections)]
-    analyses = [a for m in modules if hasattr(m, "analyses") for a in m.analyses(ctx).values()]
+    analyses, _ = shared_analyses([a for m in modules if hasattr(m, "analyses") for a in m.analyses(ctx).values()])
     calls = {}
 
     def clock(name, fn):

@@ -17,7 +17,9 @@ otherwise:
   process keeps a core busy at that moment (measured over 0.05 s): a waiting thread spins for some
   tens of microseconds, which covers the gap between two small operations, then sleeps. Beside
   busy processes it is 0, a plain passive wait: there the spin made calls slower, not faster
-  (:func:`spin_count`);
+  (:func:`spin_count`). The choice holds for the process's life (OpenMP reads it once) and passes
+  to its children; it was measured on 2 cores, and on a larger machine any other busy core turns
+  the spin off, the plain passive wait of before. The measurement adds 0.05 s to the import;
 - uses as many threads as there are free cores, the cores this process may run on
   (``os.sched_getaffinity``) minus the cores other processes keep busy, at least 1
   (:func:`free_cores`), when a model is loaded (:func:`geolens.models.load_model`) and a command
@@ -29,8 +31,8 @@ otherwise:
 One exception: a call whose matrix products are large (:data:`LARGE_ROWS` rows or more, e.g.
 integrated gradients or Value Zeroing on 128 tokens; :func:`geolens.flow.baselines.integrated_gradients`
 and :func:`geolens.value_zeroing` size their own products) runs on every core of the affinity while it
-lasts (:func:`for_rows`), even beside busy processes. There the wait has no spin, so an extra
-thread costs the others nothing while it waits, and on large products it turns a fair share of the
+lasts (:func:`for_rows`), even beside busy processes. Beside processes busy at import the wait has
+no spin, so an extra thread costs the others nothing while it waits, and on large products it turns a fair share of the
 machine into work: beside three busy processes on two cores, one thread gets about half a core and two
 threads about four fifths (docs/benchmarks.md#the-first-hour). On small products the second
 thread mostly waits to be scheduled at each synchronisation, so a short call keeps the free cores.

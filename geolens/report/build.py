@@ -177,7 +177,7 @@ def shared_analyses(analyses: Sequence) -> tuple[list, list[tuple]]:
         same = [
             d
             for d in distinct
-            if config is not None
+            if callable(config)
             and type(d) is type(a)
             and callable(getattr(d, "config", None))
             and d.config() == config()
