@@ -12,8 +12,11 @@ import atexit
 import importlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 
 
 def require(*modules: tuple[str, str]) -> None:
@@ -92,3 +95,27 @@ def machine() -> str:
     vector = "AVX-512" if "avx512f" in flags else "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
     model = fields.get("model name")
     return f"{text}, {model}, {vector}" if model else f"{text}, {vector}"
+
+
+@contextmanager
+def busy_processes(n: int):
+    """``n`` single-threaded busy processes (``while True: pass``) for the block, started a second
+    before it and killed after it, also when it raises; a second is waited after the block in every
+    case (``n`` 0: none started), so that each measurement starts on a settled machine."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    if procs:
+        time.sleep(1.0)
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        time.sleep(1.0)
+
+
+def commit(folder) -> str:
+    """The short commit of the repository at ``folder``, for a record ("unknown" outside git)."""
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=folder)
+    return run.stdout.strip() or "unknown"

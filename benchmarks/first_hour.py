@@ -46,7 +46,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _common import machine, ratio_interval, require, smoke_folder, verdict  # noqa: E402  (benchmarks/_common.py)
+from _common import busy_processes, commit, machine, ratio_interval, require, smoke_folder, verdict  # noqa: E402  (benchmarks/_common.py)
 
 HERE = Path(__file__).resolve()
 MODEL_METHODS = (
@@ -204,20 +204,6 @@ def fresh_evaluations() -> dict:
     return out
 
 
-def _spinners(n: int) -> list[subprocess.Popen]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    time.sleep(1.0)
-    return procs
-
-
-def _stop(procs) -> None:
-    for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait()
-    time.sleep(1.0)
-
-
 def _run_worker(model_name: str, lengths: list[int], evaluate_on: str | None) -> dict:
     command = [sys.executable, str(HERE), "--worker", "--model", model_name, "--lengths", *map(str, lengths)]
     if evaluate_on:
@@ -337,22 +323,18 @@ def main(argv=None) -> int:
     for r in range(repeats):
         this = {}
         for cond in ("idle", "loaded") if r % 2 == 0 else ("loaded", "idle"):
-            procs = _spinners(busy) if cond == "loaded" else []
-            try:
+            with busy_processes(busy if cond == "loaded" else 0):
                 this[cond] = dict(worker=_run_worker(model_name, lengths, evaluate_on), report=_run_report(model_name))
-            finally:
-                _stop(procs)
             print(f"round {r + 1}/{repeats} {cond}: report {this[cond]['report']['command']:.1f} s", flush=True)
         rounds.append(this)
     from geolens._version import __version__
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE.parent)
     record = dict(
         model=model_name,
         rounds=repeats,
         busy=busy,
         geolens=__version__,
-        commit=commit.stdout.strip() or "unknown",
+        commit=commit(HERE.parent),
         machine=machine(),
         goal_loaded_over_idle=GOAL,
         **(fresh or {}),

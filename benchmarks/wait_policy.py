@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import machine, ratio_interval, require, smoke_folder  # benchmarks/_common.py
+from _common import busy_processes, commit, machine, ratio_interval, require, smoke_folder  # benchmarks/_common.py
 
 HERE = Path(__file__).resolve()
 METHODS = ("contribution_flow", "attention_rollout", "grad_x_input", "integrated_gradients", "value_zeroing_rollout")
@@ -110,20 +110,6 @@ def _run_worker(model_name: str, policy: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _spinners(n: int) -> list[subprocess.Popen]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    time.sleep(1.0)
-    return procs
-
-
-def _stop(procs) -> None:
-    for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait()
-    time.sleep(1.0)
-
-
 def summarise(rounds: list[dict]) -> dict:
     out = {}
     for name in rounds[0]["idle"]["spin"]["calls"]:
@@ -183,11 +169,8 @@ def main(argv=None) -> int:
     for r in range(repeats):
         this = {"idle": {}, "loaded": {}}
         for cond, policy in pairs if r % 2 == 0 else pairs[::-1]:
-            procs = _spinners(busy) if cond == "loaded" else []
-            try:
+            with busy_processes(busy if cond == "loaded" else 0):
                 this[cond][policy] = _run_worker(model_name, policy)
-            finally:
-                _stop(procs)
             walls = this[cond][policy]["calls"]
             print(
                 f"round {r + 1}/{repeats} {cond} {policy}: " + ", ".join(f"{v['wall']:.2f}" for v in walls.values()),
@@ -197,14 +180,13 @@ def main(argv=None) -> int:
     from geolens._version import __version__
     from geolens.threads import SPIN_COUNT
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE.parent)
     record = dict(
         model=model_name,
         rounds=repeats,
         busy=busy,
         spin_count=SPIN_COUNT,
         geolens=__version__,
-        commit=commit.stdout.strip() or "unknown",
+        commit=commit(HERE.parent),
         machine=machine(),
         calls=summarise(rounds),
         raw=rounds,
