@@ -15,10 +15,12 @@ rule). The rules, each within ``--cap`` gradients:
 - ``default``: what :func:`geolens.attribute` runs (:mod:`geolens.flow.ig_options`: the local grid
   from 8, refined until 1 % or 96 gradients), whatever ``--cap``.
 
-Also per prediction, forward passes only, the path's roughness: f at the 65 points α = k/64, and
+Also per prediction, forward passes only, the path's roughness: f at the 257 points α = k/256, and
 the largest change between neighbours and the total variation Σ|Δf|, each over |f(x) − f(x′)|
 (a path that rises steadily has total variation 1; a rule with S gradients cannot follow a bump
-narrower than 1/S).
+narrower than 1/S), and the width of the narrowest spike: the shortest run of α over which f climbs
+and falls back (or falls and climbs back) by at least a quarter of |f(x) − f(x′)|. With ``--out``,
+``ig_paths.png`` beside it draws f along the first nine paths of each model.
 
 Printed per model and rule: the median relative gap, the share of predictions within 1 %, the
 median and largest gradients spent, and the median wall seconds of one call; ``--out`` keeps every
@@ -38,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import smoke_folder  # benchmarks/_common.py
+from _common import commit, smoke_folder  # benchmarks/_common.py
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = (
@@ -49,7 +51,8 @@ RULES = (
     ("local", 8),
     ("default", None),
 )
-ROUGHNESS_POINTS = 65
+ROUGHNESS_POINTS = 257
+PATHS_DRAWN = 9
 
 
 def predictions(model_name: str, n_documents: int):
@@ -75,8 +78,9 @@ def run_rule(model, tokens, position, target, xb, rule: str, steps: int | None, 
 
 
 def roughness(model, tokens, position, target, xb) -> dict:
-    """The path's largest step and total variation of f over |f(x) − f(x′)| (floor 0.01), on the
-    even grid of :data:`ROUGHNESS_POINTS` points, forward passes only."""
+    """The path's largest step, total variation and narrowest spike (:func:`spike_width`), over
+    |f(x) − f(x′)| (floor 0.01), from f on the even grid of :data:`ROUGHNESS_POINTS` points,
+    forward passes only; ``f`` keeps the values."""
     import torch
 
     from geolens.flow.baselines import _path_logprobs, continued_tokens, input_embeddings
@@ -85,7 +89,94 @@ def roughness(model, tokens, position, target, xb) -> dict:
     xb = torch.cat([xb, x[position + 1 :]])
     f = _path_logprobs(model, x, xb, torch.linspace(0.0, 1.0, ROUGHNESS_POINTS, dtype=torch.float64), target, 16)
     steps, scale = f.diff().abs(), max(abs(float(f[-1] - f[0])), 0.01)
-    return dict(largest_step=float(steps.max()) / scale, total_variation=float(steps.sum()) / scale)
+    return dict(
+        largest_step=float(steps.max()) / scale,
+        total_variation=float(steps.sum()) / scale,
+        spike_width=spike_width(f.tolist(), 0.25 * scale),
+        f=[round(float(v), 5) for v in f],
+    )
+
+
+def spike_width(f: list, height: float) -> float | None:
+    """The shortest α-span (the points spaced evenly on [0, 1]) over which f moves at least
+    ``height`` away from a point's value and comes back within ``height / 2`` of it; None when
+    the path has no such spike.
+
+    >>> spike_width([0.0, 0.0, 1.0, 0.0, 0.0], 0.5)  # up and back down over two steps of 1/4
+    0.5
+    >>> spike_width([0.0, 1.0, 2.0, 3.0], 0.5) is None  # a steady rise is no spike
+    True
+    """
+    step, best = 1.0 / (len(f) - 1), None
+    for i, start in enumerate(f):
+        away = False
+        for j in range(i + 1, len(f)):
+            if best is not None and (j - i) * step >= best:
+                break
+            if abs(f[j] - start) >= height:
+                away = True
+            elif away and abs(f[j] - start) <= height / 2:
+                best = (j - i) * step
+                break
+    return best
+
+
+def write_record(out: Path, args, rows: list, paths: list) -> None:
+    """The JSON record: the settings, the summary per model and rule, every row and every path's f."""
+    import pandas as pd
+    import torch
+
+    table = pd.DataFrame(rows)
+    summary = [
+        dict(
+            model=m,
+            rule=rule,
+            n=len(part),
+            median_rel_gap=float(part.rel_gap.median()),
+            share_within_1pct=float((part.rel_gap <= 0.01).mean()),
+            median_gradients=float(part.gradients.median()),
+            max_gradients=int(part.gradients.max()),
+            median_seconds=float(part.seconds.median()),
+            median_largest_step=float(part.largest_step.median()),
+            median_total_variation=float(part.total_variation.median()),
+            paths_with_spike=int(part.spike_width.notna().sum()),
+            median_spike_width=None if part.spike_width.isna().all() else float(part.spike_width.median()),
+        )
+        for (m, rule), part in table.groupby(["model", "rule"], sort=False)
+    ]
+    record = dict(
+        cap=args.cap,
+        documents=args.documents,
+        threads=torch.get_num_threads(),
+        commit=commit(ROOT),
+        roughness_points=ROUGHNESS_POINTS,
+        summary=summary,
+    )
+    Path(out).write_text(json.dumps(dict(record, rows=rows, paths=paths), indent=1) + "\n")
+
+
+def draw_paths(paths: list, out: Path) -> None:
+    """f along the first :data:`PATHS_DRAWN` paths of each model, one row of panels per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    paths = pd.DataFrame(paths)
+    models = list(dict.fromkeys(paths.model))
+    fig, axes = plt.subplots(len(models), PATHS_DRAWN, figsize=(2.2 * PATHS_DRAWN, 2.0 * len(models)), squeeze=False)
+    for row, name in zip(axes, models):
+        for ax, p in zip(row, paths[paths.model == name].head(PATHS_DRAWN).itertuples()):
+            ax.plot([k / (len(p.f) - 1) for k in range(len(p.f))], p.f, lw=0.8)
+            ax.set_title(f"{name} d{p.document} p{p.position}", fontsize=7)
+            ax.tick_params(labelsize=6)
+        row[0].set_ylabel("f = log p(target)", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("α", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -105,7 +196,8 @@ def main(argv=None) -> int:
     from geolens.faithfulness.preregistered import protocol_windows
     from geolens.flow import input_embeddings, prefix_mean_baseline
 
-    rows = []
+    rows, paths = [], []
+    out = Path(smoke_folder()) / "ig_default.json" if args.smoke else args.out
     for model_name in ["tiny-gqa"] if args.smoke else (args.model or ["smollm2-135m", "gemma3-270m"]):
         model = geolens.load_model(model_name)
         if args.smoke:
@@ -128,7 +220,10 @@ def main(argv=None) -> int:
                 start = time.perf_counter()
                 ig = run_rule(model, tokens, int(p.position), target, xb, rule, steps, args.cap)
                 seconds = time.perf_counter() - start
-                path = path or roughness(model, tokens, int(p.position), ig.target, xb)
+                if path is None:
+                    path = roughness(model, tokens, int(p.position), ig.target, xb)
+                    where = dict(model=model_name, document=int(p.document), position=int(p.position))
+                    paths.append(dict(where, f=path.pop("f")))
                 rows.append(
                     dict(
                         model=model_name,
@@ -141,26 +236,11 @@ def main(argv=None) -> int:
                         **path,
                     )
                 )
+            if out:  # a record of the predictions so far, replaced after each one
+                write_record(out, args, rows, paths)
     table = pd.DataFrame(rows)
-    summary = [
-        dict(
-            model=m,
-            rule=rule,
-            n=len(part),
-            median_rel_gap=float(part.rel_gap.median()),
-            share_within_1pct=float((part.rel_gap <= 0.01).mean()),
-            median_gradients=float(part.gradients.median()),
-            max_gradients=int(part.gradients.max()),
-            median_seconds=float(part.seconds.median()),
-            median_largest_step=float(part.largest_step.median()),
-            median_total_variation=float(part.total_variation.median()),
-        )
-        for (m, rule), part in table.groupby(["model", "rule"], sort=False)
-    ]
-    out = Path(smoke_folder()) / "ig_default.json" if args.smoke else args.out
     if out:
-        record = dict(cap=args.cap, documents=args.documents, threads=torch.get_num_threads(), summary=summary)
-        Path(out).write_text(json.dumps(dict(record, rows=rows), indent=1) + "\n")
+        draw_paths(paths, Path(out).parent / "ig_paths.png")
     print(f"\nrelative completeness gap per rule (at most {args.cap} gradients; goal: median within 1 %)")
     print(f"{'model':<14} {'rule':<18} {'n':>4} {'median gap':>11} {'within 1%':>10} {'gradients':>12} {'s/call':>7}")
     for (m, rule), part in table.groupby(["model", "rule"], sort=False):
@@ -175,6 +255,12 @@ def main(argv=None) -> int:
         print(
             f"{m:<14} largest step between neighbours {part.largest_step.median():.2f}, "
             f"total variation {part.total_variation.median():.2f} (1.00: a path that only rises or only falls)"
+        )
+        widths = part.spike_width.dropna()
+        print(
+            f"{'':<14} a spike of a quarter of the net change in {len(widths)} of {len(part)} paths; narrowest "
+            f"{widths.median() if len(widths) else float('nan'):.3f} in α at the median, under 1/25 in "
+            f"{int((widths < 1 / 25).sum())}"
         )
     if out:
         print(f"figures: {os.path.dirname(os.path.abspath(out))}")
