@@ -24,7 +24,9 @@ started a second before and killed after. Each round runs both conditions, in al
 each in fresh processes, so that geolens chooses its threads as a user's process would
 (geolens.threads). Per call and condition: the median over rounds; per call, the ratio loaded /
 idle of each round, their geometric mean with a 95 % t-interval on the logs (goal, issue 48: at
-most 2.5). Needs scipy and captum (``pip install 'geolens[bench]'``), checked before any timing.
+most 2.5). A second table splits each call's loaded / idle time (of the medians) into the CPU work
+it did loaded over idle and the cores it kept busy idle over those it got loaded, beside the time
+one thread would take at its fair share (:func:`fair_share`). Needs scipy and captum (``pip install 'geolens[bench]'``), checked before any timing.
 
     python benchmarks/first_hour.py [--repeats 3] [--out docs/benchmarks/first_hour.json]
     python benchmarks/first_hour.py --markdown docs/benchmarks/first_hour.json   # the tables of docs/benchmarks.md
@@ -59,6 +61,7 @@ MODEL_METHODS = (
 )
 GRADIENT_METHODS = {"grad_x_input", "integrated_gradients"}
 GOAL = 2.5  # issue 48: loaded / idle wall time
+CORES_MEASURED = 2  # the machine of the records (benchmarks/_common.machine)
 BUSY = 3
 
 
@@ -284,7 +287,40 @@ def markdown(record: dict) -> str:
             f"| {name} | {num(idle.get('wall'))} | {num(idle.get('cpu'))} | {num(idle.get('per_unit'), '{:.1f}')} | "
             f"{num(idle.get('vs_captum'))} | {num(loaded.get('wall'))} | {ratio} | {ci['verdict'] if ci else '–'} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *where_the_time_goes(record)])
+
+
+def where_the_time_goes(record: dict) -> list[str]:
+    """The second table: each call's loaded / idle wall time (of the medians) as the product of the
+    CPU work it did loaded over idle and the cores it kept busy idle over those it got loaded, an
+    identity; and the wall-time ratio at which one thread, given its fair share beside the busy
+    processes (:func:`fair_share`), would run if its CPU work were the same."""
+    share = fair_share(1, int(record["busy"]), CORES_MEASURED)
+    lines = [
+        f"| call | cores busy idle | cores got loaded | CPU loaded / idle | loaded / idle wall (medians) "
+        f"| at one thread's fair share ({share:.2f} core), same CPU |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in record["calls"].items():
+        idle, loaded = row.get("idle", {}), row.get("loaded", {})
+        if not idle.get("cpu") or not loaded.get("cpu"):
+            continue
+        used, got = idle["cpu"] / idle["wall"], loaded["cpu"] / loaded["wall"]
+        work = loaded["cpu"] / idle["cpu"]
+        lines.append(
+            f"| {name} | {used:.2f} | {got:.2f} | {work:.2f} | {work * used / got:.2f} | {work * used / share:.2f} |"
+        )
+    return lines
+
+
+def fair_share(threads: int, busy: int, cores: int) -> float:
+    """The cores a process's ``threads`` runnable threads get beside ``busy`` single-threaded busy
+    processes on ``cores`` cores when the scheduler shares time equally among threads.
+
+    >>> fair_share(1, 3, 2), fair_share(2, 3, 2)
+    (0.5, 0.8)
+    """
+    return min(threads, cores * threads / (threads + busy))
 
 
 def main(argv=None) -> int:

@@ -94,3 +94,16 @@ def test_the_record_is_the_benchmarks_and_names_its_commit():
         assert row["idle"]["wall"] > 0 and row["loaded"]["wall"] > 0 and "loaded_over_idle" in row
     tables = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert "python benchmarks/first_hour.py" in tables and f"commit {record['commit']}" in tables
+
+
+def test_the_first_hour_tables_in_the_docs_are_printed_from_the_record():
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "first_hour.py"
+    printed = subprocess.run(
+        [sys.executable, str(script), "--markdown", str(RECORD)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tables = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    for block in printed.split("\n\n"):  # the header line with the first table, then the second table
+        assert block in tables, block.splitlines()[0]
