@@ -121,7 +121,7 @@ def spike_width(f: list, height: float) -> float | None:
     return best
 
 
-def write_record(out: Path, args, rows: list, paths: list) -> None:
+def write_record(out: Path, args, rows: list, paths: list, at: str) -> None:
     """The JSON record: the settings, the summary per model and rule, every row and every path's f."""
     import pandas as pd
     import torch
@@ -148,7 +148,7 @@ def write_record(out: Path, args, rows: list, paths: list) -> None:
         cap=args.cap,
         documents=args.documents,
         threads=torch.get_num_threads(),
-        commit=commit(ROOT),
+        commit=at,
         roughness_points=ROUGHNESS_POINTS,
         summary=summary,
     )
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     from geolens.faithfulness.preregistered import protocol_windows
     from geolens.flow import input_embeddings, prefix_mean_baseline
 
-    rows, paths = [], []
+    rows, paths, started_at = [], [], commit(ROOT)  # the commit the run started at
     out = Path(smoke_folder()) / "ig_default.json" if args.smoke else args.out
     for model_name in ["tiny-gqa"] if args.smoke else (args.model or ["smollm2-135m", "gemma3-270m"]):
         model = geolens.load_model(model_name)
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
                     )
                 )
             if out:  # a record of the predictions so far, replaced after each one
-                write_record(out, args, rows, paths)
+                write_record(out, args, rows, paths, started_at)
     table = pd.DataFrame(rows)
     if out:
         draw_paths(paths, Path(out).parent / "ig_paths.png")
