@@ -67,7 +67,7 @@ import threading
 import time
 
 import torch
-from _common import ratio_interval, require, smoke_folder, verdict  # benchmarks/_common.py
+from _common import commit, ratio_interval, require, smoke_folder, verdict  # benchmarks/_common.py
 
 import geolens
 from geolens.adapter import get_attention_layer
@@ -640,15 +640,11 @@ def main() -> None:
         print_side_by_side(record)
         if args.out:
             import json
-            import subprocess
 
             record.update(
                 torch=torch.__version__,
                 threads=torch.get_num_threads(),
-                commit=subprocess.run(
-                    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-                ).stdout.strip()
-                or None,
+                commit=commit(os.path.dirname(os.path.abspath(__file__))),
             )
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1)
@@ -727,10 +723,8 @@ def main() -> None:
             print(f"scaling figure: {args.plot}")
     if args.out:
         import json
-        import subprocess
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        record["commit"] = commit or None
+        record["commit"] = commit(os.path.dirname(os.path.abspath(__file__)))
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
         print(f"figures: {args.out}")

@@ -31,7 +31,7 @@ import json
 import os
 import time
 
-from _common import ratio_interval, require, smoke_folder, verdict  # benchmarks/_common.py
+from _common import commit, ratio_interval, require, smoke_folder, verdict  # benchmarks/_common.py
 
 GOAL_B_A = 1.0  # issue 24: the whole flow within one forward-with-cache
 GOAL_C_B = 100.0  # issue 24: the naive version at least 100 times slower
@@ -162,11 +162,12 @@ def main() -> None:
             f"{verdict(ci, goal, at_most=at_most)}"
         )
     if args.out:
-        import subprocess
-
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         record = dict(
-            model=args.model, torch=torch.__version__, threads=torch.get_num_threads(), commit=commit or None, **r
+            model=args.model,
+            torch=torch.__version__,
+            threads=torch.get_num_threads(),
+            commit=commit(os.path.dirname(os.path.abspath(__file__))),
+            **r,
         )
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)

@@ -55,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import require, smoke_folder  # benchmarks/_common.py
+from _common import commit, require, smoke_folder  # benchmarks/_common.py
 
 from geolens import threads as geolens_threads
 
@@ -373,8 +373,7 @@ def main() -> None:
     )
     print(f"  load average {os.getloadavg()[0]:.2f}")
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-        result["commit"] = commit.stdout.strip() or None
+        result["commit"] = commit(os.path.dirname(os.path.abspath(__file__)))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"figures: {args.out}")
