@@ -61,7 +61,6 @@ MODEL_METHODS = (
 )
 GRADIENT_METHODS = {"grad_x_input", "integrated_gradients"}
 GOAL = 2.5  # issue 48: loaded / idle wall time
-CORES_MEASURED = 2  # the machine of the records (benchmarks/_common.machine)
 BUSY = 3
 
 
@@ -294,8 +293,9 @@ def where_the_time_goes(record: dict) -> list[str]:
     """The second table: each call's loaded / idle wall time (of the medians) as the product of the
     CPU work it did loaded over idle and the cores it kept busy idle over those it got loaded, an
     identity; and the wall-time ratio at which one thread, given its fair share beside the busy
-    processes (:func:`fair_share`), would run if its CPU work were the same."""
-    share = fair_share(1, int(record["busy"]), CORES_MEASURED)
+    processes (:func:`fair_share`, on the record's cores), would run doing the CPU work the call
+    did loaded."""
+    share = fair_share(1, int(record["busy"]), record_cores(record))
     lines = [
         f"| call | cores busy idle | cores got loaded | CPU loaded / idle | loaded / idle wall (medians) "
         f"| at one thread's fair share ({share:.2f} core), same CPU |",
@@ -311,6 +311,15 @@ def where_the_time_goes(record: dict) -> list[str]:
             f"| {name} | {used:.2f} | {got:.2f} | {work:.2f} | {work * used / got:.2f} | {work * used / share:.2f} |"
         )
     return lines
+
+
+def record_cores(record: dict) -> int:
+    """The cores of the record's machine, as its worker processes saw them (2 where the record does not say)."""
+    seen = {r[c]["worker"]["threads"].get("cores") for r in record.get("raw", []) for c in ("idle", "loaded")}
+    seen.discard(None)
+    if len(seen) > 1:
+        raise ValueError(f"the record's rounds saw different core counts: {sorted(seen)}")
+    return seen.pop() if seen else 2
 
 
 def fair_share(threads: int, busy: int, cores: int) -> float:

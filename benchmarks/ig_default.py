@@ -18,13 +18,14 @@ rule). The rules, each within ``--cap`` gradients:
 Also per prediction, forward passes only, the path's roughness: f at the 257 points α = k/256, and
 the largest change between neighbours and the total variation Σ|Δf|, each over |f(x) − f(x′)|
 (a path that rises steadily has total variation 1; a rule with S gradients cannot follow a bump
-narrower than 1/S), and the width of the narrowest spike: the shortest run of α over which f climbs
-and falls back (or falls and climbs back) by at least a quarter of |f(x) − f(x′)|. With ``--out``,
-``ig_paths.png`` beside it draws f along the first nine paths of each model.
+narrower than 1/S), and the width of the narrowest spike: the shortest run of α over which f moves
+at least a quarter of |f(x) − f(x′)| away from a point's value and comes back within an eighth of
+it. ``ig_paths.png`` beside the record draws f along the first nine paths of each model.
 
 Printed per model and rule: the median relative gap, the share of predictions within 1 %, the
 median and largest gradients spent, and the median wall seconds of one call; ``--out`` keeps every
-row and the summary as JSON. One rule at a time per prediction (rules interleaved), on the threads
+row, the summary, the commit the run started at and each path's f as JSON, rewritten after each
+prediction (the smoke run writes it and the figure into its temporary folder). One rule at a time per prediction (rules interleaved), on the threads
 geolens chooses.
 
     python benchmarks/ig_default.py [--model smollm2-135m --model gemma3-270m] [--documents 10] [--cap 25] [--out FILE.json]
@@ -107,6 +108,8 @@ def spike_width(f: list, height: float) -> float | None:
     >>> spike_width([0.0, 1.0, 2.0, 3.0], 0.5) is None  # a steady rise is no spike
     True
     """
+    if len(f) < 2:
+        return None
     step, best = 1.0 / (len(f) - 1), None
     for i, start in enumerate(f):
         away = False
@@ -152,7 +155,9 @@ def write_record(out: Path, args, rows: list, paths: list, at: str) -> None:
         roughness_points=ROUGHNESS_POINTS,
         summary=summary,
     )
-    Path(out).write_text(json.dumps(dict(record, rows=rows, paths=paths), indent=1) + "\n")
+    partial = Path(out).with_name(Path(out).name + ".partial")  # replaced whole: a kill leaves the last record
+    partial.write_text(json.dumps(dict(record, rows=rows, paths=paths), indent=1) + "\n")
+    os.replace(partial, out)
 
 
 def draw_paths(paths: list, out: Path) -> None:

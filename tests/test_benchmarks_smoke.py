@@ -35,7 +35,7 @@ OUTPUTS = {  # what each smoke run writes into GEOLENS_SMOKE_OUT
     "flow.py": ["flow.json"],
     "first_hour.py": ["first_hour.json"],
     "gpu.py": ["gpu.json"],
-    "ig_default.py": ["ig_default.json"],
+    "ig_default.py": ["ig_default.json", "ig_paths.png"],
     "long_context_probe.py": ["long_context.json"],
     "masking.py": ["masking.json"],
     "per_term.py": ["per_term.json"],

@@ -105,5 +105,5 @@ def test_the_first_hour_tables_in_the_docs_are_printed_from_the_record():
         [sys.executable, str(script), "--markdown", str(RECORD)], capture_output=True, text=True, check=True
     ).stdout.strip()
     tables = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    for block in printed.split("\n\n"):  # the header line with the first table, then the second table
+    for block in printed.split("\n\n"):  # the header line, the first table, the second table
         assert block in tables, block.splitlines()[0]
