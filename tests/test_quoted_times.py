@@ -107,3 +107,11 @@ def test_the_first_hour_tables_in_the_docs_are_printed_from_the_record():
     tables = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     for block in printed.split("\n\n"):  # the header line, the first table, the second table
         assert block in tables, block.splitlines()[0]
+
+
+def test_the_loaded_range_in_getting_started_is_the_records():
+    text = " ".join((ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8").split())
+    quoted = re.search(r"took (\d+\.\d)–(\d+\.\d) times its idle wall time", text)
+    assert quoted, "docs/getting-started.md no longer quotes the loaded / idle range"
+    ratios = [row["loaded_over_idle"]["geometric_mean"] for row in _record()["calls"].values()]
+    assert (float(quoted[1]), float(quoted[2])) == (round(min(ratios), 1), round(max(ratios), 1))
