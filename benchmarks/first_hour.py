@@ -29,6 +29,7 @@ it did loaded over idle and the cores it kept busy idle over those it got loaded
 one thread would take at its fair share (:func:`fair_share`). Needs scipy and captum (``pip install 'geolens[bench]'``), checked before any timing.
 
     python benchmarks/first_hour.py [--repeats 3] [--out docs/benchmarks/first_hour.json]
+    python benchmarks/first_hour.py --repeats 3 --add-to docs/benchmarks/first_hour.json   # 3 more rounds into it
     python benchmarks/first_hour.py --markdown docs/benchmarks/first_hour.json   # the tables of docs/benchmarks.md
     python benchmarks/first_hour.py --smoke   # tiny-gqa, one round, output into a temporary folder (GEOLENS_SMOKE_OUT)
 """
@@ -270,7 +271,7 @@ def summarise(rounds: list[dict]) -> dict:
 def markdown(record: dict) -> str:
     lines = [
         f"{record['model']}, {record['rounds']} rounds, {record['busy']} busy processes in the loaded condition; "
-        f"geolens {record['geolens']}, commit {record['commit']}, {record['machine']}.",
+        f"geolens {record['geolens']}, commit {record['commit']}{_earlier_commits(record)}, {record['machine']}.",
         "",
         "| call | idle wall s | idle CPU s | × unit | vs captum | loaded wall s | loaded / idle [95% CI] | ≤ 2.5× |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
@@ -287,6 +288,28 @@ def markdown(record: dict) -> str:
             f"{num(idle.get('vs_captum'))} | {num(loaded.get('wall'))} | {ratio} | {ci['verdict'] if ci else '–'} |"
         )
     return "\n".join(lines + ["", *where_the_time_goes(record)])
+
+
+def _earlier_commits(record: dict) -> str:
+    """The header's note when the record's rounds ran at several commits, e.g. " (rounds 4–6;
+    rounds 1–3 at commit X)".
+
+    >>> _earlier_commits(dict(commit="b", raw=[dict(commit="a"), dict(commit="a"), {}, dict(commit="b")]))
+    ' (rounds 3–4; rounds 1–2 at commit a)'
+    >>> _earlier_commits(dict(commit="b", raw=[dict(commit="b")]))
+    ''
+    """
+    at = [r.get("commit", record["commit"]) for r in record.get("raw", [])]
+    if len(set(at)) < 2:
+        return ""
+    spans, start = [], 0
+    for i in range(1, len(at) + 1):
+        if i == len(at) or at[i] != at[start]:
+            spans.append((start + 1, i, at[start]))
+            start = i
+    last = spans.pop()
+    earlier = "; ".join(f"rounds {a}–{b} at commit {c}" if a != b else f"round {a} at commit {c}" for a, b, c in spans)
+    return f" (rounds {last[0]}–{last[1]}; {earlier})"
 
 
 def where_the_time_goes(record: dict) -> list[str]:
@@ -341,6 +364,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--fresh-only", type=Path, help="measure only the fresh-process evaluate_attribution calls into this record"
     )
+    parser.add_argument(
+        "--add-to",
+        type=Path,
+        help="run --repeats more rounds and add them to this record (same model, load and machine), rewritten after each",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 128], help=argparse.SUPPRESS)
@@ -358,40 +386,76 @@ def main(argv=None) -> int:
         args.fresh_only.write_text(json.dumps(record, indent=1) + "\n")
         print({k: round(record[k], 1) for k in ("fresh_process_evaluate_seconds", "cold_evaluate_seconds")})
         return 0
+    try:
+        earlier = _earlier_rounds(args.add_to) if args.add_to else None
+    except ValueError as e:
+        parser.error(str(e))  # one line, exit 2, before anything runs
     require(("scipy", "bench"), ("captum", "bench"))
     model_name = "tiny-gqa" if args.smoke else "smollm2-135m"
     lengths = [8, 12] if args.smoke else [16, 128]
     evaluate_on = "texts" if args.smoke else "reference"
     repeats, busy = (1, 1) if args.smoke else (args.repeats, BUSY)
-    fresh = None if args.smoke else fresh_evaluations()
-    rounds = []
-    for r in range(repeats):
+    if earlier:
+        fresh = {k: earlier[k] for k in ("fresh_process_evaluate_seconds", "cold_evaluate_seconds") if k in earlier}
+    else:
+        fresh = None if args.smoke else fresh_evaluations()
+    rounds, here = list(earlier["raw"]) if earlier else [], commit(HERE.parent)
+    out = Path(smoke_folder()) / "first_hour.json" if args.smoke else (args.add_to or args.out)
+    first = len(rounds)
+    for r in range(first, first + repeats):
         this = {}
         for cond in ("idle", "loaded") if r % 2 == 0 else ("loaded", "idle"):
             with busy_processes(busy if cond == "loaded" else 0):
                 this[cond] = dict(worker=_run_worker(model_name, lengths, evaluate_on), report=_run_report(model_name))
-            print(f"round {r + 1}/{repeats} {cond}: report {this[cond]['report']['command']:.1f} s", flush=True)
-        rounds.append(this)
+            print(f"round {r + 1}/{first + repeats} {cond}: report {this[cond]['report']['command']:.1f} s", flush=True)
+        rounds.append(dict(this, commit=here))
+        record = _record(model_name, busy, fresh, rounds)
+        if out and (args.add_to or r == first + repeats - 1):  # an added round is kept as soon as it ends
+            _write(out, record)
+    print(markdown(record))
+    if out:
+        print(f"figures: {out.parent}")
+    return 0
+
+
+def _record(model_name: str, busy: int, fresh: dict | None, rounds: list[dict]) -> dict:
     from geolens._version import __version__
 
-    record = dict(
+    return dict(
         model=model_name,
-        rounds=repeats,
+        rounds=len(rounds),
         busy=busy,
         geolens=__version__,
-        commit=commit(HERE.parent),
+        commit=rounds[-1]["commit"],
         machine=machine(),
         goal_loaded_over_idle=GOAL,
         **(fresh or {}),
         calls=summarise(rounds),
         raw=rounds,
     )
-    out = Path(smoke_folder()) / "first_hour.json" if args.smoke else args.out
-    print(markdown(record))
-    if out:
-        out.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"figures: {out.parent}")
-    return 0
+
+
+def _write(out: Path, record: dict) -> None:
+    partial = out.with_name(out.name + ".partial")  # replaced whole: a kill leaves the last record
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(partial, out)
+
+
+def _earlier_rounds(path: Path) -> dict:
+    """The record ``--add-to`` adds rounds to, its rounds named with its commit; ValueError unless it
+    is a first-hour record of this model and load on a machine like this one."""
+    try:
+        record = json.loads(path.read_text())
+        same = record["model"] == "smollm2-135m" and record["busy"] == BUSY and record["machine"] == machine()
+        rounds = [dict(r, commit=r.get("commit", record["commit"])) for r in record["raw"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--add-to {path}: not a first-hour record ({type(e).__name__}: {e})") from None
+    if not same:
+        raise ValueError(
+            f"--add-to {path}: recorded for {record['model']} beside {record['busy']} busy processes on "
+            f"'{record['machine']}'; this run is smollm2-135m beside {BUSY} on '{machine()}'"
+        )
+    return dict(record, raw=rounds)
 
 
 if __name__ == "__main__":
