@@ -47,7 +47,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geolens.files import read_json
+from geolens.files import file_sha256, read_json
 
 PRE_REGISTERED = "pre-registered"
 EXPLORATORY = "exploratory"
@@ -99,10 +99,6 @@ class Preregistered:
         return out
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def load_protocol(path: str | Path) -> Preregistered:
     """The twin at ``path``, the SHA-256 of it and of the text ``PROTOCOL.md`` beside it, and the
     registration ``REGISTERED.json`` beside it (if any).
@@ -126,7 +122,7 @@ def load_protocol(path: str | Path) -> Preregistered:
     registered = read_json(record, f"registration {record}") if record.is_file() else None
     if registered is not None and not isinstance(registered, dict):
         raise ValueError(f"registration {record}: not a JSON object")
-    return Preregistered(settings, path, _sha256(text), _sha256(path), registered)
+    return Preregistered(settings, path, file_sha256(text), file_sha256(path), registered)
 
 
 def register(path: str | Path, *, registered_at: str, commit: str | None = None) -> dict:
@@ -143,8 +139,8 @@ def register(path: str | Path, *, registered_at: str, commit: str | None = None)
     record = dict(
         protocol=path.name,
         text="PROTOCOL.md",
-        text_sha256=_sha256(path.with_name("PROTOCOL.md")),
-        json_sha256=_sha256(path),
+        text_sha256=file_sha256(path.with_name("PROTOCOL.md")),
+        json_sha256=file_sha256(path),
         version=read_json(path, f"protocol {path}").get("version"),
         registered_at=registered_at,
     )

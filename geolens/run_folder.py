@@ -52,7 +52,6 @@ when the command returns, and on an interrupt or an error reports what was left.
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import json
 import os
 import shutil
@@ -67,6 +66,7 @@ from geolens.files import (
     UnsafePath,
     check_name,
     create_writable_folder,
+    file_sha256,
     inside,
     links_out_of,
     refuse_link,
@@ -98,14 +98,6 @@ def _open_list() -> list:
 
 class IncompleteResults(ValueError):
     """A results folder that is incomplete or damaged (one-line message naming it)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _files(folder: Path) -> list[Path]:
@@ -154,7 +146,7 @@ def manifest_problems(folder: Path, *, contents: bool = True) -> list[str]:
             problems.append(f"{rel} is missing")
         elif path.stat().st_size != info.get("bytes"):
             problems.append(f"{rel} changed size")
-        elif contents and _sha256(path) != info.get("sha256"):
+        elif contents and file_sha256(path) != info.get("sha256"):
             problems.append(f"{rel} was altered")
     return problems
 
@@ -293,7 +285,8 @@ class RunFolder:
             self.state = "left"
             return self.path
         files = {
-            str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in self._results()
+            str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+            for p in self._results()
         }
         from geolens.preregistration import source_state  # the commit and tree state of every run
 

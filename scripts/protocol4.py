@@ -17,7 +17,6 @@ publishing; it must not hold results yet, or pass ``--overwrite`` / ``--resume``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -29,15 +28,13 @@ ADDENDUM = ROOT / "docs" / "faithfulness" / "v3" / "masking"
 MODELS = ("smollm2-135m", "gemma3-270m")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _check_source(entry: dict) -> Path:
+    from geolens.files import file_sha256
+
     path = ROOT / entry["path"]
     if not path.is_file():
         raise SystemExit(f"error: {entry['path']} is missing")
-    if _sha256(path) != entry["sha256"]:
+    if file_sha256(path) != entry["sha256"]:
         raise SystemExit(f"error: {entry['path']} is not the file protocol 4 names (SHA-256 differs)")
     return path
 

@@ -49,3 +49,15 @@ def test_load_report_refuses_a_file_that_is_not_json(tmp_path):
     (tmp_path / "report.json").write_text("{\n nope")
     with pytest.raises(ValueError, match=r"report\.json: not valid JSON \(.*, line 2\)$"):
         load_report(tmp_path)
+
+
+def test_file_sha256_is_the_hash_of_the_bytes_read_in_chunks(tmp_path):
+    import hashlib
+
+    from geolens.files import file_sha256
+
+    data = bytes(range(256)) * 5000  # over 1 MiB: more than one chunk
+    (tmp_path / "f").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    assert file_sha256(str(tmp_path / "empty")) == hashlib.sha256(b"").hexdigest()

@@ -19,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from geolens.files import file_sha256
 from geolens.stability import _relative, assess, published_families
 from geolens.stability.report import fill_markers, render
 
@@ -58,7 +59,7 @@ def annotate(combined: dict, root: Path) -> list[Path]:
         manifest_path = folder / "manifest.json"
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
         entry = None if manifest is None else manifest["files"].get(name)
-        if entry is not None and hashlib.sha256((folder / name).read_bytes()).hexdigest() != entry["sha256"]:
+        if entry is not None and file_sha256(folder / name) != entry["sha256"]:
             raise SystemExit(f"error: {folder / name} is not the file its manifest lists; nothing annotated")
         plan.append((family, folder, name))
     changed = []
