@@ -4,7 +4,7 @@ Runs every report section whose geolens modules are installed (see
 :mod:`geolens.report.build`) on ``--n-sequences`` windows of ``--corpus`` and writes
 ``report.html`` (self-contained) and ``report.json`` into ``--out``; ``--n-heldout`` further windows
 are kept out of the corpus pass for faithfulness and pruning. ``--quick`` shrinks every section
-(8 + 1 windows of 64 tokens unless given, smaller grids) to finish in about 39 s (idle, 2 cores;
+(8 + 1 windows of 64 tokens unless given, smaller grids) to finish in about 40 s (idle, 2 cores;
 docs/benchmarks.md, ``benchmarks/first_hour.py``).
 
 Cross-model report (:mod:`geolens.report.compare`): ``--model A --model B`` writes each model's
@@ -172,7 +172,7 @@ def register(subparsers) -> None:
         default=None,
         help="extra windows for faithfulness and pruning (default 8; 1 with --quick)",
     )
-    p.add_argument("--quick", action="store_true", help="small workload, about 39 s idle on 2 cores")
+    p.add_argument("--quick", action="store_true", help="small workload, about 40 s idle on 2 cores")
     p.add_argument("--prompt", default=None, help="prompt of the example heatmaps")
     p.add_argument(
         "--example-layer",
