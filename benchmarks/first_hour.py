@@ -391,6 +391,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))  # one line, exit 2, before anything runs
     require(("scipy", "bench"), ("captum", "bench"))
+    import torch  # noqa: F401  (before geolens: geolens.threads then leaves the workers' inherited environment as it is)
+
+    from geolens._version import __version__
+
     model_name = "tiny-gqa" if args.smoke else "smollm2-135m"
     lengths = [8, 12] if args.smoke else [16, 128]
     evaluate_on = "texts" if args.smoke else "reference"
@@ -409,7 +413,7 @@ def main(argv=None) -> int:
                 this[cond] = dict(worker=_run_worker(model_name, lengths, evaluate_on), report=_run_report(model_name))
             print(f"round {r + 1}/{first + repeats} {cond}: report {this[cond]['report']['command']:.1f} s", flush=True)
         rounds.append(dict(this, commit=here))
-        record = _record(model_name, busy, fresh, rounds)
+        record = _record(model_name, busy, fresh, rounds, __version__)
         if out and (args.add_to or r == first + repeats - 1):  # an added round is kept as soon as it ends
             _write(out, record)
     print(markdown(record))
@@ -418,14 +422,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def _record(model_name: str, busy: int, fresh: dict | None, rounds: list[dict]) -> dict:
-    from geolens._version import __version__
-
+def _record(model_name: str, busy: int, fresh: dict | None, rounds: list[dict], version: str) -> dict:
     return dict(
         model=model_name,
         rounds=len(rounds),
         busy=busy,
-        geolens=__version__,
+        geolens=version,
         commit=rounds[-1]["commit"],
         machine=machine(),
         goal_loaded_over_idle=GOAL,
@@ -436,9 +438,9 @@ def _record(model_name: str, busy: int, fresh: dict | None, rounds: list[dict]) 
 
 
 def _write(out: Path, record: dict) -> None:
-    partial = out.with_name(out.name + ".partial")  # replaced whole: a kill leaves the last record
-    partial.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(partial, out)
+    from geolens.checkpoint import atomic_write_bytes  # replaced whole: a kill leaves the last record
+
+    atomic_write_bytes(out, (json.dumps(record, indent=1) + "\n").encode())
 
 
 def _earlier_rounds(path: Path) -> dict:

@@ -155,9 +155,9 @@ def write_record(out: Path, args, rows: list, paths: list, at: str) -> None:
         roughness_points=ROUGHNESS_POINTS,
         summary=summary,
     )
-    partial = Path(out).with_name(Path(out).name + ".partial")  # replaced whole: a kill leaves the last record
-    partial.write_text(json.dumps(dict(record, rows=rows, paths=paths), indent=1) + "\n")
-    os.replace(partial, out)
+    from geolens.checkpoint import atomic_write_bytes  # replaced whole: a kill leaves the last record
+
+    atomic_write_bytes(out, (json.dumps(dict(record, rows=rows, paths=paths), indent=1) + "\n").encode())
 
 
 def draw_paths(paths: list, out: Path) -> None:
